@@ -1,0 +1,184 @@
+"""Latency the proxy adds in passthrough mode, against calling the upstream directly.
+
+Three processes on loopback: a fake upstream that answers at once, pcp-proxy in
+front of it, and, as a reference point, a bare 30-line httpx forwarder
+(bench/bare_forwarder.py). The same load goes to all three in one run,
+interleaved in rounds so that machine noise hits them alike:
+
+* one client, sequential requests: p50/p95 latency, and what each adds over direct;
+* 16 concurrent clients: p50/p95 and throughput relative to direct.
+
+Each request carries a realistic history (default ~2k tokens) whose last user
+message is new every time, as in a live conversation.
+
+    python bench/proxy_overhead.py [--requests 2000] [--history-tokens 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import http.client
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_until_up(port: int, path: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}{path}").status_code < 500:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"server on port {port} did not come up")
+
+
+def start_servers(data_dir: str) -> tuple[dict[str, int], list[subprocess.Popen]]:
+    ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port()}
+    upstream = f"http://127.0.0.1:{ports['direct']}/v1"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, "PCP_DATA_DIR": data_dir, "PCP_LOG_LEVEL": "warning", "UPSTREAM": upstream}
+    procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(ports["direct"])], env=env)]
+    wait_until_up(ports["direct"], "/v1/models")
+    procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare_forwarder:app", "--app-dir", str(HERE), "--port", str(ports["bare forwarder"]), "--log-level", "warning", "--no-access-log"], env=env))
+    procs.append(subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(ports["pcp-proxy"])], env=env))
+    wait_until_up(ports["bare forwarder"], "/v1/models")
+    wait_until_up(ports["pcp-proxy"], "/healthz")
+    return ports, procs
+
+
+def history(tokens: int) -> list[dict[str, str]]:
+    line = "We moved the release of build 4.2.1 to Thursday 14 March because the migration on db-07 took 3 hours. "
+    messages = [{"role": "system", "content": "You are a helpful assistant."}]
+    while sum(len(m["content"]) for m in messages) < tokens * 4:
+        role = "user" if len(messages) % 2 else "assistant"
+        messages.append({"role": role, "content": f"Turn {len(messages)}: {line * 3}"})
+    return messages
+
+
+class Body:
+    """A request body whose last user message is new on every call."""
+
+    def __init__(self, history_tokens: int):
+        self.messages = history(history_tokens)
+        self.n = 0
+
+    def __call__(self) -> bytes:
+        self.n += 1
+        messages = [*self.messages, {"role": "user", "content": f"Question {self.n}: what moved the release?"}]
+        return json.dumps({"model": "fake-model", "messages": messages, "temperature": 0}).encode()
+
+
+def sequential(port: int, body: Body, count: int) -> list[float]:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
+    times = []
+    for _ in range(count):
+        payload = body()
+        start = time.perf_counter()
+        conn.request("POST", "/v1/chat/completions", payload, headers)
+        response = conn.getresponse()
+        response.read()
+        times.append(time.perf_counter() - start)
+        assert response.status == 200, response.status
+    conn.close()
+    return times
+
+
+async def concurrent(port: int, body: Body, count: int, clients: int) -> tuple[list[float], float]:
+    """``clients`` keep-alive connections, each sending its share back to back.
+
+    A minimal HTTP/1.1 client on asyncio streams: a full-featured async client
+    costs more per request than the servers it measures.
+    """
+    times: list[float] = []
+
+    async def worker(n: int) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(n):
+            payload = body()
+            head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\nauthorization: Bearer sk-bench\r\ncontent-length: {len(payload)}\r\n\r\n"
+            start = time.perf_counter()
+            writer.write(head.encode() + payload)
+            status_line = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            times.append(time.perf_counter() - start)
+            assert b" 200 " in status_line, status_line
+        writer.close()
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(count // clients) for _ in range(clients)))
+    return times, len(times) / (time.perf_counter() - start)
+
+
+def pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) > 1 else values[0] * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=2000, help="sequential requests per target")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--history-tokens", type=int, default=2000)
+    parser.add_argument("--clients", type=int, default=16)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        ports, procs = start_servers(data_dir)
+        try:
+            body = Body(args.history_tokens)
+            for port in ports.values():
+                sequential(port, body, 200)  # warm-up: connections, caches, JIT-free but lazy imports
+            seq: dict[str, list[float]] = {name: [] for name in ports}
+            conc: dict[str, list[float]] = {name: [] for name in ports}
+            rps: dict[str, list[float]] = {name: [] for name in ports}
+            per_round = args.requests // args.rounds
+            for _ in range(args.rounds):
+                for name, port in ports.items():
+                    seq[name] += sequential(port, body, per_round)
+                for name, port in ports.items():
+                    times, throughput = asyncio.run(concurrent(port, body, per_round * 2, args.clients))
+                    conc[name] += times
+                    rps[name].append(throughput)
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                proc.wait(timeout=10)
+
+    tokens = args.history_tokens
+    print(f"\nPassthrough overhead, one run, {args.requests} sequential + {args.requests * 2} concurrent requests per target, ~{tokens}-token history, new last message each request\n")
+    print("| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    base = {"s50": pct(seq["direct"], 50), "s95": pct(seq["direct"], 95), "c50": pct(conc["direct"], 50), "rps": statistics.median(rps["direct"])}
+    for name in ports:
+        s50, s95, c50, c95 = pct(seq[name], 50), pct(seq[name], 95), pct(conc[name], 50), pct(conc[name], 95)
+        ratio = statistics.median(rps[name]) / base["rps"]
+        added = lambda v, k: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
+        print(f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The Paged-Context-Protocol engine: pure data and rules, no I/O."""

@@ -1,0 +1,1 @@
+"""pcp-proxy: the HTTP host of the Paged-Context-Protocol engine."""

@@ -1,0 +1,84 @@
+"""``create_app(settings)``: the Litestar application and the resources its lifespan owns."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from litestar import Litestar
+from litestar.datastructures import State
+
+from .errors import ProxyError, exception_handlers
+from .local_model import LocalModel
+from .routes import ROUTES
+from .settings import Settings
+from .tokenizer import Tokenizer
+from .upstream import Upstream, forwardable
+
+__all__ = ["Services", "create_app"]
+
+log = logging.getLogger("pcp.proxy")
+
+
+@dataclass
+class Services:
+    """What a request handler needs; built once per app by the lifespan."""
+
+    settings: Settings
+    tokenizer: Tokenizer
+    upstream: Upstream = field(init=False)
+    local_model: LocalModel | None = None
+
+    def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
+        """Check the proxy key, then decide which Authorization the upstream sees."""
+        headers = forwardable(client_headers)
+        if self.settings.api_keys:
+            self._check_proxy_key(client_headers.get("authorization", ""))
+            # A proxy key is ours: it never travels upstream.
+            headers.pop("authorization", None)
+        if self.settings.upstream_api_key:
+            headers["authorization"] = f"Bearer {self.settings.upstream_api_key}"
+        return headers
+
+    def _check_proxy_key(self, authorization: str) -> None:
+        scheme, _, key = authorization.partition(" ")
+        presented = key.strip().encode() if scheme.lower() == "bearer" else b""
+        if not presented:
+            raise ProxyError(401, "this proxy requires an API key: send 'Authorization: Bearer <key>'", "invalid_request_error", code="missing_api_key")
+        if not any(hmac.compare_digest(presented, k.encode()) for k in self.settings.api_keys):
+            raise ProxyError(401, "the API key presented is not valid for this proxy", "invalid_request_error", code="invalid_api_key")
+
+
+def create_app(settings: Settings) -> Litestar:
+    services = Services(settings=settings, tokenizer=Tokenizer(settings.tokenizer))
+
+    @asynccontextmanager
+    async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        base_url = settings.upstream_base_url
+        if not base_url:
+            services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
+            base_url = await services.local_model.start()
+        services.upstream = Upstream(
+            base_url,
+            connect_timeout=settings.upstream_connect_timeout,
+            read_timeout=settings.upstream_read_timeout,
+        )
+        log.info("pcp-proxy forwarding to %s", base_url)
+        try:
+            yield
+        finally:
+            await services.upstream.aclose()
+            if services.local_model is not None:
+                await services.local_model.stop()
+
+    return Litestar(
+        route_handlers=ROUTES,
+        lifespan=[lifespan],
+        exception_handlers=exception_handlers,
+        state=State({"services": services}),
+        openapi_config=None,
+        logging_config=None,
+    )

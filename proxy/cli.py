@@ -1,0 +1,48 @@
+"""``pcp-proxy serve``: load settings, build the app, run it under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .settings import SettingsError, load_settings
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pcp-proxy", description="OpenAI-compatible proxy that pages long conversations.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the proxy")
+    serve.add_argument("--host", help="address to listen on (PCP_HOST)")
+    serve.add_argument("--port", type=int, help="port to listen on (PCP_PORT)")
+    serve.add_argument("--upstream", dest="upstream_base_url", metavar="URL", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (PCP_UPSTREAM_BASE_URL); omit to run the embedded local model")
+    serve.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    try:
+        settings = load_settings(args.config, overrides=overrides)
+    except SettingsError as exc:
+        print(f"pcp-proxy: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from .app import create_app
+    from .local_model import INSTALL_HINT, local_extra_missing
+
+    if not settings.upstream_base_url and local_extra_missing():
+        print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Every error the proxy returns uses the OpenAI envelope:
+``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+__all__ = ["ProxyError", "error_response", "exception_handlers"]
+
+log = logging.getLogger("pcp.proxy")
+
+
+class ErrorBody(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class Envelope(msgspec.Struct):
+    error: ErrorBody
+
+
+class ProxyError(Exception):
+    """An error meant for the client, with the status and envelope fields to send."""
+
+    def __init__(self, status: int, message: str, type: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.body = ErrorBody(message=message, type=type, param=param, code=code)
+
+    @classmethod
+    def bad_request(cls, message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
+        return cls(400, message, "invalid_request_error", param=param, code=code)
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(
+        content=_ENCODER.encode(Envelope(error.body)),
+        status_code=error.status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def _on_proxy_error(_: Request, exc: ProxyError) -> Response[bytes]:
+    return error_response(exc)
+
+
+_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def _on_http_exception(_: Request, exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return error_response(ProxyError(status, exc.detail, kind), headers=exc.headers)
+
+
+def _on_unexpected(request: Request, exc: Exception) -> Response[bytes]:
+    # The traceback goes to the log, never to the client.
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log", "server_error"))
+
+
+exception_handlers = {
+    ProxyError: _on_proxy_error,
+    HTTPException: _on_http_exception,
+    Exception: _on_unexpected,
+}

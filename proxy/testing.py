@@ -1,0 +1,229 @@
+"""A scripted OpenAI-compatible upstream on loopback, for tests and benchmarks.
+
+It is a real HTTP server (uvicorn in a thread), so what it records is what
+crossed the wire::
+
+    with FakeUpstream() as upstream:
+        upstream.enqueue(completion("hello"))
+        ...  # point the proxy at upstream.url
+        upstream.requests[-1].json["messages"]
+
+A reply is a ``Reply`` or a function from the ``Recorded`` request to one, which
+lets a test play a model that reads its prompt (see ``bench/`` for a simulated worker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+__all__ = ["FakeUpstream", "Recorded", "Reply", "completion", "serve_in_thread", "sse_chunks", "stream_reply"]
+
+_ids = itertools.count(1)
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=lambda: {"content-type": "application/json"})
+    # Streaming: each item is sent as one body event; a float is a pause in seconds,
+    # a threading.Event is waited on (at most 10 s) before going on.
+    chunks: list[bytes | float | threading.Event] | None = None
+    delay: float = 0.0
+
+
+def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1) -> Reply:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
+    body = {
+        "id": f"chatcmpl-fake{next(_ids)}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": i, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"} for i in range(n)
+        ],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+    }
+    return Reply(body=json.dumps(body).encode())
+
+
+def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None) -> list[bytes]:
+    """The SSE events of a streamed completion that says ``pieces`` in order."""
+    cid = f"chatcmpl-fake{next(_ids)}"
+
+    def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        return f"data: {json.dumps(chunk)}\n\n".encode()
+
+    events = [event({"role": "assistant", "content": ""})]
+    events += [event({"content": piece}) for piece in pieces]
+    events.append(event({}, "stop", **({"usage": usage} if usage else {})))
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def stream_reply(pieces: Iterable[str], **kwargs: Any) -> Reply:
+    return Reply(headers={"content-type": "text/event-stream"}, chunks=list(sse_chunks(pieces, **kwargs)))
+
+
+class FakeUpstream:
+    """A loopback OpenAI-compatible server that answers from a script and records every request."""
+
+    def __init__(self, default: Reply | Callable[[Recorded], Reply] | None = None):
+        self.requests: list[Recorded] = []
+        self.script: deque[Reply | Callable[[Recorded], Reply]] = deque()
+        self.default = default or (lambda _: completion())
+        self.disconnects = 0  # streams the client abandoned before the end
+        self.finished_streams = 0
+        self._server: _ThreadedServer | None = None
+
+    # -- scripting ---------------------------------------------------------
+    def enqueue(self, *replies: Reply | Callable[[Recorded], Reply]) -> None:
+        self.script.extend(replies)
+
+    def chat_requests(self, role: str | None = None) -> list[Recorded]:
+        return [r for r in self.requests if r.path.endswith("/chat/completions") and (role is None or r.headers.get("x-pcp-role") == role)]
+
+    # -- lifecycle ---------------------------------------------------------
+    @property
+    def url(self) -> str:
+        assert self._server is not None, "start the upstream first"
+        return f"{self._server.url}/v1"
+
+    def start(self) -> FakeUpstream:
+        self._server = serve_in_thread(self._asgi)
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.stop()
+
+    def __enter__(self) -> FakeUpstream:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # -- the server --------------------------------------------------------
+    async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
+        recorded = Recorded(scope["method"], scope["path"], headers, body)
+        self.requests.append(recorded)
+        if scope["path"].endswith("/models"):
+            reply = Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
+        else:
+            scripted = self.script.popleft() if self.script else self.default
+            reply = scripted(recorded) if callable(scripted) else scripted
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        raw_headers = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
+        if reply.chunks is None:
+            raw_headers.append((b"content-length", str(len(reply.body)).encode()))
+        await send({"type": "http.response.start", "status": reply.status, "headers": raw_headers})
+        if reply.chunks is None:
+            await send({"type": "http.response.body", "body": reply.body})
+            return
+        await self._stream(reply.chunks, send, receive)
+
+    async def _stream(self, chunks: list[bytes | float | threading.Event], send: Any, receive: Any) -> None:
+        gone = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            for item in chunks:
+                if isinstance(item, float):
+                    await asyncio.wait([gone], timeout=item)
+                elif isinstance(item, threading.Event):
+                    deadline = time.monotonic() + 10
+                    while not item.is_set() and not gone.done() and time.monotonic() < deadline:
+                        await asyncio.sleep(0.005)
+                else:
+                    await send({"type": "http.response.body", "body": item, "more_body": True})
+                if gone.done():
+                    self.disconnects += 1
+                    return
+            await send({"type": "http.response.body", "body": b""})
+            self.finished_streams += 1
+        except OSError:
+            self.disconnects += 1
+        finally:
+            gone.cancel()
+
+
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _ThreadedServer:
+    def __init__(self, app: Any, **config: Any):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        host, port = self.sock.getsockname()
+        self.url = f"http://{host}:{port}"
+        options = {"log_level": "warning", "lifespan": "auto", "access_log": False, "interface": "asgi3", **config}
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server for {app!r} did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+        self.sock.close()
+
+
+def serve_in_thread(app: Any, **config: Any) -> _ThreadedServer:
+    """Serve an ASGI app on a free loopback port in a background thread."""
+    return _ThreadedServer(app, **config)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m proxy.testing --port N``: a fake upstream in its own process (for benchmarks)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    fake = FakeUpstream()
+    uvicorn.run(fake._asgi, host="127.0.0.1", port=args.port, log_level="warning", access_log=False, interface="asgi3")
+
+
+if __name__ == "__main__":
+    main()

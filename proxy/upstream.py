@@ -1,0 +1,80 @@
+"""The one pooled HTTP client to the upstream model, and what its failures mean to a client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+
+from .errors import ProxyError
+
+__all__ = ["Upstream", "HOP_BY_HOP", "forwardable"]
+
+# Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
+# the ones each side computes for itself.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "date",
+        "server",
+    }
+)
+
+
+def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
+
+
+class Upstream:
+    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float):
+        self.base_url = base_url.rstrip("/")
+        self.client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            # Many concurrent long generations are normal for a proxy.
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            # The proxy relays bytes as they came; it never decodes what it forwards.
+            headers={"accept-encoding": "identity"},
+        )
+
+    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str]) -> httpx.Response:
+        """Send a request and return the response with its body not yet read."""
+        request = self.client.build_request(method, path, content=content, headers=headers)
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise _as_proxy_error(exc, self.base_url) from None
+
+    async def read(self, response: httpx.Response) -> bytes:
+        try:
+            return b"".join([chunk async for chunk in response.aiter_raw()])
+        except httpx.HTTPError as exc:
+            raise _as_proxy_error(exc, self.base_url) from None
+        finally:
+            await response.aclose()
+
+    async def relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """Yield the raw body as it arrives; closing the iterator closes the upstream stream."""
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        finally:
+            await response.aclose()
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _as_proxy_error(exc: httpx.HTTPError, base_url: str) -> ProxyError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProxyError(504, f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", "upstream_timeout", code="upstream_timeout")
+    return ProxyError(502, f"the upstream at {base_url} could not be reached: {exc or type(exc).__name__}", "upstream_error", code="upstream_unreachable")

@@ -1,0 +1,48 @@
+"""End to end through the real embedded default: llama.cpp serving Gemma 3 270M."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.local_model import INSTALL_HINT, local_extra_missing
+
+pytestmark = pytest.mark.skipif(local_extra_missing(), reason=f"skipped: {INSTALL_HINT}")
+
+
+@pytest.fixture(scope="module")
+def local_proxy(tmp_path_factory):
+    from proxy.app import create_app
+    from proxy.settings import Settings
+    from proxy.testing import serve_in_thread
+
+    settings = Settings(upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048)
+    server = serve_in_thread(create_app(settings), timeout_graceful_shutdown=10)
+    yield server
+    server.stop()
+
+
+def _client(server):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_local_model_answers_through_the_proxy(local_proxy):
+    response = _client(local_proxy).chat.completions.with_raw_response.create(
+        model="gemma-3-270m", messages=[{"role": "user", "content": "Name one colour."}], max_tokens=16, temperature=0
+    )
+    answer = response.parse()
+    assert response.headers["x-pcp-mode"] == "passthrough"
+    assert answer.choices[0].message.content.strip()
+    assert answer.usage.completion_tokens > 0
+
+
+def test_the_local_model_streams_through_the_proxy(local_proxy):
+    chunks = list(
+        _client(local_proxy).chat.completions.create(
+            model="gemma-3-270m", messages=[{"role": "user", "content": "Count to five."}], max_tokens=24, temperature=0, stream=True
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 2 and text.strip()
+    assert [m.id for m in _client(local_proxy).models.list().data] == ["gemma-3-270m"]

