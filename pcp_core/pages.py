@@ -1,0 +1,103 @@
+"""Logical pages (§5.1): Original pages hold evidence, Consolidated pages hold a tree of them.
+
+Pages are immutable values. Their ids are short content hashes, so the same turns
+always page to the same id and a page can be cached and found again by content;
+the index (``index.py``) makes ids unique within one address space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from enum import StrEnum
+
+import msgspec
+
+__all__ = [
+    "ConsolidatedPage",
+    "Origin",
+    "OriginalPage",
+    "Page",
+    "Turn",
+    "View",
+    "iso_timestamp",
+    "short_hash",
+]
+
+ID_LENGTH = 8
+
+
+class Origin(StrEnum):
+    HISTORY = "History"
+    STORAGE = "Storage"
+
+
+class View(StrEnum):
+    """Semantic view states (§7.1), in increasing resolution."""
+
+    SUMMARY = "Summary"
+    DETAIL = "Detail"
+    UNPACKED = "Unpacked"
+
+
+class OriginalPage(msgspec.Struct, frozen=True, tag="Original", kw_only=True):
+    """A leaf: the verbatim evidence of a group of turns (or a block of a file)."""
+
+    id: str
+    origin: Origin
+    depth: int
+    timestamp: str
+    keywords: tuple[str, ...]
+    summary: str
+    content: str
+    # Positions in the conversation, [first_turn, last_turn], for history pages.
+    first_turn: int = -1
+    last_turn: int = -1
+    draft: bool = False
+
+
+class ConsolidatedPage(msgspec.Struct, frozen=True, tag="Consolidated", kw_only=True):
+    """A container: the consensus of its children, which it can be Unpacked into."""
+
+    id: str
+    origin: Origin
+    depth: int
+    timestamp: str
+    keywords: tuple[str, ...]
+    summary: str
+    source_ids: tuple[str, ...]
+    # The "full text of the container summary" shown at view=Detail (§7.2).
+    content: str = ""
+    first_turn: int = -1
+    last_turn: int = -1
+    draft: bool = False
+
+
+Page = OriginalPage | ConsolidatedPage
+
+
+def short_hash(*parts: str, length: int = ID_LENGTH) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\x1f")
+    return digest.hexdigest()[:length]
+
+
+def iso_timestamp(moment: datetime | float) -> str:
+    """ISO-8601 to the second, UTC, as the spec's examples write it."""
+    if not isinstance(moment, datetime):
+        moment = datetime.fromtimestamp(moment, UTC)
+    return moment.astimezone(UTC).replace(tzinfo=None, microsecond=0).isoformat()
+
+
+class Turn(msgspec.Struct, frozen=True):
+    """One message of the conversation, as the pages see it (a Dialogue PBlock's unit)."""
+
+    index: int
+    role: str
+    text: str
+    timestamp: str
+
+    def line(self) -> str:
+        return f"[{self.role}] {self.text}"

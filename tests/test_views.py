@@ -1,0 +1,126 @@
+from __future__ import annotations
+
+import pytest
+
+from pcp_core.index import PageIndex, UnknownPage
+from pcp_core.pages import View
+from pcp_core.views import TRANSITIONS, Action, ViewState
+
+from .core_helpers import op, two_level_tree
+
+S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
+
+
+@pytest.fixture
+def tree():
+    index, ids = two_level_tree()
+    return ViewState(index), ids
+
+
+def test_consult_climbs_summary_detail_unpacked_for_containers(tree):
+    views, ids = tree
+    views.consult(ids["A"])
+    assert views.view(ids["A"]) == D
+    views.consult(ids["A"])
+    assert views.view(ids["A"]) == U
+    views.consult(ids["A"])
+    assert views.view(ids["A"]) == U
+
+
+def test_original_pages_stop_at_detail(tree):
+    views, ids = tree
+    views.consult(ids["a1"])
+    views.consult(ids["a1"])
+    assert views.view(ids["a1"]) == D
+    assert not any(to == U for (action, container, _), to in TRANSITIONS.items() if not container)
+
+
+def test_consulting_a_hidden_page_unfolds_its_path(tree):
+    views, ids = tree
+    changes = views.consult(ids["b2"])
+    assert views.view(ids["B"]) == U and views.view(ids["b2"]) == D
+    assert [(c.page_id, c.before, c.after) for c in changes] == [(ids["B"], S, U), (ids["b2"], S, D)]
+
+
+def test_shelve_steps_down(tree):
+    views, ids = tree
+    views.consult(ids["A"])
+    views.consult(ids["A"])
+    views.shelve(ids["A"])
+    assert views.view(ids["A"]) == D
+    views.shelve(ids["A"])
+    assert views.view(ids["A"]) == S
+    assert views.shelve(ids["A"]) == []  # already at the bottom: nothing changes
+
+
+def test_shelving_the_last_raised_child_folds_the_container(tree):
+    views, ids = tree
+    views.consult(ids["a1"])
+    views.consult(ids["a2"])
+    views.shelve(ids["a1"])
+    assert views.view(ids["A"]) == U  # a2 is still raised
+    changes = views.shelve(ids["a2"])
+    assert views.view(ids["A"]) == D
+    assert (ids["A"], U, D) in [(c.page_id, c.before, c.after) for c in changes]
+
+
+def test_active_zoom_folds_an_unpacked_container_nobody_looked_into(tree):
+    views, ids = tree
+    views.consult(ids["A"], round_no=0)
+    views.consult(ids["A"], round_no=0)
+    assert views.settle(0) == []  # unpacked this round: it gets the round to look inside
+    assert views.view(ids["A"]) == U
+    folded = views.settle(1)
+    assert views.view(ids["A"]) == D and [c.page_id for c in folded] == [ids["A"]]
+
+
+def test_active_zoom_keeps_a_container_with_a_raised_child(tree):
+    views, ids = tree
+    views.consult(ids["b1"], round_no=0)
+    assert views.settle(3) == []
+    assert views.view(ids["B"]) == U
+
+
+def test_shelving_a_container_to_summary_hides_its_subtree(tree):
+    views, ids = tree
+    views.consult(ids["a1"])
+    views.shelve(ids["A"])  # Unpacked -> Detail
+    views.shelve(ids["A"])  # Detail -> Summary
+    assert views.raised() == {}
+
+
+def test_raise_to_detail_for_the_router(tree):
+    views, ids = tree
+    views.raise_to(ids["a2"], D)
+    assert views.raised() == {ids["A"]: U, ids["a2"]: D}
+    with pytest.raises(ValueError):
+        views.raise_to(ids["a2"], U)
+
+
+def test_unknown_ids_raise_unknown_page():
+    views = ViewState(PageIndex())
+    with pytest.raises(UnknownPage, match="nope"):
+        views.consult("nope")
+
+
+def test_every_transition_is_in_the_table():
+    for action in Action:
+        for container in (True, False):
+            for view in (S, D) + ((U,) if container else ()):
+                assert (action, container, view) in TRANSITIONS
+
+
+def test_index_keeps_ids_unique_on_collision():
+    index = PageIndex()
+    first = index.register(op("one", 0))
+    clash = op("two", 1)
+    clash = type(clash)(**{**{f: getattr(clash, f) for f in clash.__struct_fields__}, "id": first.id})
+    second = index.register(clash)
+    assert second.id != first.id and len(index) == 2
+    assert index.register(first) == first  # the same page again is not a new page
+
+
+def test_injected_pages_leave_their_path_folded(tree):
+    views, ids = tree
+    views.raise_to(ids["b1"], D, unfold=False)
+    assert views.raised() == {ids["b1"]: D}
