@@ -1,0 +1,146 @@
+"""The Consolidator's model-free half (§VI.5, §2.4): segmentation, keywords, extractive summaries.
+
+§2.4 forbids literary summaries: a summary must keep the anchors — names,
+numbers, dates, identifiers. So summaries here are *chosen sentences*, ranked by
+how many distinctive terms they carry, and keywords favour exactly those anchors.
+Distinctiveness is inverse document frequency over the pages being built, so a
+name that appears everywhere in a conversation ranks below one that appears once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+__all__ = [
+    "Segmenter",
+    "TermStats",
+    "consensus_keywords",
+    "extractive_summary",
+    "segment_turns",
+    "terms",
+]
+
+# Common English function words; they carry no addressing signal.
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are aren as at be because been before being below
+    between both but by can could couldn did didn do does doesn doing don down during each few for from further
+    had hadn has hasn have haven having he her here hers herself him himself his how i if in into is isn it its
+    itself just let ll me more most my myself no nor not now of off on once only or other our ours ourselves out
+    over own re same she should so some such than that the their theirs them themselves then there these they
+    this those through to too under until up very was wasn we were weren what when where which while who whom
+    why will with won would you your yours yourself yourselves also really yeah yes oh hey hi thanks thank
+    okay ok got get gets going go gonna like just lot lots much many well sure way thing things one ve
+    know think feel good great love glad awesome wow cool nice amazing something anything everything""".split()
+)
+
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+MONTHS = frozenset("january february march april may june july august september october november december".split())
+
+TermWeights = dict[str, float]
+
+
+def terms(text: str) -> list[str]:
+    """Lower-cased content words of ``text``, possessives dropped."""
+    out = []
+    for word in _WORD.findall(text):
+        word = word.lower().removesuffix("'s").strip(".'-/:")
+        if "'" in word:  # contractions (i'd, you've) carry nothing to address by
+            continue
+        if len(word) > 1 and word not in STOPWORDS or word.isdigit():
+            out.append(word)
+    return out
+
+
+def _anchor_boost(term: str, original: str) -> float:
+    """Names, numbers, dates and identifiers weigh more (§2.4 anchors)."""
+    if any(ch.isdigit() for ch in term) or term in MONTHS:
+        return 2.0
+    if original[:1].isupper() or any(ch in term for ch in "_./-"):
+        return 1.5
+    return 1.0
+
+
+class TermStats:
+    """Document frequencies over a set of texts (the pages being built)."""
+
+    def __init__(self, documents: Sequence[str]):
+        self.n = max(len(documents), 1)
+        self.df: Counter[str] = Counter()
+        for doc in documents:
+            self.df.update(set(terms(doc)))
+
+    def idf(self, term: str) -> float:
+        return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+
+    def weights(self, text: str) -> TermWeights:
+        """tf·idf·anchor weight of each term of ``text``."""
+        originals = {w.lower().removesuffix("'s").strip(".'-/:"): w for w in _WORD.findall(text)}
+        counts = Counter(terms(text))
+        return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
+
+
+def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
+    return tuple(t for t, _ in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
+def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
+    """The sentences carrying the most weight, in their original order, within ``max_chars``."""
+    sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+    if not sentences:
+        return ""
+    scored = sorted(
+        range(len(sentences)),
+        key=lambda i: -sum(weights.get(t, 0.0) for t in set(terms(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
+    )
+    chosen: list[int] = []
+    used = 0
+    for i in scored:
+        if used + len(sentences[i]) + 1 <= max_chars:
+            chosen.append(i)
+            used += len(sentences[i]) + 1
+    if not chosen:  # even the best sentence is too long: cut it at a word boundary
+        return _clip(sentences[scored[0]], max_chars)
+    return " ".join(sentences[i] for i in sorted(chosen))
+
+
+def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:
+    """Keywords shared by the most children first (§5.1.2), then by rank within a child."""
+    score: Counter[str] = Counter()
+    for keywords in children:
+        for rank, keyword in enumerate(keywords):
+            score[keyword] += 1.0 + 1.0 / (rank + 2)
+    return tuple(t for t, _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
+def _clip(text: str, max_chars: int) -> str:
+    if len(text) <= max_chars:
+        return text
+    cut = text[: max_chars - 1].rsplit(" ", 1)[0]
+    return cut + "…"
+
+
+# -- segmentation ----------------------------------------------------------------
+
+Segmenter = Callable[[Sequence[int]], list[range]]
+
+
+def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) -> list[range]:
+    """Consecutive groups of turns bounded in tokens and turns (the physical trigger, §VI.5).
+
+    A turn larger than ``max_tokens`` gets a group of its own; the caller splits it.
+    Topic pivots are the smarter trigger and can be layered on as a Segmenter.
+    """
+    groups: list[range] = []
+    start, used = 0, 0
+    for i, tokens in enumerate(token_counts):
+        if i > start and (used + tokens > max_tokens or i - start >= max_turns):
+            groups.append(range(start, i))
+            start, used = i, 0
+        used += tokens
+    if start < len(token_counts):
+        groups.append(range(start, len(token_counts)))
+    return groups

