@@ -1,0 +1,84 @@
+"""The Router-MMU (§VI.1–2): anchor the intent, then address pages by it.
+
+Broad match here is BM25 over the pages' keywords and text; it needs no model,
+so it is the floor every deployment has. Dense recall and precision selection
+can be layered on by the host, which owns the embedding model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping
+
+import msgspec
+
+from .consolidator import terms
+from .pages import Page
+
+__all__ = ["Bm25", "Intent", "anchor_intent"]
+
+# Below this many content terms a query says too little to address by (§VI.1 "continue").
+LOW_ENTROPY_TERMS = 2
+HEAD_WEIGHT = 0.25
+
+
+class Intent(msgspec.Struct, frozen=True):
+    """The Intent Focus: weighted terms from the tail (the query) and, lightly, the head."""
+
+    text: str
+    weights: dict[str, float]
+    borrowed: bool = False  # the query was too thin and borrowed the previous summary
+
+
+def anchor_intent(head: str, tail: str, previous: str = "") -> Intent:
+    weights: dict[str, float] = {}
+    for term in terms(head):
+        weights[term] = max(weights.get(term, 0.0), HEAD_WEIGHT)
+    tail_terms = set(terms(tail))
+    borrowed = len(tail_terms) < LOW_ENTROPY_TERMS and bool(previous)
+    if borrowed:
+        for term in terms(previous):
+            weights[term] = max(weights.get(term, 0.0), 0.6)
+    for term in tail_terms:
+        weights[term] = 1.0
+    text = f"{tail}\n{previous}" if borrowed else tail
+    return Intent(text=text, weights=weights, borrowed=borrowed)
+
+
+class Bm25:
+    """Okapi BM25 over pages (k1=1.2, b=0.75); keywords count twice, as index keys should."""
+
+    def __init__(self, pages: Iterable[Page], k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        self.ids: list[str] = []
+        self.tf: list[Counter[str]] = []
+        self.lengths: list[int] = []
+        df: Counter[str] = Counter()
+        for page in pages:
+            counts = Counter(terms(_text(page)))
+            counts.update(k for keyword in page.keywords for k in terms(keyword))
+            self.ids.append(page.id)
+            self.tf.append(counts)
+            self.lengths.append(sum(counts.values()))
+            df.update(counts.keys())
+        n = len(self.ids)
+        self.avg_length = (sum(self.lengths) / n) if n else 1.0
+        self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
+
+    def scores(self, weights: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for page_id, tf, length in zip(self.ids, self.tf, self.lengths):
+            norm = self.k1 * (1 - self.b + self.b * length / self.avg_length)
+            score = sum(w * self.idf[t] * tf[t] * (self.k1 + 1) / (tf[t] + norm) for t, w in weights.items() if t in tf)
+            if score > 0:
+                out[page_id] = score
+        return out
+
+    def rank(self, weights: Mapping[str, float], limit: int | None = None) -> list[tuple[str, float]]:
+        ranked = sorted(self.scores(weights).items(), key=lambda kv: -kv[1])
+        return ranked[:limit] if limit else ranked
+
+
+def _text(page: Page) -> str:
+    return getattr(page, "content", "") or page.summary

@@ -1,0 +1,290 @@
+"""Synthesis (§IX) and Overflow Governance (§III.2): the ``<PagedContext>`` under a token budget.
+
+The document is built with lxml, so every piece of user text is escaped: no
+message can close a tag or forge a Node. What the worker sees is decided
+greedily, cheapest guarantee first:
+
+1. the fixed frame — registry, instructions, the client's head, the query, the
+   trace — clipped only if it alone exceeds the budget;
+2. every root starts folded into ``<Background_Context>`` (one line each, with
+   its id, so the worker can still Consult it);
+3. pages are admitted in the caller's priority order (the engine's: what the
+   worker consulted, the best Hot pages, the roots' Summaries for an overview,
+   the other Hot pages, the most recent turns). A page zoomed
+   into by Consult is shown nested in its Unpacked ancestors, and costs their
+   unfolding; a page the Router injected stands alone in the flow, in time
+   order after its container. A page that does not fit stays at Summary —
+   that is the Detail → Summary dehydration;
+4. remaining roots are unfolded to Summary nodes while they fit, newest first.
+
+Costs are counted per element and summed; the exact count of the final
+messages is checked and the last admission undone while it is over budget.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+
+import msgspec
+from lxml import etree
+
+from .index import PageIndex
+from .pages import ConsolidatedPage, OriginalPage, Page, View
+from .tokens import CountText, prompt_tokens
+
+__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize", "xml_safe"]
+
+PROTOCOL_VERSION = "0.1.0-alpha"
+S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
+
+SYSTEM_INSTRUCTIONS = """
+You are the assistant of the conversation held in this document. It is paged to fit: each Node in Linear_Flow is a page, oldest first.
+- type="Original": verbatim turns of the conversation (a logical endpoint). type="Consolidated": a summary of the pages inside it.
+- view="Summary": the gist; view="Detail": the full text; view="Unpacked": the container's own pages nested inside it.
+- Background_Context lists older pages folded away, by id.
+When the visible pages do not hold what the Query needs at enough resolution, do not guess: reply with directives only, one per line:
+  Consult("reason", "id")  opens a page one level (Summary to Detail; a Consolidated Detail to Unpacked)
+  Shelve("reason", "id")   folds a page you no longer need
+  Explore("reason", "handle", "keyword, keyword")  searches the pages under a page id, or "history", for those keywords
+Otherwise answer the Query directly, as the assistant, in plain text: no directives, no page ids, no mention of this document.
+""".strip()
+
+FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
+USER_LINE = "Respond to the Query of the PagedContext."
+
+# Characters XML 1.0 cannot carry at all; they are dropped, not escaped.
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def xml_safe(text: str) -> str:
+    return _INVALID_XML.sub("", text)
+
+
+class Step(msgspec.Struct, frozen=True):
+    """One entry of the Reasoning_Trace."""
+
+    action: str
+    target: str
+    reason: str
+    result: str = ""
+
+
+class SynthesisRequest(msgspec.Struct, kw_only=True):
+    current_time: str
+    query: str
+    head: str = ""
+    trace: Sequence[Step] = ()
+    final: bool = False
+    budget: int
+    # Page ids whose raised view should be shown, most important first.
+    priorities: Sequence[str] = ()
+    # Tokens the call spends outside the messages (e.g. tool definitions).
+    reserved_tokens: int = 0
+
+
+class Synthesis(msgspec.Struct):
+    messages: list[dict[str, str]]
+    tokens: int
+    shown: dict[str, View]  # pages in the Linear_Flow and their materialized view
+    folded: list[str]  # roots folded into Background_Context
+    dehydrated: list[str]  # raised pages shown below their wanted view
+
+
+def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
+    return _Builder(index, views, request, count).build()
+
+
+class _Builder:
+    def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
+        self.index, self.wanted, self.request, self.count = index, views, request, count
+        self.costs: dict[tuple[str, View, bool], int] = {}
+
+    # -- the plan ---------------------------------------------------------------
+    def build(self) -> Synthesis:
+        request = self.request
+        head, query = self._fit_frame()
+        shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
+        unfolded: set[str] = set()  # roots shown in the Linear_Flow
+        admissions: list[tuple[dict[str, View], set[str]]] = []
+        used = self._exact(self._document(head, query, {}, set()))  # every root folded
+
+        def admit(views: dict[str, View], roots: set[str]) -> bool:
+            nonlocal used
+            delta = self._delta(shown, unfolded, views, roots)
+            if used + delta > request.budget:
+                return False
+            used += delta
+            shown.update(views)
+            unfolded.update(roots)
+            admissions.append((views, roots))
+            return True
+
+        for page_id in dict.fromkeys(request.priorities):
+            if page_id in self.index and self.wanted.get(page_id, S) != S:
+                admit(*self._raise_plan(page_id, self.wanted[page_id], shown))
+            elif page_id in self.index.roots and page_id not in unfolded:
+                admit({}, {page_id})  # a root listed for itself: its Summary
+        for root in reversed(self.index.roots):
+            if root not in unfolded:
+                admit({}, {root})
+
+        while True:
+            document = self._document(head, query, shown, unfolded)
+            messages = self._messages(document)
+            tokens = prompt_tokens(messages, self.count) + request.reserved_tokens
+            if tokens <= request.budget or not admissions:
+                break
+            views, roots = admissions.pop()  # the estimate was short: undo the least important
+            for page_id in views:
+                shown.pop(page_id, None)
+            unfolded.difference_update(roots)
+        dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
+        folded = [r for r in self.index.roots if r not in unfolded]
+        return Synthesis(messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, folded=folded, dehydrated=dehydrated)
+
+    def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
+        """The views and the root needed to show ``page_id`` at ``view``.
+
+        A page zoomed into (its ancestors wanted Unpacked) is shown nested in
+        them; a page the Router injected directly stands alone in the flow.
+        """
+        chain = self.index.ancestors(page_id)
+        if not all(self.wanted.get(a) == U for a in chain):
+            return ({page_id: view} if shown.get(page_id, S) != view else {}), set()
+        views = {a: U for a in chain if shown.get(a) != U}
+        if shown.get(page_id, S) != view:
+            views[page_id] = view
+        return views, {chain[-1] if chain else page_id}
+
+    def _delta(self, shown: dict[str, View], unfolded: set[str], views: dict[str, View], roots: set[str]) -> int:
+        """Extra tokens if ``views`` and ``roots`` were added to what is shown."""
+        delta = 0
+        for root in roots - unfolded:
+            delta += self._cost(root, S, nested=False) - self._line_cost(root)
+        for page_id, view in views.items():
+            if self._detached(page_id, {**shown, **views}):
+                delta += self._cost(page_id, view, nested=False) - (self._cost(page_id, shown[page_id], nested=False) if page_id in shown else 0)
+                continue
+            nested = self.index.parent(page_id) is not None
+            delta += self._cost(page_id, view, nested) - self._cost(page_id, shown.get(page_id, S), nested)
+            if view == U and shown.get(page_id) != U:
+                delta += sum(self._cost(c.id, S, nested=True) for c in self.index.children(page_id) if c.id not in views)
+        return delta
+
+    def _detached(self, page_id: str, shown: dict[str, View]) -> bool:
+        parent = self.index.parent(page_id)
+        return parent is not None and shown.get(parent) != U
+
+    # -- costs -------------------------------------------------------------------
+    def _cost(self, page_id: str, view: View, nested: bool) -> int:
+        key = (page_id, view, nested)
+        if key not in self.costs:
+            element = _node(self.index.get(page_id), view, nested)
+            self.costs[key] = self.count(etree.tostring(element, encoding="unicode")) + 1
+        return self.costs[key]
+
+    def _line_cost(self, root: str) -> int:
+        return self.count(_background_line(self.index.get(root))) + 1
+
+    def _exact(self, document: str) -> int:
+        return prompt_tokens(self._messages(document), self.count) + self.request.reserved_tokens
+
+    def _fit_frame(self) -> tuple[str, str]:
+        """Clip the client's head, then the query, if the frame alone would not fit."""
+        head, query = self.request.head, self.request.query
+        spare = self.request.budget - self._exact(self._document("", "", {}, set())) - 8
+        head_cost, query_cost = self.count(head), self.count(query)
+        if head_cost + query_cost <= spare:
+            return head, query
+        head = _clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
+        return head, _clip_tokens(query, max(spare - self.count(head), 0), self.count)
+
+    # -- rendering -----------------------------------------------------------------
+    def _messages(self, document: str) -> list[dict[str, str]]:
+        return [{"role": "system", "content": document}, {"role": "user", "content": USER_LINE}]
+
+    def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
+        request = self.request
+        root = etree.Element("PagedContext", version=PROTOCOL_VERSION)
+        registry = etree.SubElement(root, "Static_Registry")
+        etree.SubElement(registry, "ST-Node", id="CURRENT_TIME", value=request.current_time)
+        if request.final:
+            etree.SubElement(registry, "ST-Node", id="FINAL_ROUND", value="true")
+        instructions = etree.SubElement(registry, "System_Instructions")
+        instructions.text = SYSTEM_INSTRUCTIONS + ("\n" + FINAL_ROUND_INSTRUCTION if request.final else "")
+        if head:
+            etree.SubElement(registry, "Head").text = xml_safe(head)
+        etree.SubElement(root, "Query").text = xml_safe(query)
+        trace = etree.SubElement(root, "Reasoning_Trace")
+        for step in request.trace:
+            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
+            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
+        folded = [r for r in self.index.roots if r not in unfolded]
+        if folded:
+            background = etree.SubElement(root, "Background_Context")
+            background.text = "\n" + "\n".join(_background_line(self.index.get(r)) for r in folded) + "\n"
+        flow = etree.SubElement(root, "Linear_Flow")
+        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if shown[p] != S and self._detached(p, shown)]
+        for page_id in sorted(tops, key=lambda p: (self.index.get(p).first_turn, self.index.get(p).depth)):
+            flow.append(self._subtree(page_id, shown, nested=False))
+        _newlines(root)
+        return etree.tostring(root, encoding="unicode")
+
+    def _subtree(self, page_id: str, shown: dict[str, View], nested: bool) -> etree._Element:
+        view = shown.get(page_id, S)
+        element = _node(self.index.get(page_id), view, nested)
+        if view == U:
+            for child in self.index.children(page_id):
+                element.append(self._subtree(child.id, shown, nested=True))
+        return element
+
+
+def _node(page: Page, view: View, nested: bool) -> etree._Element:
+    attrs = {
+        "id": page.id,
+        "type": "Consolidated" if isinstance(page, ConsolidatedPage) else "Original",
+        "view": view.value,
+        "depth": str(page.depth),
+        "origin": page.origin.value,
+    }
+    if page.keywords:
+        attrs["keywords"] = xml_safe(", ".join(page.keywords))
+    attrs["timestamp"] = page.timestamp
+    element = etree.Element("Node", attrs)
+    if view == D:
+        etree.SubElement(element, "Content").text = xml_safe(page.content if isinstance(page, OriginalPage) else page.content or page.summary)
+    elif view == S and not nested:
+        # Nested Summary nodes are addressed by their keywords alone (§9.3, example 5).
+        etree.SubElement(element, "Summary").text = xml_safe(page.summary)
+    return element
+
+
+def _background_line(page: Page) -> str:
+    keywords = ", ".join(page.keywords[:5])
+    return xml_safe(f"{page.timestamp} [{page.id}] {keywords}")
+
+
+def _newlines(element: etree._Element) -> None:
+    """One element per line, no indentation: readable, and cheaper than pretty printing."""
+    children = list(element)
+    if children and element.tag != "Content":
+        element.text = (element.text or "").rstrip() + "\n" if element.text and element.text.strip() else "\n"
+        for child in children:
+            child.tail = "\n"
+            _newlines(child)
+
+
+def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """Keep the head and the tail of ``text`` within ``max_tokens``; the middle is what goes."""
+    if count(text) <= max_tokens:
+        return text
+    marker = " […] "
+    lo, hi = 0, len(text) // 2
+    while lo < hi:  # the largest half-width whose head+tail fits
+        mid = (lo + hi + 1) // 2
+        if count(text[:mid] + marker + text[-mid:]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo] + marker + text[-lo:] if lo else ""
