@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from litestar import Litestar
 from litestar.datastructures import State
 
+from pcp_core.sentry import Sentry
+
 from .errors import ProxyError, exception_handlers
 from .local_model import LocalModel
 from .routes import ROUTES
@@ -31,6 +33,10 @@ class Services:
     tokenizer: Tokenizer
     upstream: Upstream = field(init=False)
     local_model: LocalModel | None = None
+
+    @property
+    def sentry(self) -> Sentry:
+        return Sentry(threshold=self.settings.sentry_threshold)
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""

