@@ -5,10 +5,12 @@
 arguments quoted (``"…"`` or ``'…'``, backslash escapes) or bare, positional
 or as ``name=value``. Everything else is text.
 
-The parser is fed chunks as they stream in (``feed``) and told when the reply
-ends (``flush``). It releases text as soon as the text cannot be the start of a
-directive, and yields the same events whatever the chunking. A directive it
-cannot read is a ``BusFault`` (§2.4) whose reason is written for the model.
+``DirectiveParser`` is fed chunks as they stream in (``feed``) and told when the
+reply ends (``flush``). It is a small character-level state machine: every
+character is looked at once, so parsing is linear, and the events are the same
+whatever the chunking. Text is released as soon as it cannot be the start of a
+directive. A directive it cannot read is a ``BusFault`` (§2.4) whose reason is
+written for the model that has to fix it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import re
 import msgspec
 
 __all__ = [
+    "MAX_DIRECTIVE_CHARS",
     "BusFault",
     "Consult",
     "Directive",
@@ -29,10 +32,11 @@ __all__ = [
     "parse_directives",
 ]
 
-# A directive still open after this many characters is a runaway: fault it, free the text.
+# A directive still open after this many characters is a runaway: fault it and
+# let the text flow again, so a broken reply cannot make the parser hold text forever.
 MAX_DIRECTIVE_CHARS = 2000
 NAMES = ("Consult", "Explore", "Shelve")
-_MAX_GAP = 16  # whitespace allowed between a name and its "("
+FIELDS = {"Consult": ("reason", "id"), "Shelve": ("reason", "id"), "Explore": ("reason", "handle", "keywords")}
 
 
 class Consult(msgspec.Struct, frozen=True, tag=True):
@@ -51,70 +55,273 @@ class Shelve(msgspec.Struct, frozen=True, tag=True):
     id: str
 
 
-class Text(msgspec.Struct, frozen=True):
+class Text(msgspec.Struct, frozen=True, tag=True):
     text: str
 
 
-class BusFault(msgspec.Struct, frozen=True):
-    raw: str
-    reason: str
+class BusFault(msgspec.Struct, frozen=True, tag=True):
+    raw: str  # the directive text as the model wrote it
+    reason: str  # what was wrong, addressed to the model
 
 
 Directive = Consult | Explore | Shelve
 Event = Text | Consult | Explore | Shelve | BusFault
 
-_START = re.compile(r"(?<![A-Za-z0-9_])(Consult|Explore|Shelve)[ \t\r\n]{0,%d}\(" % _MAX_GAP)
-# What may still grow into a directive start at the very end of the buffer.
-_PREFIXES = sorted({n[:i] for n in NAMES for i in range(1, len(n) + 1)}, key=len, reverse=True)
-_TAIL = re.compile(r"(?<![A-Za-z0-9_])(?:(?:%s)[ \t\r\n]{0,%d}|%s)\Z" % ("|".join(NAMES), _MAX_GAP, "|".join(_PREFIXES)))
-_KEYWORD_ARG = re.compile(r"\s*([A-Za-z_]+)\s*=\s*(.*)\Z", re.S)
-_FIELDS = {"Consult": ("reason", "id"), "Shelve": ("reason", "id"), "Explore": ("reason", "handle", "keywords")}
+_KINDS = {"Consult": Consult, "Explore": Explore, "Shelve": Shelve}
+_NAME_START = re.compile("[CES]")  # first letters of NAMES: the only places text can be held
+_PREFIXES = frozenset(name[:i] for name in NAMES for i in range(1, len(name) + 1))
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_GAP_CHARS = " \t"  # allowed between a name and "(": not newlines, so prose lines are not joined
+_ESCAPABLE = "\"'\\"
+Value = str | tuple[str, ...]  # an argument: text, or a [list] of texts
+
+# Parser states. Outside a directive: text, a possible name, a name waiting for "(".
+_TEXT, _NAME, _GAP = "text", "name", "gap"
+# Inside "( … )": before a value, in a bare value, in a quote, after a backslash,
+# after a closed quote or list.
+_ARG, _BARE, _QUOTED, _ESCAPE, _AFTER = "arg", "bare", "quoted", "escape", "after"
 
 
 class DirectiveParser:
-    def __init__(self) -> None:
-        self._buffer = ""
-        self._before = ""  # the last character already consumed: "re" + "Consult(" is no directive
+    """Split a streamed reply into ``Text``, directive and ``BusFault`` events."""
+
+    def __init__(self, max_chars: int = MAX_DIRECTIVE_CHARS) -> None:
+        self.max_chars = max_chars
+        self._events: list[Event] = []
+        self._text: list[str] = []  # text not yet handed out
+        self._before = ""  # last character before the current position: "re" + "Consult(" is no directive
+        self._state = _TEXT
+        self._held = ""  # a name prefix, or a name and its gap, not yet known to be text
+        self._reset_directive("")
+        self._handlers = {_ARG: self._on_arg, _BARE: self._on_bare, _QUOTED: self._on_quoted, _ESCAPE: self._on_escape, _AFTER: self._on_after}
+
+    # -- public ------------------------------------------------------------------
 
     def feed(self, chunk: str) -> list[Event]:
-        self._buffer += chunk
-        return self._drain(final=False)
+        """Events completed by ``chunk``; text is held only while it may start a directive."""
+        i = 0
+        while i < len(chunk):
+            if self._state == _TEXT:
+                i = self._scan_text(chunk, i)
+            elif self._step(chunk[i]):
+                i += 1
+        return self._take()
 
     def flush(self) -> list[Event]:
-        return self._drain(final=True)
+        """The reply ended: release held text, fault an unfinished directive, start afresh."""
+        if self._state in (_NAME, _GAP):
+            self._release_held()
+        elif self._state != _TEXT:
+            self._fault(self._unfinished_reason())
+        self._before = ""
+        return self._take()
 
-    def _drain(self, final: bool) -> list[Event]:
-        events: list[Event] = []
-        buffer = self._buffer
-        while buffer:
-            start = _START.search(buffer)
-            if start is not None and start.start() == 0 and _is_word(self._before):
-                start = _START.search(buffer, 1)
-            if start is None:
-                keep = 0 if final else _held_tail(buffer, self._before)
-                released = buffer[: len(buffer) - keep]
-                _text(events, released)
-                self._before = released[-1] if released else self._before
-                buffer = buffer[len(buffer) - keep :]
-                break
-            _text(events, buffer[: start.start()])
-            self._before = buffer[start.start() - 1] if start.start() else self._before
-            buffer = buffer[start.start() :]
-            end = _closing_paren(buffer, start.end() - start.start())
-            if end is None:
-                if final or len(buffer) > MAX_DIRECTIVE_CHARS:
-                    raw = buffer[:MAX_DIRECTIVE_CHARS] if not final else buffer
-                    why = "unterminated: no closing ')' before the reply ended" if final else f"unterminated after {MAX_DIRECTIVE_CHARS} characters"
-                    events.append(BusFault(raw=raw, reason=f"{start.group(1)} is {why}: {_preview(raw)}"))
-                    buffer = buffer[len(raw) :]
-                    self._before = raw[-1]
-                    continue
-                break  # wait for the rest of it
-            raw = buffer[: end + 1]
-            events.append(_build(start.group(1), raw, raw[start.end() - start.start() : end]))
-            buffer = buffer[end + 1 :]
-            self._before = ")"
-        self._buffer = buffer
+    # -- text and names ------------------------------------------------------------
+
+    def _scan_text(self, chunk: str, i: int) -> int:
+        """Emit plain text up to the next possible directive name; return where it stops."""
+        for match in _NAME_START.finditer(chunk, i):
+            at = match.start()
+            if not _is_word(chunk[at - 1] if at > i else self._before):
+                self._emit_text(chunk[i:at])
+                self._state = _NAME
+                return at
+        self._emit_text(chunk[i:])
+        return len(chunk)
+
+    def _step(self, ch: str) -> bool:
+        """Consume one character outside plain text; False if it must be read again as text."""
+        if self._state == _NAME:
+            return self._step_name(ch)
+        if self._state == _GAP:
+            return self._step_gap(ch)
+        self._step_directive(ch)
+        return True
+
+    def _step_name(self, ch: str) -> bool:
+        if self._held + ch not in _PREFIXES:
+            self._release_held()
+            return False
+        self._held += ch
+        if self._held in _KINDS:
+            self._state = _GAP  # a whole name: it must now be followed by "("
+        return True
+
+    def _step_gap(self, ch: str) -> bool:
+        if ch == "(":
+            self._reset_directive(self._held.rstrip(_GAP_CHARS))
+            self._raw = [self._held, ch]
+            self._raw_len = len(self._held) + 1
+            self._held, self._state = "", _ARG
+            return True
+        if ch in _GAP_CHARS and len(self._held) < self.max_chars:
+            self._held += ch
+            return True
+        self._release_held()  # "Consultation", "Consult the page": prose
+        return False
+
+    def _release_held(self) -> None:
+        self._emit_text(self._held)
+        self._held = ""
+        self._state = _TEXT
+
+    # -- inside "( … )" ---------------------------------------------------------------
+
+    def _reset_directive(self, name: str) -> None:
+        self._name = name
+        self._raw: list[str] = []
+        self._raw_len = 0
+        self._args: list[tuple[str | None, Value]] = []  # (keyword or None, value)
+        self._key: str | None = None
+        self._chars: list[str] = []  # the value being read
+        self._quoted = False  # the value was quoted: keep it verbatim, do not trim
+        self._quote = ""
+        self._items: list[str] | None = None  # the items while inside a [list]
+        self._list_value: tuple[str, ...] | None = None  # a closed [list], until its "," or ")"
+        self._depth = 0  # nested "(" in a bare value: its ")" is text, not the end
+        self._error = ""  # a syntax problem seen on the way, reported at the end
+
+    def _step_directive(self, ch: str) -> None:
+        self._raw.append(ch)
+        self._raw_len += 1
+        if self._handlers[self._state](ch):
+            self._finish()
+        elif self._raw_len >= self.max_chars:
+            self._fault(f"{self._name} was not closed within {self.max_chars} characters")
+
+    # Each handler returns True when ch closed the directive.
+
+    def _on_arg(self, ch: str) -> bool:
+        if ch.isspace():
+            return False
+        if ch in "\"'":
+            self._quote, self._state = ch, _QUOTED
+            return False
+        if ch == "[" and self._items is None:
+            self._items = []
+            return False
+        if ch == "]" and self._items is not None:
+            self._close_list()
+            return False
+        if ch == ")" and not self._args and self._key is None and self._items is None:
+            return True  # Consult(): no arguments at all
+        if ch in ",)":
+            return self._end_value(ch)  # an empty argument, e.g. Consult(a, )
+        self._state = _BARE
+        return self._on_bare(ch)
+
+    def _on_bare(self, ch: str) -> bool:
+        if self._depth == 0 and ch in ",)":
+            return self._end_value(ch)
+        if ch == "]" and self._items is not None:
+            self._close_list()
+            return False
+        if ch == "=" and self._key is None and self._items is None and _IDENTIFIER.match("".join(self._chars).strip()):
+            self._key, self._chars, self._state = "".join(self._chars).strip(), [], _ARG
+            return False
+        if self._items is None:  # balanced parentheses belong to a bare value: "(approx)"
+            self._depth += (ch == "(") - (ch == ")")
+        self._chars.append(ch)
+        return False
+
+    def _on_quoted(self, ch: str) -> bool:
+        if ch == "\\":
+            self._state = _ESCAPE
+        elif ch == self._quote:
+            self._quoted, self._state = True, _AFTER
+        else:
+            self._chars.append(ch)
+        return False
+
+    def _on_escape(self, ch: str) -> bool:
+        self._chars.append(ch if ch in _ESCAPABLE else "\\" + ch)  # other escapes stay as written
+        self._state = _QUOTED
+        return False
+
+    def _on_after(self, ch: str) -> bool:
+        if ch.isspace():
+            return False
+        if ch in ",)":
+            return self._end_value(ch)
+        if ch == "]" and self._items is not None:
+            self._close_list()
+            return False
+        self._error = self._error or f"{self._name} has text after a closing quote or ]"
+        self._state = _BARE
+        return self._on_bare(ch)
+
+    def _end_value(self, ch: str) -> bool:
+        """A "," or ")" ended the current value or list item; True if it ended the directive."""
+        if self._items is not None:
+            self._items.append(self._value())
+            if ch == ",":
+                self._state = _ARG
+                return False
+            self._error = self._error or f"{self._name} has a [ list without its ]"
+            self._close_list()
+        text = self._value()
+        self._args.append((self._key, text if self._list_value is None else self._list_value))
+        self._key, self._list_value, self._state = None, None, _ARG
+        return ch == ")"
+
+    def _close_list(self) -> None:
+        assert self._items is not None
+        if self._chars or self._quoted:
+            self._items.append(self._value())
+        self._list_value, self._items, self._state = tuple(self._items), None, _AFTER
+
+    def _value(self) -> str:
+        """Take the value read so far: quoted text verbatim, bare text trimmed."""
+        text = "".join(self._chars)
+        value = text if self._quoted else text.strip()
+        self._chars, self._quoted, self._depth = [], False, 0
+        return value
+
+    # -- results ---------------------------------------------------------------------
+
+    def _finish(self) -> None:
+        raw = "".join(self._raw)
+        result = self._error or _bind(self._name, self._args)
+        if isinstance(result, str):
+            self._emit(BusFault(raw, f"{result}: {_preview(raw)}"))
+        else:
+            self._emit(result)
+        self._end_directive(raw)
+
+    def _fault(self, problem: str) -> None:
+        raw = "".join(self._raw)
+        self._emit(BusFault(raw, f"{problem}: {_preview(raw)}"))
+        self._end_directive(raw)
+
+    def _end_directive(self, raw: str) -> None:
+        self._before = raw[-1]
+        self._reset_directive("")
+        self._state = _TEXT
+
+    def _unfinished_reason(self) -> str:
+        if self._state in (_QUOTED, _ESCAPE):
+            return f"{self._name} has an unterminated quote (no closing {self._quote}) and the reply ended"
+        if self._items is not None and self._state != _AFTER:
+            return f"{self._name} has a [ list without its ] and the reply ended"
+        return f"{self._name} is missing its closing ) and the reply ended"
+
+    def _emit_text(self, text: str) -> None:
+        if text:
+            self._text.append(text)
+            self._before = text[-1]
+
+    def _emit(self, event: Event) -> None:
+        self._flush_text()
+        self._events.append(event)
+
+    def _flush_text(self) -> None:
+        if self._text:
+            self._events.append(Text("".join(self._text)))
+            self._text = []
+
+    def _take(self) -> list[Event]:
+        self._flush_text()
+        events, self._events = self._events, []
         return events
 
 
@@ -123,141 +330,59 @@ def parse_directives(text: str) -> tuple[str, list[Directive], list[BusFault]]:
     parser = DirectiveParser()
     events = parser.feed(text) + parser.flush()
     clean = "".join(e.text for e in events if isinstance(e, Text))
-    return clean, [e for e in events if isinstance(e, Consult | Explore | Shelve)], [e for e in events if isinstance(e, BusFault)]
+    directives = [e for e in events if isinstance(e, Consult | Explore | Shelve)]
+    return clean, directives, [e for e in events if isinstance(e, BusFault)]
 
 
-# -- scanning --------------------------------------------------------------------
+# -- binding arguments to fields ---------------------------------------------------------
 
 
-def _text(events: list[Event], text: str) -> None:
-    if text:
-        events.append(Text(text))
+def _bind(name: str, args: list[tuple[str | None, Value]]) -> Directive | str:
+    """The directive the arguments make, or what is wrong with them."""
+    fields = FIELDS[name]
+    signature = f"({', '.join(fields)})"
+    for key, _ in args:
+        if key is not None and key not in fields:
+            return f"{name} has no argument named {key!r}; it takes {signature}"
+    if name == "Explore" and len(args) < 3:
+        return f"Explore needs at least 3 arguments {signature}, got {len(args)}"
+    if name != "Explore" and len(args) != 2:
+        return f"{name} needs 2 arguments {signature}, got {len(args)}"
+    positional = [value for key, value in args if key is None]
+    if name == "Explore" and len(positional) > 3:  # Explore(r, h, "a", "b"): the rest are keywords
+        positional[2:] = [tuple(k for value in positional[2:] for k in _as_items(value))]
+    values: dict[str, Value] = dict(zip(fields, positional))
+    for key, value in args:
+        if key is not None:
+            if key in values:
+                return f"{name} got two values for {key}"
+            values[key] = value
+    return _make(name, values)
+
+
+def _make(name: str, values: dict[str, Value]) -> Directive | str:
+    for field in FIELDS[name]:
+        if field != "keywords" and not isinstance(values[field], str):
+            return f"{name} needs {field} as text, not a [list]"
+    target_field = "handle" if name == "Explore" else "id"
+    target = values[target_field].strip()  # type: ignore[union-attr]
+    if not target:
+        return f"{name} needs a non-empty {target_field}"
+    if name != "Explore":
+        return _KINDS[name](reason=values["reason"], id=target)  # type: ignore[arg-type]
+    keywords = tuple(k.strip() for item in _as_items(values["keywords"]) for k in item.split(",") if k.strip())
+    if not keywords:
+        return "Explore needs at least one keyword"
+    return Explore(reason=values["reason"], handle=target, keywords=keywords)  # type: ignore[arg-type]
+
+
+def _as_items(value: Value) -> tuple[str, ...]:
+    return (value,) if isinstance(value, str) else value
 
 
 def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
-def _held_tail(buffer: str, before: str) -> int:
-    """Length of the suffix that could still become a directive start."""
-    window = buffer[-(max(map(len, NAMES)) + _MAX_GAP + 1) :]
-    match = _TAIL.search(window)
-    if match is None:
-        return 0
-    # The lookbehind saw only the window; check the character before it in the buffer.
-    at = len(buffer) - len(window) + match.start()
-    if _is_word(buffer[at - 1] if at > 0 else before):
-        return 0
-    return len(buffer) - at
-
-
-def _closing_paren(text: str, start: int) -> int | None:
-    """Index of the ")" closing the argument list that begins at ``start``, quotes respected."""
-    quote, depth, i = "", 0, start
-    while i < len(text):
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(depth - 1, 0)
-        elif ch == ")" and depth == 0:
-            return i
-        i += 1
-    return None
-
-
-def _split_args(inner: str) -> list[str]:
-    """Top-level comma-separated pieces, quotes and brackets respected."""
-    pieces, current, quote, depth, i = [], [], "", 0, 0
-    while i < len(inner):
-        ch = inner[i]
-        if quote:
-            if ch == "\\" and i + 1 < len(inner):
-                current.append(ch + inner[i + 1])
-                i += 2
-                continue
-            quote = "" if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth = max(depth - 1, 0)
-        elif ch == "," and depth == 0:
-            pieces.append("".join(current))
-            current = []
-            i += 1
-            continue
-        current.append(ch)
-        i += 1
-    pieces.append("".join(current))
-    return [p.strip() for p in pieces] if any(p.strip() for p in pieces) else []
-
-
-def _value(arg: str) -> str | list[str]:
-    """A quoted string unescaped, a [list] of values, or bare text."""
-    arg = arg.strip()
-    if len(arg) >= 2 and arg[0] in "\"'" and arg[-1] == arg[0]:
-        return re.sub(r"\\(.)", r"\1", arg[1:-1], flags=re.S)
-    if arg.startswith("[") and arg.endswith("]"):
-        return [v for v in (_value(p) for p in _split_args(arg[1:-1])) if isinstance(v, str)]
-    return arg
-
-
-# -- building --------------------------------------------------------------------
-
-
-def _build(name: str, raw: str, inner: str) -> Directive | BusFault:
-    fields = _FIELDS[name]
-    values: dict[str, str | list[str]] = {}
-    positional: list[str | list[str]] = []
-    for arg in _split_args(inner):
-        keyword = _KEYWORD_ARG.match(arg) if arg[:1] not in "\"'[" else None
-        if keyword and keyword.group(1) in fields:
-            values[keyword.group(1)] = _value(keyword.group(2))
-        elif keyword and not arg.startswith(keyword.group(1) + " "):
-            return BusFault(raw, f"{name} has no argument named {keyword.group(1)!r}; it takes ({', '.join(fields)}): {_preview(raw)}")
-        else:
-            positional.append(_value(arg))
-    for field in fields:
-        if field not in values and positional:
-            values[field] = positional.pop(0)
-    if name == "Explore":
-        return _explore(raw, values, positional)
-    if positional or len(values) != 2:
-        given = len(values) + len(positional)
-        return BusFault(raw, f"{name} needs 2 arguments (reason, id), got {given}: {_preview(raw)}")
-    reason, page_id = _text_of(values["reason"]), _text_of(values["id"])
-    if not page_id:
-        return BusFault(raw, f"{name} needs a page id: {_preview(raw)}")
-    return (Consult if name == "Consult" else Shelve)(reason=reason, id=page_id)
-
-
-def _explore(raw: str, values: dict[str, str | list[str]], extra: list[str | list[str]]) -> Explore | BusFault:
-    if "keywords" not in values:
-        return BusFault(raw, f"Explore needs 3 arguments (reason, handle, keywords), got {len(values)}: {_preview(raw)}")
-    keywords: list[str] = []
-    for value in [values["keywords"], *extra]:  # trailing arguments are more keywords
-        for item in value if isinstance(value, list) else [value]:
-            keywords += [k.strip() for k in item.split(",") if k.strip()]
-    handle = _text_of(values["handle"])
-    if not handle:
-        return BusFault(raw, f"Explore needs a handle: {_preview(raw)}")
-    if not keywords:
-        return BusFault(raw, f"Explore needs at least one keyword: {_preview(raw)}")
-    return Explore(reason=_text_of(values["reason"]), handle=handle, keywords=tuple(keywords))
-
-
-def _text_of(value: str | list[str]) -> str:
-    return ", ".join(value) if isinstance(value, list) else value.strip()
-
-
-def _preview(raw: str, limit: int = 120) -> str:
+def _preview(raw: str, limit: int = 160) -> str:
     return raw if len(raw) <= limit else raw[: limit - 1] + "…"

@@ -1,13 +1,27 @@
-"""Directive parsing: whole, one character at a time, and at random splits."""
+"""Directive parsing: forms, faults, early release of text, and chunking invariance."""
 
 from __future__ import annotations
 
+import time
+
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcp_core.delivery import AnswerGate
-from pcp_core.directives import MAX_DIRECTIVE_CHARS, BusFault, Consult, DirectiveParser, Explore, Shelve, Text, parse_directives
+from pcp_core.directives import (
+    MAX_DIRECTIVE_CHARS,
+    BusFault,
+    Consult,
+    Directive,
+    DirectiveParser,
+    Event,
+    Explore,
+    Shelve,
+    Text,
+    parse_directives,
+)
 
 REPLIES = [
     'I need the date. Consult("the date is missing", "a1b2c3d4")',
@@ -18,77 +32,235 @@ REPLIES = [
     'Explore(r, "file:report.pdf", "a", "b") Explore(r, h, ["x", "y"])',
     "Consult (spaced, 1234abcd) Shelve(only-one)",
     "No directives here at all, just an answer with (parentheses) and Cons.",
+    "Consult(see (page 3, maybe), c0ffee) Explore(r, h, [a, b) trailing",
+    'Shelve(\'it\\\'s done\', "x\\\\y") Consult("open',
+    "Explore\n(not a directive) Consult\t(tab, ok1) CONSULT(a, b) Exp",
 ]
 
 
-def events_of(chunks) -> list:
-    parser = DirectiveParser()
-    events = []
+def events_of(chunks, parser: DirectiveParser | None = None) -> list[Event]:
+    parser = parser or DirectiveParser()
+    events: list[Event] = []
     for chunk in chunks:
         events += parser.feed(chunk)
-    return events + parser.flush()
+    events += parser.flush()
+    assert all(e.text for e in events if isinstance(e, Text)), "no empty Text events"
+    return events
 
 
-def normalized(events) -> tuple[str, list]:
-    return "".join(e.text for e in events if isinstance(e, Text)), [e for e in events if not isinstance(e, Text)]
+def normalized(events) -> list:
+    """Events with adjacent Text merged: the chunking may split text differently."""
+    out: list = []
+    for event in events:
+        if isinstance(event, Text) and out and isinstance(out[-1], Text):
+            out[-1] = Text(out[-1].text + event.text)
+        else:
+            out.append(event)
+    return out
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    points = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *points], [*points, len(text)])]
+
+
+# -- the directives and their forms --------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('Consult("r", "a1")', [Consult("r", "a1")]),
-        ("Consult(r, a1)", [Consult("r", "a1")]),
-        ("Shelve('it is done', 'b2')", [Shelve("it is done", "b2")]),
-        ('Consult(id="c3", reason="r")', [Consult("r", "c3")]),
-        ('Consult("say \\"hi\\", ok", "d4")', [Consult('say "hi", ok', "d4")]),
-        ('Explore("r", "history", "budget, Q3")', [Explore("r", "history", ("budget", "Q3"))]),
-        ('Explore(r, h, "a", "b")', [Explore("r", "h", ("a", "b"))]),
-        ('Explore(r, h, ["a", "b"])', [Explore("r", "h", ("a", "b"))]),
-        ("Consult(a, b)\nShelve(c, d)", [Consult("a", "b"), Shelve("c", "d")]),
-        ("Consult  (a, b)", [Consult("a", "b")]),
+        ('Consult("need the date", "a1b2c3d4")', Consult("need the date", "a1b2c3d4")),
+        ("Consult(need the date, a1b2c3d4)", Consult("need the date", "a1b2c3d4")),
+        ("Shelve('done', f00dbeef)", Shelve("done", "f00dbeef")),
+        ('Shelve("done", "f00dbeef")', Shelve("done", "f00dbeef")),
+        ('Consult(id="c3", reason="r")', Consult("r", "c3")),
+        ("Shelve(reason = 'r', id = c3)", Shelve("r", "c3")),
+        ('Consult("r", id="c3")', Consult("r", "c3")),
+        ("Consult  (a, b)", Consult("a", "b")),
+        ("Consult\t(a, b)", Consult("a", "b")),
+        ("Consult(  padded reason  ,  b1  )", Consult("padded reason", "b1")),
+        ('Consult("  kept  ", " b1 ")', Consult("  kept  ", "b1")),  # quoted reason verbatim; ids are trimmed
+        ("Consult(don't guess, a1)", Consult("don't guess", "a1")),  # a quote inside a bare value is text
+        ("Consult(see (page 3, maybe), a1)", Consult("see (page 3, maybe)", "a1")),  # nested parens
+        ('Consult("a, (b", a1)', Consult("a, (b", "a1")),
+        ('Consult(reason="x=y", id=a1)', Consult("x=y", "a1")),
+        ("Consult(if x=1 then, a1)", Consult("if x=1 then", "a1")),  # no identifier before "=": not a keyword
     ],
 )
-def test_forms(text, expected):
-    clean, directives, faults = parse_directives(text)
-    assert directives == expected and faults == []
+def test_directive_forms(text, expected):
+    assert parse_directives(text) == ("", [expected], [])
 
 
-def test_text_around_directives_is_kept_and_directives_removed():
-    clean, directives, _ = parse_directives('Hmm. Consult("r", "a1") Then more.')
-    assert clean == "Hmm.  Then more." and directives == [Consult("r", "a1")]
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('Consult("say \\"hi\\", ok", "d4")', Consult('say "hi", ok', "d4")),
+        ("Consult('it\\'s', d4)", Consult("it's", "d4")),
+        ('Consult("back\\\\slash", d4)', Consult("back\\slash", "d4")),
+        ('Consult("a\\nb", d4)', Consult("a\\nb", "d4")),  # only \" \' \\ are escapes
+        ("Consult(\"it's\", 'say \"hi\"')", Consult("it's", 'say "hi"')),  # the other quote needs no escape
+        ('Consult("a)b", d4)', Consult("a)b", "d4")),
+    ],
+)
+def test_escapes_and_quotes(text, expected):
+    assert parse_directives(text) == ("", [expected], [])
 
 
-@pytest.mark.parametrize("text", ["I will consult the notes.", "Consultation helps", "reConsult(a, b)", "CONSULT(a, b)", "Consult the page"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'Explore("look for budget", "file:report.pdf", "budget, Q3, revenue")',
+        "Explore(look for budget, file:report.pdf, budget, Q3, revenue)",
+        'Explore("look for budget", "file:report.pdf", "budget", "Q3", "revenue")',
+        'Explore("look for budget", "file:report.pdf", ["budget", "Q3", "revenue"])',
+        "Explore(look for budget, file:report.pdf, [budget, Q3, revenue])",
+        'Explore("look for budget", "file:report.pdf", ["budget, Q3", "revenue"])',
+        'Explore(keywords="budget,,  Q3 , revenue, ", handle="file:report.pdf", reason="look for budget")',
+        'Explore("look for budget", "file:report.pdf", keywords=["budget", "Q3", "revenue",])',
+        'Explore("look for budget", "file:report.pdf", "budget, Q3", revenue)',
+    ],
+)
+def test_explore_keyword_forms(text):
+    expected = Explore("look for budget", "file:report.pdf", ("budget", "Q3", "revenue"))
+    assert parse_directives(text) == ("", [expected], [])
+
+
+def test_several_directives_in_order_and_the_text_between_them():
+    reply = (
+        'First `Consult("a", "id1")` then,\n'
+        "mid-line Shelve(b, id2) and Explore(c, history, x)\n"
+        "Consult(d, id3)Shelve(e, id4). Done."
+    )
+    clean, directives, faults = parse_directives(reply)
+    assert directives == [Consult("a", "id1"), Shelve("b", "id2"), Explore("c", "history", ("x",)), Consult("d", "id3"), Shelve("e", "id4")]
+    assert clean == "First `` then,\nmid-line  and \n. Done."
+    assert faults == []
+
+
+def test_event_order_interleaves_text_directives_and_faults():
+    events = normalized(events_of(["A Consult(r, x1) B Shelve(oops) C"]))
+    assert events == [Text("A "), Consult("r", "x1"), Text(" B "), BusFault("Shelve(oops)", events[3].reason), Text(" C")]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "I will consult the notes.",
+        "Consultation helps",
+        "Consult the page",
+        "Consult, then answer",
+        "reConsult(a, b)",
+        "fooShelve(a, b)",
+        "Consult_x(a, b)",
+        "x2Explore(a, b, c)",
+        "CONSULT(a, b)",
+        "consult(a, b)",
+        "shelve(a, b)",
+        "Shelved(a, b)",
+        "Explore\n(the notes)",  # a newline does not join a name to its "("
+        "Cons",
+        "Consult",
+        "Consult   ",
+        "Consult Consult",
+        "Explorer(a, b, c)",
+        "(Consult",
+    ],
+)
 def test_lookalikes_are_text(text):
     assert parse_directives(text) == (text, [], [])
 
 
+def test_a_name_after_punctuation_or_digits_boundary():
+    assert parse_directives("(Consult(a, b)).")[1] == [Consult("a", "b")]
+    assert parse_directives("1Consult(a, b)")[1] == []  # a digit is part of the word
+    assert parse_directives("éConsult(a, b)")[1] == []  # so is a non-ASCII letter
+
+
+def test_directives_are_msgspec_tagged_unions():
+    directives = [Consult("r", "a1"), Explore("r", "h", ("k",)), Shelve("r", "b2")]
+    encoded = msgspec.json.encode(directives)
+    assert msgspec.json.decode(encoded, type=list[Directive]) == directives
+    assert b'"type":"Explore"' in encoded
+    events = [Text("t"), BusFault("Consult(", "why"), *directives]
+    assert msgspec.json.decode(msgspec.json.encode(events), type=list[Event]) == events
+    with pytest.raises(AttributeError):
+        directives[0].id = "other"  # type: ignore[misc]
+
+
+# -- bus faults -------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
-    ("text", "fragment"),
+    ("text", "reason"),
     [
-        ("Consult(a1b2)", "needs 2 arguments (reason, id), got 1"),
-        ("Shelve(a, b, c)", "needs 2 arguments"),
-        ('Consult("r", "")', "needs a page id"),
-        ("Consult(r, id=x, page=y)", "no argument named 'page'"),
-        ('Consult("r", "a1"', "unterminated"),
-        ('Consult("r, a1)', "unterminated"),
-        ("Explore(r, h)", "needs 3 arguments"),
-        ('Explore(r, "", k)', "needs a handle"),
-        ('Explore(r, h, " , ")', "at least one keyword"),
+        ("Consult(a1b2)", "Consult needs 2 arguments (reason, id), got 1: Consult(a1b2)"),
+        ("Consult()", "Consult needs 2 arguments (reason, id), got 0: Consult()"),
+        ("Shelve(a, b, c)", "Shelve needs 2 arguments (reason, id), got 3: Shelve(a, b, c)"),
+        ('Consult(reason="r")', 'Consult needs 2 arguments (reason, id), got 1: Consult(reason="r")'),
+        ("Explore(r, h)", "Explore needs at least 3 arguments (reason, handle, keywords), got 2: Explore(r, h)"),
+        ('Consult("r", "")', 'Consult needs a non-empty id: Consult("r", "")'),
+        ("Shelve(r, )", "Shelve needs a non-empty id: Shelve(r, )"),
+        ('Consult(r, "   ")', 'Consult needs a non-empty id: Consult(r, "   ")'),
+        ('Explore(r, "", k)', 'Explore needs a non-empty handle: Explore(r, "", k)'),
+        ('Explore(r, h, " , ")', 'Explore needs at least one keyword: Explore(r, h, " , ")'),
+        ("Explore(r, h, [])", "Explore needs at least one keyword: Explore(r, h, [])"),
+        ("Consult(r, page=a1)", "Consult has no argument named 'page'; it takes (reason, id): Consult(r, page=a1)"),
+        ("Explore(r, h, words=k)", "Explore has no argument named 'words'; it takes (reason, handle, keywords): Explore(r, h, words=k)"),
+        ("Consult(r, reason=a1)", "Consult got two values for reason: Consult(r, reason=a1)"),
+        ("Consult(r, [a1])", "Consult needs id as text, not a [list]: Consult(r, [a1])"),
+        ('Consult("r" and more, a1)', 'Consult has text after a closing quote or ]: Consult("r" and more, a1)'),
+        ("Explore(r, h, [a, b)", "Explore has a [ list without its ]: Explore(r, h, [a, b)"),
+        ('Consult("r", "a1', 'Consult has an unterminated quote (no closing ") and the reply ended: Consult("r", "a1'),
+        ("Shelve('r, a1)", "Shelve has an unterminated quote (no closing ') and the reply ended: Shelve('r, a1)"),
+        ('Consult("r", "a1"', 'Consult is missing its closing ) and the reply ended: Consult("r", "a1"'),
+        ("Consult(r, (a1)", "Consult is missing its closing ) and the reply ended: Consult(r, (a1)"),
+        ("Explore(r, h, [a, b", "Explore has a [ list without its ] and the reply ended: Explore(r, h, [a, b"),
     ],
 )
-def test_bus_faults_explain_themselves(text, fragment):
-    clean, directives, faults = parse_directives(text)
-    assert directives == [] and len(faults) == 1
-    assert fragment in faults[0].reason and faults[0].raw.startswith(text.split("(")[0])
-    assert clean == ""
+def test_bus_faults_explain_themselves(text, reason):
+    clean, directives, faults = parse_directives(f"before {text}")
+    assert faults == [BusFault(raw=text, reason=reason)]
+    assert (clean, directives) == ("before ", [])
+
+
+def test_a_fault_does_not_hide_the_directives_after_it():
+    clean, directives, faults = parse_directives("Consult(a1b2) then Shelve(r, x1).")
+    assert directives == [Shelve("r", "x1")] and [f.raw for f in faults] == ["Consult(a1b2)"]
+    assert clean == " then ."
+
+
+def test_the_fault_reason_shortens_a_long_directive_but_raw_keeps_it():
+    text = "Consult(" + "y" * 500 + ")"
+    (fault,) = parse_directives(text)[2]
+    assert fault.raw == text
+    assert fault.reason.startswith("Consult needs 2 arguments (reason, id), got 1: Consult(yyy")
+    assert len(fault.reason) < 250 and fault.reason.endswith("…")
 
 
 def test_a_runaway_directive_is_faulted_without_waiting_for_the_end():
     parser = DirectiveParser()
-    events = parser.feed('Consult("' + "x" * (MAX_DIRECTIVE_CHARS + 10))
-    assert any(isinstance(e, BusFault) and "unterminated" in e.reason for e in events)
-    assert parser.feed(" tail") == [Text(" tail")]
+    opening = 'Consult("' + "x" * (MAX_DIRECTIVE_CHARS + 10)
+    events = parser.feed(opening)
+    assert [type(e) for e in events] == [BusFault, Text]
+    assert events[0].raw == opening[:MAX_DIRECTIVE_CHARS]
+    assert events[0].reason.startswith(f"Consult was not closed within {MAX_DIRECTIVE_CHARS} characters: ")
+    assert events[1] == Text(opening[MAX_DIRECTIVE_CHARS:])  # what follows the cap flows as text again
+    assert parser.feed(' tail", a1) ok') == [Text(' tail", a1) ok')]
+    assert parser.flush() == []
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1])
+def test_the_cap_is_the_same_however_the_reply_is_chunked(extra):
+    cap = 40
+    reply = "Consult(r, " + "z" * (cap - len("Consult(r, )") + extra) + ") after"
+    whole = events_of([reply], DirectiveParser(max_chars=cap))
+    assert normalized(events_of(list(reply), DirectiveParser(max_chars=cap))) == normalized(whole)
+    # A directive of exactly `cap` characters still closes; one more is a runaway.
+    assert isinstance(whole[0], Consult if extra <= 0 else BusFault)
+
+
+# -- releasing text early ----------------------------------------------------------------
 
 
 def test_text_is_released_as_soon_as_it_is_disambiguated():
@@ -100,43 +272,162 @@ def test_text_is_released_as_soon_as_it_is_disambiguated():
     assert parser.flush() == []
 
 
+def test_plain_text_is_never_held():
+    parser = DirectiveParser()
+    assert parser.feed("hello") == [Text("hello")]
+    assert parser.feed(" Ceci, Eh, Sure.") == [Text(" Ceci, Eh, Sure.")]
+    assert parser.feed("reConsult") == [Text("reConsult")]  # not at a word boundary: cannot be a name
+    assert parser.feed("") == []
+
+
+def test_a_whole_name_is_held_until_its_next_character():
+    parser = DirectiveParser()
+    assert parser.feed("Shelve") == []
+    assert parser.feed("  ") == []
+    assert parser.feed("it") == [Text("Shelve  it")]
+    assert parser.feed(" Explore") == [Text(" ")]
+    assert parser.flush() == [Text("Explore")]  # the reply ended: a bare name is text
+
+
+def test_flush_resets_the_parser_for_the_next_reply():
+    parser = DirectiveParser()
+    assert parser.feed("x") == [Text("x")]
+    assert parser.flush() == []
+    assert events_of(["Consult(r, a1)"], parser) == [Consult("r", "a1")]  # "x" no longer glues to the name
+
+
+# -- chunking invariance -------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("reply", REPLIES)
 def test_character_by_character_equals_whole(reply):
     assert normalized(events_of(list(reply))) == normalized(events_of([reply]))
 
 
-@settings(max_examples=200, deadline=None)
-@given(reply=st.sampled_from(REPLIES), cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=12))
+@settings(max_examples=300, deadline=None)
+@given(reply=st.sampled_from(REPLIES), cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=12))
 def test_random_splits_equal_whole(reply, cuts):
-    points = sorted({c % (len(reply) + 1) for c in cuts})
-    chunks = [reply[a:b] for a, b in zip([0, *points], [*points, len(reply)])]
-    assert normalized(events_of(chunks)) == normalized(events_of([reply]))
+    assert normalized(events_of(split_at(reply, cuts))) == normalized(events_of([reply]))
 
 
-_prose = st.text(alphabet=st.sampled_from(list("abc ,.()'\"\nCSE")), max_size=30)
-_directive = st.builds(lambda r, i: f'Consult("{r}", "{i}")', st.text(alphabet="abc xyz", max_size=8), st.text(alphabet="0123456789abcdef", min_size=1, max_size=8))
+def _quoted(value: str, quote: str) -> str:
+    return quote + value.replace("\\", "\\\\").replace(quote, "\\" + quote) + quote
 
 
-@settings(max_examples=200, deadline=None)
-@given(parts=st.lists(st.one_of(_prose, _directive), max_size=6), cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=10))
-def test_generated_replies_parse_the_same_however_split(parts, cuts):
-    reply = "".join(parts)
-    points = sorted({c % (len(reply) + 1) for c in cuts})
-    chunks = [reply[a:b] for a, b in zip([0, *points], [*points, len(reply)])]
-    assert normalized(events_of(chunks)) == normalized(events_of([reply])) == normalized(events_of(list(reply)))
+_ids = st.from_regex(r"[0-9a-f]{1,8}", fullmatch=True) | st.sampled_from(["history", "file:report.pdf", "cp-7"])
+_reasons = st.text(max_size=20)
+_keywords = st.lists(st.text(alphabet="abcXYZ019 _-", min_size=1, max_size=8).map(str.strip).filter(bool), min_size=1, max_size=4)
+_directives = st.one_of(
+    st.builds(Consult, reason=_reasons, id=_ids),
+    st.builds(Shelve, reason=_reasons, id=_ids),
+    st.builds(Explore, reason=_reasons, handle=_ids, keywords=_keywords.map(tuple)),
+)
 
 
-def test_long_replies_parse_in_linear_time():
-    import time
+@st.composite
+def rendered(draw, directive: Directive) -> str:
+    """A directive written the way a model might write it."""
+    name = type(directive).__name__
+    fields = ["reason", "handle", "keywords"] if isinstance(directive, Explore) else ["reason", "id"]
 
-    reply = ("plain words and (parens) with Consult(r, a1) here. " * 4000)[:200_000]
+    def text(value: str) -> str:
+        forms = [_quoted(value, '"'), _quoted(value, "'")]
+        if value == value.strip() and all(ch.isalnum() or ch in " .:-" for ch in value):
+            forms.append(value)  # bare
+        return draw(st.sampled_from(forms))
+
+    def keywords(words: tuple[str, ...]) -> list[str]:
+        form = draw(st.sampled_from(["one", "several", "list"]))
+        if form == "one":
+            return [_quoted(", ".join(words), '"')]
+        if form == "several":
+            return [_quoted(w, "'") for w in words]
+        return ["[" + ", ".join(_quoted(w, '"') for w in words) + "]"]
+
+    values = {f: keywords(getattr(directive, f)) if f == "keywords" else [text(getattr(directive, f))] for f in fields}
+    sep = draw(st.sampled_from([", ", ",", " , ", ",\n"]))
+    if draw(st.booleans()) and not (isinstance(directive, Explore) and len(values["keywords"]) > 1):
+        order = draw(st.permutations(fields))
+        args = [f"{f}={values[f][0]}" for f in order]
+    else:
+        args = [v for f in fields for v in values[f]]
+    gap = draw(st.sampled_from(["", "", " ", "\t"]))
+    return f"{name}{gap}({sep.join(args)})"
+
+
+# Prose without "(" can never contain a directive, but is full of lookalikes.
+_prose = st.lists(
+    st.sampled_from(["I", "will", "consult", "Consult", "Explore", "Shelve", "Cons", "Sh", "E", "reConsult", "notes", ")", ",", "'", '"', "\n", "`", "é", ""]),
+    max_size=8,
+).map(" ".join)
+
+
+@st.composite
+def replies(draw) -> tuple[str, str, list[Directive]]:
+    """(reply, its text without directives, its directives)."""
+    reply, clean, directives = [], [], []
+    for _ in range(draw(st.integers(min_value=0, max_value=5))):
+        sep = draw(st.sampled_from([" ", "\n", "`", ". "]))  # a non-word character before each directive
+        if draw(st.booleans()):
+            directive = draw(_directives)
+            reply += [sep, draw(rendered(directive))]
+            clean.append(sep)
+            directives.append(directive)
+        else:
+            prose = draw(_prose)
+            reply += [sep, prose]
+            clean += [sep, prose]
+    return "".join(reply), "".join(clean), directives
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=replies(), cuts=st.lists(st.integers(min_value=0, max_value=1000), max_size=10))
+def test_generated_replies_round_trip_however_split(case, cuts):
+    reply, clean, directives = case
+    assert parse_directives(reply) == (clean, directives, [])
+    whole = normalized(events_of([reply]))
+    assert normalized(events_of(split_at(reply, cuts))) == whole
+    assert normalized(events_of(list(reply))) == whole
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    reply=st.lists(st.sampled_from([*"abC E S,()[]=\"'\\ \n\t", "Consult", "Explore", "Shelve", "id=", "keywords="]), max_size=40).map("".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=10),
+)
+def test_arbitrary_text_parses_the_same_however_split(reply, cuts):
+    parser = DirectiveParser(max_chars=30)  # small, so the cap is crossed too
+    whole = normalized(events_of([reply], parser))
+    assert normalized(events_of(split_at(reply, cuts), DirectiveParser(max_chars=30))) == whole
+    assert normalized(events_of(list(reply), DirectiveParser(max_chars=30))) == whole
+    # Every character is either text or part of exactly one directive or fault, in order.
+    rebuilt = "".join(e.text if isinstance(e, Text) else e.raw if isinstance(e, BusFault) else "" for e in whole)
+    if not any(isinstance(e, Consult | Explore | Shelve) for e in whole):
+        assert rebuilt == reply
+
+
+# -- linear time ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        ("plain words and (parens) with Consult(r, a1) here. " * 4000)[:200_000],
+        "Consult(" + "(" * 200_000,  # never closes: the cap ends it
+        " C" * 100_000,  # a possible name start at every other character
+        ("Explore(r, h, [a, 'b']) Cons " * 8000)[:200_000],
+    ],
+)
+def test_a_200kb_reply_parses_in_linear_time(reply):
     start = time.perf_counter()
-    clean, directives, _ = parse_directives(reply)
+    clean, directives, faults = parse_directives(reply)
+    events = events_of([reply[i : i + 7] for i in range(0, len(reply), 7)])
     assert time.perf_counter() - start < 5
-    assert len(directives) > 3000
+    assert len(normalized(events)) == len(normalized(events_of([reply])))
+    assert len(clean) + sum(len(f.raw) for f in faults) <= len(reply)
 
 
-# -- the answer gate ----------------------------------------------------------------
+# -- the answer gate ----------------------------------------------------------------------
 
 
 def test_gate_holds_a_directive_round_back():
