@@ -83,13 +83,21 @@ class TermStats:
         return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
 
 
+_CLOCK = re.compile(r"^\d{1,2}:\d{2}$")
+
+
 def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
-    return tuple(t for t, _ in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+    # A time of day says when, not what: it addresses nothing on its own.
+    ranked = sorted(((t, w) for t, w in weights.items() if not _CLOCK.match(t)), key=lambda kv: (-kv[1], kv[0]))
+    return tuple(t for t, _ in ranked[:k])
 
 
 def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
-    """The sentences carrying the most weight, in their original order, within ``max_chars``."""
-    sentences = [s.strip() for s in _SENTENCE.split(text) if s.strip()]
+    """The sentences carrying the most weight, in their original order, within ``max_chars``.
+
+    Each sentence keeps its speaker ("Caroline: …"): who said it is an anchor too.
+    """
+    sentences = _attributed_sentences(text)
     if not sentences:
         return ""
     scored = sorted(
@@ -105,6 +113,22 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     if not chosen:  # even the best sentence is too long: cut it at a word boundary
         return _clip(sentences[scored[0]], max_chars)
     return " ".join(sentences[i] for i in sorted(chosen))
+
+
+_ROLE = re.compile(r"^\[[a-z_]+\]\s*")
+_SPEAKER = re.compile(r"^([A-Z][\w .'-]{0,30}):\s+")
+
+
+def _attributed_sentences(text: str) -> list[str]:
+    out = []
+    for line in text.splitlines():
+        line = _ROLE.sub("", line.strip())
+        speaker = _SPEAKER.match(line)
+        prefix = speaker.group(0) if speaker else ""
+        body = line[len(prefix) :]
+        for i, sentence in enumerate(s.strip() for s in _SENTENCE.split(body) if s.strip()):
+            out.append(sentence if not prefix else prefix + sentence)
+    return out
 
 
 def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:

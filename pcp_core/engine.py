@@ -43,8 +43,9 @@ __all__ = [
     "run_rounds",
 ]
 
-HOT_PAGES = 8  # pages the Router may make Hot; the budget decides how many show
+HOT_PAGES = 40  # pages the Router may make Hot; the budget decides how many show
 FOCUS_FIRST = 3  # Hot pages that go before the roots' overview
+INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
 RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
 EXPLORE_HITS = 3
 NO_ANSWER = "I could not find that in our conversation."
@@ -112,12 +113,14 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     leaves = list(index.leaves())
     intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "")
     search = Bm25(leaves)
-    hot = [page_id for page_id, _ in search.rank(intent.weights, HOT_PAGES)]
+    ranked = [page_id for page_id, _ in search.rank(intent.weights, HOT_PAGES + INDEXED_PAGES)]
+    hot, indexed = ranked[:HOT_PAGES], ranked[HOT_PAGES:]
     recent = [page.id for page in leaves[-RECENT_PAGES:]][::-1]
     for page_id in hot + recent:
         views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
         index.activate(page_id, Activation.HOT)
         index.touch(page_id)
+    standalone: set[str] = set()  # pages the last synthesis showed outside their container
     consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
     trace: list[Step] = []
     faulted = False
@@ -133,10 +136,12 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             final=final,
             budget=context.budget,
             # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
-            priorities=[*consulted, *hot[:FOCUS_FIRST], *reversed(index.roots), *hot[FOCUS_FIRST:], *recent],
+            priorities=[*consulted, *hot[:FOCUS_FIRST], *reversed(index.roots), *hot[FOCUS_FIRST:], *indexed, *recent],
+            indexed=indexed,
             reserved_tokens=context.reserved_tokens,
         )
         synthesis = synthesize(index, views.raised(), request, count)
+        standalone = set(synthesis.standalone)
         reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
 
         if _calls_client_tool(reply):
@@ -147,7 +152,8 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         for fault in faults:
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
-            step, raised = _apply(directive, views, index, search, round_no)
+            step, raised = _apply(directive, views, index, search, round_no, standalone)
+            raised += _diffuse(directive, intent, index, views, search, round_no, synthesis.shown)
             trace.append(step)
             faulted |= step.action == "BusFault"
             consulted[:0] = raised
@@ -186,13 +192,14 @@ def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
     return text, directives, faults
 
 
-def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm25, round_no: int) -> tuple[Step, list[str]]:
+def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm25, round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
     """Carry out one directive; returns its trace step and the pages it raised."""
     name = type(directive).__name__
     target = directive.handle if isinstance(directive, Explore) else directive.id
     try:
         if isinstance(directive, Consult):
-            changes = views.consult(directive.id, round_no)
+            # A page shown on its own zooms in place; any other opens its path (§7.2).
+            changes = views.consult(directive.id, round_no, unfold=directive.id not in standalone)
             index.touch(directive.id)
             return _step(name, target, directive.reason, changes), [directive.id]
         if isinstance(directive, Shelve):
@@ -208,6 +215,24 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm2
         return Step(name, target, directive.reason, f"found {', '.join(hits) or 'nothing'}"), hits
     except UnknownPage as missing:
         return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
+
+
+def _diffuse(directive: Directive, intent: Intent, index: PageIndex, views: ViewState, search: Bm25, round_no: int, shown: dict[str, View]) -> list[str]:
+    """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
+
+    The Original page under the consulted container that best matches the
+    intent, and is not raised yet, is injected in Detail beside it — so a
+    Consult on a summary reaches evidence instead of only another summary.
+    """
+    if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
+        return []
+    scope = _subtree(index, directive.id)
+    for page_id, _ in search.rank(intent.weights):
+        if page_id in scope and shown.get(page_id) != View.DETAIL:
+            views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
+            index.touch(page_id)
+            return [page_id]
+    return []
 
 
 def _subtree(index: PageIndex, handle: str) -> set[str]:

@@ -16,7 +16,7 @@ import msgspec
 from .consolidator import terms
 from .pages import Page
 
-__all__ = ["Bm25", "Intent", "anchor_intent"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "stem"]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -46,6 +46,22 @@ def anchor_intent(head: str, tail: str, previous: str = "") -> Intent:
     return Intent(text=text, weights=weights, borrowed=borrowed)
 
 
+_SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "ers", "er", "ly", "s")
+
+
+def stem(term: str) -> str:
+    """A light suffix stripper: "adopting", "adopted", "adopts" all address "adopt"."""
+    if term[:1].isdigit():
+        return term
+    for suffix in _SUFFIXES:
+        if term.endswith(suffix) and len(term) - len(suffix) >= 3:
+            term = term[: -len(suffix)] + ("y" if suffix == "ies" else "")
+            break
+    if len(term) > 3 and term[-1] == term[-2] and term[-1] not in "lsz":
+        term = term[:-1]  # "planned" -> "plann" -> "plan"
+    return term.removesuffix("e") if len(term) > 4 else term
+
+
 class Bm25:
     """Okapi BM25 over pages (k1=1.2, b=0.75); keywords count twice, as index keys should."""
 
@@ -56,8 +72,8 @@ class Bm25:
         self.lengths: list[int] = []
         df: Counter[str] = Counter()
         for page in pages:
-            counts = Counter(terms(_text(page)))
-            counts.update(k for keyword in page.keywords for k in terms(keyword))
+            counts = Counter(stem(t) for t in terms(_text(page)))
+            counts.update(stem(k) for keyword in page.keywords for k in terms(keyword))
             self.ids.append(page.id)
             self.tf.append(counts)
             self.lengths.append(sum(counts.values()))
@@ -67,6 +83,10 @@ class Bm25:
         self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
 
     def scores(self, weights: Mapping[str, float]) -> dict[str, float]:
+        stemmed: dict[str, float] = {}
+        for term, weight in weights.items():
+            stemmed[stem(term)] = max(stemmed.get(stem(term), 0.0), weight)
+        weights = stemmed
         out: dict[str, float] = {}
         for page_id, tf, length in zip(self.ids, self.tf, self.lengths):
             norm = self.k1 * (1 - self.b + self.b * length / self.avg_length)

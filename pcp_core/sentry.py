@@ -25,13 +25,13 @@ class Sentry(msgspec.Struct, frozen=True):
 
 
 class PagingPolicy(msgspec.Struct, frozen=True):
-    page_tokens: int = 160  # most tokens of turns in one Original page
-    page_turns: int = 6
+    page_tokens: int = 120  # most tokens of turns in one Original page
+    page_turns: int = 4
     fanout: int = 6  # children per Consolidated page
     max_roots: int = 6  # consolidate upward until at most this many roots
     keywords: int = 6
     summary_chars: int = 180
-    container_summary_chars: int = 240
+    container_summary_chars: int = 160
 
 
 def message_text(message: Mapping[str, Any]) -> str:

@@ -39,15 +39,12 @@ PROTOCOL_VERSION = "0.1.0-alpha"
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 SYSTEM_INSTRUCTIONS = """
-You are the assistant of the conversation held in this document. It is paged to fit: each Node in Linear_Flow is a page, oldest first.
-- type="Original": verbatim turns of the conversation (a logical endpoint). type="Consolidated": a summary of the pages inside it.
-- view="Summary": the gist; view="Detail": the full text; view="Unpacked": the container's own pages nested inside it.
-- Background_Context lists older pages folded away, by id.
-When the visible pages do not hold what the Query needs at enough resolution, do not guess: reply with directives only, one per line:
-  Consult("reason", "id")  opens a page one level (Summary to Detail; a Consolidated Detail to Unpacked)
-  Shelve("reason", "id")   folds a page you no longer need
-  Explore("reason", "handle", "keyword, keyword")  searches the pages under a page id, or "history", for those keywords
-Otherwise answer the Query directly, as the assistant, in plain text: no directives, no page ids, no mention of this document.
+You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), oldest first; Background_Context lists folded ones by id.
+- Original: verbatim turns. Consolidated: a summary of the pages inside it.
+- view="Summary": gist; "Detail": full text; "Unpacked": the pages inside, nested.
+If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
+Consult("reason", "id") opens a page one level; Shelve("reason", "id") folds it; Explore("reason", "history or id", "keyword, keyword") searches pages.
+Otherwise answer the Query as the assistant, in plain text, never mentioning pages, ids or this document.
 """.strip()
 
 FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
@@ -77,8 +74,11 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     trace: Sequence[Step] = ()
     final: bool = False
     budget: int
-    # Page ids whose raised view should be shown, most important first.
+    # Page ids to show, most important first: raised pages at their view, roots
+    # at Summary, and ``indexed`` pages standalone at Summary.
     priorities: Sequence[str] = ()
+    # The Router's Indexed pages (§VI.2): shown by their summary, addressable for Consult.
+    indexed: Sequence[str] = ()
     # Tokens the call spends outside the messages (e.g. tool definitions).
     reserved_tokens: int = 0
 
@@ -87,6 +87,7 @@ class Synthesis(msgspec.Struct):
     messages: list[dict[str, str]]
     tokens: int
     shown: dict[str, View]  # pages in the Linear_Flow and their materialized view
+    standalone: list[str]  # pages shown outside their container (injected by the Router)
     folded: list[str]  # roots folded into Background_Context
     dehydrated: list[str]  # raised pages shown below their wanted view
 
@@ -107,6 +108,7 @@ class _Builder:
         shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
         unfolded: set[str] = set()  # roots shown in the Linear_Flow
         admissions: list[tuple[dict[str, View], set[str]]] = []
+        indexed = set(request.indexed)
         used = self._exact(self._document(head, query, {}, set()))  # every root folded
 
         def admit(views: dict[str, View], roots: set[str]) -> bool:
@@ -125,6 +127,8 @@ class _Builder:
                 admit(*self._raise_plan(page_id, self.wanted[page_id], shown))
             elif page_id in self.index.roots and page_id not in unfolded:
                 admit({}, {page_id})  # a root listed for itself: its Summary
+            elif page_id in indexed and page_id not in shown and page_id in self.index:
+                admit({page_id: S}, set())  # standalone at Summary
         for root in reversed(self.index.roots):
             if root not in unfolded:
                 admit({}, {root})
@@ -141,7 +145,8 @@ class _Builder:
             unfolded.difference_update(roots)
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
         folded = [r for r in self.index.roots if r not in unfolded]
-        return Synthesis(messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, folded=folded, dehydrated=dehydrated)
+        standalone = [p for p in shown if self._detached(p, shown)]
+        return Synthesis(messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone, folded=folded, dehydrated=dehydrated)
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -225,7 +230,7 @@ class _Builder:
             background = etree.SubElement(root, "Background_Context")
             background.text = "\n" + "\n".join(_background_line(self.index.get(r)) for r in folded) + "\n"
         flow = etree.SubElement(root, "Linear_Flow")
-        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if shown[p] != S and self._detached(p, shown)]
+        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
         for page_id in sorted(tops, key=lambda p: (self.index.get(p).first_turn, self.index.get(p).depth)):
             flow.append(self._subtree(page_id, shown, nested=False))
         _newlines(root)

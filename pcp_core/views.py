@@ -69,8 +69,9 @@ class ViewState:
         """Pages above Summary."""
         return dict(self.views)
 
-    def consult(self, page_id: str, round_no: int = 0) -> list[Transition]:
-        changes = self._unfold_path(page_id, round_no)
+    def consult(self, page_id: str, round_no: int = 0, *, unfold: bool = True) -> list[Transition]:
+        """One level up; ``unfold=False`` zooms a page shown on its own without opening its path."""
+        changes = self._unfold_path(page_id, round_no) if unfold else []
         changes.append(self._apply(Action.CONSULT, page_id, round_no))
         return [c for c in changes if c.before != c.after]
 
