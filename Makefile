@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# llama.cpp compiles from source on first install (several minutes on 2 cores).
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -c constraints.txt -e '.[local,dev]'
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,6 +23,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/proxy_overhead.py
+	$(PY) bench/recall.py
 
 clean:
 	rm -rf $(VENV) *.egg-info

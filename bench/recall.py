@@ -214,14 +214,14 @@ class ProtocolModeMissing(Exception):
 
 
 @contextmanager
-def running_proxy(budget: int, worker: Callable[[Any], Any]) -> Iterator[tuple[Any, str]]:
+def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool) -> Iterator[tuple[Any, str]]:
     """A fake upstream played by ``worker``, and pcp-proxy in protocol mode in front of it."""
     from proxy.app import create_app
     from proxy.settings import Settings
     from proxy.testing import FakeUpstream, serve_in_thread
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
-        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning")
+        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings)
         server = serve_in_thread(create_app(settings))
         try:
             yield fake, server.url
@@ -273,14 +273,15 @@ class ProxyStats:
         )
 
 
-def run_proxy(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: Callable[[Any], Any]) -> tuple[list[Row], ProxyStats]:
+def run_proxy(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: Callable[[Any], Any], embeddings: bool = False) -> tuple[list[Row], ProxyStats]:
     """Drive the real proxy; raises ProtocolModeMissing if the first request stays in passthrough."""
     import httpx
 
-    round0, consults = Row("pcp-proxy, round 0", []), Row("pcp-proxy, ≤3 Consults", [])
+    label = "pcp-proxy (BM25 + dense)" if embeddings else "pcp-proxy"
+    round0, consults = Row(f"{label}, round 0", []), Row(f"{label}, ≤3 Consults", [])
     stats = ProxyStats()
     started = time.perf_counter()
-    with running_proxy(budget, worker) as (fake, url), httpx.Client(timeout=300) as client:
+    with running_proxy(budget, worker, embeddings) as (fake, url), httpx.Client(timeout=300) as client:
         for question in questions:
             messages = conversations[question.conv_id]
             response, calls = ask_proxy(client, url, fake, messages, question)
@@ -352,15 +353,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--categories", type=int, nargs="+", default=[1, 2, 3, 4], choices=[1, 2, 3, 4, 5])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo split directory (default {DEFAULT_DATA})")
     parser.add_argument("--skip-proxy", action="store_true", help="baselines only")
+    parser.add_argument("--embeddings", action="store_true", help="run the proxy with router_embeddings on (dense recall fused with BM25)")
     parser.add_argument("--dense-fill", choices=["stop", "skip"], default="skip", help="dense retrieval: when a turn does not fit, stop, or skip it and try the next (default)")
     parser.add_argument("--worker", choices=["flow", "background"], default="flow", help="simulated worker: Consult Linear_Flow nodes only (default), or folded Background_Context roots too")
     return parser.parse_args(argv)
 
 
-def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str) -> tuple[list[Row], str]:
+def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str, embeddings: bool = False) -> tuple[list[Row], str]:
     """The two pcp-proxy rows and a note; no rows if protocol mode is not available."""
     try:
-        rows, stats = run_proxy(conversations, questions, budget, count, load_worker(worker))
+        rows, stats = run_proxy(conversations, questions, budget, count, load_worker(worker), embeddings)
     except ProtocolModeMissing as exc:
         return [], f"protocol mode not available: no worker calls seen ({exc})"
     except ImportError as exc:  # the proxy is being built and may not import yet
@@ -384,7 +386,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = run_baselines(conversations, questions, rankings, budget, count, dense_skip=args.dense_fill == "skip")
         note = "proxy skipped (--skip-proxy)"
         if run_the_proxy:
-            more, note = proxy_rows(conversations, questions, budget, count, args.worker)
+            more, note = proxy_rows(conversations, questions, budget, count, args.worker, args.embeddings)
             rows += more
             run_the_proxy = bool(more)
         print(markdown_table(budget, rows, args.categories))

