@@ -40,8 +40,8 @@ class View(StrEnum):
     UNPACKED = "Unpacked"
 
 
-class OriginalPage(msgspec.Struct, frozen=True, tag="Original", kw_only=True):
-    """A leaf: the verbatim evidence of a group of turns (or a block of a file)."""
+class _Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """What every page carries (§5.1)."""
 
     id: str
     origin: Origin
@@ -49,28 +49,23 @@ class OriginalPage(msgspec.Struct, frozen=True, tag="Original", kw_only=True):
     timestamp: str
     keywords: tuple[str, ...]
     summary: str
-    content: str
+    # Original: the verbatim evidence. Consolidated: the "full text of the
+    # container summary" shown at view=Detail (§7.2).
+    content: str = ""
     # Positions in the conversation, [first_turn, last_turn], for history pages.
     first_turn: int = -1
     last_turn: int = -1
     draft: bool = False
 
 
-class ConsolidatedPage(msgspec.Struct, frozen=True, tag="Consolidated", kw_only=True):
+class OriginalPage(_Manifest, frozen=True, tag="Original", kw_only=True):
+    """A leaf: the verbatim evidence of a group of turns (or a block of a file)."""
+
+
+class ConsolidatedPage(_Manifest, frozen=True, tag="Consolidated", kw_only=True):
     """A container: the consensus of its children, which it can be Unpacked into."""
 
-    id: str
-    origin: Origin
-    depth: int
-    timestamp: str
-    keywords: tuple[str, ...]
-    summary: str
     source_ids: tuple[str, ...]
-    # The "full text of the container summary" shown at view=Detail (§7.2).
-    content: str = ""
-    first_turn: int = -1
-    last_turn: int = -1
-    draft: bool = False
 
 
 Page = OriginalPage | ConsolidatedPage

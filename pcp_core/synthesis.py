@@ -30,7 +30,7 @@ import msgspec
 from lxml import etree
 
 from .index import PageIndex
-from .pages import ConsolidatedPage, OriginalPage, Page, View
+from .pages import ConsolidatedPage, Page, View
 from .tokens import CountText, prompt_tokens
 
 __all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize", "xml_safe"]
@@ -258,7 +258,7 @@ def _node(page: Page, view: View, nested: bool) -> etree._Element:
     attrs["timestamp"] = page.timestamp
     element = etree.Element("Node", attrs)
     if view == D:
-        etree.SubElement(element, "Content").text = xml_safe(page.content if isinstance(page, OriginalPage) else page.content or page.summary)
+        etree.SubElement(element, "Content").text = xml_safe(page.content or page.summary)
     elif view == S and not nested:
         # Nested Summary nodes are addressed by their keywords alone (§9.3, example 5).
         etree.SubElement(element, "Summary").text = xml_safe(page.summary)

@@ -15,7 +15,8 @@ def local_proxy(tmp_path_factory):
     from proxy.settings import Settings
     from proxy.testing import serve_in_thread
 
-    settings = Settings(upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048)
+    # A low threshold so that a long history takes the protocol path through the real model.
+    settings = Settings(upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048, sentry_threshold=600, context_budget=1024, max_rounds=2)
     server = serve_in_thread(create_app(settings), timeout_graceful_shutdown=10)
     yield server
     server.stop()
@@ -46,3 +47,19 @@ def test_the_local_model_streams_through_the_proxy(local_proxy):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert len(chunks) > 2 and text.strip()
     assert [m.id for m in _client(local_proxy).models.list().data] == ["gemma-3-270m"]
+
+
+def test_protocol_mode_runs_through_the_local_model(local_proxy):
+    history = []
+    for i in range(60):
+        history.append({"role": "user", "content": f"Note {i}: the greenhouse needs watering on day {i}."})
+        history.append({"role": "assistant", "content": f"Noted, day {i}."})
+    history.append({"role": "user", "content": "Which note mentioned day 7?"})
+
+    response = _client(local_proxy).chat.completions.with_raw_response.create(model="gemma-3-270m", messages=history, max_tokens=32, temperature=0)
+    answer = response.parse()
+
+    assert response.headers["x-pcp-mode"] == "protocol"
+    assert 1 <= int(response.headers["x-pcp-rounds"]) <= 2
+    text = answer.choices[0].message.content
+    assert text.strip() and "<PagedContext" not in text and "Consult(" not in text
