@@ -126,8 +126,7 @@ def _attributed_sentences(text: str) -> list[str]:
         speaker = _SPEAKER.match(line)
         prefix = speaker.group(0) if speaker else ""
         body = line[len(prefix) :]
-        for i, sentence in enumerate(s.strip() for s in _SENTENCE.split(body) if s.strip()):
-            out.append(sentence if not prefix else prefix + sentence)
+        out += [prefix + s.strip() for s in _SENTENCE.split(body) if s.strip()]
     return out
 
 

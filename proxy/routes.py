@@ -7,10 +7,9 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
+import msgspec
 from litestar import Request, Response, get, post
 from litestar.response import Stream
-
-import msgspec
 
 from pcp_core.pages import short_hash
 from pcp_core.tokens import prompt_tokens
