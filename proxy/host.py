@@ -122,7 +122,7 @@ class ProtocolRequest:
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
             data = await self._call(step)
-            message = (data.get("choices") or [{}])[0].get("message") or {}
+            message = data["choices"][0]["message"]
             step = await self.advance(loop, WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or []))
         return self._final_response(data, step)
 
@@ -134,8 +134,9 @@ class ProtocolRequest:
             raise ProxyError.from_upstream(response.status_code, content, response.headers.get("content-type"))
         try:
             data = json.loads(content)
-        except ValueError:
-            raise ProxyError(502, f"the upstream answered with something that is not JSON: {content[:200]!r}", "upstream_error", code="upstream_bad_response") from None
+            data["choices"][0]["message"]
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise ProxyError(502, f"the upstream's answer is not a chat completion: {content[:200]!r}", "upstream_error", code="upstream_bad_response") from None
         self.usage.add(data.get("usage"))
         return data
 
@@ -196,8 +197,7 @@ class StreamedRound:
         self.events: list[dict[str, Any]] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.meta = {"id": f"chatcmpl-pcp{short_hash(str(time.time_ns()))}", "model": request.body.get("model", ""), "created": int(time.time())}
-        self._events: AsyncIterator[dict[str, Any]] | None = None
-        self._pending = ""
+        self._iterator: AsyncIterator[str] = self._texts()
 
     async def _open(self) -> AsyncIterator[dict[str, Any]]:
         upstream = self.request.services.upstream
@@ -209,9 +209,7 @@ class StreamedRound:
 
     async def _texts(self) -> AsyncIterator[str]:
         """Releasable text as the upstream generates it; ends when the round does."""
-        if self._events is None:
-            self._events = await self._open()
-        async for event in self._events:
+        async for event in await self._open():
             self.events.append(event)
             self.request.usage.add(event.get("usage"))
             self.meta.update({k: event[k] for k in ("id", "model", "created") if k in event})
@@ -224,7 +222,6 @@ class StreamedRound:
 
     async def until_committed(self) -> str | None:
         """The first text released, once the round commits to answering; None if it never does."""
-        self._iterator = self._texts()
         async for text in self._iterator:
             if self.gate.committed and (text or self.call.final):
                 return text

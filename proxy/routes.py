@@ -43,7 +43,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     if services.sentry.engaged(tokens) and chat.messages:
         namespace = short_hash(request.headers.get("authorization", "anonymous"))
         work = run_protocol(services, msgspec.json.decode(body), headers, namespace)
-        response = await (work if chat.stream else _unless_client_leaves(request, work))
+        # Worker rounds run before any byte is sent: a client that leaves cancels them.
+        response = await _unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
         return response
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}

@@ -160,3 +160,23 @@ def test_real_embeddings_route_a_paraphrase(start_proxy, upstream):
 
     first = upstream.chat_requests("worker")[0]
     assert "puppy finally learned" in " ".join(xml(first).xpath("//Content/text()"))
+
+
+@pytest.mark.parametrize("body", [b"not json", b'{"id": "x"}', b'{"choices": []}'])
+def test_an_upstream_answer_that_is_no_completion_is_502(protocol_proxy, upstream, body):
+    upstream.enqueue(Reply(body=body))
+    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_bad_response"
+
+
+def test_client_leaving_during_worker_rounds_cancels_them(protocol_proxy, upstream):
+    import time
+
+    upstream.enqueue(Reply(chunks=[b'{"choices": [{"message": ', 8.0, b'{"content": "late"}}]}']))
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True}, timeout=0.5)
+    deadline = time.monotonic() + 5
+    while upstream.disconnects == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert upstream.disconnects == 1
