@@ -45,6 +45,7 @@ __all__ = [
     "Outcome",
     "RoundContext",
     "WorkerReply",
+    "calls_client_tool",
     "run_rounds",
 ]
 
@@ -170,7 +171,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         standalone = set(synthesis.standalone)
         reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
 
-        if _calls_client_tool(reply):
+        if calls_client_tool(reply.tool_calls, context.client_tools):
             return Outcome("client_tool_calls", reply.text, round_no + 1, trace, intent)
         text, directives, faults = _read(reply)
         if reply.delivered or final or not (directives or faults):
@@ -196,17 +197,26 @@ def _tools(context: RoundContext) -> list[dict[str, Any]]:
     return [*context.client_tools, *directive_tools]
 
 
-def _calls_client_tool(reply: WorkerReply) -> bool:
-    return any(call.get("function", {}).get("name") not in _TOOL_DIRECTIVES for call in reply.tool_calls)
+def _tool_name(tool_or_call: dict[str, Any]) -> str | None:
+    return (tool_or_call.get("function") or {}).get("name")
+
+
+def calls_client_tool(tool_calls: list[dict[str, Any]], client_tools: list[dict[str, Any]]) -> bool:
+    """Whether the worker called one of the client's own tools (which ends the loop)."""
+    names = {_tool_name(tool) for tool in client_tools}
+    return any(_tool_name(call) in names for call in tool_calls)
 
 
 def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
     """Directives from the text and from native tool calls, and the text without them."""
     text, directives, faults = parse_directives(reply.text)
     for call in reply.tool_calls:
-        function = call.get("function", {})
-        kind = _TOOL_DIRECTIVES[function.get("name")]
+        function = call.get("function") or {}
         raw = f"{function.get('name')}({function.get('arguments', '')})"
+        kind = _TOOL_DIRECTIVES.get(function.get("name"))
+        if kind is None:  # neither a directive nor one of the client's tools
+            faults.append(BusFault(raw=raw, reason=f"there is no tool named {function.get('name')!r}"))
+            continue
         try:
             args = json.loads(function.get("arguments") or "{}")
             if kind is Explore:

@@ -21,7 +21,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from pcp_core.delivery import AnswerGate
-from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, run_rounds
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import message_text, retroactive_paging, turns_from_messages
@@ -241,8 +241,7 @@ class StreamedRound:
             call["function"]["arguments"] += function.get("arguments") or ""
 
     def client_tool_calls(self) -> bool:
-        names = {t.get("function", {}).get("name") for t in self.request.client_tools}
-        return any(c["function"]["name"] in names for c in self.tool_calls.values())
+        return calls_client_tool(list(self.tool_calls.values()), self.request.client_tools)
 
     def reply(self, delivered: bool) -> WorkerReply:
         return WorkerReply(text=self.gate.raw_text, tool_calls=list(self.tool_calls.values()), delivered=delivered)

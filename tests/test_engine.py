@@ -180,3 +180,11 @@ def test_without_embeddings_bm25_alone_decides():
     next(loop)
     call = loop.send(None)  # the host has no embedder
     assert "puppy finally learned" not in " ".join(doc(call).xpath("//Content/text()"))
+
+
+def test_a_call_of_a_tool_nobody_offered_is_a_bus_fault():
+    call = {"id": "c1", "type": "function", "function": {"name": "launch_rockets", "arguments": "{}"}}
+    calls, outcome, _ = drive([WorkerReply(text="", tool_calls=[call]), WorkerReply(text="Biscuit.")])
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert step.get("action") == "BusFault" and "launch_rockets" in step.get("reason")
+    assert outcome.kind == "answer" and outcome.text == "Biscuit."
