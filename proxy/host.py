@@ -105,7 +105,6 @@ class ProtocolRequest:
             body["stream_options"] = {"include_usage": True}
         return json.dumps(body).encode()
 
-    # -- non-streaming ----------------------------------------------------------------
     async def advance(self, loop: Rounds, value: Any) -> CallWorker | Outcome:
         """Send ``value`` into the engine and fulfil effects until it wants the worker or is done."""
         try:
@@ -117,6 +116,7 @@ class ProtocolRequest:
             return done.value
         return effect
 
+    # -- non-streaming ----------------------------------------------------------------
     async def complete(self) -> Response[Any]:
         loop = self.rounds(await self.page())
         step = await self.advance(loop, None)
