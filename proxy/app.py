@@ -79,6 +79,8 @@ def create_app(settings: Settings) -> Litestar:
             services.embedder = Embedder()
             # Loading takes seconds; passthrough traffic need not wait for it.
             loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
+        if settings.consolidator == "llm":
+            log.warning("PCP_CONSOLIDATOR=llm is not built yet: pages are summarised extractively")
         log.info("pcp-proxy forwarding to %s", base_url)
         try:
             yield
