@@ -23,6 +23,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/proxy_overhead.py
+	$(PY) bench/protocol_cost.py
 	$(PY) bench/recall.py
 
 clean:
