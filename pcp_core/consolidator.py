@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from collections import Counter
 from collections.abc import Callable, Sequence
 
@@ -43,8 +44,12 @@ MONTHS = frozenset("january february march april may june july august september 
 TermWeights = dict[str, float]
 
 
-def terms(text: str) -> list[str]:
-    """Lower-cased content words of ``text``, possessives dropped."""
+@lru_cache(maxsize=65536)
+def terms(text: str) -> tuple[str, ...]:
+    """Lower-cased content words of ``text``, possessives dropped.
+
+    Cached: a page's text is read by paging, the summary and the Router alike.
+    """
     out = []
     for word in _WORD.findall(text):
         word = word.lower().removesuffix("'s").strip(".'-/:")
@@ -52,7 +57,7 @@ def terms(text: str) -> list[str]:
             continue
         if len(word) > 1 and word not in STOPWORDS or word.isdigit():
             out.append(word)
-    return out
+    return tuple(out)
 
 
 def _anchor_boost(term: str, original: str) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from functools import lru_cache
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -53,6 +54,7 @@ def anchor_intent(head: str, tail: str, previous: str = "") -> Intent:
 _SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "ers", "er", "ly", "s")
 
 
+@lru_cache(maxsize=65536)
 def stem(term: str) -> str:
     """A light suffix stripper: "adopting", "adopted", "adopts" all address "adopt"."""
     if term[:1].isdigit():
