@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import math
 import re
-from functools import lru_cache
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+from .pages import without_turn_markers
 
 __all__ = [
     "Segmenter",
@@ -120,14 +122,13 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     return " ".join(sentences[i] for i in sorted(chosen))
 
 
-_ROLE = re.compile(r"^\[[a-z_]+\]\s*")
 _SPEAKER = re.compile(r"^([A-Z][\w .'-]{0,30}):\s+")
 
 
 def _attributed_sentences(text: str) -> list[str]:
     out = []
-    for line in text.splitlines():
-        line = _ROLE.sub("", line.strip())
+    for line in without_turn_markers(text).splitlines():
+        line = line.strip()
         speaker = _SPEAKER.match(line)
         prefix = speaker.group(0) if speaker else ""
         body = line[len(prefix) :]

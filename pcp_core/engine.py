@@ -23,7 +23,6 @@ worker, parse its directives, apply them to the view state, and loop — at most
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Generator, Sequence
 from typing import Any, Literal
 
@@ -31,7 +30,7 @@ import msgspec
 
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, View
+from .pages import ConsolidatedPage, View, turn_texts
 from .router import Bm25, Intent, anchor_intent, dense_ranking, fuse
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
@@ -58,7 +57,6 @@ INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
 RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
 EXPLORE_HITS = 3
 NO_ANSWER = "I could not find that in our conversation."
-_TURN_SPLIT = re.compile(r"\n(?=\[[a-z_]+\] )")
 
 # The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools.
 DIRECTIVE_TOOLS: list[dict[str, Any]] = [
@@ -137,7 +135,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     ranked = [page_id for page_id, _ in search.rank(intent.weights)]
     if context.dense and leaves:
         # Turns, not pages, are embedded: one turn is diluted in a page's average.
-        owners = [(page.id, turn) for page in leaves for turn in _TURN_SPLIT.split(page.content)]
+        owners = [(page.id, turn) for page in leaves for turn in turn_texts(page.content)]
         vectors = yield Embed([intent.text, *(turn for _, turn in owners)])
         if vectors is not None:
             ranked = fuse(ranked, dense_ranking(vectors, [page_id for page_id, _ in owners]), weights=DENSE_FUSION)
@@ -256,9 +254,9 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm2
 def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, shown: dict[str, View]) -> list[str]:
     """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
 
-    The Original page under the consulted container that best matches the
-    intent, and is not raised yet, is injected in Detail beside it — so a
-    Consult on a summary reaches evidence instead of only another summary.
+    The Original page under the consulted container that ranks best for the
+    intent, and was not shown in Detail yet, is injected in Detail beside it —
+    so a Consult on a summary reaches evidence, not only another summary.
     """
     if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
         return []

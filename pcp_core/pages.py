@@ -8,6 +8,7 @@ the index (``index.py``) makes ids unique within one address space.
 from __future__ import annotations
 
 import hashlib
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -22,6 +23,8 @@ __all__ = [
     "View",
     "iso_timestamp",
     "short_hash",
+    "turn_texts",
+    "without_turn_markers",
 ]
 
 ID_LENGTH = 8
@@ -96,3 +99,18 @@ class Turn(msgspec.Struct, frozen=True):
 
     def line(self) -> str:
         return f"[{self.role}] {self.text}"
+
+
+# How an Original page's content lays its turns out: one ``Turn.line()`` each.
+_TURN_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)
+_TURN_START = re.compile(r"\n(?=\[[a-z_]+\] )")
+
+
+def turn_texts(content: str) -> list[str]:
+    """The turns of a page's content, each as its ``Turn.line()``."""
+    return _TURN_START.split(content)
+
+
+def without_turn_markers(content: str) -> str:
+    """The content with the "[role] " marker of each turn removed: only what was said."""
+    return _TURN_MARKER.sub("", content)

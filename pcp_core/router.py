@@ -8,16 +8,15 @@ can be layered on by the host, which owns the embedding model.
 from __future__ import annotations
 
 import math
-import re
-from functools import lru_cache
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import msgspec
 
 from .consolidator import terms
-from .pages import Page
+from .pages import Page, without_turn_markers
 
 __all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "fuse", "stem"]
 
@@ -106,12 +105,9 @@ class Bm25:
         return ranked[:limit] if limit else ranked
 
 
-_ROLE_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)
-
-
 def _text(page: Page) -> str:
     # The "[assistant]" markers of the page layout are not words anyone said.
-    return _ROLE_MARKER.sub("", getattr(page, "content", "") or page.summary)
+    return without_turn_markers(page.content or page.summary)
 
 
 def dense_ranking(vectors: Any, owners: Sequence[str]) -> list[str]:
