@@ -36,10 +36,10 @@ class Services:
     upstream: Upstream = field(init=False)
     local_model: LocalModel | None = None
     embedder: Embedder | None = None
+    sentry: Sentry = field(init=False)
 
-    @property
-    def sentry(self) -> Sentry:
-        return Sentry(threshold=self.settings.sentry_threshold)
+    def __post_init__(self) -> None:
+        self.sentry = Sentry(threshold=self.settings.sentry_threshold)
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""

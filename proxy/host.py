@@ -252,7 +252,7 @@ class StreamedRound:
         yield b"data: [DONE]\n\n"
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        return self.event({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+        return self.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
     def event(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
