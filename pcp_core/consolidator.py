@@ -80,6 +80,13 @@ class TermStats:
         for doc in documents:
             self.df.update(set(terms(doc)))
 
+    @classmethod
+    def from_counts(cls, n: int, df: dict[str, int]) -> TermStats:
+        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents."""
+        stats = cls(())
+        stats.n, stats.df = max(n, 1), Counter(df)
+        return stats
+
     def idf(self, term: str) -> float:
         return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
 
@@ -173,3 +180,4 @@ def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) 
     if start < len(token_counts):
         groups.append(range(start, len(token_counts)))
     return groups
+

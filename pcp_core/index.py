@@ -7,7 +7,6 @@ in time order, which is the order of the Linear_Flow.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 
@@ -43,8 +42,16 @@ class Entry(msgspec.Struct):
 class PageIndex:
     def __init__(self) -> None:
         self.entries: dict[str, Entry] = {}
-        self.roots: list[str] = []
+        self._roots: dict[str, None] = {}  # insertion order breaks ties in time
+        self._ordered: list[str] | None = []  # the roots in time order, once asked for
         self.clock = 0  # rounds seen; staleness is measured in it
+
+    @property
+    def roots(self) -> list[str]:
+        """Pages without a container, in time order (the order of the Linear_Flow)."""
+        if self._ordered is None:
+            self._ordered = sorted(self._roots, key=lambda pid: self.entries[pid].page.first_turn)
+        return self._ordered
 
     def __contains__(self, page_id: object) -> bool:
         return page_id in self.entries
@@ -67,9 +74,9 @@ class PageIndex:
         if isinstance(page, ConsolidatedPage):
             for child in page.source_ids:
                 self.entries[child].parent = page.id
-                if child in self.roots:
-                    self.roots.remove(child)
-        bisect.insort(self.roots, page.id, key=lambda pid: self.entries[pid].page.first_turn)
+                self._roots.pop(child, None)
+        self._roots[page.id] = None
+        self._ordered = None  # sorting once per read, not per page, keeps registering linear
         return page
 
     def _unique_id(self, page: Page) -> str:

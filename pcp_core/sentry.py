@@ -9,12 +9,12 @@ from typing import Any
 
 import msgspec
 
-from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, top_keywords
+from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash
 from .tokens import CountText
 
-__all__ = ["PagingPolicy", "Sentry", "message_text", "retroactive_paging", "turns_from_messages"]
+__all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "turns_from_messages"]
 
 
 class Sentry(msgspec.Struct, frozen=True):
@@ -50,36 +50,110 @@ def message_text(message: Mapping[str, Any]) -> str:
     return text
 
 
-def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str, start: int = 0) -> list[Turn]:
-    """Turns for ``messages`` (numbered from ``start``); a message's own timestamp wins over ``seen_at``."""
+def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0) -> list[Turn]:
+    """Turns for ``messages`` (numbered from ``start``), stamped when the proxy first saw each.
+
+    ``seen_at`` is one time for all, or one per message; a message's own timestamp wins.
+    """
+    times = [seen_at] * len(messages) if isinstance(seen_at, str) else seen_at
     turns = []
-    for i, message in enumerate(messages, start):
+    for i, (message, seen) in enumerate(zip(messages, times, strict=True), start):
         stamp = message.get("timestamp")
-        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=message_text(message), timestamp=stamp if isinstance(stamp, str) else seen_at))
+        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=message_text(message), timestamp=stamp if isinstance(stamp, str) else seen))
     return turns
 
 
-def retroactive_paging(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy(), index: PageIndex | None = None) -> PageIndex:
+class PagedHistory(msgspec.Struct, kw_only=True):
+    """The pages of one conversation's history, kept between requests by its session."""
+
+    leaves: list[OriginalPage] = []  # in time order, each at its final depth
+    containers: list[ConsolidatedPage] = []  # every level above the leaves, bottom up
+    # In how many leaves each term occurs: the consolidator's IDF, kept as leaves come and go.
+    df: dict[str, int] = {}
+
+    @property
+    def turns(self) -> int:
+        """How many turns of the conversation these pages cover."""
+        return self.leaves[-1].last_turn + 1 if self.leaves else 0
+
+    def index(self) -> PageIndex:
+        index = PageIndex()
+        for page in (*self.leaves, *self.containers):  # children before their container
+            index.register(page)
+        return index
+
+
+def retroactive_paging(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy()) -> PageIndex:
     """Collapse ``turns`` into Original pages and a tree of Consolidated pages above them."""
-    index = index if index is not None else PageIndex()
-    groups = _split_oversized(turns, count, policy)
+    return page_history(turns, count, policy).index()
+
+
+def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy(), known: PagedHistory | None = None, reused: int = 0) -> PagedHistory:
+    """Pages for the conversation ``turns`` (``turn.index`` is its position, from 0).
+
+    ``known`` pages of the first ``reused`` turns are kept; only the rest is paged.
+    The last kept page is reopened, so a follow-up's turns join it rather than
+    leave a trail of small pages behind; the containers whose children did not
+    change are reused as they are.
+    """
+    known = known or PagedHistory()
+    start = reopened_from(known, reused)
+    kept = [leaf for leaf in known.leaves if leaf.last_turn < start]
+    df = dict(known.df)
+    for leaf in known.leaves[len(kept) :]:
+        _count_terms(df, leaf.content, -1)
+    groups = _split_oversized([t for t in turns if t.index >= start], count, policy)
     contents = ["\n".join(t.line() for t in group) for group in groups]
-    stats = TermStats(contents)
-    level: list[Page] = [_original(group, content, stats, policy) for group, content in zip(groups, contents)]
+    for content in contents:
+        _count_terms(df, content, +1)
+    stats = TermStats.from_counts(len(kept) + len(groups), df)
+    used = {leaf.id for leaf in kept}
+    fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
+    levels = _consolidate_levels([*kept, *fresh], policy, known.containers, used)
+    return PagedHistory(leaves=levels[0], containers=[c for level in levels[1:] for c in level], df=df)  # type: ignore[misc]
+
+
+def reopened_from(known: PagedHistory, reused: int) -> int:
+    """The first turn ``page_history`` pages again: where the last kept page starts."""
+    kept = [leaf for leaf in known.leaves if leaf.last_turn < reused]
+    return kept[-1].first_turn if kept else 0  # (every piece of a split turn goes with it)
+
+
+def _count_terms(df: dict[str, int], content: str, step: int) -> None:
+    for term in set(terms(content)):
+        left = df.get(term, 0) + step
+        if left > 0:
+            df[term] = left
+        else:
+            df.pop(term, None)
+
+
+def _consolidate_levels(leaves: list[OriginalPage], policy: PagingPolicy, known: Sequence[ConsolidatedPage], used: set[str]) -> list[list[Any]]:
+    """The leaves and the levels of containers above them, every page at its final depth."""
+    reusable = {c.source_ids: c for c in known}
+    level: list[Page] = list(leaves)
     levels = [level]
     while len(level) > policy.max_roots:
-        level = [_consolidate(level[i : i + policy.fanout], policy) for i in range(0, len(level), policy.fanout)]
+        groups = [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
+        level = [reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, policy), used) for group in groups]
         levels.append(level)
-    # Depth counts from the roots (1) down; pages are frozen, so set it once the shape is known.
-    renamed: dict[str, str] = {}  # the index lengthens an id that collides
-    for depth_from_leaves, pages in enumerate(levels):
-        depth = len(levels) - depth_from_leaves
-        for page in pages:
-            changes: dict[str, Any] = {"depth": depth}
-            if isinstance(page, ConsolidatedPage):
-                changes["source_ids"] = tuple(renamed.get(s, s) for s in page.source_ids)
-            renamed[page.id] = index.register(msgspec.structs.replace(page, **changes)).id
-    return index
+    # Depth counts from the roots (1) down, so it is known only once the shape is.
+    return [[_at_depth(page, len(levels) - i) for page in pages] for i, pages in enumerate(levels)]
+
+
+def _at_depth(page: Page, depth: int) -> Page:
+    return page if page.depth == depth else msgspec.structs.replace(page, depth=depth)
+
+
+def _unique(page: Page, used: set[str]) -> Page:
+    """The page with an id no other page of the history has (a short hash can collide)."""
+    if page.id in used:
+        length = len(page.id)
+        while short_hash(page.id, page.content, length=length + 2) in used:
+            length += 2
+        page = msgspec.structs.replace(page, id=short_hash(page.id, page.content, length=length + 2))
+    used.add(page.id)
+    return page
 
 
 def _split_oversized(turns: Sequence[Turn], count: CountText, policy: PagingPolicy) -> list[list[Turn]]:

@@ -17,7 +17,9 @@ from pcp_core.sentry import Sentry
 from .embeddings import Embedder, embeddings_available
 from .errors import ProxyError, exception_handlers
 from .local_model import LocalModel
+from .metrics import Metrics
 from .routes import ROUTES
+from .sessions import SessionStore
 from .settings import Settings
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
@@ -37,6 +39,8 @@ class Services:
     local_model: LocalModel | None = None
     embedder: Embedder | None = None
     sentry: Sentry = field(init=False)
+    sessions: SessionStore = field(init=False)
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         self.sentry = Sentry(threshold=self.settings.sentry_threshold)
@@ -70,6 +74,7 @@ def create_app(settings: Settings) -> Litestar:
         if not base_url:
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
+        services.sessions = SessionStore(settings.data_path / "sessions")
         services.upstream = Upstream(
             base_url,
             connect_timeout=settings.upstream_connect_timeout,
@@ -88,6 +93,7 @@ def create_app(settings: Settings) -> Litestar:
             if services.embedder is not None:
                 await loading
             await services.upstream.aclose()
+            await asyncio.to_thread(services.sessions.close)
             if services.local_model is not None:
                 await services.local_model.stop()
 

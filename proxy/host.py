@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import msgspec
 from litestar import Response
 from litestar.response import Stream
@@ -24,20 +25,22 @@ from pcp_core.delivery import AnswerGate
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
-from pcp_core.sentry import message_text, retroactive_paging, turns_from_messages
+from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
+from pcp_core.session import SESSION_ID, chain_links, common_prefix, resume
 
 from .errors import ProxyError
 
 if TYPE_CHECKING:
     from .app import Services
 
-__all__ = ["ProtocolRequest", "run_protocol"]
+__all__ = ["ProtocolRequest", "pinned_session", "run_protocol"]
 
 HEAD_ROLES = ("system", "developer")
 # Fields of the client's request that the proxy sets itself on worker calls.
 OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
 
 Rounds = Generator[Effect, Any, Outcome]
+PAGING = PagingPolicy()
 
 
 class Usage(msgspec.Struct):
@@ -53,19 +56,23 @@ class Usage(msgspec.Struct):
 class ProtocolRequest:
     """One client request in protocol mode: its parts, its pages, and its worker calls."""
 
-    def __init__(self, services: Services, body: dict[str, Any], headers: dict[str, str], session: str):
+    def __init__(self, services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, pinned: str | None = None):
         self.services = services
         self.settings = services.settings
         self.body = body
         self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
+        self.headers.pop("x-pcp-session", None)  # ours, not the upstream's
         self.headers.pop("accept-encoding", None)
-        self.session = session
+        self.namespace = namespace
+        self.pinned = pinned
+        self.session = ""  # known once the history is paged
         self.usage = Usage()
         messages: list[dict[str, Any]] = body["messages"]
         n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
         self.head = "\n\n".join(message_text(m) for m in messages[:n_head])
+        # The conversation: what is paged. The head is kept as it is, so a system
+        # prompt that changes (today's date in it, say) does not break the session.
         self.history = messages[n_head:-1]
-        self.first_turn = n_head
         self.query = message_text(messages[-1]) if len(messages) > n_head else ""
         self.client_tools = list(body.get("tools") or [])
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
@@ -91,8 +98,34 @@ class ProtocolRequest:
         return run_rounds(context, index, count)
 
     async def page(self) -> PageIndex:
-        turns = turns_from_messages(self.history, iso_timestamp(time.time()), start=self.first_turn)
-        return await asyncio.to_thread(retroactive_paging, turns, self.services.tokenizer.count)
+        """The history's pages: those of its session's known prefix, and the new messages paged."""
+        store = self.services.sessions
+        chain = chain_links(self.history)
+        if self.pinned is not None:
+            found = await asyncio.to_thread(store.load, self.namespace, self.pinned)
+            reused = common_prefix(found.chain, chain) if found else 0
+        else:
+            found, reused = await asyncio.to_thread(store.find, self.namespace, chain)
+        fresh_id = self.pinned or store.fresh_id(self.namespace, chain)
+        session = resume(found, reused, chain, iso_timestamp(time.time()), fresh_id, pinned=self.pinned is not None)
+        turns = turns_from_messages(self.history, session.seen_at)
+        count = self.services.tokenizer.count
+        known = session.pages
+        paged = await asyncio.to_thread(page_history, turns, count, PAGING, known, reused)
+        built = {p.id for p in (*paged.leaves, *paged.containers)} - {p.id for p in (*known.leaves, *known.containers)}
+        session.pages = paged
+        continued = found is not None and session.id == found.id
+        store.save(self.namespace, session, new_links=len(chain) - reused if continued else len(chain))
+        self._count_paging(paged, built, "pinned" if self.pinned else "resumed" if continued else "forked" if found else "new")
+        self.services.metrics.inc("pcp_turns_paged_total", len(turns) - reopened_from(known, reused))
+        self.session = session.id
+        return session.pages.index()
+
+    def _count_paging(self, paged: PagedHistory, built: set[str], how: str) -> None:
+        metrics = self.services.metrics
+        metrics.inc("pcp_sessions_total", how=how)
+        for kind, pages in (("Original", paged.leaves), ("Consolidated", paged.containers)):
+            metrics.inc("pcp_pages_built_total", sum(p.id in built for p in pages), type=kind)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, "messages": call.messages}
@@ -104,6 +137,10 @@ class ProtocolRequest:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         return json.dumps(body).encode()
+
+    async def open_worker(self, call: CallWorker, stream: bool) -> httpx.Response:
+        self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
+        return await self.services.upstream.open("POST", "/chat/completions", content=self.worker_body(call, stream), headers=self.headers)
 
     async def advance(self, loop: Rounds, value: Any) -> CallWorker | Outcome:
         """Send ``value`` into the engine and fulfil effects until it wants the worker or is done."""
@@ -128,7 +165,7 @@ class ProtocolRequest:
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         upstream = self.services.upstream
-        response = await upstream.open("POST", "/chat/completions", content=self.worker_body(call, stream=False), headers=self.headers)
+        response = await self.open_worker(call, stream=False)
         content = await upstream.read(response)
         if response.status_code >= 400:
             raise ProxyError.from_upstream(response.status_code, content, response.headers.get("content-type"))
@@ -201,8 +238,7 @@ class StreamedRound:
 
     async def _open(self) -> AsyncIterator[dict[str, Any]]:
         upstream = self.request.services.upstream
-        body = self.request.worker_body(self.call, stream=True)
-        response = await upstream.open("POST", "/chat/completions", content=body, headers=self.request.headers)
+        response = await self.request.open_worker(self.call, stream=True)
         if response.status_code >= 400:
             raise ProxyError.from_upstream(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         return upstream.sse_events(response)
@@ -258,12 +294,14 @@ class StreamedRound:
         return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
 
 
-def session_id(namespace: str, messages: list[dict[str, Any]]) -> str:
-    """A conversation's id: its caller and its opening messages."""
-    opening = [message_text(m) for m in messages[:2]]
-    return short_hash(namespace, *opening, length=12)
+def pinned_session(headers: Mapping[str, str]) -> str | None:
+    """The session the client names in ``x-pcp-session``, if it names one."""
+    pinned = headers.get("x-pcp-session")
+    if pinned is not None and not SESSION_ID.match(pinned):
+        raise ProxyError(400, "x-pcp-session must be 1 to 128 letters, digits or . _ : -", "invalid_request_error", param="x-pcp-session", code="invalid_session")
+    return pinned
 
 
-async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str) -> Response[Any]:
-    request = ProtocolRequest(services, body, headers, session_id(namespace, body["messages"]))
+async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, pinned: str | None = None) -> Response[Any]:
+    request = ProtocolRequest(services, body, headers, namespace, pinned)
     return await (request.stream() if body.get("stream") else request.complete())

