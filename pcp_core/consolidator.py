@@ -22,7 +22,9 @@ __all__ = [
     "TermStats",
     "consensus_keywords",
     "extractive_summary",
+    "model_summary",
     "segment_turns",
+    "summary_prompt",
     "terms",
 ]
 
@@ -181,3 +183,28 @@ def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) 
         groups.append(range(start, len(token_counts)))
     return groups
 
+
+# -- summaries by a model (PCP_CONSOLIDATOR=llm) ---------------------------------------
+
+SUMMARY_INSTRUCTIONS = (
+    "You index pages of a conversation. Compress the page into one dense line of at most {words} words: "
+    "who did, decided or said what. Keep every name, number, date, time, place, quantity and identifier "
+    "exactly as written (semantic entropy compression). No commentary, no preamble, no literary phrasing."
+)
+SUMMARY_WORDS = 40
+
+
+def summary_prompt(text: str, words: int = SUMMARY_WORDS) -> list[dict[str, str]]:
+    """The messages that ask a model for a page's summary."""
+    return [
+        {"role": "system", "content": SUMMARY_INSTRUCTIONS.format(words=words)},
+        {"role": "user", "content": without_turn_markers(text)},
+    ]
+
+
+def model_summary(reply: str, max_chars: int) -> str | None:
+    """The summary a model wrote, on one line and within ``max_chars``; None if it wrote nothing usable."""
+    line = " ".join(reply.split())
+    for preamble in ("Summary:", "Here is the summary:", "Here's the summary:"):
+        line = line.removeprefix(preamble).strip()
+    return _clip(line, max_chars) if len(terms(line)) >= 2 else None

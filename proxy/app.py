@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from litestar import Litestar
 from litestar.datastructures import State
 
-from pcp_core.sentry import Sentry
+from pcp_core.sentry import PagingPolicy, Sentry
 
+from .consolidator import ModelConsolidator
 from .embeddings import Embedder, embeddings_available
 from .errors import ProxyError, exception_handlers
 from .local_model import LocalModel
@@ -41,6 +42,7 @@ class Services:
     sentry: Sentry = field(init=False)
     sessions: SessionStore = field(init=False)
     metrics: Metrics = field(default_factory=Metrics)
+    consolidator: ModelConsolidator | None = None
 
     def __post_init__(self) -> None:
         self.sentry = Sentry(threshold=self.settings.sentry_threshold)
@@ -85,13 +87,16 @@ def create_app(settings: Settings) -> Litestar:
             # Loading takes seconds; passthrough traffic need not wait for it.
             loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
         if settings.consolidator == "llm":
-            log.warning("PCP_CONSOLIDATOR=llm is not built yet: pages are summarised extractively")
+            services.consolidator = ModelConsolidator(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
+            services.consolidator.start()
         log.info("pcp-proxy forwarding to %s", base_url)
         try:
             yield
         finally:
             if services.embedder is not None:
                 await loading
+            if services.consolidator is not None:
+                await services.consolidator.stop()
             await services.upstream.aclose()
             await asyncio.to_thread(services.sessions.close)
             if services.local_model is not None:

@@ -11,6 +11,7 @@ HELP = {
     "pcp_sessions_total": "Protocol-mode requests by how they found their session (new | resumed | forked | pinned).",
     "pcp_turns_paged_total": "Messages paged in protocol mode; those a session already held are not paged again.",
     "pcp_pages_built_total": "Pages built by paging, by type (Original | Consolidated); reused pages are not counted.",
+    "pcp_summaries_total": "Model summaries of pages (PCP_CONSOLIDATOR=llm) by state: queued, then landed or failed; cached when the disk had it.",
     "pcp_upstream_calls_total": "Calls the proxy made upstream on its own behalf, by x-pcp-role.",
 }
 

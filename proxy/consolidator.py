@@ -1,0 +1,143 @@
+"""The Consolidator's model half (``PCP_CONSOLIDATOR=llm``): page summaries written by the upstream model.
+
+A request never waits for them. A page is built with its extractive summary,
+which stands in until the model's lands; the next request that pages the
+conversation picks it up, and its session keeps it. Summaries are cached on
+disk by a hash of the text summarised, so no text is summarised twice — not by
+a follow-up, not by another conversation, not after a restart. Calls carry
+``x-pcp-role: consolidator`` and run one at a time, in the background.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import diskcache
+import msgspec
+
+from pcp_core.consolidator import model_summary, summary_prompt
+from pcp_core.pages import ConsolidatedPage, Page, short_hash
+from pcp_core.sentry import PagedHistory
+
+from .metrics import Metrics
+from .upstream import Upstream
+
+__all__ = ["ModelConsolidator", "closed_pages"]
+
+log = logging.getLogger("pcp.proxy")
+
+SUMMARY_MAX_TOKENS = 120
+SUMMARY_VERSION = "v1"  # part of the cache key: a new prompt means new summaries
+
+
+class Job(NamedTuple):
+    page_id: str
+    key: str  # the hash of the text summarised
+    text: str
+    model: str
+    headers: Mapping[str, str]
+
+
+class ModelConsolidator:
+    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.cache = diskcache.Cache(str(directory))
+        self.upstream = upstream
+        self.metrics = metrics
+        self.max_chars = max_chars
+        self.landed: dict[str, str] = {}  # page id → the model's summary
+        self.queued: set[str] = set()
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name="pcp-consolidator")
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await asyncio.to_thread(self.cache.close)
+
+    async def idle(self) -> None:
+        """Wait until every summary asked for so far has landed (or failed)."""
+        await self.queue.join()
+
+    # -- what requests call ------------------------------------------------------------
+    def upgrade(self, pages: PagedHistory) -> PagedHistory:
+        """``pages`` with the model's summary on every page whose summary has landed."""
+        if not any(p.id in self.landed for p in (*pages.leaves, *pages.containers)):
+            return pages
+        return msgspec.structs.replace(pages, leaves=[self._upgraded(p) for p in pages.leaves], containers=[self._upgraded(p) for p in pages.containers])
+
+    async def submit(self, pages: Sequence[Page], summaries: Mapping[str, str], model: str, headers: Mapping[str, str]) -> None:
+        """Ask for the summaries of ``pages``; ``summaries`` has the current summary of every page by id."""
+        jobs = [self._job(p, summaries, model, headers) for p in pages if p.id not in self.landed and p.id not in self.queued]
+        cached = await asyncio.to_thread(lambda: {job.key: self.cache.get(job.key) for job in jobs})
+        for job in jobs:
+            if cached[job.key] is not None:
+                self.landed[job.page_id] = cached[job.key]
+                self.metrics.inc("pcp_summaries_total", state="cached")
+            else:
+                self.queued.add(job.page_id)
+                self.queue.put_nowait(job)
+                self.metrics.inc("pcp_summaries_total", state="queued")
+
+    # -- the background worker -----------------------------------------------------------
+    def _job(self, page: Page, summaries: Mapping[str, str], model: str, headers: Mapping[str, str]) -> Job:
+        # A container is the consensus of its children: summarise what they say.
+        text = "\n".join(summaries[c] for c in page.source_ids) if isinstance(page, ConsolidatedPage) else page.content
+        return Job(page.id, short_hash(SUMMARY_VERSION, text, length=24), text, model, headers)
+
+    def _upgraded(self, page: Page) -> Page:
+        summary = self.landed.get(page.id)
+        return page if summary is None or summary == page.summary else msgspec.structs.replace(page, summary=summary)
+
+    async def _run(self) -> None:
+        while True:
+            job = await self.queue.get()
+            state = "failed"
+            try:
+                summary = await self._ask(job)
+                if summary is not None:
+                    await asyncio.to_thread(self.cache.set, job.key, summary)
+                    self.landed[job.page_id] = summary
+                    state = "landed"
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a summary is an improvement, never a failure of anyone's request
+                log.warning("consolidator: no summary for page %s: %s", job.page_id, exc)
+            finally:
+                self.metrics.inc("pcp_summaries_total", state=state)
+                self.queued.discard(job.page_id)
+                self.queue.task_done()
+
+    async def _ask(self, job: Job) -> str | None:
+        self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
+        body = {"model": job.model, "messages": summary_prompt(job.text), "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
+        headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
+        response = await self.upstream.open("POST", "/chat/completions", content=json.dumps(body).encode(), headers=headers)
+        content = await self.upstream.read(response)
+        if response.status_code >= 400:
+            raise RuntimeError(f"upstream status {response.status_code}: {content[:200]!r}")
+        reply = json.loads(content)["choices"][0]["message"].get("content") or ""
+        return model_summary(reply, self.max_chars)
+
+
+def closed_pages(pages: PagedHistory, built: set[str]) -> list[Page]:
+    """The pages of ``built`` that will not change again: not the last leaf, nor a container above it.
+
+    The last page is reopened by the next follow-up, so its summary would be wasted.
+    """
+    if not pages.leaves:
+        return []
+    open_ids = {pages.leaves[-1].id}
+    for container in pages.containers:  # bottom up, so a parent sees its child's mark
+        if open_ids.intersection(container.source_ids):
+            open_ids.add(container.id)
+    return [p for p in (*pages.leaves, *pages.containers) if p.id in built and p.id not in open_ids]

