@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,6 +52,7 @@ class ModelConsolidator:
         self.max_chars = max_chars
         self.landed: dict[str, str] = {}  # page id → the model's summary
         self.queued: set[str] = set()
+        self.failed: set[str] = set()  # not asked again by this process: no retry storms
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
         self.task: asyncio.Task[None] | None = None
 
@@ -75,9 +76,13 @@ class ModelConsolidator:
             return pages
         return msgspec.structs.replace(pages, leaves=[self._upgraded(p) for p in pages.leaves], containers=[self._upgraded(p) for p in pages.containers])
 
-    async def submit(self, pages: Sequence[Page], summaries: Mapping[str, str], model: str, headers: Mapping[str, str]) -> None:
-        """Ask for the summaries of ``pages``; ``summaries`` has the current summary of every page by id."""
-        jobs = [self._job(p, summaries, model, headers) for p in pages if p.id not in self.landed and p.id not in self.queued]
+    async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None:
+        """Ask for a model summary of every closed page that has none (and has not failed to get one)."""
+        wanted = [p for p in closed_pages(pages) if p.id not in self.landed and p.id not in self.queued and p.id not in self.failed]
+        if not wanted:
+            return
+        summaries = {p.id: p.summary for p in (*pages.leaves, *pages.containers)}
+        jobs = [self._job(p, summaries, model, headers) for p in wanted]
         cached = await asyncio.to_thread(lambda: {job.key: self.cache.get(job.key) for job in jobs})
         for job in jobs:
             if cached[job.key] is not None:
@@ -108,9 +113,12 @@ class ModelConsolidator:
                     await asyncio.to_thread(self.cache.set, job.key, summary)
                     self.landed[job.page_id] = summary
                     state = "landed"
+                else:
+                    self.failed.add(job.page_id)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a summary is an improvement, never a failure of anyone's request
+                self.failed.add(job.page_id)
                 log.warning("consolidator: no summary for page %s: %s", job.page_id, exc)
             finally:
                 self.metrics.inc("pcp_summaries_total", state=state)
@@ -129,8 +137,8 @@ class ModelConsolidator:
         return model_summary(reply, self.max_chars)
 
 
-def closed_pages(pages: PagedHistory, built: set[str]) -> list[Page]:
-    """The pages of ``built`` that will not change again: not the last leaf, nor a container above it.
+def closed_pages(pages: PagedHistory) -> list[Page]:
+    """The pages that will not change again: not the last leaf, nor a container above it.
 
     The last page is reopened by the next follow-up, so its summary would be wasted.
     """
@@ -140,4 +148,4 @@ def closed_pages(pages: PagedHistory, built: set[str]) -> list[Page]:
     for container in pages.containers:  # bottom up, so a parent sees its child's mark
         if open_ids.intersection(container.source_ids):
             open_ids.add(container.id)
-    return [p for p in (*pages.leaves, *pages.containers) if p.id in built and p.id not in open_ids]
+    return [p for p in (*pages.leaves, *pages.containers) if p.id not in open_ids]

@@ -28,7 +28,6 @@ from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
 from pcp_core.session import SESSION_ID, chain_links, common_prefix, resume
 
-from .consolidator import closed_pages
 from .errors import ProxyError
 
 if TYPE_CHECKING:
@@ -120,9 +119,8 @@ class ProtocolRequest:
         store.save(self.namespace, session, new_links=len(chain) - reused if continued else len(chain))
         self._count_paging(paged, built, "pinned" if self.pinned else "resumed" if continued else "forked" if found else "new")
         self.services.metrics.inc("pcp_turns_paged_total", len(turns) - reopened_from(known, reused))
-        if consolidator is not None and (closed := closed_pages(session.pages, built)):
-            summaries = {p.id: p.summary for p in (*session.pages.leaves, *session.pages.containers)}
-            await consolidator.submit(closed, summaries, str(self.body.get("model", "")), self.headers)
+        if consolidator is not None:
+            await consolidator.submit(session.pages, str(self.body.get("model", "")), self.headers)
         self.session = session.id
         return session.pages.index()
 
