@@ -83,7 +83,7 @@ def create_app(settings: Settings) -> Litestar:
             read_timeout=settings.upstream_read_timeout,
         )
         if settings.router_embeddings and embeddings_available():
-            services.embedder = Embedder()
+            services.embedder = Embedder(settings.data_path / "embeddings")
             # Loading takes seconds; passthrough traffic need not wait for it.
             loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
         if settings.consolidator == "llm":
@@ -95,6 +95,7 @@ def create_app(settings: Settings) -> Litestar:
         finally:
             if services.embedder is not None:
                 await loading
+                services.embedder.close()
             if services.consolidator is not None:
                 await services.consolidator.stop()
             await services.upstream.aclose()
