@@ -14,7 +14,7 @@ from litestar.response import Stream
 from pcp_core.pages import short_hash
 from pcp_core.tokens import prompt_tokens
 
-from .chat import parse_chat_request
+from .chat import ChatRequest, parse_chat_request
 from .errors import ProxyError
 from .host import pinned_session, run_protocol
 from .upstream import forwardable
@@ -43,7 +43,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     if services.sentry.engaged(tokens) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
         namespace = short_hash(request.headers.get("authorization", "anonymous"))
-        work = run_protocol(services, msgspec.json.decode(body), headers, namespace, pinned_session(request.headers))
+        work = run_protocol(services, _whole_body(body, chat), headers, namespace, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await _unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
@@ -51,6 +51,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     return await _forward(services, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+
+
+def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
+    """Every field of the request, the messages already decoded once reused."""
+    fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # values stay undecoded bytes
+    return {key: chat.messages if key == "messages" else msgspec.json.decode(raw) for key, raw in fields.items()}
 
 
 @get("/v1/models")
