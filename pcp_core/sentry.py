@@ -5,7 +5,6 @@ history is collapsed retroactively into Original pages with Consolidated pages a
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -14,6 +13,7 @@ import msgspec
 from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash, without_turn_markers
+from .timeline import opens_with_date, stated_time
 from .tokens import CountText
 
 __all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "topic_groups", "turns_from_messages"]
@@ -56,15 +56,19 @@ def message_text(message: Mapping[str, Any]) -> str:
 
 
 def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0) -> list[Turn]:
-    """Turns for ``messages`` (numbered from ``start``), stamped when the proxy first saw each.
+    """Turns for ``messages`` (numbered from ``start``), each with its time on the Timeline.
 
-    ``seen_at`` is one time for all, or one per message; a message's own timestamp wins.
+    ``seen_at`` is when the proxy first saw the messages (one time, or one per
+    message); a date the conversation states wins over it, and a message's own
+    ``timestamp`` field over both (``pcp_core.timeline``).
     """
     times = [seen_at] * len(messages) if isinstance(seen_at, str) else seen_at
-    turns = []
+    turns, stated = [], None
     for i, (message, seen) in enumerate(zip(messages, times, strict=True), start):
-        stamp = message.get("timestamp")
-        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=message_text(message), timestamp=stamp if isinstance(stamp, str) else seen))
+        text = message_text(message)
+        stated = stated_time(text) or stated
+        own = message.get("timestamp")
+        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=text, timestamp=own if isinstance(own, str) else stated or seen))
     return turns
 
 
@@ -147,11 +151,6 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
     return [[_at_depth(page, len(levels) - i) for page in pages] for i, pages in enumerate(levels)]
 
 
-# A message that opens with a bracketed line holding a year ("[Session 3 - 1:56 pm on
-# 8 May, 2023]", "[2024-03-05 10:00]") starts a new part of the conversation.
-_DATED_HEADER = re.compile(r"^\[[^\]\n]*\b(?:1[89]|20)\d\d\b[^\]\n]*\]")
-
-
 def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy) -> list[list[Page]]:
     """Consecutive pages grouped by topic (§VI.5 semantic trigger), bounded in size (physical trigger).
 
@@ -175,7 +174,7 @@ def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy
 
 
 def _dated(page: Page) -> bool:
-    return bool(_DATED_HEADER.match(without_turn_markers(page.content)))  # pages start at a header (_dated_parts)
+    return opens_with_date(without_turn_markers(page.content))  # a header starts a page (_dated_parts)
 
 
 def _overlap(words: set[str], said: set[str], df: dict[str, int], n: int) -> float:
@@ -224,7 +223,7 @@ def _dated_parts(turns: list[Turn]) -> list[list[Turn]]:
     """``turns`` cut before every turn that opens with a dated header: a page never straddles one."""
     parts: list[list[Turn]] = []
     for turn in turns:
-        if not parts or _DATED_HEADER.match(turn.text):
+        if not parts or opens_with_date(turn.text):
             parts.append([])
         parts[-1].append(turn)
     return parts
