@@ -253,7 +253,9 @@ def _node(page: Page, view: View, nested: bool) -> etree._Element:
         "depth": str(page.depth),
         "origin": page.origin.value,
     }
-    if page.keywords:
+    # An Original page in Detail shows its words themselves; index keys would only
+    # repeat them (§9.3, example 2), and every token of the budget is evidence space.
+    if page.keywords and not (view == D and not isinstance(page, ConsolidatedPage)):
         attrs["keywords"] = xml_safe(", ".join(page.keywords))
     attrs["timestamp"] = page.timestamp
     element = etree.Element("Node", attrs)

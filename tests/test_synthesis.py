@@ -147,3 +147,14 @@ def test_injected_pages_stand_alone_after_their_container():
     doc = _doc(synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT))
     flow = doc.find("Linear_Flow")
     assert [(n.get("id"), n.get("view")) for n in flow] == [(ids["A"], "Summary"), (ids["a2"], "Detail"), (ids["B"], "Summary")]
+
+
+def test_an_original_in_detail_carries_its_words_not_its_index_keys():
+    index = _history(40)
+    leaves = list(index.leaves())
+    views = ViewState(index)
+    views.raise_to(leaves[3].id, View.DETAIL, unfold=False)
+    doc = _doc(synthesize(index, views.raised(), _request(priorities=[leaves[3].id]), COUNT))
+    detail = doc.find(f".//Node[@id='{leaves[3].id}']")
+    assert detail.get("view") == "Detail" and leaves[3].keywords and detail.get("keywords") is None
+    assert all(n.get("keywords") for n in doc.iter("Node") if n.get("view") == "Summary")
