@@ -56,6 +56,7 @@ DENSE_FUSION = (1.0, 0.25)
 INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
 RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
 EXPLORE_HITS = 3
+DIFFUSION_PAGES = 3  # Original pages a Consult on a container brings in beside it
 NO_ANSWER = "I could not find that in our conversation."
 
 # The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools.
@@ -178,7 +179,8 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
             step, raised = _apply(directive, views, index, search, round_no, standalone)
-            raised += _diffuse(directive, ranked, index, views, round_no, synthesis.shown)
+            # The evidence found inside a container goes before the container's own text.
+            raised = _diffuse(directive, ranked, index, views, round_no, synthesis.shown) + raised
             trace.append(step)
             faulted |= step.action == "BusFault"
             consulted[:0] = raised
@@ -261,12 +263,11 @@ def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: V
     if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
         return []
     scope = _subtree(index, directive.id)
-    for page_id in ranked:
-        if page_id in scope and shown.get(page_id) != View.DETAIL:
-            views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
-            index.touch(page_id)
-            return [page_id]
-    return []
+    found = [p for p in ranked if p in scope and shown.get(p) != View.DETAIL][:DIFFUSION_PAGES]
+    for page_id in found:
+        views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
+        index.touch(page_id)
+    return found
 
 
 def _subtree(index: PageIndex, handle: str) -> set[str]:

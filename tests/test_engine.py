@@ -188,3 +188,20 @@ def test_a_call_of_a_tool_nobody_offered_is_a_bus_fault():
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert step.get("action") == "BusFault" and "launch_rockets" in step.get("reason")
     assert outcome.kind == "answer" and outcome.text == "Biscuit."
+
+
+def test_a_consult_on_a_container_brings_in_its_best_pages():
+    messages = history()
+    for i in (60, 64, 68, 72):  # four mentions, in four pages under one container
+        messages[i] = {"role": "user", "content": f"Biscuit the greyhound learned trick number {i}."}
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    evidence = {p.id for p in index.leaves() if "trick" in p.content}
+    root = next(r for r in index.roots if evidence <= {p.id for p in index.leaves([r])})
+    loop = run_rounds(context(budget=700, query="What tricks did Biscuit the greyhound learn?"), index, COUNT)
+
+    def details(call):
+        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if n.get("view") == "Detail"}
+
+    first = next(loop)
+    second = loop.send(WorkerReply(f'Consult("more", "{root}")'))
+    assert len((details(second) - details(first)) & evidence) >= 2
