@@ -77,8 +77,7 @@ class Bm25:
         self.lengths: list[int] = []
         df: Counter[str] = Counter()
         for page in pages:
-            counts = Counter(stem(t) for t in terms(_text(page)))
-            counts.update(stem(k) for keyword in page.keywords for k in terms(keyword))
+            counts = _term_counts(page.content or page.summary, page.keywords)
             self.ids.append(page.id)
             self.tf.append(counts)
             self.lengths.append(sum(counts.values()))
@@ -105,9 +104,16 @@ class Bm25:
         return ranked[:limit] if limit else ranked
 
 
-def _text(page: Page) -> str:
-    # The "[assistant]" markers of the page layout are not words anyone said.
-    return without_turn_markers(page.content or page.summary)
+@lru_cache(maxsize=65536)
+def _term_counts(text: str, keywords: tuple[str, ...]) -> Counter[str]:
+    """Stemmed term counts of a page; cached, since a session's pages are indexed on every request.
+
+    The "[assistant]" markers of the page layout are not words anyone said.
+    Callers must not change the counter they get.
+    """
+    counts = Counter(stem(t) for t in terms(without_turn_markers(text)))
+    counts.update(stem(k) for keyword in keywords for k in terms(keyword))
+    return counts
 
 
 def dense_ranking(vectors: Any, owners: Sequence[str]) -> list[str]:
