@@ -144,22 +144,43 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
     levels = [level]
     while len(level) > policy.max_roots:
         # The first containers follow the topics; above them, time (the temporal backbone).
-        groups = topic_groups(level, df, policy) if level is levels[0] else [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
+        groups = _first_level(leaves, df, policy, known) if level is levels[0] else [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
         level = [reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, policy), used) for group in groups]
         levels.append(level)
     # Depth counts from the roots (1) down, so it is known only once the shape is.
     return [[_at_depth(page, len(levels) - i) for page in pages] for i, pages in enumerate(levels)]
 
 
-def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy) -> list[list[Page]]:
+def _first_level(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: Sequence[ConsolidatedPage]) -> list[list[Page]]:
+    """Topic groups of ``leaves``: those of the known first-level containers, then the rest grouped anew.
+
+    Groups are decided left to right, so a known group over kept leaves stands;
+    only the last one is reopened, as its topic may go on.
+    """
+    position = {leaf.id: i for i, leaf in enumerate(leaves)}
+    groups: list[list[Page]] = []
+    covered = 0
+    for container in known:  # bottom up: the first level comes first
+        first = position.get(container.source_ids[0])
+        if first != covered or not all(c in position for c in container.source_ids):
+            break
+        groups.append(list(leaves[covered : covered + len(container.source_ids)]))
+        covered += len(container.source_ids)
+    if groups:
+        covered -= len(groups.pop())
+    return groups + topic_groups(leaves[covered:], df, policy, documents=len(leaves))
+
+
+def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy, documents: int | None = None) -> list[list[Page]]:
     """Consecutive pages grouped by topic (§VI.5 semantic trigger), bounded in size (physical trigger).
 
     A page starts a new group when it opens with a dated header, or when the
     group has ``min_fanout`` pages and little of what the page says (weighted by
     idf) was said in the group before. Decided left to right, so the groups of a
-    conversation stay the same as it grows, except the last.
+    conversation stay the same as it grows, except the last. ``df`` counts terms
+    over ``documents`` pages (by default, ``pages``).
     """
-    n = max(len(pages), 1)
+    n = max(documents or len(pages), 1)
     groups: list[list[Page]] = []
     current: list[Page] = []
     said: set[str] = set()

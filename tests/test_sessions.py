@@ -253,3 +253,16 @@ def test_sessions_are_keyed_by_a_hash_of_the_key_not_the_key(session_proxy, tmp_
     ask(session_proxy, [*conversation(160), {"role": "user", "content": "Q?"}], key="sk-secret-value")
     files = b"".join(p.read_bytes() for p in (tmp_path / "data" / "sessions").rglob("*") if p.is_file())
     assert files and b"sk-secret-value" not in files
+
+
+def first_level(paged) -> list[tuple[str, ...]]:
+    leaves = {leaf.id for leaf in paged.leaves}
+    return [c.source_ids for c in paged.containers if c.source_ids[0] in leaves]
+
+
+def test_a_follow_up_keeps_the_topic_groups_it_had():
+    history = conversation(300)
+    known = page_history(turns(history), COUNT)
+    extended = page_history(turns([*history, *conversation(2, start=300)]), COUNT, known=known, reused=300)
+    before, after = first_level(known), first_level(extended)
+    assert after[: len(before) - 1] == before[:-1]
