@@ -8,6 +8,7 @@ import httpx
 import msgspec
 import pytest
 
+from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, chain_links, common_prefix, resume
 from proxy.sessions import SessionStore
@@ -266,3 +267,21 @@ def test_a_follow_up_keeps_the_topic_groups_it_had():
     extended = page_history(turns([*history, *conversation(2, start=300)]), COUNT, known=known, reused=300)
     before, after = first_level(known), first_level(extended)
     assert after[: len(before) - 1] == before[:-1]
+
+
+def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_store(session_proxy, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    history = [*conversation(160), {"role": "user", "content": "Q0?"}]
+    first = ask(session_proxy, history)
+    follow_ups = [[*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Q{i}?"}] for i in range(1, 9)]
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda messages: ask(session_proxy, messages), follow_ups))
+    assert {a.headers["x-pcp-session"] for a in answers} == {first.headers["x-pcp-session"]}
+
+    session_proxy.server.stop()  # every write is finished and the store closed
+    store = SessionStore(tmp_path / "data" / "sessions")
+    namespace = short_hash("Bearer sk-a")  # how the proxy names the caller's namespace
+    found, reused = store.find(namespace, chain_links(follow_ups[0][:-1]))
+    assert found is not None and found.id == first.headers["x-pcp-session"] and reused == len(follow_ups[0]) - 1
+    store.close()
