@@ -26,9 +26,10 @@ from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embe
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
-from pcp_core.session import SESSION_ID, chain_links, common_prefix, resume
+from pcp_core.session import SESSION_ID, Session, chain_links, resume
 
 from .errors import ProxyError
+from .sessions import SessionStore
 
 if TYPE_CHECKING:
     from .app import Services
@@ -99,36 +100,36 @@ class ProtocolRequest:
 
     async def page(self) -> PageIndex:
         """The history's pages: those of its session's known prefix, and the new messages paged."""
-        store = self.services.sessions
-        chain = chain_links(self.history)
-        if self.pinned is not None:
-            found = await asyncio.to_thread(store.load, self.namespace, self.pinned)
-            reused = common_prefix(found.chain, chain) if found else 0
-        else:
-            found, reused = await asyncio.to_thread(store.find, self.namespace, chain)
-        fresh_id = self.pinned or store.fresh_id(self.namespace, chain)
-        session = resume(found, reused, chain, iso_timestamp(time.time()), fresh_id, pinned=self.pinned is not None)
-        turns = turns_from_messages(self.history, session.seen_at)
-        count = self.services.tokenizer.count
-        known = session.pages
-        paged = await asyncio.to_thread(page_history, turns, count, PAGING, known, reused)
-        built = {p.id for p in (*paged.leaves, *paged.containers)} - {p.id for p in (*known.leaves, *known.containers)}
+        session, known, reused, how = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
-        session.pages = consolidator.upgrade(paged) if consolidator else paged
-        continued = found is not None and session.id == found.id
-        store.save(self.namespace, session, new_links=len(chain) - reused if continued else len(chain))
-        self._count_paging(paged, built, "pinned" if self.pinned else "resumed" if continued else "forked" if found else "new")
-        self.services.metrics.inc("pcp_turns_paged_total", len(turns) - reopened_from(known, reused))
+        paged = session.pages
+        if consolidator is not None:
+            session.pages = consolidator.upgrade(paged)
+        continued = how in ("resumed", "pinned")
+        self.services.sessions.save(self.namespace, session, new_links=len(session.chain) - (reused if continued else 0))
+        self._count_paging(known, paged, reused, how)
         if consolidator is not None:
             await consolidator.submit(session.pages, str(self.body.get("model", "")), self.headers)
         self.session = session.id
         return session.pages.index()
 
-    def _count_paging(self, paged: PagedHistory, built: set[str], how: str) -> None:
+    def _page_sync(self) -> tuple[Session, PagedHistory, int, str]:
+        """Find the session (blocking: the store may read the disk), then page what it does not hold."""
+        chain = chain_links(self.history)
+        found, reused, how = self.services.sessions.resolve(self.namespace, chain, self.pinned)
+        session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=self.pinned is not None)
+        known = session.pages
+        turns = turns_from_messages(self.history, session.seen_at)
+        session.pages = page_history(turns, self.services.tokenizer.count, PAGING, known, reused)
+        return session, known, reused, how
+
+    def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: str) -> None:
         metrics = self.services.metrics
         metrics.inc("pcp_sessions_total", how=how)
+        metrics.inc("pcp_turns_paged_total", paged.turns - reopened_from(known, reused))
+        before = {p.id for p in (*known.leaves, *known.containers)}
         for kind, pages in (("Original", paged.leaves), ("Consolidated", paged.containers)):
-            metrics.inc("pcp_pages_built_total", sum(p.id in built for p in pages), type=kind)
+            metrics.inc("pcp_pages_built_total", sum(p.id not in before for p in pages), type=kind)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, "messages": call.messages}

@@ -25,7 +25,7 @@ import diskcache
 import msgspec
 
 from pcp_core.pages import short_hash
-from pcp_core.session import Session
+from pcp_core.session import Session, common_prefix
 
 __all__ = ["SessionStore"]
 
@@ -59,6 +59,19 @@ class SessionStore:
             return None
         self._remember(namespace, session)
         return session
+
+    def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int, str]:
+        """The session a request continues, how many of its messages that session holds, and how it was found.
+
+        How: ``pinned`` (the client named it), ``resumed`` (the request extends it),
+        ``forked`` (it shares only a prefix), or ``new``.
+        """
+        if pinned is not None:
+            found = self.load(namespace, pinned)
+            return found, common_prefix(found.chain, chain) if found else 0, "pinned"
+        found, reused = self.find(namespace, chain)
+        how = "new" if found is None else "resumed" if reused == len(found.chain) else "forked"
+        return found, reused, how
 
     def find(self, namespace: str, chain: list[str]) -> tuple[Session | None, int]:
         """The session holding the longest prefix of ``chain``, and that prefix's length."""
