@@ -133,7 +133,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     leaves = list(index.leaves())
     intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "")
     search = Bm25(leaves)
-    ranked = [page_id for page_id, _ in search.rank(intent.weights)]
+    ranked = [page_id for page_id, _ in search.rank_with_feedback(intent.weights)]
     if context.dense and leaves:
         # Turns, not pages, are embedded: one turn is diluted in a page's average.
         owners = [(page.id, turn) for page in leaves for turn in turn_texts(page.content)]
@@ -179,8 +179,8 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
             step, raised = _apply(directive, views, index, search, round_no, standalone)
-            # The evidence found inside a container goes before the container's own text.
-            raised = _diffuse(directive, ranked, index, views, round_no, synthesis.shown) + raised
+            # What the worker asked for comes first, then what diffusion found inside it.
+            raised += _diffuse(directive, ranked, index, views, round_no, synthesis.shown)
             trace.append(step)
             faulted |= step.action == "BusFault"
             consulted[:0] = raised

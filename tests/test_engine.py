@@ -192,12 +192,12 @@ def test_a_call_of_a_tool_nobody_offered_is_a_bus_fault():
 
 def test_a_consult_on_a_container_brings_in_its_best_pages():
     messages = history()
-    for i in (60, 64, 68, 72):  # four mentions, in four pages under one container
+    for i in range(60, 100, 4):  # ten mentions, in ten pages under one container
         messages[i] = {"role": "user", "content": f"Biscuit the greyhound learned trick number {i}."}
     index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
     evidence = {p.id for p in index.leaves() if "trick" in p.content}
     root = next(r for r in index.roots if evidence <= {p.id for p in index.leaves([r])})
-    loop = run_rounds(context(budget=700, query="What tricks did Biscuit the greyhound learn?"), index, COUNT)
+    loop = run_rounds(context(budget=1100, query="What tricks did Biscuit the greyhound learn?"), index, COUNT)
 
     def details(call):
         return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if n.get("view") == "Detail"}

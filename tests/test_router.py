@@ -1,0 +1,35 @@
+"""The Router's broad match: BM25, and pseudo-relevance feedback over it."""
+
+from __future__ import annotations
+
+from pcp_core.router import Bm25, anchor_intent
+
+from .core_helpers import op
+
+PAGES = [
+    op("Caroline went to a transgender support group and felt accepted.", 0),
+    op("Caroline talked about her transition and the support group again.", 1),
+    op("Her transition journey made her braver as a transgender woman.", 2),
+    op("Melanie painted a sunrise over the lake last year.", 3),
+    op("Melanie ran a charity race for mental health.", 4),
+    op("They discussed the weather and the garden.", 5),
+]
+
+
+def ids(ranked):
+    return [page_id for page_id, _ in ranked]
+
+
+def test_bm25_ranks_the_pages_that_share_the_query_words():
+    ranked = ids(Bm25(PAGES).rank(anchor_intent("", "Where did Caroline go for support?").weights))
+    assert set(ranked[:2]) == {PAGES[0].id, PAGES[1].id}
+    assert PAGES[5].id not in ranked
+
+
+def test_feedback_reaches_a_page_in_the_evidence_words_not_the_questions():
+    search, query = Bm25(PAGES), anchor_intent("", "What support group did Caroline attend?").weights
+    plain, expanded = ids(search.rank(query)), ids(search.rank_with_feedback(query, pages=2, terms=8))
+    # Page 2 shares no word with the question; "transition" and "transgender" with its best pages.
+    assert PAGES[2].id not in plain and PAGES[2].id in expanded
+    assert set(expanded[:2]) == set(plain[:2])  # the query's own words still lead
+    assert PAGES[5].id not in expanded
