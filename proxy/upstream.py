@@ -48,12 +48,21 @@ class Upstream:
         )
 
     async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str]) -> httpx.Response:
-        """Send a request and return the response with its body not yet read."""
-        request = self.client.build_request(method, path, content=content, headers=headers)
-        try:
-            return await self.client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise _as_proxy_error(exc, self.base_url) from None
+        """Send a request and return the response with its body not yet read.
+
+        A connection the upstream closed without a word (typically a pooled one
+        its keep-alive timeout had just ended) is tried once more on a new one.
+        """
+        for attempt in range(2):
+            request = self.client.build_request(method, path, content=content, headers=headers)
+            try:
+                return await self.client.send(request, stream=True)
+            except httpx.RemoteProtocolError as exc:
+                if attempt:
+                    raise _as_proxy_error(exc, self.base_url) from None
+            except httpx.HTTPError as exc:
+                raise _as_proxy_error(exc, self.base_url) from None
+        raise AssertionError("unreachable")
 
     async def read(self, response: httpx.Response) -> bytes:
         try:
@@ -96,4 +105,4 @@ class Upstream:
 def _as_proxy_error(exc: httpx.HTTPError, base_url: str) -> ProxyError:
     if isinstance(exc, httpx.TimeoutException):
         return ProxyError(504, f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", "upstream_timeout", code="upstream_timeout")
-    return ProxyError(502, f"the upstream at {base_url} could not be reached: {exc or type(exc).__name__}", "upstream_error", code="upstream_unreachable")
+    return ProxyError(502, f"the upstream at {base_url} could not be reached: {str(exc) or type(exc).__name__}", "upstream_error", code="upstream_unreachable")

@@ -245,3 +245,55 @@ def test_streamed_upstream_error_keeps_its_status(proxy, upstream):
 def test_retrieve_model_passes_through(proxy, upstream):
     httpx.get(f"{proxy.url}/v1/models/fake-model")
     assert upstream.requests[-1].path == "/v1/models/fake-model"
+
+
+class ClosingUpstream:
+    """A loopback HTTP server that drops the first ``drops`` connections unanswered, then answers 200."""
+
+    def __init__(self, drops: int):
+        self.drops, self.connections = drops, 0
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                self.connections += 1
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    head += conn.recv(65536)
+                if self.connections <= self.drops:
+                    continue  # read the request, close without a word
+                body = completion("still here").body
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+
+
+@pytest.fixture
+def closing_upstream():
+    made: list[ClosingUpstream] = []
+    yield lambda drops: made.append(ClosingUpstream(drops)) or made[-1]
+    for upstream in made:
+        upstream.sock.close()
+
+
+def test_a_connection_closed_unanswered_is_tried_once_more(start_proxy, closing_upstream):
+    upstream = closing_upstream(1)
+    proxy = start_proxy(upstream_base_url=upstream.url)
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "still here"
+    assert upstream.connections == 2
+
+
+def test_an_upstream_that_keeps_closing_is_a_502_that_says_so(start_proxy, closing_upstream):
+    upstream = closing_upstream(10)
+    proxy = start_proxy(upstream_base_url=upstream.url)
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    assert response.status_code == 502 and upstream.connections == 2
+    assert "disconnected" in _envelope(response)["message"].lower()
