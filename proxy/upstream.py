@@ -50,14 +50,14 @@ class Upstream:
     async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str]) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
-        A connection the upstream closed without a word (typically a pooled one
-        its keep-alive timeout had just ended) is tried once more on a new one.
+        A connection the upstream closed or reset without a word (typically a
+        pooled one its keep-alive timeout had just ended) is tried once more.
         """
         for attempt in range(2):
             request = self.client.build_request(method, path, content=content, headers=headers)
             try:
                 return await self.client.send(request, stream=True)
-            except httpx.RemoteProtocolError as exc:
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
                 if attempt:
                     raise _as_proxy_error(exc, self.base_url) from None
             except httpx.HTTPError as exc:

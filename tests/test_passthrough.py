@@ -266,9 +266,13 @@ class ClosingUpstream:
                 return
             with conn:
                 self.connections += 1
-                head = b""
-                while b"\r\n\r\n" not in head:
-                    head += conn.recv(65536)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += conn.recv(65536)
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+                while len(body) < length:  # read it all, so the close is a clean one
+                    body += conn.recv(65536)
                 if self.connections <= self.drops:
                     continue  # read the request, close without a word
                 body = completion("still here").body
