@@ -148,6 +148,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         index.touch(page_id)
     standalone: set[str] = set()  # pages the last synthesis showed outside their container
     consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
+    read: set[str] = set()  # pages the worker has been shown in Detail
     trace: list[Step] = []
     faulted = False
     tools = _tools(context)
@@ -162,12 +163,13 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             final=final,
             budget=context.budget,
             # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
-            priorities=[*consulted, *hot[:FOCUS_FIRST], *reversed(index.roots), *hot[FOCUS_FIRST:], *indexed, *recent],
+            priorities=_priorities(consulted, hot, read, list(reversed(index.roots)), indexed, recent),
             indexed=indexed,
             reserved_tokens=context.reserved_tokens,
         )
         synthesis = synthesize(index, views.raised(), request, count)
         standalone = set(synthesis.standalone)
+        read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
 
         if calls_client_tool(reply.tool_calls, context.client_tools):
@@ -190,6 +192,20 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         views.settle(round_no)
         index.tick()
     raise AssertionError("unreachable: the last round always answers")
+
+
+def _priorities(consulted: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str]) -> list[str]:
+    """What to show first. Round 0: the worker's focus, the overview (§7.2 Level 1), the rest.
+
+    A worker that asks for more has read what it was shown: after its choices
+    and the best pages, the pages of the ranking it has not read come before
+    the overview it has seen.
+    """
+    focus, rest = hot[:FOCUS_FIRST], hot[FOCUS_FIRST:]
+    if not read:
+        return [*consulted, *focus, *overview, *rest, *indexed, *recent]
+    unread = [p for p in rest if p not in read]
+    return [*consulted, *focus, *unread, *overview, *(p for p in rest if p in read), *indexed, *recent]
 
 
 def _tools(context: RoundContext) -> list[dict[str, Any]]:

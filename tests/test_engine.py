@@ -6,7 +6,7 @@ import json
 
 from lxml import etree
 
-from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, run_rounds
+from pcp_core.engine import DIFFUSION_PAGES, DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, run_rounds
 from pcp_core.sentry import retroactive_paging, turns_from_messages
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
@@ -205,3 +205,17 @@ def test_a_consult_on_a_container_brings_in_its_best_pages():
     first = next(loop)
     second = loop.send(WorkerReply(f'Consult("more", "{root}")'))
     assert len((details(second) - details(first)) & evidence) >= 2
+
+
+def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
+    index = retroactive_paging(turns_from_messages(history(), "2026-11-22T09:00:00"), COUNT)
+    loop = run_rounds(context(budget=2048, query="What did we say about the garden and the weather?"), index, COUNT)
+
+    def nodes(call, view, kind=("Original", "Consolidated")):
+        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if n.get("view") == view and n.get("type") in kind}
+
+    first = next(loop)
+    target = sorted(nodes(first, "Summary"))[0]
+    second = loop.send(WorkerReply(f'Consult("more", "{target}")'))
+    unread = nodes(second, "Detail", kind=("Original",)) - nodes(first, "Detail")
+    assert len(unread) > DIFFUSION_PAGES  # more than the Consult itself brought in
