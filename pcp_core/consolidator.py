@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 
 from .pages import without_turn_markers
@@ -83,10 +83,10 @@ class TermStats:
             self.df.update(set(terms(doc)))
 
     @classmethod
-    def from_counts(cls, n: int, df: dict[str, int]) -> TermStats:
-        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents."""
+    def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
+        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
         stats = cls(())
-        stats.n, stats.df = max(n, 1), Counter(df)
+        stats.n, stats.df = max(n, 1), df  # type: ignore[assignment]
         return stats
 
     def idf(self, term: str) -> float:

@@ -4,7 +4,6 @@ history is collapsed retroactively into Original pages with Consolidated pages a
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -180,13 +179,13 @@ def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy
     conversation stay the same as it grows, except the last. ``df`` counts terms
     over ``documents`` pages (by default, ``pages``).
     """
-    n = max(documents or len(pages), 1)
+    stats = TermStats.from_counts(documents or len(pages), df)
     groups: list[list[Page]] = []
     current: list[Page] = []
     said: set[str] = set()
     for page in pages:
         words = set(terms(page.content))
-        if current and (len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, df, n) < policy.pivot_overlap)):
+        if current and (len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, stats) < policy.pivot_overlap)):
             groups.append(current)
             current, said = [], set()
         current.append(page)
@@ -198,13 +197,10 @@ def _dated(page: Page) -> bool:
     return opens_with_date(without_turn_markers(page.content))  # a header starts a page (_dated_parts)
 
 
-def _overlap(words: set[str], said: set[str], df: dict[str, int], n: int) -> float:
+def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
     """The idf-weighted share of ``words`` already in ``said``."""
-    def idf(term: str) -> float:
-        return math.log(1 + (n - df.get(term, 0) + 0.5) / (df.get(term, 0) + 0.5))
-
-    total = sum(idf(t) for t in words)
-    return sum(idf(t) for t in words & said) / total if total else 1.0
+    total = sum(stats.idf(t) for t in words)
+    return sum(stats.idf(t) for t in words & said) / total if total else 1.0
 
 
 def _at_depth(page: Page, depth: int) -> Page:
