@@ -17,13 +17,13 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
 from .sentry import PagedHistory
 
-__all__ = ["SESSION_ID", "Session", "chain_links", "common_prefix", "resume"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "resume"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -57,6 +57,22 @@ def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     return n
 
 
+Continuation = Literal["pinned", "resumed", "forked", "new"]
+
+
+def continuation(found: Session | None, reused: int, *, pinned: bool = False) -> Continuation:
+    """How a request goes on from ``found``, which holds its first ``reused`` messages.
+
+    ``pinned``: the client named the session; ``resumed``: the request extends
+    it; ``forked``: it shares only a prefix; ``new``: nothing was found.
+    """
+    if pinned:
+        return "pinned"
+    if found is None:
+        return "new"
+    return "resumed" if reused == len(found.chain) else "forked"
+
+
 def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False) -> Session:
     """The session this request continues, with its chain and first-seen times (pages not yet extended).
 
@@ -67,5 +83,5 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     if found is None:
         return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain))
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
-    extends = pinned or reused == len(found.chain)
+    extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages)

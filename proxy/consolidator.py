@@ -65,10 +65,6 @@ class ModelConsolidator:
             await asyncio.gather(self.task, return_exceptions=True)
         await asyncio.to_thread(self.cache.close)
 
-    async def idle(self) -> None:
-        """Wait until every summary asked for so far has landed (or failed)."""
-        await self.queue.join()
-
     # -- what requests call ------------------------------------------------------------
     def upgrade(self, pages: PagedHistory) -> PagedHistory:
         """``pages`` with the model's summary on every page whose summary has landed."""

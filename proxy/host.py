@@ -26,7 +26,7 @@ from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embe
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
-from pcp_core.session import SESSION_ID, Session, chain_links, resume
+from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume
 
 from .errors import ProxyError
 from .sessions import SessionStore
@@ -113,17 +113,19 @@ class ProtocolRequest:
         self.session = session.id
         return session.pages.index()
 
-    def _page_sync(self) -> tuple[Session, PagedHistory, int, str]:
+    def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation]:
         """Find the session (blocking: the store may read the disk), then page what it does not hold."""
         chain = chain_links(self.history)
-        found, reused, how = self.services.sessions.resolve(self.namespace, chain, self.pinned)
-        session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=self.pinned is not None)
+        found, reused = self.services.sessions.resolve(self.namespace, chain, self.pinned)
+        pinned = self.pinned is not None
+        session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
+        how = continuation(found, reused, pinned=pinned)
         known = session.pages
         turns = turns_from_messages(self.history, session.seen_at)
         session.pages = page_history(turns, self.services.tokenizer.count, PAGING, known, reused)
         return session, known, reused, how
 
-    def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: str) -> None:
+    def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
         metrics = self.services.metrics
         metrics.inc("pcp_sessions_total", how=how)
         metrics.inc("pcp_turns_paged_total", paged.turns - reopened_from(known, reused))

@@ -60,18 +60,12 @@ class SessionStore:
         self._remember(namespace, session)
         return session
 
-    def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int, str]:
-        """The session a request continues, how many of its messages that session holds, and how it was found.
-
-        How: ``pinned`` (the client named it), ``resumed`` (the request extends it),
-        ``forked`` (it shares only a prefix), or ``new``.
-        """
+    def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int]:
+        """The session a request continues (the pinned one, or the longest known prefix's), and how many of its messages it holds."""
         if pinned is not None:
             found = self.load(namespace, pinned)
-            return found, common_prefix(found.chain, chain) if found else 0, "pinned"
-        found, reused = self.find(namespace, chain)
-        how = "new" if found is None else "resumed" if reused == len(found.chain) else "forked"
-        return found, reused, how
+            return found, common_prefix(found.chain, chain) if found else 0
+        return self.find(namespace, chain)
 
     def find(self, namespace: str, chain: list[str]) -> tuple[Session | None, int]:
         """The session holding the longest prefix of ``chain``, and that prefix's length."""

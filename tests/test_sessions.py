@@ -10,7 +10,7 @@ import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
-from pcp_core.session import Session, chain_links, common_prefix, resume
+from pcp_core.session import Session, chain_links, common_prefix, continuation, resume
 from proxy.sessions import SessionStore
 from proxy.testing import completion
 from proxy.tokenizer import Tokenizer
@@ -128,6 +128,7 @@ def test_resume_extends_forks_or_starts():
     assert pinned.id == "s-old"
 
     assert resume(None, 0, chain, "t1", "s-new").seen_at == ["t1"] * 6
+    assert [continuation(old, 4), continuation(old, 2), continuation(old, 2, pinned=True), continuation(None, 0)] == ["resumed", "forked", "pinned", "new"]
 
 
 def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_path: Path):
