@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 
 from .consolidator import terms
-from .pages import Page, without_turn_markers
+from .pages import Page, turn_texts, without_turn_markers
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "fuse", "stem"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "dense_units", "fuse", "stem"]
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): flattens the head of each list
 
@@ -29,6 +29,9 @@ HEAD_WEIGHT = 0.25
 FEEDBACK_PAGES = 3
 FEEDBACK_TERMS = 20
 FEEDBACK_WEIGHT = 0.2
+# Dense recall: a turn's score gains this share of its better neighbour's, since
+# evidence comes in exchanges (a question and its answer, a story and its date).
+NEIGHBOUR_SHARE = 0.3
 
 
 class Intent(msgspec.Struct, frozen=True):
@@ -156,15 +159,41 @@ def _term_counts(text: str, keywords: tuple[str, ...]) -> Counter[str]:
     return counts
 
 
-def dense_ranking(vectors: Any, owners: Sequence[str]) -> list[str]:
+def dense_units(pages: Sequence[Page]) -> tuple[list[str], list[str]]:
+    """What dense recall embeds, in conversation order: each turn with the turn before it.
+
+    A turn alone is often a fragment ("Yes, last May!"); with the turn it answers
+    it says what it is about. Returns (texts, the page of each text).
+    """
+    texts: list[str] = []
+    owners: list[str] = []
+    previous = ""
+    for page in pages:
+        for line in turn_texts(page.content):
+            turn = without_turn_markers(line)
+            texts.append(f"{previous}\n{turn}" if previous else turn)
+            owners.append(page.id)
+            previous = turn
+    return texts, owners
+
+
+def dense_ranking(vectors: Any, owners: Sequence[str], neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
     """Pages by their best row's cosine similarity to the first row (the intent).
 
-    Rows are unit vectors; ``owners[i]`` is the page of row ``i + 1`` (a page may own several).
+    Rows are unit vectors; ``owners[i]`` is the page of row ``i + 1`` (a page may
+    own several), and rows are in conversation order, so a row's neighbours are
+    the turns around it.
     """
+    import numpy as np
+
     scores = vectors[1:] @ vectors[0]
+    if neighbour_share and len(scores) > 1:
+        padded = np.pad(scores, 1, constant_values=-1.0)
+        scores = scores + neighbour_share * np.maximum(padded[:-2], padded[2:])
     best: dict[str, float] = {}
-    for owner, score in zip(owners, scores):
-        best[owner] = max(best.get(owner, -1.0), float(score))
+    for owner, score in zip(owners, scores.tolist()):
+        if score > best.get(owner, -2.0):
+            best[owner] = score
     return sorted(best, key=lambda p: -best[p])
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pcp_core.router import Bm25, anchor_intent
+from pcp_core.router import Bm25, anchor_intent, dense_ranking, dense_units
 
 from .core_helpers import op
 
@@ -33,3 +33,24 @@ def test_feedback_reaches_a_page_in_the_evidence_words_not_the_questions():
     assert PAGES[2].id not in plain and PAGES[2].id in expanded
     assert set(expanded[:2]) == set(plain[:2])  # the query's own words still lead
     assert PAGES[5].id not in expanded
+
+
+# -- dense recall ------------------------------------------------------------------------
+
+
+def test_each_turn_is_embedded_with_the_one_before_it_across_pages():
+    first = op("[user] Did you ever visit Oslo?\n[assistant] Yes, last May!", 0)
+    second = op("[user] How was the weather?", 1)
+    texts, owners = dense_units([first, second])
+    assert texts == ["Did you ever visit Oslo?", "Did you ever visit Oslo?\nYes, last May!", "Yes, last May!\nHow was the weather?"]
+    assert owners == [first.id, first.id, second.id]
+
+
+def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_more():
+    import numpy as np
+
+    # Row 0 is the intent; rows 1.. are turns in conversation order, with cosines 0.55, 0, 0.5, 0.9.
+    vectors = np.array([[1.0, 0.0], [0.55, 0.835], [0.0, 1.0], [0.5, 0.866], [0.9, 0.436]])
+    owners = ["lone", "filler", "beside", "strong"]
+    assert dense_ranking(vectors, owners, neighbour_share=0.0) == ["strong", "lone", "beside", "filler"]
+    assert dense_ranking(vectors, owners) == ["strong", "beside", "lone", "filler"]
