@@ -11,7 +11,9 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY proxy ./proxy
 COPY pcp_core ./pcp_core
 COPY config ./config
-RUN pip install --no-cache-dir -c constraints.txt '.[local]'
+# torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA.
+RUN pip install --no-cache-dir -c constraints.txt \
+      --extra-index-url https://download.pytorch.org/whl/cpu '.[local,embeddings]'
 
 ENV PCP_HOST=0.0.0.0 \
     PCP_PORT=8000 \
