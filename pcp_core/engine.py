@@ -14,8 +14,8 @@ unit vectors, or None) and ``CallWorker`` (the host sends back a
             break
 
 One request: anchor the intent (head + tail), address pages (BM25, fused with
-dense recall when the host embeds; the best become Hot, the latest turns stay
-in Detail), synthesize, call the
+dense recall when the host embeds; a router model, when the host has one, picks
+among the best; those become Hot, the latest turns stay in Detail), synthesize, call the
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
 """
@@ -31,13 +31,14 @@ import msgspec
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, View
-from .router import Bm25, Intent, anchor_intent, dense_ranking, dense_units, fuse
+from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_ranking, dense_units, fuse, precision_selection, router_prompt
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
 from .views import ViewState
 
 __all__ = [
     "DIRECTIVE_TOOLS",
+    "CallRouter",
     "CallWorker",
     "Embed",
     "Effect",
@@ -95,12 +96,20 @@ class RoundContext(msgspec.Struct, kw_only=True):
     reserved_tokens: int = 0
     # Ask the host for embeddings and fuse dense recall with BM25.
     dense: bool = False
+    # Ask the host's router model to pick among the best-ranked pages (§VI.2).
+    router: bool = False
 
 
 class Embed(msgspec.Struct, frozen=True):
     """Ask the host for unit-length embeddings of ``texts`` (rows in order), or None if it has none."""
 
     texts: list[str]
+
+
+class CallRouter(msgspec.Struct, frozen=True):
+    """Ask the host's router model; the host sends back its reply text, or None if the call failed."""
+
+    messages: list[dict[str, str]]
 
 
 class CallWorker(msgspec.Struct, frozen=True):
@@ -126,7 +135,7 @@ class Outcome(msgspec.Struct, frozen=True):
     intent: Intent
 
 
-Effect = Embed | CallWorker
+Effect = Embed | CallRouter | CallWorker
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
@@ -141,6 +150,11 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         vectors = yield Embed([intent.text, *texts])
         if vectors is not None:
             ranked = fuse(ranked, dense_ranking(vectors, owners), weights=DENSE_FUSION)
+    if context.router and ranked:
+        candidates = ranked[:ROUTER_CANDIDATES]
+        reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.budget, count))
+        if reply is not None:
+            ranked = precision_selection(ranked, reply, candidates)
     hot, indexed = ranked[:HOT_PAGES], ranked[HOT_PAGES : HOT_PAGES + INDEXED_PAGES]
     recent = [page.id for page in leaves[-RECENT_PAGES:]][::-1]
     for page_id in hot + recent:

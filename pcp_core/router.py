@@ -8,6 +8,7 @@ can be layered on by the host, which owns the embedding model.
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -17,8 +18,9 @@ import msgspec
 
 from .consolidator import terms
 from .pages import Page, turn_texts, without_turn_markers
+from .tokens import CountText, prompt_tokens
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "dense_units", "fuse", "stem"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "dense_ranking", "dense_units", "fuse", "precision_selection", "router_prompt", "stem"]
 
 RRF_K = 60  # reciprocal-rank fusion constant (Cormack et al.): flattens the head of each list
 
@@ -204,3 +206,43 @@ def fuse(*rankings: Sequence[str], weights: Sequence[float] | None = None) -> li
         for rank, page_id in enumerate(ranking):
             score[page_id] = score.get(page_id, 0.0) + weight / (RRF_K + rank + 1)
     return sorted(score, key=lambda p: -score[p])
+
+
+# -- precision selection by a router model (§VI.2) -----------------------------------
+
+ROUTER_CANDIDATES = 12  # the best-ranked pages a router model reads
+ROUTER_INSTRUCTIONS = (
+    "You address the pages of a long conversation. Each line below is one page: its id, "
+    "its date and its summary. Reply with the ids of the pages most likely to hold what "
+    "answers the question, most useful first, separated by commas, and nothing else. "
+    "Leave out pages that do not help."
+)
+_WORD_TOKEN = re.compile(r"\w+")  # page ids are short hex hashes
+
+
+def router_prompt(intent: Intent, candidates: Sequence[Page], budget: int, count: CountText) -> list[dict[str, str]]:
+    """Chat messages asking a router model to pick among ``candidates``, within ``budget`` tokens.
+
+    The model compares the intent with page summaries, as §VI.2 has it; the
+    worst-ranked candidates are left out until the prompt fits.
+    """
+    lines = [f"[{page.id}] {page.timestamp[:10]} {page.summary}" for page in candidates]
+    while True:
+        messages = [
+            {"role": "system", "content": ROUTER_INSTRUCTIONS},
+            {"role": "user", "content": f"Question: {intent.text}\n\nPages:\n" + "\n".join(lines)},
+        ]
+        if not lines or prompt_tokens(messages, count) <= budget:
+            return messages
+        lines.pop()
+
+
+def precision_selection(ranked: Sequence[str], reply: str, candidates: Sequence[str]) -> list[str]:
+    """``ranked`` with the candidates the router model chose first, in its order.
+
+    Ids it names that were not candidates are ignored, so a model that invents
+    or misspells ids changes nothing; the rest keep the broad match's order.
+    """
+    allowed = set(candidates)
+    chosen = dict.fromkeys(t for t in _WORD_TOKEN.findall(reply) if t in allowed)
+    return [*chosen, *(page_id for page_id in ranked if page_id not in chosen)]

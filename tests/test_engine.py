@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from lxml import etree
 
@@ -219,3 +220,26 @@ def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
     second = loop.send(WorkerReply(f'Consult("more", "{target}")'))
     unread = nodes(second, "Detail", kind=("Original",)) - nodes(first, "Detail")
     assert len(unread) > DIFFUSION_PAGES  # more than the Consult itself brought in
+
+
+def test_a_router_model_picks_among_the_best_ranked_pages():
+    from pcp_core.engine import CallRouter
+    from pcp_core.router import ROUTER_CANDIDATES
+
+    index = retroactive_paging(turns_from_messages(history(), "2026-11-22T09:00:00"), COUNT)
+    routed = context(query="Small talk about the garden and the weather", budget=900, router=True)
+
+    def detail_ids(call):
+        return {n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Detail"}
+
+    loop = run_rounds(routed, index, COUNT)
+    effect = next(loop)
+    assert isinstance(effect, CallRouter)
+    candidates = re.findall(r"^\[(\w+)\] ", effect.messages[1]["content"], re.MULTILINE)
+    assert len(candidates) == ROUTER_CANDIDATES
+    pick = candidates[-1]  # the broad match's twelfth choice
+    assert pick in detail_ids(loop.send(f"{pick}"))
+
+    unrouted = run_rounds(routed, index, COUNT)
+    next(unrouted)
+    assert pick not in detail_ids(unrouted.send(None))  # the router model failed: the ranking stands

