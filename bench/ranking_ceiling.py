@@ -1,0 +1,160 @@
+"""How far can ranking alone carry evidence recall? A model-free ceiling on LoCoMo.
+
+For every question of the LoCoMo dev split (categories 1–4), a ranker orders the
+conversation's turns (or its pages); walking down that order and adding each
+unit's tokens, the question is recalled at T tokens when all its evidence turns
+are in before T tokens are spent. No structure, overview or instructions are
+paid for, so this is an upper bound for any prompt built on that ranking:
+
+* turns cost what they cost as chat messages (``pcp_core.tokens.message_tokens``);
+* pages are the proxy's own Original pages (``pcp_core.sentry.page_history``),
+  costing their content plus the XML of a Detail node in the ``<PagedContext>``.
+
+Rankers: BM25 with pseudo-relevance feedback (the proxy's Router) over pages and
+over turns; MiniLM cosine over turns, alone and read with the turn before
+(as ``pcp_core.router.dense_units`` does); and the two turn rankings fused by reciprocal
+rank (k=30), where a turn gains 0.3 of its better neighbour's score. A page
+ranks by its best turn.
+
+    .venv/bin/python bench/ranking_ceiling.py [--tokens 1500 1800 3500 7000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
+from pcp_core.pages import Origin, OriginalPage  # noqa: E402
+from pcp_core.router import Bm25, anchor_intent  # noqa: E402
+from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
+from pcp_core.tokens import message_tokens  # noqa: E402
+from proxy.tokenizer import Tokenizer  # noqa: E402
+
+RRF_K = 30
+NEIGHBOUR_SHARE = 0.3
+Scores = dict[int, float]
+
+
+def detail_node(page: OriginalPage) -> str:
+    """A page as the proxy shows it in Detail (the shape of ``pcp_core.synthesis``)."""
+    return f'<Node id="{page.id}" type="Original" view="Detail" depth="{page.depth}" origin="History" timestamp="{page.timestamp}">\n<Content>{page.content}</Content>\n</Node>\n'
+
+
+def tokens_until_all_in(units: Sequence[tuple[set[int], int]], evidence: set[int]) -> float:
+    """Tokens spent, walking ``units`` (turns held, cost) in order, until every evidence turn is in."""
+    missing, spent = set(evidence), 0
+    for turns, cost in units:
+        spent += cost
+        missing -= turns
+        if not missing:
+            return spent
+    return float("inf")
+
+
+def rank_fusion(*orders: Sequence[int]) -> Scores:
+    scores: Scores = {}
+    for order in orders:
+        for rank, turn in enumerate(order):
+            scores[turn] = scores.get(turn, 0.0) + 1.0 / (RRF_K + rank + 1)
+    return scores
+
+
+def with_neighbours(scores: Scores) -> Scores:
+    return {t: s + NEIGHBOUR_SHARE * max(scores.get(t - 1, 0.0), scores.get(t + 1, 0.0)) for t, s in scores.items()}
+
+
+def ordered(scores: Scores, n: int) -> list[int]:
+    """Turns by score; turns without one keep conversation order at the end."""
+    ranked = sorted(scores, key=lambda t: -scores[t])
+    seen = set(ranked)
+    return ranked + [t for t in range(n) if t not in seen]
+
+
+class Conversation:
+    """One conversation's turns and pages, BM25 over both, and MiniLM vectors of its turns."""
+
+    def __init__(self, messages: list[dict], dense: DenseRanker, count: Callable[[str], int]):
+        self.n = len(messages)
+        self.turn_cost = [message_tokens(m, count) for m in messages]
+        turns = turns_from_messages(messages, "2023-01-01T00:00:00")
+        self.pages = page_history(turns, count).leaves
+        self.page_cost = [count(detail_node(p)) for p in self.pages]
+        self.page_bm25 = Bm25(self.pages)
+        as_pages = [OriginalPage(id=str(i), origin=Origin.HISTORY, depth=0, timestamp="", keywords=(), summary="", content=m["content"]) for i, m in enumerate(messages)]
+        self.turn_bm25 = Bm25(as_pages)
+        contents = [m["content"] for m in messages]
+        self.alone = dense.embed(contents)
+        # What the proxy's dense recall embeds (pcp_core.router.dense_units): a turn after the one before it.
+        self.paired = dense.embed([f"{contents[i - 1]}\n{text}" if i else text for i, text in enumerate(contents)])
+
+
+def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[tuple[set[int], int]]]:
+    weights = anchor_intent("", text).weights
+    by_id = {p.id: (i, p) for i, p in enumerate(conv.pages)}
+
+    def as_turns(order: Sequence[int]) -> list[tuple[set[int], int]]:
+        return [({t}, conv.turn_cost[t]) for t in order]
+
+    def held(i: int) -> set[int]:
+        return set(range(conv.pages[i].first_turn, conv.pages[i].last_turn + 1))
+
+    def as_pages(order: Sequence[int]) -> list[tuple[set[int], int]]:
+        return [(held(i), conv.page_cost[i]) for i in order]
+
+    def by_best_turn(scores: Scores) -> list[int]:
+        return sorted(range(len(conv.pages)), key=lambda i: -max(scores.get(t, 0.0) for t in held(i)))
+
+    page_order = [by_id[p][0] for p, _ in conv.page_bm25.rank_with_feedback(weights)]
+    page_order += [i for i in range(len(conv.pages)) if i not in set(page_order)]
+    bm25_turns = ordered({int(t): s for t, s in conv.turn_bm25.rank_with_feedback(weights)}, conv.n)
+    alone = list((-(conv.alone @ question_vector)).argsort())
+    paired = list((-(conv.paired @ question_vector)).argsort())
+    fused = with_neighbours(rank_fusion(bm25_turns, paired))
+    return {
+        "pages: BM25 + feedback (the default Router)": as_pages(page_order),
+        "turns: BM25 + feedback": as_turns(bm25_turns),
+        "turns: MiniLM (flat dense)": as_turns(alone),
+        "turns: MiniLM, read with the turn before": as_turns(paired),
+        "turns: fused, neighbours": as_turns(ordered(fused, conv.n)),
+        "pages: fused turns, a page by its best": as_pages(by_best_turn(fused)),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1500, 1800, 3500, 7000])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    count = Tokenizer(ENCODING).count
+    conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
+    dense = DenseRanker()
+    convs = {cid: Conversation(messages, dense, count) for cid, messages in conversations.items()}
+    vectors = dense.embed([q.text for q in questions])
+    spent: dict[str, list[tuple[Question, float]]] = {}
+    for question, vector in zip(questions, vectors):
+        for name, units in rankings(convs[question.conv_id], vector, question.text).items():
+            spent.setdefault(name, []).append((question, tokens_until_all_in(units, set(question.evidence))))
+
+    print(f"LoCoMo {args.data.name}: {len(questions)} questions; share recalled within T tokens of the ranking\n")
+    header = ["ranking", *(f"T={t:,}" for t in args.tokens), *(f"{CATEGORY_NAMES[c]} @{args.tokens[0]:,}" for c in (1, 2, 3, 4))]
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    for name, rows in spent.items():
+        cells = [f"{sum(s <= t for _, s in rows) / len(rows):.2f}" for t in args.tokens]
+        for category in (1, 2, 3, 4):
+            mine = [s for q, s in rows if q.category == category]
+            cells.append(f"{sum(s <= args.tokens[0] for s in mine) / len(mine):.2f}")
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
