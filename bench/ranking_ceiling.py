@@ -98,7 +98,7 @@ class Conversation:
 
 def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[tuple[set[int], int]]]:
     weights = anchor_intent("", text).weights
-    by_id = {p.id: (i, p) for i, p in enumerate(conv.pages)}
+    position = {p.id: i for i, p in enumerate(conv.pages)}
 
     def as_turns(order: Sequence[int]) -> list[tuple[set[int], int]]:
         return [({t}, conv.turn_cost[t]) for t in order]
@@ -112,8 +112,7 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     def by_best_turn(scores: Scores) -> list[int]:
         return sorted(range(len(conv.pages)), key=lambda i: -max(scores.get(t, 0.0) for t in held(i)))
 
-    page_order = [by_id[p][0] for p, _ in conv.page_bm25.rank_with_feedback(weights)]
-    page_order += [i for i in range(len(conv.pages)) if i not in set(page_order)]
+    page_order = ordered({position[p]: score for p, score in conv.page_bm25.rank_with_feedback(weights)}, len(conv.pages))
     bm25_turns = ordered({int(t): s for t, s in conv.turn_bm25.rank_with_feedback(weights)}, conv.n)
     alone = list((-(conv.alone @ question_vector)).argsort())
     paired = list((-(conv.paired @ question_vector)).argsort())
