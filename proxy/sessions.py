@@ -9,12 +9,14 @@ find nor pin another's session. Two kinds of entries:
 
 A link can outlive its session's knowledge of it (the session was rebuilt after
 an edit, or evicted); every lookup checks the link against the session's chain.
-Writes go through one background thread, in order, so a request never waits on
-the disk; ``close()`` finishes them.
+Writes go through one background thread, in order, so a follow-up never waits
+on the disk; a lookup that must read links first waits for the writes queued
+before it, and ``close()`` finishes them.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -28,6 +30,8 @@ from pcp_core.pages import short_hash
 from pcp_core.session import Session, common_prefix
 
 __all__ = ["SessionStore"]
+
+log = logging.getLogger("pcp.sessions")
 
 RECENT = 64  # sessions kept decoded in memory
 _encoder = msgspec.msgpack.Encoder()
@@ -72,6 +76,9 @@ class SessionStore:
         extended = self._extended(namespace, chain)
         if extended is not None:
             return extended, len(extended.chain)
+        # Links reach the disk in the background: a fork that comes right after
+        # its parent must still find the parent's links.
+        self.flush()
         for i in range(len(chain) - 1, -1, -1):
             session_id = self.cache.get(("link", namespace, chain[i]))
             if session_id is None:
@@ -103,10 +110,13 @@ class SessionStore:
         self.pending = self.writer.submit(self._write, namespace, session, new_links)
 
     def _write(self, namespace: str, session: Session, new_links: int) -> None:
-        with self.cache.transact():
-            self.cache.set(("session", namespace, session.id), _encoder.encode(session))
-            for link in session.chain[len(session.chain) - new_links :]:
-                self.cache.set(("link", namespace, link), session.id)
+        try:
+            with self.cache.transact():
+                self.cache.set(("session", namespace, session.id), _encoder.encode(session))
+                for link in session.chain[len(session.chain) - new_links :]:
+                    self.cache.set(("link", namespace, link), session.id)
+        except Exception:  # a full disk costs the session's survival of a restart, not the request
+            log.exception("session %s was not saved", session.id)
 
     def flush(self) -> None:
         """Wait for the writes submitted so far."""

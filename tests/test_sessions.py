@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import httpx
@@ -143,6 +144,21 @@ def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_pat
     assert reopened.find("other-caller", chain) == (None, 0)
     assert reopened.load("other-caller", "s-1") is None
     reopened.close()
+
+
+def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written(tmp_path: Path):
+    messages = conversation(8)
+    chain = chain_links(messages)
+    edited = chain_links([*messages[:3], {"role": "user", "content": "Edited."}, *messages[4:]])
+    store = SessionStore(tmp_path)
+    disk_busy = threading.Event()
+    store.writer.submit(disk_busy.wait)  # the writer is behind: the parent's links are queued
+    store.save("ns", Session(id="s-1", chain=chain, seen_at=["t"] * 8), new_links=8)
+    threading.Timer(0.05, disk_busy.set).start()
+
+    found, reused = store.find("ns", edited)
+    assert (found.id, reused) == ("s-1", 3)
+    store.close()
 
 
 def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
