@@ -13,8 +13,8 @@ unit vectors, or None) and ``CallWorker`` (the host sends back a
             outcome = done.value
             break
 
-One request: anchor the intent (head + tail), address pages (BM25, fused with
-dense recall when the host embeds; a router model, when the host has one, picks
+One request: anchor the intent (head + tail), address pages (their turns scored
+by BM25, plus dense recall when the host embeds; a router model, when the host has one, picks
 among the best; those become Hot, the latest turns stay in Detail), synthesize, call the
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
@@ -30,8 +30,8 @@ import msgspec
 
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, View
-from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_ranking, dense_units, fuse, precision_selection, router_prompt
+from .pages import ConsolidatedPage, Page, View
+from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, turn_units
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
 from .views import ViewState
@@ -51,10 +51,6 @@ __all__ = [
 
 HOT_PAGES = 40  # pages the Router may make Hot; the budget decides how many show
 FOCUS_FIRST = 3  # Hot pages that go before the roots' overview
-# Weights of BM25 and dense recall in the fused ranking. On the LoCoMo dev split
-# equal weights lose round-0 recall to BM25 alone; half keeps it and adds to what
-# the Consult rounds reach.
-DENSE_FUSION = (1.0, 0.5)
 INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
 RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
 EXPLORE_HITS = 3
@@ -142,14 +138,15 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     views = ViewState(index)
     leaves = list(index.leaves())
     intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "")
-    search = Bm25(leaves)
-    ranked = [page_id for page_id, _ in search.rank_with_feedback(intent.weights)]
-    if context.dense and leaves:
-        # Turns, not pages, are embedded: one turn is diluted in a page's average.
-        texts, owners = dense_units(leaves)
-        vectors = yield Embed([intent.text, *texts])
+    # Broad match scores turns, not pages: one telling turn is diluted in a page.
+    turns, owners = turn_units(leaves)
+    lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
+    dense = None
+    if context.dense and turns:
+        vectors = yield Embed([intent.text, *dense_texts(turns)])
         if vectors is not None:
-            ranked = fuse(ranked, dense_ranking(vectors, owners), weights=DENSE_FUSION)
+            dense = dense_scores(vectors, len(turns))
+    ranked = page_ranking(owners, lexical, dense)
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
         reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.budget, count))
@@ -195,7 +192,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         for fault in faults:
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
-            step, raised = _apply(directive, views, index, search, round_no, standalone)
+            step, raised = _apply(directive, views, index, leaves, round_no, standalone)
             # What the worker asked for comes first, then what diffusion found inside it.
             raised += _diffuse(directive, ranked, index, views, round_no, synthesis.shown)
             trace.append(step)
@@ -259,7 +256,7 @@ def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
     return text, directives, faults
 
 
-def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm25, round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
+def _apply(directive: Directive, views: ViewState, index: PageIndex, leaves: Sequence[Page], round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
     """Carry out one directive; returns its trace step and the pages it raised."""
     name = type(directive).__name__
     target = directive.handle if isinstance(directive, Explore) else directive.id
@@ -275,7 +272,7 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, search: Bm2
             return _step(name, target, directive.reason, changes), []
         scope = None if directive.handle in ("history", "") else _subtree(index, directive.handle)
         weights = {t: 1.0 for keyword in directive.keywords for t in keyword.lower().split()}
-        hits = [p for p, _ in search.rank(weights) if scope is None or p in scope][:EXPLORE_HITS]
+        hits = [p for p, _ in Bm25(leaves).rank(weights) if scope is None or p in scope][:EXPLORE_HITS]
         for page_id in hits:
             views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
             index.touch(page_id)

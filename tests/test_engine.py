@@ -93,7 +93,7 @@ def test_shelve_folds_a_page_back():
 def test_explore_injects_matching_pages():
     messages = history()
     messages[100]["content"] = "The boiler code is E-117, reset it with the red button."
-    ctx = context(query="what should I do about the heating?")
+    ctx = context(query="what should I do about the heating system?")
     calls, _, _ = drive([WorkerReply(text='Explore("find the fault code", "history", "boiler, code")'), WorkerReply(text="Press the red button.")], ctx, messages)
     assert "E-117" not in " ".join(doc(calls[0]).xpath("//Content/text()"))
     assert "E-117" in " ".join(doc(calls[1]).xpath("//Content/text()"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pcp_core.router import Bm25, anchor_intent, dense_ranking, dense_units, precision_selection, router_prompt
+from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, turn_units
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -42,22 +42,53 @@ def test_feedback_reaches_a_page_in_the_evidence_words_not_the_questions():
 # -- dense recall ------------------------------------------------------------------------
 
 
-def test_each_turn_is_embedded_with_the_one_before_it_across_pages():
+def test_turns_are_the_units_and_each_is_read_alone_and_with_the_one_before():
     first = op("[user] Did you ever visit Oslo?\n[assistant] Yes, last May!", 0)
     second = op("[user] How was the weather?", 1)
-    texts, owners = dense_units([first, second])
-    assert texts == ["Did you ever visit Oslo?", "Did you ever visit Oslo?\nYes, last May!", "Yes, last May!\nHow was the weather?"]
+    turns, owners = turn_units([first, second])
+    assert turns == ["Did you ever visit Oslo?", "Yes, last May!", "How was the weather?"]
     assert owners == [first.id, first.id, second.id]
+    assert dense_texts(turns) == [*turns, "Did you ever visit Oslo?", "Did you ever visit Oslo?\nYes, last May!", "Yes, last May!\nHow was the weather?"]
+
+
+def test_a_page_ranks_by_its_best_turn_not_its_average():
+    # "telling" has one strong turn among three dull ones; "even" has four middling turns.
+    owners = ["telling"] * 4 + ["even"] * 4
+    lexical = [0.0, 9.0, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0]
+    assert page_ranking(owners, lexical, neighbour_share=0.0) == ["telling", "even"]
 
 
 def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_more():
+    owners = ["lone", "filler", "beside", "strong"]
+    lexical = [5.5, 0.0, 5.0, 9.0]
+    # Without neighbours the filler, which shares no term, is not ranked at all.
+    assert page_ranking(owners, lexical, neighbour_share=0.0) == ["strong", "lone", "beside"]
+    assert page_ranking(owners, lexical) == ["strong", "beside", "lone", "filler"]
+
+
+def test_dense_scores_take_the_better_reading_of_each_turn():
     import numpy as np
 
-    # Row 0 is the intent; rows 1.. are turns in conversation order, with cosines 0.55, 0, 0.5, 0.9.
-    vectors = np.array([[1.0, 0.0], [0.55, 0.835], [0.0, 1.0], [0.5, 0.866], [0.9, 0.436]])
-    owners = ["lone", "filler", "beside", "strong"]
-    assert dense_ranking(vectors, owners, neighbour_share=0.0) == ["strong", "lone", "beside", "filler"]
-    assert dense_ranking(vectors, owners) == ["strong", "beside", "lone", "filler"]
+    # Row 0 is the intent; then two turns read alone, then the same two read with the turn before.
+    vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.0, 1.0], [0.0, 1.0]])
+    scores = dense_scores(vectors, 2)
+    assert scores[1] > scores[0]  # only turn 1 alone points where the intent does
+
+
+def test_dense_recall_lifts_a_turn_that_shares_no_word_with_the_query():
+    import numpy as np
+
+    owners = ["dog", "weather", "garden"]
+    lexical = [0.0, 0.0, 2.0]  # the garden page shares a word; the dog page says "puppy"
+    dense = np.array([3.0, -1.0, -1.0])  # already on the z scale, as dense_scores gives it
+    assert page_ranking(owners, lexical)[0] == "garden"
+    assert page_ranking(owners, lexical, dense)[0] == "dog"
+
+
+def test_the_lexical_scores_of_texts_follow_their_order():
+    turns = ["We adopted a greyhound named Biscuit.", "The weather was grey.", "Biscuit loves the beach."]
+    scores = Bm25.of_texts(turns).feedback_scores(anchor_intent("", "What is the greyhound called?").weights)
+    assert len(scores) == 3 and scores[0] == max(scores) and scores[0] > 0
 
 
 # -- precision selection by a router model ----------------------------------------------
