@@ -83,9 +83,11 @@ def create_app(settings: Settings) -> Litestar:
             read_timeout=settings.upstream_read_timeout,
         )
         if settings.router_embeddings and embeddings_available():
-            services.embedder = Embedder(settings.data_path / "embeddings")
+            services.embedder = Embedder(settings.data_path / "embeddings", on_encoded=lambda state, n: services.metrics.inc("pcp_texts_embedded_total", n, state=state))
             # Loading takes seconds; passthrough traffic need not wait for it.
             loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
+        elif settings.router_embeddings:
+            log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
         if settings.consolidator == "llm":
             services.consolidator = ModelConsolidator(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
             services.consolidator.start()
@@ -95,7 +97,7 @@ def create_app(settings: Settings) -> Litestar:
         finally:
             if services.embedder is not None:
                 await loading
-                services.embedder.close()
+                await asyncio.to_thread(services.embedder.close)
             if services.consolidator is not None:
                 await services.consolidator.stop()
             await services.upstream.aclose()

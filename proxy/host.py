@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -73,6 +73,7 @@ class ProtocolRequest:
         self.namespace = namespace
         self.pinned = pinned
         self.session = ""  # known once the history is paged
+        self.prefetch: asyncio.Task[Any] | None = None  # the query's vector, encoding
         self.usage = Usage()
         messages: list[dict[str, Any]] = body["messages"]
         n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
@@ -107,6 +108,11 @@ class ProtocolRequest:
 
     async def page(self) -> PageIndex:
         """The history's pages: those of its session's known prefix, and the new messages paged."""
+        # The query's vector is encoded while the history is paged and scored by BM25
+        # (torch leaves the GIL while it computes); dense recall waits for it (``fulfil``).
+        embedder = self.services.embedder
+        if embedder is not None and self.query:
+            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, self.query)))
         session, known, reused, how = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages
@@ -183,7 +189,20 @@ class ProtocolRequest:
         if isinstance(effect, CallRouter):
             return await self.ask_router(effect)
         embedder = self.services.embedder
-        return await embedder.embed(effect.texts) if embedder else None
+        if embedder is None:
+            return None
+        if self.prefetch is not None:
+            await self.prefetch
+        return await self._quietly(embedder.vectors_when_ready(effect.texts))
+
+    @staticmethod
+    async def _quietly(work: Awaitable[Any]) -> Any:
+        """``work``'s result, or None if it fails: dense recall is worth having, never worth a failed request."""
+        try:
+            return await work
+        except Exception:
+            log.exception("dense recall is skipped for this request")
+            return None
 
     # -- non-streaming ----------------------------------------------------------------
     async def complete(self) -> Response[Any]:

@@ -45,10 +45,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     max_rounds: int = 4
     consolidator: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
-    # Fuse dense recall (MiniLM embeddings, the `embeddings` extra) with BM25 when
-    # addressing pages. Off by default: embedding a long history's turns costs
-    # seconds on its first protocol-mode request for a small recall gain.
-    router_embeddings: bool = False
+    # Add dense recall (MiniLM embeddings, the `embeddings` extra) to BM25 when
+    # addressing pages. A history's turns are encoded in the background: until
+    # they are, its requests are addressed by BM25 alone.
+    router_embeddings: bool = True
     # A model on the upstream that picks among the best-ranked pages before they
     # are shown (`x-pcp-role: router`). Empty: the ranking is used as it is.
     router_model: str = ""

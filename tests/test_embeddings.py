@@ -20,6 +20,6 @@ def test_vectors_survive_a_restart_without_encoding_again(tmp_path):
 
     second = Embedder(tmp_path)
     again = second.embed_sync(["The invoice INV-7 is paid.", "Melanie adopted a puppy in May."])
-    assert second._model is None  # read back from disk: the model was never loaded
+    assert not second._models  # read back from disk: the model was never loaded
     np.testing.assert_allclose(again, vectors[::-1])
     second.close()
