@@ -131,17 +131,27 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     return " ".join(sentences[i] for i in sorted(chosen))
 
 
-_SPEAKER = re.compile(r"^([A-Z][\w .'-]{0,30}):\s+")
+_SPEAKER = re.compile(r"^([A-Z][\w .'-]{0,30}):(?:\s+|$)")
 
 
 def _attributed_sentences(text: str) -> list[str]:
+    """The sentences of ``text``, each with its speaker.
+
+    A sentence that names its own speaker keeps it (a summary's line holds
+    several speakers), one that does not takes the line's; a speaker with
+    nothing after it is no sentence.
+    """
     out = []
     for line in without_turn_markers(text).splitlines():
-        line = line.strip()
-        speaker = _SPEAKER.match(line)
+        speaker = _SPEAKER.match(line.strip())
         prefix = speaker.group(0) if speaker else ""
-        body = line[len(prefix) :]
-        out += [prefix + s.strip() for s in _SENTENCE.split(body) if s.strip()]
+        for sentence in _SENTENCE.split(line.strip()):
+            own = _SPEAKER.match(sentence.strip())
+            if own:
+                prefix = own.group(0)
+            body = sentence.strip()[len(own.group(0)) if own else 0 :].strip()
+            if body:
+                out.append(prefix + body)
     return out
 
 

@@ -101,6 +101,14 @@ def test_extractive_summary_prefers_weighted_sentences_and_fits():
     assert len(extractive_summary(text * 20, weights, max_chars=50)) <= 50
 
 
+def test_each_sentence_keeps_its_own_speaker_when_a_line_holds_several():
+    # A container summarises its children's summaries, whose lines hold several speakers.
+    line = "Melanie: I ran a charity race last Saturday. Caroline: That race sounds great! It raised money too. Melanie:"
+    weights = {t: 1.0 for t in terms("charity race saturday raised money")}
+    summary = extractive_summary(line, weights, max_chars=200)
+    assert summary == "Melanie: I ran a charity race last Saturday. Caroline: That race sounds great! Caroline: It raised money too."
+
+
 def test_original_pages_are_original():
     index = retroactive_paging(turns_from_messages(conversation(10), "t"), COUNT)
     assert all(isinstance(p, OriginalPage) for p in index.leaves())
