@@ -116,14 +116,23 @@ class PageIndex:
             parent = self.parent(parent)
         return chain
 
-    def leaves(self, page_ids: Iterable[str] | None = None) -> Iterator[Page]:
-        """Original pages under ``page_ids`` (all roots by default), in time order."""
-        for page_id in self.roots if page_ids is None else page_ids:
+    def leaves(self, page_ids: Iterable[str] | None = None) -> list[Page]:
+        """Original pages under ``page_ids`` (all roots by default), in time order.
+
+        A branch (§VI.5) holds pages from across time, so the tree's order is
+        not always the conversation's.
+        """
+        found: list[Page] = []
+        self._collect(self.roots if page_ids is None else page_ids, found)
+        return sorted(found, key=lambda page: page.first_turn)
+
+    def _collect(self, page_ids: Iterable[str], into: list[Page]) -> None:
+        for page_id in page_ids:
             page = self.get(page_id)
             if isinstance(page, ConsolidatedPage):
-                yield from self.leaves(page.source_ids)
+                self._collect(page.source_ids, into)
             else:
-                yield page
+                into.append(page)
 
     # -- heat and staleness ----------------------------------------------------
     def touch(self, page_id: str, heat: float = 1.0) -> None:

@@ -11,6 +11,7 @@ import msgspec
 
 from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
+from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash, without_turn_markers
 from .timeline import opens_with_date, stated_time
 from .tokens import CountText
@@ -36,6 +37,7 @@ class PagingPolicy(msgspec.Struct, frozen=True):
     keywords: int = 6
     summary_chars: int = 180
     container_summary_chars: int = 160
+    metabolism: Metabolism = Metabolism()
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -78,6 +80,9 @@ class PagedHistory(msgspec.Struct, kw_only=True):
     containers: list[ConsolidatedPage] = []  # every level above the leaves, bottom up
     # In how many leaves each term occurs: the consolidator's IDF, kept as leaves come and go.
     df: dict[str, int] = {}
+    # Metabolism (§VI.5): the Topic ID and the signature of each topic group (first-level container).
+    topics: dict[str, str] = {}
+    signatures: dict[str, tuple[str, ...]] = {}
 
     @property
     def turns(self) -> int:
@@ -87,7 +92,7 @@ class PagedHistory(msgspec.Struct, kw_only=True):
     def index(self) -> PageIndex:
         index = PageIndex()
         for page in (*self.leaves, *self.containers):  # children before their container
-            index.register(page)
+            index.register(page, topic=self.topics.get(page.id, ""))
         return index
 
 
@@ -117,8 +122,7 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     stats = TermStats.from_counts(len(kept) + len(groups), df)
     used = {leaf.id for leaf in kept}
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
-    levels = _consolidate_levels([*kept, *fresh], df, policy, known.containers, used)
-    return PagedHistory(leaves=levels[0], containers=[c for level in levels[1:] for c in level], df=df)  # type: ignore[misc]
+    return _consolidate_levels([*kept, *fresh], df, policy, known, used)
 
 
 def reopened_from(known: PagedHistory, reused: int) -> int:
@@ -136,18 +140,76 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: Sequence[ConsolidatedPage], used: set[str]) -> list[list[Any]]:
-    """The leaves and the levels of containers above them, every page at its final depth."""
-    reusable = {c.source_ids: c for c in known}
-    level: list[Page] = list(leaves)
-    levels = [level]
+def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str]) -> PagedHistory:
+    """The leaves and the tree of containers above them, every page at its final depth.
+
+    The first containers follow the topics (topic groups, merged and branched
+    by metabolism); above them, time (the temporal backbone).
+    """
+    if len(leaves) <= policy.max_roots:
+        return PagedHistory(leaves=[_at_depth(leaf, 1) for leaf in leaves], df=df)
+    reusable = {c.source_ids: c for c in known.containers}
+    stats = TermStats.from_counts(len(leaves), df)
+
+    def container(group: Sequence[Page]) -> ConsolidatedPage:
+        return reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, stats, policy), used)  # type: ignore[return-value]
+
+    signatures: dict[tuple[str, ...], tuple[str, ...]] = {}  # by the ids of a group's pages
+
+    def signed(group: Sequence[Page]) -> tuple[str, ...]:
+        key = tuple(p.id for p in group)
+        if key not in signatures:
+            mine = reusable.get(key)
+            signatures[key] = (known.signatures.get(mine.id) if mine else None) or signature(group, stats, policy.metabolism.signature_terms)
+        return signatures[key]
+
+    groups = _first_level(leaves, df, policy, known.containers)
+    decided = [known.topics.get(mine.id) if (mine := reusable.get(tuple(p.id for p in g))) else None for g in groups]
+    topics = assign_topics([signed(g) for g in groups], decided, [g[0].id for g in groups], stats, policy.metabolism)
+    groups, topics = horizontal_merge(groups, topics, policy.metabolism)
+    firsts = [container(g) for g in groups]
+    by_id = {c.id: (t, signed(g)) for c, g, t in zip(firsts, groups, topics)}
+    level: list[Page] = list(firsts)
+    above: dict[str, ConsolidatedPage] = {}  # the containers over the topic groups, bottom up
+
+    def up(groups: Sequence[list[Page]]) -> list[Page]:
+        # A group of one page goes up as it is: no container stands over a single page.
+        pages = [group[0] if len(group) == 1 else container(group) for group in groups]
+        above.update((p.id, p) for p in pages if isinstance(p, ConsolidatedPage) and p.id not in by_id)
+        return pages
+
+    if len(level) > policy.max_roots:
+        level = up(branches(level, {c: t for c, (t, _) in by_id.items()}, policy.metabolism))
     while len(level) > policy.max_roots:
-        # The first containers follow the topics; above them, time (the temporal backbone).
-        groups = _first_level(leaves, df, policy, known) if level is levels[0] else [level[i : i + policy.fanout] for i in range(0, len(level), policy.fanout)]
-        level = [reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, policy), used) for group in groups]
-        levels.append(level)
-    # Depth counts from the roots (1) down, so it is known only once the shape is.
-    return [[_at_depth(page, len(levels) - i) for page in pages] for i, pages in enumerate(levels)]
+        level = up(_backbone(level, policy))
+    depths = _depths([*leaves, *firsts, *above.values()])
+    return PagedHistory(
+        leaves=[_at_depth(p, depths[p.id]) for p in leaves],  # type: ignore[misc]
+        containers=[_at_depth(p, depths[p.id]) for p in (*firsts, *above.values())],  # type: ignore[misc]
+        df=df,
+        topics={c: t for c, (t, _) in by_id.items()},
+        signatures={c: sig for c, (_, sig) in by_id.items()},
+    )
+
+
+def _depths(pages: Sequence[Page]) -> dict[str, int]:
+    """Each page's depth, counted from its root (1) down: known only once the tree is whole."""
+    parent = {child: page.id for page in pages if isinstance(page, ConsolidatedPage) for child in page.source_ids}
+    depths: dict[str, int] = {}
+
+    def depth(page_id: str) -> int:
+        if page_id not in depths:
+            depths[page_id] = 1 if page_id not in parent else depth(parent[page_id]) + 1
+        return depths[page_id]
+
+    for page in pages:
+        depth(page.id)
+    return depths
+
+
+def _backbone(level: Sequence[Page], policy: PagingPolicy) -> list[list[Page]]:
+    """The temporal backbone: consecutive runs of ``fanout`` pages (the last may be shorter)."""
+    return [list(level[i : i + policy.fanout]) for i in range(0, len(level), policy.fanout)]
 
 
 def _first_level(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: Sequence[ConsolidatedPage]) -> list[list[Page]]:
@@ -267,10 +329,13 @@ def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingP
     )
 
 
-def _consolidate(children: Sequence[Page], policy: PagingPolicy) -> ConsolidatedPage:
+def _consolidate(children: Sequence[Page], stats: TermStats, policy: PagingPolicy) -> ConsolidatedPage:
     keywords = consensus_keywords([c.keywords for c in children], policy.keywords)
     full_text = "\n".join(c.summary for c in children)
-    weights = {k: float(len(keywords) - i) for i, k in enumerate(keywords)}
+    # The sentences that say the most of what is distinctive here, the consensus keywords above all.
+    weights = stats.weights(full_text)
+    for i, keyword in enumerate(keywords):
+        weights[keyword] = weights.get(keyword, 0.0) + float(len(keywords) - i)
     return ConsolidatedPage(
         id=short_hash("Consolidated", *(c.id for c in children)),
         origin=children[0].origin,

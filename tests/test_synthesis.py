@@ -79,7 +79,7 @@ def test_user_text_cannot_forge_tags():
     messages = [{"role": "user", "content": evil}, {"role": "assistant", "content": "ok \x00\x07 done"}]
     index = retroactive_paging(turns_from_messages(messages, "t"), COUNT)
     views = ViewState(index)
-    leaf = next(index.leaves())
+    leaf = index.leaves()[0]
     views.consult(leaf.id)
     synthesis = synthesize(index, views.raised(), _request(query=evil, head=evil, priorities=[leaf.id]), COUNT)
     doc = _doc(synthesis)
