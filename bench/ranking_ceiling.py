@@ -10,8 +10,9 @@ paid for, so this is an upper bound for any prompt built on that ranking:
 * pages are the proxy's own Original pages (``pcp_core.sentry.page_history``),
   costing their content plus the XML of a Detail node in the ``<PagedContext>``.
 
-Rankers: BM25 with pseudo-relevance feedback (the proxy's Router) over pages and
-over turns; MiniLM cosine over turns, alone and read with the turn before
+Rankers: the proxy's Router itself (``pcp_core.router.page_ranking``: turns
+scored by BM25, alone or with MiniLM, a page by its best turn); BM25 with
+pseudo-relevance feedback over pages (the Router before) and over turns; MiniLM cosine over turns, alone and read with the turn before
 (as ``pcp_core.router.dense_units`` does); and the two turn rankings fused by reciprocal
 rank (k=30), where a turn gains 0.3 of its better neighbour's score. A page
 ranks by its best turn.
@@ -33,7 +34,9 @@ if str(REPO) not in sys.path:
 
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
 from pcp_core.pages import Origin, OriginalPage  # noqa: E402
-from pcp_core.router import Bm25, anchor_intent  # noqa: E402
+import numpy as np  # noqa: E402
+
+from pcp_core.router import Bm25, anchor_intent, dense_scores, page_ranking, turn_units  # noqa: E402
 from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -117,8 +120,18 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     alone = list((-(conv.alone @ question_vector)).argsort())
     paired = list((-(conv.paired @ question_vector)).argsort())
     fused = with_neighbours(rank_fusion(bm25_turns, paired))
+    # The proxy's own Router (pcp_core.router): turns scored by BM25 and MiniLM z-scores, a page by its best.
+    turns, owners = turn_units(conv.pages)
+    assert len(turns) == conv.n, "a turn was split across pages: the turn vectors no longer line up"
+    lexical = Bm25.of_texts(turns).feedback_scores(weights)
+    by_id = {p.id: i for i, p in enumerate(conv.pages)}
+    vectors = np.vstack([question_vector, conv.alone, conv.paired])
+    router = [by_id[p] for p in page_ranking(owners, lexical)]
+    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(vectors, conv.n))]
     return {
-        "pages: BM25 + feedback (the default Router)": as_pages(page_order),
+        "pages: the Router, BM25 over turns": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
+        "pages: the Router, BM25 + MiniLM over turns": as_pages(router_dense),
+        "pages: BM25 + feedback over pages (the Router before)": as_pages(page_order),
         "turns: BM25 + feedback": as_turns(bm25_turns),
         "turns: MiniLM (flat dense)": as_turns(alone),
         "turns: MiniLM, read with the turn before": as_turns(paired),

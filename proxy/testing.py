@@ -21,13 +21,13 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 
-__all__ = ["FakeUpstream", "Recorded", "Reply", "by_role", "completion", "serve_in_thread", "sse_chunks", "stream_reply"]
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "by_role", "completion", "metric_value", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -217,6 +217,34 @@ class _ThreadedServer:
 def serve_in_thread(app: Any, **config: Any) -> _ThreadedServer:
     """Serve an ASGI app on a free loopback port in a background thread."""
     return _ThreadedServer(app, **config)
+
+
+# The states of pcp_texts_embedded_total (and of pcp_summaries_total) in which queued work is through.
+EMBEDDING_DONE = ("encoded", "loaded", "failed")
+SUMMARY_DONE = ("landed", "failed")
+
+
+def metric_value(exposition: str, name: str, **labels: str) -> int:
+    """A counter's value in the proxy's ``/metrics`` text (0 when it has not been counted)."""
+    rendered = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    line = f"{name}{{{rendered}}} " if rendered else f"{name} "
+    return next((int(row.removeprefix(line)) for row in exposition.splitlines() if row.startswith(line)), 0)
+
+
+def wait_for_background(read_metrics: Callable[[], str], name: str, done: Sequence[str], timeout: float = 600.0) -> float:
+    """Seconds until the proxy's background work counted by ``name`` is through.
+
+    That is when its ``state="queued"`` count is reached by the sum of the
+    ``done`` states; ``read_metrics`` returns the ``/metrics`` text.
+    """
+    start = time.monotonic()
+    while True:
+        text = read_metrics()
+        if metric_value(text, name, state="queued") <= sum(metric_value(text, name, state=state) for state in done):
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise TimeoutError(f"{name}: background work still queued after {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def main(argv: list[str] | None = None) -> None:

