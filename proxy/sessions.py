@@ -34,6 +34,12 @@ __all__ = ["SessionStore"]
 log = logging.getLogger("pcp.sessions")
 
 RECENT = 64  # sessions kept decoded in memory
+# Links go to disk for the first LINK_STRIDE messages, every LINK_STRIDE-th
+# after them and a session's last one: a 200k-token history's first write is
+# some 300 entries, not 5,000. A lookup probes the last LINK_STRIDE positions
+# (where a follow-up's known end lies) and every stored position before them;
+# the session's full chain then gives the exact common prefix.
+LINK_STRIDE = 16
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Session)
 
@@ -41,7 +47,7 @@ _decoder = msgspec.msgpack.Decoder(Session)
 class SessionStore:
     def __init__(self, directory: Path, recent: int = RECENT):
         directory.mkdir(parents=True, exist_ok=True)
-        self.cache = diskcache.Cache(str(directory))
+        self.cache = diskcache.Cache(str(directory), cull_limit=0)
         self.recent: OrderedDict[tuple[str, str], Session] = OrderedDict()
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
@@ -79,13 +85,13 @@ class SessionStore:
         # Links reach the disk in the background: a fork that comes right after
         # its parent must still find the parent's links.
         self.flush()
-        for i in range(len(chain) - 1, -1, -1):
+        for i in _probes(len(chain)):
             session_id = self.cache.get(("link", namespace, chain[i]))
             if session_id is None:
                 continue
             session = self.load(namespace, session_id)
             if session is not None and i < len(session.chain) and session.chain[i] == chain[i]:
-                return session, i + 1
+                return session, common_prefix(session.chain, chain)
         return None, 0
 
     def _extended(self, namespace: str, chain: list[str]) -> Session | None:
@@ -111,10 +117,12 @@ class SessionStore:
 
     def _write(self, namespace: str, session: Session, new_links: int) -> None:
         try:
+            n = len(session.chain)
             with self.cache.transact():
                 self.cache.set(("session", namespace, session.id), _encoder.encode(session))
-                for link in session.chain[len(session.chain) - new_links :]:
-                    self.cache.set(("link", namespace, link), session.id)
+                for i in _stored(n - new_links, n):
+                    self.cache.set(("link", namespace, session.chain[i]), session.id)
+            self.cache.cull()  # once per write, not once per entry (``cull_limit=0``)
         except Exception:  # a full disk costs the session's survival of a restart, not the request
             log.exception("session %s was not saved", session.id)
 
@@ -133,3 +141,15 @@ class SessionStore:
             self.recent.move_to_end((namespace, session.id))
             while len(self.recent) > self.recent_size:
                 self.recent.popitem(last=False)
+
+
+def _stored(start: int, end: int) -> list[int]:
+    """The positions in ``start..end`` whose links a session of ``end`` messages writes."""
+    return [i for i in range(start, end) if i < LINK_STRIDE or (i + 1) % LINK_STRIDE == 0 or i == end - 1]
+
+
+def _probes(n: int) -> list[int]:
+    """The positions of an ``n``-link chain a lookup tries, latest first."""
+    below = max(n - LINK_STRIDE, 0)  # the tail starts here
+    strided = range(below // LINK_STRIDE * LINK_STRIDE - 1, LINK_STRIDE - 1, -LINK_STRIDE)
+    return [*range(n - 1, below - 1, -1), *strided, *range(min(below, LINK_STRIDE) - 1, -1, -1)]

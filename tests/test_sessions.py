@@ -146,6 +146,22 @@ def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_pat
     reopened.close()
 
 
+@pytest.mark.parametrize("diverges_at", [1, 15, 16, 37, 95, 99])
+def test_the_store_finds_the_exact_fork_point_of_a_long_session_after_reopening(tmp_path: Path, diverges_at: int):
+    messages = conversation(102)
+    chain = chain_links(messages)
+    store = SessionStore(tmp_path)
+    store.save("ns", Session(id="s-1", chain=chain[:100], seen_at=["t"] * 100), new_links=100)
+    store.close()
+
+    reopened = SessionStore(tmp_path)
+    edited = chain_links([*messages[:diverges_at], {"role": "user", "content": "Edited."}, *messages[diverges_at + 1 :]])
+    assert reopened.find("ns", chain) == (reopened.load("ns", "s-1"), 100)  # a follow-up
+    found, reused = reopened.find("ns", edited)
+    assert (found.id, reused) == ("s-1", diverges_at)
+    reopened.close()
+
+
 def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written(tmp_path: Path):
     messages = conversation(8)
     chain = chain_links(messages)
