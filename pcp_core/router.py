@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
+import threading
+from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from typing import Any, NamedTuple
@@ -80,54 +81,86 @@ class Bm25:
     """Okapi BM25 (k1=1.2, b=0.75) over pages, or over any texts (``Bm25.of_texts``).
 
     A page's keywords count twice, as index keys should. Vectorised: every
-    (document, term) pair is one entry of flat arrays, terms by their hash, so
-    scoring a conversation of thousands of turns is a few array operations;
-    each text's terms are computed once and cached.
+    (document, term) pair is one entry of flat arrays sorted by the term's
+    hash, so a query reads only its own terms' entries (a few binary
+    searches), whatever the length of the conversation. Each text's terms are
+    computed once and cached, and ``of_texts`` extends the index of a recent
+    prefix of its texts rather than build it again: a follow-up adds a few
+    turns to a conversation of thousands.
     """
 
     def __init__(self, pages: Iterable[Page], k1: float = 1.2, b: float = 0.75):
         pages = list(pages)
-        self._build([p.id for p in pages], [_doc_terms(p.content or p.summary, p.keywords) for p in pages], k1, b)
+        self.k1, self.b = k1, b
+        self._build([p.id for p in pages], [_doc_terms(p.content or p.summary, p.keywords) for p in pages])
 
     @classmethod
     def of_texts(cls, texts: Sequence[str], k1: float = 1.2, b: float = 0.75) -> Bm25:
         """BM25 over ``texts``, whose ids are their positions ("0", "1", …)."""
+        texts = tuple(texts)
+        with _RECENT_LOCK:
+            prefix = max((s for s in _RECENT if (s.k1, s.b) == (k1, b) and s.n <= len(texts) and texts[: s.n] == s.texts), key=lambda s: s.n, default=None)
         search = cls.__new__(cls)
-        search._build([str(i) for i in range(len(texts))], [_doc_terms(t, ()) for t in texts], k1, b)
+        search.k1, search.b = k1, b
+        if prefix is None:
+            search._build([str(i) for i in range(len(texts))], [_doc_terms(t, ()) for t in texts])
+        else:
+            search._extend(prefix, [_doc_terms(t, ()) for t in texts[prefix.n :]])
+        search.texts = texts
+        with _RECENT_LOCK:
+            _RECENT.append(search)
         return search
 
-    def _build(self, ids: list[str], docs: list[_DocTerms], k1: float, b: float) -> None:
-        self.k1, self.b = k1, b
+    def _build(self, ids: list[str], docs: list[_DocTerms]) -> None:
         self.ids, self.docs = ids, docs
-        self.n = len(ids)
-        lengths = np.array([d.length for d in docs], dtype=np.float64)
+        hashes = np.concatenate([d.hashes for d in docs]) if docs else np.zeros(0, dtype=np.int64)
+        order = np.argsort(hashes, kind="stable")
+        self.hashes = hashes[order]
+        self.tf = (np.concatenate([d.counts for d in docs]) if docs else np.zeros(0))[order]
+        self.doc_of = np.repeat(np.arange(len(docs)), [len(d.hashes) for d in docs])[order]
+        self._lengths(np.array([d.length for d in docs], dtype=np.float64))
+
+    def _extend(self, prefix: Bm25, docs: list[_DocTerms]) -> None:
+        """``prefix``'s index with ``docs`` after its own: their entries merged into the sorted arrays."""
+        n = prefix.n
+        self.ids = [*prefix.ids, *(str(n + i) for i in range(len(docs)))]
+        self.docs = [*prefix.docs, *docs]
+        if docs:
+            hashes = np.concatenate([d.hashes for d in docs])
+            order = np.argsort(hashes, kind="stable")
+            at = np.searchsorted(prefix.hashes, hashes[order], side="right")  # after equal keys: documents stay in order
+            self.hashes = np.insert(prefix.hashes, at, hashes[order])
+            self.tf = np.insert(prefix.tf, at, np.concatenate([d.counts for d in docs])[order])
+            self.doc_of = np.insert(prefix.doc_of, at, np.repeat(np.arange(n, n + len(docs)), [len(d.hashes) for d in docs])[order])
+        else:
+            self.hashes, self.tf, self.doc_of = prefix.hashes, prefix.tf, prefix.doc_of
+        self._lengths(np.concatenate([prefix.lengths, np.array([d.length for d in docs], dtype=np.float64)]))
+
+    def _lengths(self, lengths: Any) -> None:
+        self.n = len(lengths)
+        self.lengths = lengths
         average = lengths.mean() if self.n else 1.0
-        self.norm = k1 * (1 - b + b * lengths / (average or 1.0))  # per document
-        self.hashes = np.concatenate([d.hashes for d in docs]) if docs else np.zeros(0, dtype=np.int64)
-        self.tf = np.concatenate([d.counts for d in docs]) if docs else np.zeros(0)
-        self.doc_of = np.repeat(np.arange(self.n), [len(d.hashes) for d in docs])
+        self.norm = self.k1 * (1 - self.b + self.b * lengths / (average or 1.0))  # per document
 
     def _match(self, hashes: Any) -> tuple[Any, Any, Any]:
-        """For sorted term ``hashes``: the term of each matching entry, the entries that match, and each term's idf.
+        """For distinct term ``hashes``: the term of each matching entry, the entries, and each term's idf.
 
-        Each document lists a term once, so a term's matching entries count its documents.
+        A term's entries are one run of the sorted arrays; each document lists
+        a term once, so the run's length is the term's document frequency.
         """
-        position = np.searchsorted(hashes, self.hashes)
-        position[position == len(hashes)] = 0
-        hit = hashes[position] == self.hashes
-        term = position[hit]
-        df = np.bincount(term, minlength=len(hashes))
-        return term, hit, np.log(1 + (self.n - df + 0.5) / (df + 0.5))
+        left = np.searchsorted(self.hashes, hashes, side="left")
+        df = np.searchsorted(self.hashes, hashes, side="right") - left
+        term = np.repeat(np.arange(len(hashes)), df)
+        entries = np.arange(len(term)) + np.repeat(left - (np.cumsum(df) - df), df)  # each run, laid end to end
+        return term, entries, np.log(1 + (self.n - df + 0.5) / (df + 0.5))
 
     def _scores(self, weights: Mapping[str, float]) -> Any:
         """BM25 of every document, in order, for weights over stemmed terms."""
         if not weights or not self.n:
             return np.zeros(self.n)
-        keys = np.array([hash(t) for t in weights], dtype=np.int64)
-        order = np.argsort(keys)
-        keys, wanted = keys[order], np.array(list(weights.values()))[order]
-        term, hit, idf = self._match(keys)
-        doc, tf = self.doc_of[hit], self.tf[hit]
+        keys, wanted = np.array([hash(t) for t in weights], dtype=np.int64), np.array(list(weights.values()))
+        term, entries, idf = self._match(keys)
+        doc, tf = self.doc_of[entries], self.tf[entries]
         contribution = wanted[term] * idf[term] * tf * (self.k1 + 1) / (tf + self.norm[doc])
         return np.bincount(doc, weights=contribution, minlength=self.n)
 
@@ -169,6 +202,12 @@ class Bm25:
         for term, _ in telling.most_common(terms):
             expanded.setdefault(term, FEEDBACK_WEIGHT)
         return self._scores(expanded)
+
+
+# The indexes ``Bm25.of_texts`` built last, one per recent conversation: a
+# follow-up's turns extend one of them. Requests run on worker threads.
+_RECENT: deque[Bm25] = deque(maxlen=8)
+_RECENT_LOCK = threading.Lock()
 
 
 class _DocTerms(NamedTuple):

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+
+from pcp_core import router
 from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, turn_units
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
@@ -67,7 +72,6 @@ def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_m
 
 
 def test_dense_scores_take_the_better_reading_of_each_turn():
-    import numpy as np
 
     # Row 0 is the intent; then two turns read alone, then the same two read with the turn before.
     vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.0, 1.0], [0.0, 1.0]])
@@ -76,7 +80,6 @@ def test_dense_scores_take_the_better_reading_of_each_turn():
 
 
 def test_dense_recall_lifts_a_turn_that_shares_no_word_with_the_query():
-    import numpy as np
 
     owners = ["dog", "weather", "garden"]
     lexical = [0.0, 0.0, 2.0]  # the garden page shares a word; the dog page says "puppy"
@@ -89,6 +92,21 @@ def test_the_lexical_scores_of_texts_follow_their_order():
     turns = ["We adopted a greyhound named Biscuit.", "The weather was grey.", "Biscuit loves the beach."]
     scores = Bm25.of_texts(turns).feedback_scores(anchor_intent("", "What is the greyhound called?").weights)
     assert len(scores) == 3 and scores[0] == max(scores) and scores[0] > 0
+
+
+def test_an_index_extended_from_a_prefix_scores_as_one_built_whole():
+    rng = random.Random(7)
+    words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
+    turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
+    query = anchor_intent("", "Where did the greyhound run on the beach?").weights
+    router._RECENT.clear()
+    whole = Bm25.of_texts(turns).feedback_scores(query)
+
+    router._RECENT.clear()
+    Bm25.of_texts(turns[:41])  # an earlier request of the conversation
+    extended = Bm25.of_texts(turns)
+    assert [s.n for s in router._RECENT] == [41, 60]
+    np.testing.assert_allclose(extended.feedback_scores(query), whole)
 
 
 # -- precision selection by a router model ----------------------------------------------
