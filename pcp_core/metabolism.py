@@ -58,8 +58,19 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
     ``same_topic``; else it starts a topic named after ``ids[i]`` (its first
     page). Only earlier groups that share a term are compared.
     """
-    weight = {t: stats.idf(t) ** 2 for sig in signatures for t in sig}
-    norms = [math.sqrt(sum(weight[t] for t in sig)) for sig in signatures]
+    weight: dict[str, float] = {}  # idf², for the terms of the groups compared only
+    norms: dict[int, float] = {}
+
+    def w(term: str) -> float:
+        if term not in weight:
+            weight[term] = stats.idf(term) ** 2
+        return weight[term]
+
+    def norm(i: int) -> float:
+        if i not in norms:
+            norms[i] = math.sqrt(sum(w(t) for t in signatures[i]))
+        return norms[i]
+
     holding: dict[str, list[int]] = {}  # term -> the earlier groups whose signature has it
     topics: list[str] = []
     for i, (mine, decided) in enumerate(zip(signatures, known)):
@@ -67,8 +78,8 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
             shared: Counter[int] = Counter()
             for term in mine:
                 for j in holding.get(term, ()):
-                    shared[j] += weight[term]
-            scores = [(total / (norms[i] * norms[j]), j) for j, total in shared.items() if norms[i] and norms[j]]
+                    shared[j] += w(term)
+            scores = [(total / (norm(i) * norm(j)), j) for j, total in shared.items() if norm(i) and norm(j)]
             best, j = max(scores, default=(0.0, -1))
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
         topics.append(decided)
