@@ -56,15 +56,16 @@ def message_text(message: Mapping[str, Any]) -> str:
     return text
 
 
-def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0) -> list[Turn]:
+def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0, stated: str | None = None) -> list[Turn]:
     """Turns for ``messages`` (numbered from ``start``), each with its time on the Timeline.
 
     ``seen_at`` is when the proxy first saw the messages (one time, or one per
     message); a date the conversation states wins over it, and a message's own
-    ``timestamp`` field over both (``pcp_core.timeline``).
+    ``timestamp`` field over both (``pcp_core.timeline``). ``stated`` is the
+    date stated last before ``start``, which dates the first messages here.
     """
     times = [seen_at] * len(messages) if isinstance(seen_at, str) else seen_at
-    turns, stated = [], None
+    turns = []
     for i, (message, seen) in enumerate(zip(messages, times, strict=True), start):
         text = message_text(message)
         stated = stated_time(text) or stated

@@ -21,9 +21,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from .sentry import PagedHistory
+from .pages import Turn
+from .sentry import PagedHistory, reopened_from, turns_from_messages
+from .timeline import stated_time
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "resume"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "resume", "turns_to_page"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -34,6 +36,9 @@ class Session(msgspec.Struct, kw_only=True):
     chain: list[str] = []  # chain[i] names messages 0..i of the conversation
     seen_at: list[str] = []  # when the proxy first saw message i: its turn's timestamp
     pages: PagedHistory = msgspec.field(default_factory=PagedHistory)
+    # The messages that state a date (position -> that time): the Timeline's
+    # carry, so a follow-up reads only its new messages, not the whole history.
+    dates: dict[int, str] = {}
 
 
 def chain_links(messages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -84,4 +89,18 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
         return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain))
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
     extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
-    return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages)
+    dates = {i: time for i, time in found.dates.items() if i < reused}
+    return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates)
+
+
+def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reused: int) -> list[Turn]:
+    """The turns of ``messages`` that paging reads again: from where the last kept page starts.
+
+    Records the dates the new turns state in ``session.dates``.
+    """
+    start = reopened_from(session.pages, reused)
+    before = [i for i in session.dates if i < start]
+    turns = turns_from_messages(messages[start:], session.seen_at[start:], start, session.dates[max(before)] if before else None)
+    session.dates = {i: time for i, time in session.dates.items() if i < start}
+    session.dates.update((turn.index, time) for turn in turns if (time := stated_time(turn.text)))
+    return turns

@@ -26,8 +26,8 @@ from pcp_core.delivery import AnswerGate
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
-from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from, turns_from_messages
-from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume
+from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
+from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume, turns_to_page
 
 from .errors import ProxyError
 from .sessions import SessionStore
@@ -134,7 +134,7 @@ class ProtocolRequest:
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
         how = continuation(found, reused, pinned=pinned)
         known = session.pages
-        turns = turns_from_messages(self.history, session.seen_at)
+        turns = turns_to_page(session, self.history, reused)
         session.pages = page_history(turns, self.services.tokenizer.count, PAGING, known, reused)
         return session, known, reused, how
 

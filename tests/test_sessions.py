@@ -11,7 +11,7 @@ import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
-from pcp_core.session import Session, chain_links, common_prefix, continuation, resume
+from pcp_core.session import Session, chain_links, common_prefix, continuation, resume, turns_to_page
 from proxy.sessions import SessionStore
 from proxy.testing import completion
 from proxy.tokenizer import Tokenizer
@@ -68,6 +68,25 @@ def test_a_follow_up_pages_only_its_new_turns():
     assert extended.index().roots  # a tree that registers cleanly
     # Containers whose children did not change are reused, not rebuilt.
     assert len(set(extended.containers) - set(known.containers)) <= 3
+
+
+def test_a_follow_up_reads_only_its_new_messages_and_keeps_the_dates_stated_before():
+    history = conversation(120)
+    history[30]["content"] = "[Session 2 - 1:56 pm on 8 May, 2023]\nTurn 30: back again."
+    first = resume(None, 0, chain_links(history), "2026-11-23T08:00:00", "s-1")
+    first.pages = page_history(turns_to_page(first, history, 0), COUNT)
+    more = [*history, *conversation(3, start=120)]
+    follow_up = resume(first, 120, chain_links(more), "2026-11-23T09:00:00", "s-2")
+
+    read = turns_to_page(follow_up, more, 120)
+    whole = turns_from_messages(more, follow_up.seen_at)
+    assert len(read) < 10 and read[-1].index == 122  # the reopened last page and the new messages
+    assert read == whole[read[0].index :]  # dated as a reading of the whole history dates them
+    assert read[-1].timestamp == "2023-05-08T13:56:00"
+    assert follow_up.dates == {30: "2023-05-08T13:56:00"}
+
+    fork = resume(first, 20, chain_links([*history[:20], *conversation(2, start=500)]), "2026-11-23T09:00:00", "s-3")
+    assert fork.dates == {}  # the header was after the fork point
 
 
 def test_reuse_matches_paging_from_scratch_in_coverage_and_content():
