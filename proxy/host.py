@@ -74,6 +74,7 @@ class ProtocolRequest:
         self.pinned = pinned
         self.session = ""  # known once the history is paged
         self.prefetch: asyncio.Task[Any] | None = None  # the query's vector, encoding
+        self.unsaved: tuple[Session, int] | None = None  # the session paged, and how many of its links are new
         self.usage = Usage()
         messages: list[dict[str, Any]] = body["messages"]
         n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
@@ -119,7 +120,8 @@ class ProtocolRequest:
         if consolidator is not None:
             session.pages = consolidator.upgrade(paged)
         continued = how in ("resumed", "pinned")
-        self.services.sessions.save(self.namespace, session, new_links=len(session.chain) - (reused if continued else 0))
+        self.services.sessions.remember(self.namespace, session)
+        self.unsaved = (session, len(session.chain) - (reused if continued else 0))
         self._count_paging(known, paged, reused, how)
         if consolidator is not None:
             await consolidator.submit(session.pages, str(self.body.get("model", "")), self.headers)
@@ -183,7 +185,16 @@ class ProtocolRequest:
                 effect = loop.send(await self.fulfil(effect))
         except StopIteration as done:
             return done.value
+        self._save()
         return effect
+
+    def _save(self) -> None:
+        """Send the session to disk, once: when the first worker call goes out, so the
+        encoding of a long history does not hold the interpreter while this request computes."""
+        if self.unsaved is not None:
+            session, new_links = self.unsaved
+            self.unsaved = None
+            self.services.sessions.save(self.namespace, session, new_links)
 
     async def fulfil(self, effect: Embed | CallRouter) -> Any:
         if isinstance(effect, CallRouter):

@@ -67,7 +67,7 @@ class SessionStore:
             session = _decoder.decode(raw)
         except msgspec.DecodeError:  # written by an incompatible version: page afresh
             return None
-        self._remember(namespace, session)
+        self.remember(namespace, session)
         return session
 
     def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int]:
@@ -112,7 +112,7 @@ class SessionStore:
     # -- writing --------------------------------------------------------------------------
     def save(self, namespace: str, session: Session, new_links: int) -> None:
         """Keep ``session`` (its last ``new_links`` links are new); the disk write happens in the background."""
-        self._remember(namespace, session)
+        self.remember(namespace, session)
         self.pending = self.writer.submit(self._write, namespace, session, new_links)
 
     def _write(self, namespace: str, session: Session, new_links: int) -> None:
@@ -135,7 +135,8 @@ class SessionStore:
         self.writer.shutdown(wait=True)
         self.cache.close()
 
-    def _remember(self, namespace: str, session: Session) -> None:
+    def remember(self, namespace: str, session: Session) -> None:
+        """Keep ``session`` in memory, where the next request finds it before it reaches the disk."""
         with self.lock:
             self.recent[(namespace, session.id)] = session
             self.recent.move_to_end((namespace, session.id))
