@@ -125,9 +125,9 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     assert len(turns) == conv.n, "a turn was split across pages: the turn vectors no longer line up"
     lexical = Bm25.of_texts(turns).feedback_scores(weights)
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
-    vectors = np.vstack([question_vector, conv.alone, conv.paired])
+    cosines = np.concatenate([conv.alone @ question_vector, conv.paired @ question_vector])
     router = [by_id[p] for p in page_ranking(owners, lexical)]
-    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(vectors, conv.n))]
+    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(cosines, conv.n))]
     return {
         "pages: the Router, BM25 over turns": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
         "pages: the Router, BM25 + MiniLM over turns": as_pages(router_dense),

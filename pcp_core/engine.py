@@ -1,8 +1,8 @@
 """The intent-driven round loop (§VI) as a generator of effects.
 
-The engine does no I/O. It yields effects — ``Embed`` (the host sends back
-unit vectors, or None) and ``CallWorker`` (the host sends back a
-``WorkerReply``) — and when the loop ends, returns an ``Outcome``::
+The engine does no I/O. It yields effects — ``Similarity`` (the host sends
+back cosines, or None), ``CallRouter`` (the router model's reply) and
+``CallWorker`` (the host sends back a ``WorkerReply``) — and when the loop ends, returns an ``Outcome``::
 
     loop = run_rounds(context, index, count)
     effect = next(loop)
@@ -40,10 +40,10 @@ __all__ = [
     "DIRECTIVE_TOOLS",
     "CallRouter",
     "CallWorker",
-    "Embed",
     "Effect",
     "Outcome",
     "RoundContext",
+    "Similarity",
     "WorkerReply",
     "calls_client_tool",
     "run_rounds",
@@ -96,9 +96,14 @@ class RoundContext(msgspec.Struct, kw_only=True):
     router: bool = False
 
 
-class Embed(msgspec.Struct, frozen=True):
-    """Ask the host for unit-length embeddings of ``texts`` (rows in order), or None if it has none."""
+class Similarity(msgspec.Struct, frozen=True):
+    """Ask the host how close in meaning each of ``texts`` is to ``query``.
 
+    The reply: the cosine of their embeddings, one per text in order (NaN for
+    a text the host has not embedded yet), or None if it has none to offer.
+    """
+
+    query: str
     texts: list[str]
 
 
@@ -131,7 +136,7 @@ class Outcome(msgspec.Struct, frozen=True):
     intent: Intent
 
 
-Effect = Embed | CallRouter | CallWorker
+Effect = Similarity | CallRouter | CallWorker
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
@@ -143,9 +148,9 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
     dense = None
     if context.dense and turns:
-        vectors = yield Embed([intent.text, *dense_texts(turns)])
-        if vectors is not None:
-            dense = dense_scores(vectors, len(turns))
+        cosines = yield Similarity(intent.text, dense_texts(turns))
+        if cosines is not None:
+            dense = dense_scores(cosines, len(turns))
     ranked = page_ranking(owners, lexical, dense)
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]

@@ -284,15 +284,21 @@ def dense_texts(turns: Sequence[str]) -> list[str]:
     A turn alone is often a fragment ("Yes, last May!"); with the turn it answers
     it says what it is about. A turn scores by the better of its two readings.
     """
-    return [*turns, *(f"{turns[i - 1]}\n{turn}" if i else turn for i, turn in enumerate(turns))]
+    return [*turns, *(_read_with(turns[i - 1], turn) if i else turn for i, turn in enumerate(turns))]
 
 
-def dense_scores(vectors: Any, n: int) -> Any:
-    """Per-turn dense scores from unit vectors: row 0 the intent, then ``dense_texts`` of ``n`` turns.
+@lru_cache(maxsize=65536)
+def _read_with(previous: str, turn: str) -> str:
+    """A turn read after the one before it; cached, so a follow-up gets the very same strings (and their hashes) again."""
+    return f"{previous}\n{turn}"
 
-    A row of NaN is a text not embedded yet: its reading scores 0, the mean.
+
+def dense_scores(cosines: Any, n: int) -> Any:
+    """Per-turn dense scores from the intent's cosines with ``dense_texts`` of ``n`` turns.
+
+    A NaN is a text not embedded yet: its reading scores 0, the mean.
     """
-    cosines = vectors[1:] @ vectors[0]
+    cosines = np.asarray(cosines, dtype=np.float64)
     return np.maximum(_z(cosines[:n]), _z(cosines[n : 2 * n]))
 
 

@@ -6,7 +6,7 @@ directory, on disk (diskcache, by a hash of the text), so neither a follow-up
 nor a restart encodes a history again.
 
 A request never waits for a history to be encoded (seconds for a long one on
-two cores) or read back from disk: ``vectors_when_ready`` encodes the query
+two cores) or read back from disk: ``similarities_when_ready`` encodes the query
 at once, and hands the history's texts it does not hold in memory to a
 background thread; until they land, those turns are ranked by BM25 alone.
 """
@@ -18,7 +18,6 @@ import hashlib
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +33,7 @@ log = logging.getLogger("pcp.embeddings")
 # Encoding threads per call. With one, a history encoded in the background
 # leaves the other core to requests; a short query encodes about as fast on one.
 TORCH_THREADS = 1
+GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 ROLES = ("request", "background")
 
 
@@ -47,11 +47,74 @@ def _disk_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
+class VectorCache:
+    """Unit vectors by text, rows of one growing matrix: a history's thousands of
+    rows come out in one gather, not one lookup and copy each.
+
+    When full, the older half is dropped (a history's texts were stored together,
+    so they go together). Safe to share between threads.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._rows: dict[str, int] = {}
+        self._matrix: Any = None  # allocated with the first vector, when its size is known
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def found(self, texts: Sequence[str]) -> dict[str, Any]:
+        """The vectors held for ``texts``, by text."""
+        with self._lock:
+            return {t: self._matrix[row] for t in texts if (row := self._rows.get(t)) is not None}
+
+    def cosines(self, texts: Sequence[str], vector: Any) -> Any:
+        """Each text's cosine with the unit ``vector`` (NaN for a text not held).
+
+        Rows are gathered and multiplied a block at a time: a history's rows
+        never become one more matrix of their own.
+        """
+        out = np.full(len(texts), np.nan, dtype=np.float32)
+        with self._lock:
+            rows = np.fromiter((self._rows.get(t, -1) for t in texts), dtype=np.int64, count=len(texts))
+            held = np.flatnonzero(rows >= 0)
+            for block in range(0, len(held), GATHER_BLOCK):
+                at = held[block : block + GATHER_BLOCK]
+                out[at] = self._matrix[rows[at]] @ vector
+        return out
+
+    def add(self, vectors: dict[str, Any]) -> None:
+        with self._lock:
+            new = {t: v for t, v in vectors.items() if t not in self._rows}
+            if not new:
+                return
+            if len(self._rows) + len(new) > self.capacity:
+                self._drop_older_half()
+            self._make_room(len(self._rows) + len(new), len(next(iter(new.values()))))
+            start = len(self._rows)
+            self._matrix[start : start + len(new)] = np.stack(list(new.values()))
+            self._rows.update(zip(new, range(start, start + len(new))))
+
+    def _make_room(self, rows: int, dim: int) -> None:
+        if self._matrix is None:
+            self._matrix = np.empty((max(rows, 1024), dim), dtype=np.float32)
+        elif rows > len(self._matrix):
+            grown = np.empty((max(rows, 2 * len(self._matrix)), dim), dtype=np.float32)
+            grown[: len(self._rows)] = self._matrix[: len(self._rows)]
+            self._matrix = grown
+
+    def _drop_older_half(self) -> None:
+        keep = len(self._rows) // 2
+        cut = len(self._rows) - keep
+        self._matrix[:keep] = self._matrix[cut : len(self._rows)].copy()
+        self._rows = {t: row - cut for t, row in self._rows.items() if row >= cut}
+
+
 class Embedder:
     def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None):
-        self.cache: OrderedDict[str, Any] = OrderedDict()  # text -> unit vector, oldest first (evicted first)
+        self.cache = VectorCache(cache_size)
         self.disk = diskcache.Cache(str(directory)) if directory is not None else None
-        self.cache_size = cache_size
         self.batch_size = batch_size
         # Called with ("queued" | "encoded" | "loaded" | "failed", number of texts) for background work.
         self.on_encoded = on_encoded or (lambda state, n: None)
@@ -59,7 +122,7 @@ class Embedder:
         # behind a history being encoded in the background.
         self._models: dict[str, Any] = {}
         self._locks = {role: threading.Lock() for role in ROLES}  # one encode per instance at a time
-        self._cache_lock = threading.Lock()  # requests and the background thread share the cache
+        self._queue_lock = threading.Lock()  # requests and the background thread share ``_pending``
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-embed")
         self._pending: set[str] = set()  # queued for the background, not in memory yet
 
@@ -86,21 +149,21 @@ class Embedder:
             return self._models[role]
 
     # -- for requests --------------------------------------------------------------------
-    async def vectors_when_ready(self, texts: Sequence[str]) -> Any | None:
-        """Rows for ``texts``: the first (the query) encoded now, the rest as far as they are in memory.
+    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any | None:
+        """The cosine of ``query`` (encoded now) with each of ``texts``, as far as they are in memory.
 
-        Rows not there yet are NaN, and those texts go to the background
-        thread, so a later request finds them. None when none of the rest is
-        there: there is nothing to compare the query with.
+        A text not there yet has NaN, and goes to the background thread, so a
+        later request finds it. None when none of them is there: there is
+        nothing to compare the query with.
         """
-        return await asyncio.to_thread(self._when_ready_sync, texts)
+        return await asyncio.to_thread(self._similarities_sync, query, texts)
 
     def prefetch(self, text: str) -> None:
         """Encode ``text`` (a query) if it is not cached, so a request's paging and encoding overlap."""
         self.embed_sync([text])
 
     def embed_sync(self, texts: Sequence[str]) -> Any:
-        found = self._in_memory(texts)
+        found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
         if absent:
             found.update(self._from_disk(absent))
@@ -109,26 +172,11 @@ class Embedder:
             found.update(zip(absent, self._encode(absent)))
         return np.vstack([found[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
-    def _when_ready_sync(self, texts: Sequence[str]) -> Any | None:
-        query, history = texts[0], texts[1:]
-        found = self._in_memory(history)
-        self._queue([t for t in dict.fromkeys(history) if t not in found])
-        if not found:
-            return None
-        vector = self.embed_sync([query])[0]
-        blank = np.full(vector.shape, np.nan, dtype=np.float32)
-        return np.vstack([vector, *(found.get(t, blank) for t in history)])
-
-    # -- the cache -------------------------------------------------------------------------
-    def _in_memory(self, texts: Sequence[str]) -> dict[str, Any]:
-        with self._cache_lock:
-            return {t: v for t in texts if (v := self.cache.get(t)) is not None}
-
-    def _remember(self, vectors: dict[str, Any]) -> None:
-        with self._cache_lock:
-            self.cache.update(vectors)
-            while len(self.cache) > self.cache_size:
-                self.cache.popitem(last=False)
+    def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        cosines = self.cache.cosines(texts, self.embed_sync([query])[0])
+        missing = np.isnan(cosines)
+        self._queue(list(dict.fromkeys(texts[i] for i in np.flatnonzero(missing))))
+        return None if missing.all() else cosines
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:
         if self.disk is None:
@@ -138,14 +186,14 @@ class Embedder:
             raw = self.disk.get(_disk_key(text))
             if raw is not None:
                 found[text] = np.frombuffer(raw, dtype=np.float32)
-        self._remember(found)
+        self.cache.add(found)
         return found
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
         model = self._model(role)
         with self._locks[role]:
             vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
-        self._remember(dict(zip(texts, vectors)))
+        self.cache.add(dict(zip(texts, vectors)))
         if self.disk is not None:
             with self.disk.transact():
                 for text, vector in zip(texts, vectors):
@@ -154,7 +202,7 @@ class Embedder:
 
     # -- the background ---------------------------------------------------------------------
     def _queue(self, texts: list[str]) -> None:
-        with self._cache_lock:
+        with self._queue_lock:
             texts = [t for t in texts if t not in self._pending]
             self._pending.update(texts)
         if texts:
@@ -174,5 +222,5 @@ class Embedder:
             log.exception("encoding %d texts in the background failed", len(texts))
             self.on_encoded("failed", len(texts))
         finally:
-            with self._cache_lock:
+            with self._queue_lock:
                 self._pending.difference_update(texts)

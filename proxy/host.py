@@ -23,7 +23,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from pcp_core.delivery import AnswerGate
-from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Embed, Outcome, RoundContext, WorkerReply, calls_client_tool, run_rounds
+from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Outcome, RoundContext, Similarity, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
@@ -196,7 +196,7 @@ class ProtocolRequest:
             self.unsaved = None
             self.services.sessions.save(self.namespace, session, new_links)
 
-    async def fulfil(self, effect: Embed | CallRouter) -> Any:
+    async def fulfil(self, effect: Similarity | CallRouter) -> Any:
         if isinstance(effect, CallRouter):
             return await self.ask_router(effect)
         embedder = self.services.embedder
@@ -204,7 +204,7 @@ class ProtocolRequest:
             return None
         if self.prefetch is not None:
             await self.prefetch
-        return await self._quietly(embedder.vectors_when_ready(effect.texts))
+        return await self._quietly(embedder.similarities_when_ready(effect.query, effect.texts))
 
     @staticmethod
     async def _quietly(work: Awaitable[Any]) -> Any:

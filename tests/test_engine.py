@@ -159,17 +159,16 @@ def test_low_entropy_query_borrows_the_previous_summary():
 def test_dense_recall_is_fused_with_bm25():
     import numpy as np
 
-    from pcp_core.engine import Embed
+    from pcp_core.engine import Similarity
 
     messages = history()
     messages[120]["content"] = "Our puppy finally learned to sit, what a good boy."
     index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
     loop = run_rounds(context(query="How is the dog's training going?", dense=True), index, COUNT)
     effect = next(loop)
-    assert isinstance(effect, Embed) and effect.texts[0] == "How is the dog's training going?"
+    assert isinstance(effect, Similarity) and effect.query == "How is the dog's training going?"
     # A stand-in embedder that knows puppies are dogs: only that page points where the query does.
-    vectors = np.array([[1.0, 0.0]] + [[1.0, 0.0] if "puppy" in text else [0.0, 1.0] for text in effect.texts[1:]])
-    call = loop.send(vectors)
+    call = loop.send(np.array([1.0 if "puppy" in text else 0.0 for text in effect.texts]))
     assert "puppy finally learned" in " ".join(doc(call).xpath("//Content/text()"))
 
 

@@ -73,9 +73,8 @@ def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_m
 
 def test_dense_scores_take_the_better_reading_of_each_turn():
 
-    # Row 0 is the intent; then two turns read alone, then the same two read with the turn before.
-    vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8], [0.0, 1.0], [0.0, 1.0]])
-    scores = dense_scores(vectors, 2)
+    # The intent's cosines with two turns read alone, then the same two read with the turn before.
+    scores = dense_scores([0.0, 0.6, 0.0, 0.0], 2)
     assert scores[1] > scores[0]  # only turn 1 alone points where the intent does
 
 
