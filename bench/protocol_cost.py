@@ -2,7 +2,9 @@
 
 A fake upstream answers every call at once, so the time measured is the
 proxy's: counting, finding the session, paging what is new, addressing,
-synthesis and one worker round (plus one loopback round trip, ~1 ms).
+synthesis and one worker round (plus the loopback round trips that carry the
+history, a few ms at 200k tokens). The proxy runs in its own process, as it
+does in production, so this client's work does not share its interpreter.
 
 * cold — a conversation the proxy has never seen (a new caller key each time):
   the whole history is paged;
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,9 +47,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from proxy.app import create_app  # noqa: E402
-from proxy.settings import Settings  # noqa: E402
-from proxy.testing import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, serve_in_thread, wait_for_background  # noqa: E402
+from bench.proxy_overhead import free_port, wait_until_up  # noqa: E402
+from proxy.testing import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, wait_for_background  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 WORDS = """garden invoice release meeting river budget deploy server kitchen concert
@@ -89,14 +92,20 @@ def upstream_reply(recorded: Recorded) -> Reply:
 
 @contextmanager
 def running_proxy(**overrides: Any) -> Iterator[tuple[FakeUpstream, httpx.Client]]:
+    """The proxy in its own process (its time is not shared with this client's), in front of a fake upstream here."""
     with FakeUpstream(default=upstream_reply) as upstream, tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(upstream_base_url=upstream.url, data_dir=data_dir, sentry_threshold=500, log_level="warning", **overrides)
-        server = serve_in_thread(create_app(settings))
+        settings = {"data_dir": data_dir, "sentry_threshold": 500, "log_level": "warning", **overrides}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PCP_")}
+        env.update({f"PCP_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value) for name, value in settings.items()})
+        port = free_port()
+        proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--port", str(port)], env=env, cwd=REPO)
         try:
-            with httpx.Client(base_url=server.url, timeout=600) as client:
+            wait_until_up(port, "/healthz")
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:
                 yield upstream, client
         finally:
-            server.stop()
+            proxy.terminate()
+            proxy.wait(timeout=60)
 
 
 def post(client: httpx.Client, messages: list[dict[str, str]], key: str) -> float:
