@@ -149,7 +149,7 @@ def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, make: 
     rows = []
     with running_proxy(context_budget=budget, router_embeddings=embeddings) as (_, client):
         post(client, [*make(1000), question(0)], "warm-up")  # imports, tokenizer, first connection
-        wait_for_encoding(client)
+        follow_ups(client, make(1000), "warm-up", 5, settle=True)  # the query encoder's first calls are slow
         for size in sizes:
             messages = make(size)
             cold = [post(client, [*messages, question(0)], f"cold-{size}-{i}") for i in range(cold_n)]
