@@ -98,9 +98,9 @@ class VectorCache:
 
     def _make_room(self, rows: int, dim: int) -> None:
         if self._matrix is None:
-            self._matrix = np.empty((max(rows, 1024), dim), dtype=np.float32)
+            self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=np.float32)
         elif rows > len(self._matrix):
-            grown = np.empty((max(rows, 2 * len(self._matrix)), dim), dtype=np.float32)
+            grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=np.float32)
             grown[: len(self._rows)] = self._matrix[: len(self._rows)]
             self._matrix = grown
 

@@ -28,7 +28,7 @@ def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right(monkeypatch)
     cache = VectorCache(capacity=8)
     for start in range(0, 14, 3):  # requests add a few texts at a time; the matrix grows and compacts
         cache.add({t: vectors[t] for t in list(vectors)[start : start + 3]})
-    assert len(cache) <= 8
+    assert len(cache) <= 8 and len(cache._matrix) <= 8  # memory stays within the capacity
     held = [t for t in vectors if not np.isnan(cache.cosines([t], vectors[t])[0])]
     assert held[-1] == "t13" and "t0" not in held
     query = unit(*rng.normal(size=8))
