@@ -38,7 +38,8 @@ class Session(msgspec.Struct, kw_only=True):
     pages: PagedHistory = msgspec.field(default_factory=PagedHistory)
     # The messages that state a date (position -> that time): the Timeline's
     # carry, so a follow-up reads only its new messages, not the whole history.
-    dates: dict[int, str] = {}
+    # None: not known (a session saved before dates were kept).
+    dates: dict[int, str] | None = None
 
 
 def chain_links(messages: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -86,10 +87,10 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     forks a session of its own (``fresh_id``) that starts from the shared pages.
     """
     if found is None:
-        return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain))
+        return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain), dates={})
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
     extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
-    dates = {i: time for i, time in found.dates.items() if i < reused}
+    dates = None if found.dates is None else {i: time for i, time in found.dates.items() if i < reused}
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates)
 
 
@@ -99,6 +100,10 @@ def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reuse
     Records the dates the new turns state in ``session.dates``.
     """
     start = reopened_from(session.pages, reused)
+    if session.dates is None:  # read from the start, once, to learn them
+        turns = turns_from_messages(messages, session.seen_at)
+        session.dates = {turn.index: time for turn in turns if (time := stated_time(turn.text))}
+        return [turn for turn in turns if turn.index >= start]
     before = [i for i in session.dates if i < start]
     turns = turns_from_messages(messages[start:], session.seen_at[start:], start, session.dates[max(before)] if before else None)
     session.dates = {i: time for i, time in session.dates.items() if i < start}

@@ -88,6 +88,11 @@ def test_a_follow_up_reads_only_its_new_messages_and_keeps_the_dates_stated_befo
     fork = resume(first, 20, chain_links([*history[:20], *conversation(2, start=500)]), "2026-11-23T09:00:00", "s-3")
     assert fork.dates == {}  # the header was after the fork point
 
+    older = msgspec.structs.replace(first, dates=None)  # saved before sessions kept their dates
+    older_follow_up = resume(older, 120, chain_links(more), "2026-11-23T09:00:00", "s-4")
+    assert turns_to_page(older_follow_up, more, 120) == read
+    assert older_follow_up.dates == {30: "2023-05-08T13:56:00"}
+
 
 def test_reuse_matches_paging_from_scratch_in_coverage_and_content():
     history = conversation(150)
