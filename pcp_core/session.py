@@ -100,12 +100,10 @@ def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reuse
     Records the dates the new turns state in ``session.dates``.
     """
     start = reopened_from(session.pages, reused)
-    if session.dates is None:  # read from the start, once, to learn them
-        turns = turns_from_messages(messages, session.seen_at)
-        session.dates = {turn.index: time for turn in turns if (time := stated_time(turn.text))}
-        return [turn for turn in turns if turn.index >= start]
-    before = [i for i in session.dates if i < start]
-    turns = turns_from_messages(messages[start:], session.seen_at[start:], start, session.dates[max(before)] if before else None)
-    session.dates = {i: time for i, time in session.dates.items() if i < start}
+    # Dates not known (an older session): read from the first message, once, to learn them.
+    known, read = (session.dates, start) if session.dates is not None else ({}, 0)
+    before = [i for i in known if i < read]
+    turns = turns_from_messages(messages[read:], session.seen_at[read:], read, known[max(before)] if before else None)
+    session.dates = {i: time for i, time in known.items() if i < read}
     session.dates.update((turn.index, time) for turn in turns if (time := stated_time(turn.text)))
-    return turns
+    return [turn for turn in turns if turn.index >= start]
