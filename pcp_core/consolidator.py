@@ -143,15 +143,16 @@ def _attributed_sentences(text: str) -> list[str]:
     """
     out = []
     for line in without_turn_markers(text).splitlines():
-        speaker = _SPEAKER.match(line.strip())
+        line = line.strip()
+        speaker = _SPEAKER.match(line)
         prefix = speaker.group(0) if speaker else ""
-        for sentence in _SENTENCE.split(line.strip()):
-            own = _SPEAKER.match(sentence.strip())
+        for sentence in _SENTENCE.split(line):
+            sentence = sentence.strip()
+            own = _SPEAKER.match(sentence)
             if own:
-                prefix = own.group(0)
-            body = sentence.strip()[len(own.group(0)) if own else 0 :].strip()
-            if body:
-                out.append(prefix + body)
+                prefix, sentence = own.group(0), sentence[own.end() :].strip()
+            if sentence:
+                out.append(prefix + sentence)
     return out
 
 
