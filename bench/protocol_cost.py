@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.proxy_overhead import free_port, wait_until_up  # noqa: E402
+from bench.proxy_overhead import free_port, proxy_env, start_proxy, wait_until_up  # noqa: E402
 from proxy.testing import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, wait_for_background  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -94,11 +92,8 @@ def upstream_reply(recorded: Recorded) -> Reply:
 def running_proxy(**overrides: Any) -> Iterator[tuple[FakeUpstream, httpx.Client]]:
     """The proxy in its own process (its time is not shared with this client's), in front of a fake upstream here."""
     with FakeUpstream(default=upstream_reply) as upstream, tempfile.TemporaryDirectory() as data_dir:
-        settings = {"data_dir": data_dir, "sentry_threshold": 500, "log_level": "warning", **overrides}
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PCP_")}
-        env.update({f"PCP_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value) for name, value in settings.items()})
         port = free_port()
-        proxy = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream.url, "--port", str(port)], env=env, cwd=REPO)
+        proxy = start_proxy(upstream.url, port, proxy_env(data_dir=data_dir, sentry_threshold=500, log_level="warning", **overrides))
         try:
             wait_until_up(port, "/healthz")
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as client:

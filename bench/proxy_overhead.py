@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 from pathlib import Path
 
 import httpx
@@ -51,14 +52,26 @@ def wait_until_up(port: int, path: str, timeout: float = 60) -> None:
     raise SystemExit(f"server on port {port} did not come up")
 
 
+def proxy_env(**settings: Any) -> dict[str, str]:
+    """This environment with ``settings`` as PCP_* variables, and no PCP_* variable of its own."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PCP_")}
+    env.update({f"PCP_{name.upper()}": str(value).lower() if isinstance(value, bool) else str(value) for name, value in settings.items()})
+    return env
+
+
+def start_proxy(upstream: str, port: int, env: dict[str, str]) -> subprocess.Popen:
+    """``pcp-proxy serve`` in a process of its own, as in production."""
+    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env)
+
+
 def start_servers(data_dir: str) -> tuple[dict[str, int], list[subprocess.Popen]]:
     ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port()}
     upstream = f"http://127.0.0.1:{ports['direct']}/v1"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, "PCP_DATA_DIR": data_dir, "PCP_LOG_LEVEL": "warning", "UPSTREAM": upstream}
+    env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
     procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(ports["direct"])], env=env)]
     wait_until_up(ports["direct"], "/v1/models")
     procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare_forwarder:app", "--app-dir", str(HERE), "--port", str(ports["bare forwarder"]), "--log-level", "warning", "--no-access-log"], env=env))
-    procs.append(subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(ports["pcp-proxy"])], env=env))
+    procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
     wait_until_up(ports["bare forwarder"], "/v1/models")
     wait_until_up(ports["pcp-proxy"], "/healthz")
     return ports, procs
