@@ -31,7 +31,8 @@ import msgspec
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Page, View
-from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, turn_units
+from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, turn_units
+from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
 from .views import ViewState
@@ -142,7 +143,7 @@ Effect = Similarity | CallRouter | CallWorker
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
     views = ViewState(index)
     leaves = list(index.leaves())
-    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "")
+    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "", moment(context.current_time))
     # Broad match scores turns, not pages: one telling turn is diluted in a page.
     turns, owners = turn_units(leaves)
     lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
@@ -151,7 +152,8 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         cosines = yield Similarity(intent.text, dense_texts(turns))
         if cosines is not None:
             dense = dense_scores(cosines, len(turns))
-    ranked = page_ranking(owners, lexical, dense)
+    timely = said_in([index.get(owner).timestamp for owner in owners], intent.periods) if intent.periods else None
+    ranked = page_ranking(owners, lexical, dense, timely)
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
         reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.budget, count))

@@ -12,6 +12,7 @@ import re
 import threading
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any, NamedTuple
 
@@ -20,9 +21,10 @@ import numpy as np
 
 from .consolidator import terms
 from .pages import Page, turn_texts, without_turn_markers
+from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "stem", "turn_units"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "turn_units"]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -35,17 +37,23 @@ FEEDBACK_WEIGHT = 0.2
 NEIGHBOUR_SHARE = 0.3
 # The lexical share of a turn's score when dense scores are there too.
 LEXICAL_WEIGHT = 0.5
+# A turn said in a period the query names gains this much (in standard deviations of
+# the turn scores); so does one said up to REPORT_GRACE after, as events are told of later.
+TIME_WEIGHT = 1.0
+REPORT_GRACE = timedelta(days=14)
 
 
 class Intent(msgspec.Struct, frozen=True):
-    """The Intent Focus: weighted terms from the tail (the query) and, lightly, the head."""
+    """The Intent Focus: weighted terms from the tail (the query) and, lightly, the head; and the times the tail names."""
 
     text: str
     weights: dict[str, float]
     borrowed: bool = False  # the query was too thin and borrowed the previous summary
+    periods: tuple[Period, ...] = ()
 
 
-def anchor_intent(head: str, tail: str, previous: str = "") -> Intent:
+def anchor_intent(head: str, tail: str, previous: str = "", now: datetime | None = None) -> Intent:
+    """``now`` (naive UTC) lets the tail's times be read: "on 8 May, 2023", "in June", "yesterday"."""
     weights: dict[str, float] = {}
     for term in terms(head):
         weights[term] = max(weights.get(term, 0.0), HEAD_WEIGHT)
@@ -57,7 +65,8 @@ def anchor_intent(head: str, tail: str, previous: str = "") -> Intent:
     for term in tail_terms:
         weights[term] = 1.0
     text = f"{tail}\n{previous}" if borrowed else tail
-    return Intent(text=text, weights=weights, borrowed=borrowed)
+    periods = tuple(mentioned_periods(tail, now)) if now is not None else ()
+    return Intent(text=text, weights=weights, borrowed=borrowed, periods=periods)
 
 
 _SUFFIXES = ("ations", "ation", "ings", "ing", "edly", "ed", "ies", "es", "ers", "er", "ly", "s")
@@ -302,11 +311,30 @@ def dense_scores(cosines: Any, n: int) -> Any:
     return np.maximum(_z(cosines[:n]), _z(cosines[n : 2 * n]))
 
 
-def page_ranking(owners: Sequence[str], lexical: Sequence[float], dense: Any = None, lexical_weight: float = LEXICAL_WEIGHT, neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
+def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:
+    """For each turn (by its page's timestamp), whether it was said in one of ``periods``, or within ``grace`` after.
+
+    None when the query names no period, or no turn was said in one: then time
+    tells the turns nothing apart.
+    """
+    if not periods:
+        return None
+    verdicts: dict[str, bool] = {}  # a page's turns share its timestamp
+    for timestamp in timestamps:
+        if timestamp not in verdicts:
+            when = moment(timestamp)
+            verdicts[timestamp] = when is not None and any(p.holds(when, grace) for p in periods)
+    inside = np.array([verdicts[t] for t in timestamps], dtype=bool)
+    return inside if inside.any() else None
+
+
+def page_ranking(owners: Sequence[str], lexical: Sequence[float], dense: Any = None, timely: Any = None, lexical_weight: float = LEXICAL_WEIGHT, neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
     """Pages (``owners[i]`` is the page of turn ``i``) by their best turn's score, best first.
 
-    Without dense scores, only pages with a turn that shares a term with the
-    query, or stands beside one, are ranked: the others carry no signal at all.
+    ``timely`` (from ``said_in``) marks the turns said when the query asks
+    about; they gain ``TIME_WEIGHT``. Without dense scores, only pages with a
+    turn that shares a term with the query, or is timely, or stands beside
+    one, are ranked: the others carry no signal at all.
     """
     if not owners:
         return []
@@ -315,6 +343,9 @@ def page_ranking(owners: Sequence[str], lexical: Sequence[float], dense: Any = N
     if dense is not None:
         score = lexical_weight * score + (1 - lexical_weight) * np.asarray(dense, dtype=np.float64)
     signal = np.ones(len(score), dtype=bool) if dense is not None else lexical > 0
+    if timely is not None:
+        score = score + TIME_WEIGHT * timely
+        signal = signal | timely
     if neighbour_share and len(score) > 1:
         score = score + neighbour_share * _beside(score, score.min())
         signal = signal | _beside(signal, False)

@@ -46,6 +46,36 @@ def consult_first(recorded: Recorded) -> Reply:
     return completion(f'I need more. Consult("look closer", "{summary_ids(recorded)[0]}")', prompt_tokens=100, completion_tokens=7)
 
 
+def dated_sessions() -> list[dict]:
+    """Twelve monthly sessions, each telling of a camping trip in the same words; only the place differs.
+
+    The headers are ISO dates, so no word of "June" is in the text: only the page's timestamp says it.
+    """
+    places = ["Tahoe", "Zion", "Acadia", "Olympic", "Denali", "Yosemite", "Glacier", "Sequoia", "Arches", "Badlands", "Shenandoah", "Everglades"]
+    messages = []
+    for month, place in enumerate(places, start=1):
+        messages.append({"role": "user", "content": f"[2023-{month:02}-05 10:00]\nWe went camping at {place} last weekend."})
+        messages.append({"role": "assistant", "content": f"Camping at {place} sounds lovely. How was the weather?"})
+        messages += [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Session {month}, remark {i}: the garden, the seedlings and the rain."} for i in range(6)]
+    return messages
+
+
+def detail_text(recorded: Recorded) -> str:
+    return "\n".join(n.findtext("Content") or "" for n in xml(recorded).iter("Node") if n.get("view") == "Detail")
+
+
+def test_a_question_that_names_a_date_reaches_the_pages_said_then(protocol_proxy, upstream):
+    upstream.enqueue(completion("ok"), completion("ok"))
+    client = protocol_proxy.client()
+    client.chat.completions.create(model="m", messages=[*dated_sessions(), {"role": "user", "content": "Where did we go camping in June 2023?"}])
+    client.chat.completions.create(model="m", messages=[*dated_sessions(), {"role": "user", "content": "Where did we go camping on 5 June, 2023?"}])
+    for recorded in upstream.chat_requests("worker"):
+        shown = detail_text(recorded)
+        assert "camping at Yosemite" in shown
+        # Every session says the same words: without the date, June's page would not be the one that fits.
+        assert shown.count("camping at") < 12
+
+
 def test_below_the_threshold_nothing_changes(protocol_proxy, upstream):
     short = [{"role": "user", "content": "hi"}]
     response = protocol_proxy.client().chat.completions.with_raw_response.create(model="m", messages=short)

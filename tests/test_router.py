@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from datetime import datetime
 
 import numpy as np
 
 from pcp_core import router
-from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, turn_units
+from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, turn_units
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -106,6 +107,38 @@ def test_an_index_extended_from_a_prefix_scores_as_one_built_whole():
     extended = Bm25.of_texts(turns)
     assert [s.n for s in router._RECENT] == [41, 60]
     np.testing.assert_allclose(extended.feedback_scores(query), whole)
+
+
+# -- the Timeline in addressing ------------------------------------------------------------
+
+NOW = datetime(2026, 11, 23)
+
+
+def test_the_intent_holds_the_times_the_query_names_once_it_knows_now():
+    assert anchor_intent("", "Where did we camp in July 2023?").periods == ()
+    (july,) = anchor_intent("", "Where did we camp in July 2023?", now=NOW).periods
+    assert (july.start, july.end) == (datetime(2023, 7, 1), datetime(2023, 8, 1))
+    assert anchor_intent("On 8 May, 2023 we met", "Where did we camp?", now=NOW).periods == ()  # the tail names times, not the head
+
+
+def test_turns_said_in_the_period_or_told_of_soon_after_are_timely():
+    (july,) = anchor_intent("", "Where did we camp in July 2023?", now=NOW).periods
+    stamps = ["2023-06-30T23:59:00", "2023-07-01T00:00:00", "2023-07-31T12:00:00Z", "2023-08-10T09:00:00", "2023-08-20T09:00:00", "not a time"]
+    assert said_in(stamps, [july]).tolist() == [False, True, True, True, False, False]
+    assert said_in(stamps, []) is None
+    assert said_in(["2022-01-01T00:00:00"], [july]) is None  # nothing was said then: time tells nothing apart
+
+
+def test_a_timely_turn_leads_among_equals_and_ranks_without_a_shared_word():
+    owners = ["may", "july", "silent-july", "june"]
+    lexical = [3.0, 3.0, 0.0, 3.0]
+    timely = np.array([False, True, True, False])
+    plain = page_ranking(owners, lexical, neighbour_share=0.0)
+    assert plain[0] == "may" and "silent-july" not in plain
+    dated = page_ranking(owners, lexical, timely=timely, neighbour_share=0.0)
+    assert dated[0] == "july" and "silent-july" in dated
+    # The lift is one standard deviation: a far stronger match from another time still wins.
+    assert page_ranking(["may", "july", "a", "b", "c", "d"], [40.0, 3.0, 1.0, 1.0, 1.0, 1.0], timely=np.array([False, True, False, False, False, False]), neighbour_share=0.0)[0] == "may"
 
 
 # -- precision selection by a router model ----------------------------------------------
