@@ -11,7 +11,8 @@ paid for, so this is an upper bound for any prompt built on that ranking:
   costing their content plus the XML of a Detail node in the ``<PagedContext>``.
 
 Rankers: the proxy's Router itself (``pcp_core.router.page_ranking``: turns
-scored by BM25, alone or with MiniLM, a page by its best turn); BM25 with
+scored by BM25, alone or with MiniLM, plus a lift for turns said in a period
+the question names, a page by its best turn); BM25 with
 pseudo-relevance feedback over pages (the Router before) and over turns; MiniLM cosine over turns, alone and read with the turn before
 (as ``pcp_core.router.dense_units`` does); and the two turn rankings fused by reciprocal
 rank (k=30), where a turn gains 0.3 of its better neighbour's score. A page
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import datetime
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -36,12 +38,13 @@ from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Qu
 from pcp_core.pages import Origin, OriginalPage  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pcp_core.router import Bm25, anchor_intent, dense_scores, page_ranking, turn_units  # noqa: E402
+from pcp_core.router import Bm25, anchor_intent, dense_scores, page_ranking, said_in, turn_units  # noqa: E402
 from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 RRF_K = 30
+NOW = datetime(2026, 1, 1)  # when the questions are asked: after every conversation
 NEIGHBOUR_SHARE = 0.3
 Scores = dict[int, float]
 
@@ -100,7 +103,8 @@ class Conversation:
 
 
 def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[tuple[set[int], int]]]:
-    weights = anchor_intent("", text).weights
+    intent = anchor_intent("", text, now=NOW)
+    weights = intent.weights
     position = {p.id: i for i, p in enumerate(conv.pages)}
 
     def as_turns(order: Sequence[int]) -> list[tuple[set[int], int]]:
@@ -126,8 +130,9 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     lexical = Bm25.of_texts(turns).feedback_scores(weights)
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
     cosines = np.concatenate([conv.alone @ question_vector, conv.paired @ question_vector])
-    router = [by_id[p] for p in page_ranking(owners, lexical)]
-    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(cosines, conv.n))]
+    timely = said_in([conv.pages[by_id[o]].timestamp for o in owners], intent.periods)
+    router = [by_id[p] for p in page_ranking(owners, lexical, timely=timely)]
+    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(cosines, conv.n), timely)]
     return {
         "pages: the Router, BM25 over turns": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
         "pages: the Router, BM25 + MiniLM over turns": as_pages(router_dense),
