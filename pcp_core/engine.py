@@ -152,7 +152,10 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         cosines = yield Similarity(intent.text, dense_texts(turns))
         if cosines is not None:
             dense = dense_scores(cosines, len(turns))
-    timely = said_in([index.get(owner).timestamp for owner in owners], intent.periods) if intent.periods else None
+    timely = None
+    if intent.periods:
+        stamps = {leaf.id: leaf.timestamp for leaf in leaves}
+        timely = said_in([stamps[owner] for owner in owners], intent.periods)
     ranked = page_ranking(owners, lexical, dense, timely)
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
