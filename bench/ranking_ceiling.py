@@ -38,7 +38,7 @@ from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Qu
 from pcp_core.pages import Origin, OriginalPage  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pcp_core.router import Bm25, anchor_intent, dense_scores, page_ranking, said_in, turn_units  # noqa: E402
+from pcp_core.router import Bm25, anchor_intent, broad_match, dense_scores, turn_units  # noqa: E402
 from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -127,12 +127,10 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     # The proxy's own Router (pcp_core.router): turns scored by BM25 and MiniLM z-scores, a page by its best.
     turns, owners = turn_units(conv.pages)
     assert len(turns) == conv.n, "a turn was split across pages: the turn vectors no longer line up"
-    lexical = Bm25.of_texts(turns).feedback_scores(weights)
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
     cosines = np.concatenate([conv.alone @ question_vector, conv.paired @ question_vector])
-    timely = said_in([conv.pages[by_id[o]].timestamp for o in owners], intent.periods)
-    router = [by_id[p] for p in page_ranking(owners, lexical, timely=timely)]
-    router_dense = [by_id[p] for p in page_ranking(owners, lexical, dense_scores(cosines, conv.n), timely)]
+    router = [by_id[p] for p in broad_match(intent, conv.pages, turns, owners)]
+    router_dense = [by_id[p] for p in broad_match(intent, conv.pages, turns, owners, dense_scores(cosines, conv.n))]
     return {
         "pages: the Router, BM25 over turns": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
         "pages: the Router, BM25 + MiniLM over turns": as_pages(router_dense),

@@ -23,15 +23,15 @@ worker, parse its directives, apply them to the view state, and loop — at most
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any, Literal
 
 import msgspec
 
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, Page, View
-from .router import ROUTER_CANDIDATES, Bm25, Intent, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, turn_units
+from .pages import ConsolidatedPage, View
+from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, turn_units
 from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
@@ -143,20 +143,21 @@ Effect = Similarity | CallRouter | CallWorker
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
     views = ViewState(index)
     leaves = list(index.leaves())
-    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "", moment(context.current_time))
+    now = moment(context.current_time)
+    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "", now)
     # Broad match scores turns, not pages: one telling turn is diluted in a page.
     turns, owners = turn_units(leaves)
-    lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
     dense = None
     if context.dense and turns:
         cosines = yield Similarity(intent.text, dense_texts(turns))
         if cosines is not None:
             dense = dense_scores(cosines, len(turns))
-    timely = None
-    if intent.periods:
-        stamps = {leaf.id: leaf.timestamp for leaf in leaves}
-        timely = said_in([stamps[owner] for owner in owners], intent.periods)
-    ranked = page_ranking(owners, lexical, dense, timely)
+    ranked = broad_match(intent, leaves, turns, owners, dense)
+
+    def explore(keywords: Sequence[str]) -> list[str]:
+        """The worker's own search: its keywords (and the times they name) addressed as a query is."""
+        return broad_match(anchor_intent("", ", ".join(keywords), now=now), leaves, turns, owners)
+
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
         reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.budget, count))
@@ -202,7 +203,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         for fault in faults:
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
-            step, raised = _apply(directive, views, index, leaves, round_no, standalone)
+            step, raised = _apply(directive, views, index, explore, round_no, standalone)
             # What the worker asked for comes first, then what diffusion found inside it.
             raised += _diffuse(directive, ranked, index, views, round_no, synthesis.shown)
             trace.append(step)
@@ -266,7 +267,7 @@ def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
     return text, directives, faults
 
 
-def _apply(directive: Directive, views: ViewState, index: PageIndex, leaves: Sequence[Page], round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
+def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Callable[[Sequence[str]], list[str]], round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
     """Carry out one directive; returns its trace step and the pages it raised."""
     name = type(directive).__name__
     target = directive.handle if isinstance(directive, Explore) else directive.id
@@ -281,8 +282,7 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, leaves: Seq
             index.activate(directive.id, Activation.SHELVED)
             return _step(name, target, directive.reason, changes), []
         scope = None if directive.handle in ("history", "") else _subtree(index, directive.handle)
-        weights = {t: 1.0 for keyword in directive.keywords for t in keyword.lower().split()}
-        hits = [p for p, _ in Bm25(leaves).rank(weights) if scope is None or p in scope][:EXPLORE_HITS]
+        hits = [p for p in explore(directive.keywords) if scope is None or p in scope][:EXPLORE_HITS]
         for page_id in hits:
             views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
             index.touch(page_id)

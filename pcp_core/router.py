@@ -24,7 +24,7 @@ from .pages import Page, turn_texts, without_turn_markers
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "turn_units"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "turn_units"]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -309,6 +309,20 @@ def dense_scores(cosines: Any, n: int) -> Any:
     """
     cosines = np.asarray(cosines, dtype=np.float64)
     return np.maximum(_z(cosines[:n]), _z(cosines[n : 2 * n]))
+
+
+def broad_match(intent: Intent, pages: Sequence[Page], turns: Sequence[str], owners: Sequence[str], dense: Any = None) -> list[str]:
+    """``pages`` ranked for ``intent``, best first (``turns``, ``owners``: their ``turn_units``).
+
+    Each turn scores by BM25 with feedback, plus ``dense`` scores when the
+    host embeds, plus the lift of being said when the intent asks about.
+    """
+    lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
+    timely = None
+    if intent.periods:
+        stamps = {page.id: page.timestamp for page in pages}
+        timely = said_in([stamps[owner] for owner in owners], intent.periods)
+    return page_ranking(owners, lexical, dense, timely)
 
 
 def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:

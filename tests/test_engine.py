@@ -99,6 +99,20 @@ def test_explore_injects_matching_pages():
     assert "E-117" in " ".join(doc(calls[1]).xpath("//Content/text()"))
 
 
+def test_explore_finds_pages_by_the_time_its_keywords_name():
+    messages = []
+    for month in range(1, 13):
+        messages.append({"role": "user", "content": f"[2023-{month:02}-05 10:00]\nSession {month}: we planted beans and talked of rain."})
+        messages += [{"role": "assistant" if i % 2 == 0 else "user", "content": f"Month {month}, remark {i} about the garden."} for i in range(7)]
+    ctx = context(query="what did we plant?", budget=700)
+    calls, _, _ = drive([WorkerReply(text='Explore("that month", "history", "June 2023")'), WorkerReply(text="Beans.")], ctx, messages)
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert step.get("action") == "Explore" and step.get("result") != "found nothing"
+    # ISO headers hold no word "June": only the pages' timestamps lead there.
+    assert "Session 6:" not in " ".join(doc(calls[0]).xpath("//Content/text()"))
+    assert "Session 6:" in " ".join(doc(calls[1]).xpath("//Content/text()"))
+
+
 def test_the_last_round_forbids_directives_and_answers():
     looping = WorkerReply(text='Consult("more", "nope-not-an-id-0")')
     calls, outcome, _ = drive([WorkerReply(text="Consult(a, b)"), looping, looping, looping], context(max_rounds=3))
