@@ -167,12 +167,14 @@ def main() -> None:
             seq: dict[str, list[float]] = {name: [] for name in ports}
             conc: dict[str, list[float]] = {name: [] for name in ports}
             rps: dict[str, list[float]] = {name: [] for name in ports}
-            per_round = args.requests // args.rounds
+            per_round = max(args.requests // args.rounds, 1)
+            # Every client sends at least one request a round: a share of 0 would measure nothing.
+            concurrent_per_round = max(per_round * 2, args.clients)
             for _ in range(args.rounds):
                 for name, port in ports.items():
                     seq[name] += sequential(port, body, per_round)
                 for name, port in ports.items():
-                    times, throughput = asyncio.run(concurrent(port, body, per_round * 2, args.clients))
+                    times, throughput = asyncio.run(concurrent(port, body, concurrent_per_round, args.clients))
                     conc[name] += times
                     rps[name].append(throughput)
         finally:
@@ -182,7 +184,7 @@ def main() -> None:
                 proc.wait(timeout=10)
 
     tokens = args.history_tokens
-    print(f"\nPassthrough overhead, one run, {args.requests} sequential + {args.requests * 2} concurrent requests per target, ~{tokens}-token history, new last message each request\n")
+    print(f"\nPassthrough overhead, one run, {len(seq['direct'])} sequential + {len(conc['direct'])} concurrent requests per target, ~{tokens}-token history, new last message each request\n")
     print("| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |")
     print("|---|---|---|---|---|---|---|---|---|")
     base = {"s50": pct(seq["direct"], 50), "s95": pct(seq["direct"], 95), "c50": pct(conc["direct"], 50), "rps": statistics.median(rps["direct"])}
