@@ -52,6 +52,9 @@ __all__ = [
 
 HOT_PAGES = 40  # pages the Router may make Hot; the budget decides how many show
 FOCUS_FIRST = 3  # Hot pages that go before the roots' overview
+# Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
+# Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
+OVERVIEW_SHARE = 0.10
 INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
 RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
 EXPLORE_HITS = 3
@@ -164,6 +167,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         if reply is not None:
             ranked = precision_selection(ranked, reply, candidates)
     hot, indexed = ranked[:HOT_PAGES], ranked[HOT_PAGES : HOT_PAGES + INDEXED_PAGES]
+    overview = list(reversed(index.roots))
     recent = [page.id for page in leaves[-RECENT_PAGES:]][::-1]
     for page_id in hot + recent:
         views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
@@ -186,9 +190,10 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             final=final,
             budget=context.budget,
             # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
-            priorities=_priorities(consulted, hot, read, list(reversed(index.roots)), indexed, recent),
+            priorities=_priorities(consulted, hot, read, overview, indexed, recent),
             indexed=indexed,
             reserved_tokens=context.reserved_tokens,
+            overview_budget=int(OVERVIEW_SHARE * context.budget),
         )
         synthesis = synthesize(index, views.raised(), request, count)
         standalone = set(synthesis.standalone)

@@ -9,8 +9,9 @@ greedily, cheapest guarantee first:
 2. every root starts folded into ``<Background_Context>`` (one line each, with
    its id, so the worker can still Consult it);
 3. pages are admitted in the caller's priority order (the engine's: what the
-   worker consulted, the best Hot pages, the roots' Summaries for an overview,
-   the other Hot pages, the most recent turns). A page zoomed
+   worker consulted, the best Hot pages, the roots' Summaries for an overview —
+   within its share of the budget, the first root always —, the other Hot
+   pages, the most recent turns). A page zoomed
    into by Consult is shown nested in its Unpacked ancestors, and costs their
    unfolding; a page the Router injected stands alone in the flow, in time
    order after its container. A page that does not fit stays at Summary —
@@ -81,6 +82,9 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     indexed: Sequence[str] = ()
     # Tokens the call spends outside the messages (e.g. tool definitions).
     reserved_tokens: int = 0
+    # Most tokens the roots listed in ``priorities`` may take as Summary nodes (None: no cap);
+    # the first always shows. The rest stay folded in Background_Context, unless room is left at the end.
+    overview_budget: int | None = None
 
 
 class Synthesis(msgspec.Struct):
@@ -122,11 +126,17 @@ class _Builder:
             admissions.append((views, roots))
             return True
 
+        overview_left = request.budget if request.overview_budget is None else request.overview_budget
+        overview_shown = False
         for page_id in dict.fromkeys(request.priorities):
             if page_id in self.index and self.wanted.get(page_id, S) != S:
                 admit(*self._raise_plan(page_id, self.wanted[page_id], shown))
             elif page_id in self.index.roots and page_id not in unfolded:
-                admit({}, {page_id})  # a root listed for itself: its Summary
+                # A root listed for itself: its Summary, while the overview's share lasts.
+                cost = self._delta(shown, unfolded, {}, {page_id})
+                if (cost <= overview_left or not overview_shown) and admit({}, {page_id}):
+                    overview_left -= cost
+                    overview_shown = True
             elif page_id in indexed and page_id not in shown and page_id in self.index:
                 admit({page_id: S}, set())  # standalone at Summary
         for root in reversed(self.index.roots):

@@ -158,3 +158,49 @@ def test_an_original_in_detail_carries_its_words_not_its_index_keys():
     detail = doc.find(f".//Node[@id='{leaves[3].id}']")
     assert detail.get("view") == "Detail" and leaves[3].keywords and detail.get("keywords") is None
     assert all(n.get("keywords") for n in doc.iter("Node") if n.get("view") == "Summary")
+
+
+def _roots_shown(synthesis) -> list[str]:
+    return [n.get("id") for n in _doc(synthesis).find("Linear_Flow") if n.get("view") == "Summary"]
+
+
+def test_the_overview_keeps_to_its_share_and_the_other_roots_fold_into_the_background():
+    index = _history(36)  # six roots
+    roots = list(reversed(index.roots))
+    hot = [leaf.id for leaf in index.leaves()][::2]
+    views = ViewState(index)
+    for page_id in hot:
+        views.raise_to(page_id, View.DETAIL, unfold=False)
+    priorities = [*hot[:2], *roots, *hot[2:]]
+
+    whole = synthesize(index, views.raised(), _request(budget=1200, priorities=priorities), COUNT)
+    capped = synthesize(index, views.raised(), _request(budget=1200, priorities=priorities, overview_budget=150), COUNT)
+
+    assert len(roots) == 6 and set(_roots_shown(whole)) == set(roots)
+    shown = _roots_shown(capped)
+    assert 1 <= len(shown) < len(roots) and roots[0] in shown
+    background = _doc(capped).findtext("Background_Context")
+    assert all(root in background for root in roots if root not in shown)
+    # The room the overview left goes to evidence.
+    details = [p for p, v in capped.shown.items() if v == View.DETAIL]
+    assert len(details) > len([p for p, v in whole.shown.items() if v == View.DETAIL])
+    assert capped.tokens <= 1200 and whole.tokens <= 1200
+
+
+def test_the_first_root_shows_even_when_the_share_is_smaller_than_it():
+    index = _history(36)
+    roots = list(reversed(index.roots))
+    views = ViewState(index)
+    hot = [leaf.id for leaf in index.leaves()]
+    for page_id in hot:
+        views.raise_to(page_id, View.DETAIL, unfold=False)
+    synthesis = synthesize(index, views.raised(), _request(budget=1200, priorities=[*roots, *hot], overview_budget=1), COUNT)
+    shown = _roots_shown(synthesis)
+    assert roots[0] in shown and len(shown) < len(roots)
+
+
+def test_roots_past_the_share_still_unfold_when_room_is_left_at_the_end():
+    index = _history(36)
+    roots = list(reversed(index.roots))
+    synthesis = synthesize(index, {}, _request(budget=60_000, priorities=roots, overview_budget=1), COUNT)
+    assert set(_roots_shown(synthesis)) == set(roots) and synthesis.folded == []
