@@ -58,9 +58,7 @@ def _date(line: str) -> tuple[int, int, int, str] | None:
     for pattern in (_ISO_DATE, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR):
         found = pattern.search(line)
         if found:
-            month = found.group("month")
-            number = int(month) if month.isdigit() else [m[:3] for m in _MONTHS].index(month.lower()) + 1
-            return int(found.group("year")), number, int(found.group("day")), found.group(0)
+            return int(found.group("year")), _month_number(found.group("month")), int(found.group("day")), found.group(0)
     return None
 
 
