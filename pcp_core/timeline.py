@@ -89,8 +89,8 @@ class Period(msgspec.Struct, frozen=True):
 
 _MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.I)
 # A month without a year only after a word that makes it one ("in June"): "May" is also a verb.
-_BARE_MONTH = re.compile(r"\b(?:in|of|during|since|before|after|by|early|late|mid)[- ](?P<month>" + "|".join(m.capitalize() for m in _MONTHS) + r")\b")
-_YEAR = re.compile(r"\b(?:in|of|during|since)\s+(?P<year>(?:19|20)\d\d)\b")
+_BARE_MONTH = re.compile(r"\b(?i:in|of|during|since|before|after|by|early|late|mid)[- ](?P<month>" + "|".join(m.capitalize() for m in _MONTHS) + r")\b")
+_YEAR = re.compile(r"\b(?:in|of|during|since)\s+(?P<year>(?:19|20)\d\d)\b", re.I)
 _RELATIVE = {"today": (0, 1), "yesterday": (1, 0), "this week": (7, 1), "last week": (14, 0), "this month": (31, 1), "last month": (62, 0)}  # days back, days on
 _RELATIVE_WORDS = re.compile(r"\b(" + "|".join(_RELATIVE) + r")\b", re.I)
 _YEARS_OF_A_BARE_MONTH = 30  # "in June": that month in each of the last years before now

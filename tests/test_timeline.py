@@ -84,6 +84,7 @@ def spans(text: str) -> list[tuple[str, str]]:
         ("the notes of 2024-03-05", [("2024-03-05T00:00:00", "2024-03-06T00:00:00")]),
         ("What class did Maria start in December 2023?", [("2023-12-01T00:00:00", "2024-01-01T00:00:00")]),
         ("How often did we go to the beach in 2023?", [("2023-01-01T00:00:00", "2024-01-01T00:00:00")]),
+        ("In 2023, how often did we go to the beach?", [("2023-01-01T00:00:00", "2024-01-01T00:00:00")]),
         # A day is one period, not also its month and its year.
         ("the week before August 3, 2023", [("2023-08-03T00:00:00", "2023-08-04T00:00:00")]),
         ("What did I say yesterday?", [("2026-11-22T00:00:00", "2026-11-23T00:00:00")]),
@@ -101,6 +102,8 @@ def test_a_month_without_a_year_is_that_month_of_any_recent_year():
     assert ("2023-06-01T00:00:00", "2023-07-01T00:00:00") in found
     assert ("2026-06-01T00:00:00", "2026-07-01T00:00:00") in found
     assert all(start[5:7] == "06" for start, _ in found)
+    assert spans("In June, where did we camp?") == found
+    assert spans("Where did we camp in june?") == []  # a month without a year is written as a name
 
 
 def test_words_like_yesterday_count_only_when_no_date_is_named():
