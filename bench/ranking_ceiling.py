@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import datetime
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
