@@ -175,6 +175,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         index.touch(page_id)
     standalone: set[str] = set()  # pages the last synthesis showed outside their container
     consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
+    diffused: list[str] = []  # newest first: what reactive diffusion brought in beside them
     read: set[str] = set()  # pages the worker has been shown in Detail
     trace: list[Step] = []
     faulted = False
@@ -190,7 +191,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             final=final,
             budget=context.budget,
             # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
-            priorities=_priorities(consulted, hot, read, overview, indexed, recent),
+            priorities=_priorities(consulted, diffused, hot, read, overview, indexed, recent),
             indexed=indexed,
             reserved_tokens=context.reserved_tokens,
             overview_budget=int(OVERVIEW_SHARE * context.budget),
@@ -208,13 +209,11 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         for fault in faults:
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:
-            step, raised = _apply(directive, views, index, explore, round_no, standalone)
-            # What the worker asked for comes first, then what diffusion found inside it.
-            raised += _diffuse(directive, ranked, index, views, round_no, synthesis.shown)
+            step, asked = _apply(directive, views, index, explore, round_no, standalone)
             trace.append(step)
             faulted |= step.action == "BusFault"
-            consulted[:0] = raised
-            consulted = [p for p in dict.fromkeys(consulted) if views.view(p) != View.SUMMARY]
+            consulted = _still_raised([*asked, *consulted], views)
+            diffused = _still_raised([*_diffuse(directive, ranked, index, views, round_no, read), *diffused], views)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
         faulted |= bool(faults)
         views.settle(round_no)
@@ -222,18 +221,26 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     raise AssertionError("unreachable: the last round always answers")
 
 
-def _priorities(consulted: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str]) -> list[str]:
+def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str]) -> list[str]:
     """What to show first. Round 0: the worker's focus, the overview (§7.2 Level 1), the rest.
 
-    A worker that asks for more has read what it was shown: after its choices
-    and the best pages, the pages of the ranking it has not read come before
-    the overview it has seen.
+    A worker that asks for more has read what it was shown: after its own
+    choices, what diffusion found in them that it has not read, and the best
+    pages, the pages it has not read come before the overview and the pages
+    it has seen.
     """
     focus, rest = hot[:FOCUS_FIRST], hot[FOCUS_FIRST:]
     if not read:
-        return [*consulted, *focus, *overview, *rest, *indexed, *recent]
+        return [*consulted, *diffused, *focus, *overview, *rest, *indexed, *recent]
+    fresh = [p for p in diffused if p not in read]
     unread = [p for p in rest if p not in read]
-    return [*consulted, *focus, *unread, *overview, *(p for p in rest if p in read), *indexed, *recent]
+    seen = [p for p in (*diffused, *rest) if p in read]
+    return [*consulted, *fresh, *focus, *unread, *overview, *seen, *indexed, *recent]
+
+
+def _still_raised(page_ids: list[str], views: ViewState) -> list[str]:
+    """``page_ids`` without repeats, less those a directive folded back to Summary."""
+    return [p for p in dict.fromkeys(page_ids) if views.view(p) != View.SUMMARY]
 
 
 def _tools(context: RoundContext) -> list[dict[str, Any]]:
@@ -296,17 +303,18 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Ca
         return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
 
 
-def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, shown: dict[str, View]) -> list[str]:
+def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str]) -> list[str]:
     """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
 
-    The Original page under the consulted container that ranks best for the
-    intent, and was not shown in Detail yet, is injected in Detail beside it —
-    so a Consult on a summary reaches evidence, not only another summary.
+    The Original pages under the consulted container that rank best for the
+    intent, and that the worker has not been shown in Detail in any round
+    (``read``), are injected in Detail beside it — so a Consult on a summary
+    reaches new evidence, not only another summary or pages already read.
     """
     if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
         return []
     scope = _subtree(index, directive.id)
-    found = [p for p in ranked if p in scope and shown.get(p) != View.DETAIL][:DIFFUSION_PAGES]
+    found = [p for p in ranked if p in scope and p not in read][:DIFFUSION_PAGES]
     for page_id in found:
         views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
         index.touch(page_id)

