@@ -58,7 +58,7 @@ def _date(line: str) -> tuple[int, int, int, str] | None:
     for pattern in (_ISO_DATE, _DAY_MONTH_YEAR, _MONTH_DAY_YEAR):
         found = pattern.search(line)
         if found:
-            return int(found.group("year")), _month_number(found.group("month")), int(found.group("day")), found.group(0)
+            return (*_year_month_day(found), found.group(0))
     return None
 
 
@@ -140,9 +140,14 @@ def _month_number(name: str) -> int:
     return int(name) if name.isdigit() else [m[:3] for m in _MONTHS].index(name[:3].lower()) + 1
 
 
+def _year_month_day(found: re.Match[str]) -> tuple[int, int, int]:
+    """The date a match of ``_ISO_DATE``, ``_DAY_MONTH_YEAR`` or ``_MONTH_DAY_YEAR`` states."""
+    return int(found.group("year")), _month_number(found.group("month")), int(found.group("day"))
+
+
 def _day(found: re.Match[str]) -> datetime | None:
     try:
-        return datetime(int(found.group("year")), _month_number(found.group("month")), int(found.group("day")))
+        return datetime(*_year_month_day(found))
     except ValueError:  # "31 February"
         return None
 
