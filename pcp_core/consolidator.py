@@ -15,11 +15,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 
-from .pages import without_turn_markers
+from .pages import ConsolidatedPage, Page, short_hash, without_turn_markers
 
 __all__ = [
     "Segmenter",
     "TermStats",
+    "consolidate",
     "consensus_keywords",
     "extractive_summary",
     "model_summary",
@@ -163,6 +164,28 @@ def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, 
         for rank, keyword in enumerate(keywords):
             score[keyword] += 1.0 + 1.0 / (rank + 2)
     return tuple(t for t, _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
+def consolidate(children: Sequence[Page], stats: TermStats, keywords: int, summary_chars: int) -> ConsolidatedPage:
+    """The container of ``children`` (§5.1.2): their consensus keywords, and a summary chosen from theirs."""
+    consensus = consensus_keywords([c.keywords for c in children], keywords)
+    full_text = "\n".join(c.summary for c in children)
+    # The sentences that say the most of what is distinctive here, the consensus keywords above all.
+    weights = stats.weights(full_text)
+    for i, keyword in enumerate(consensus):
+        weights[keyword] = weights.get(keyword, 0.0) + float(len(consensus) - i)
+    return ConsolidatedPage(
+        id=short_hash("Consolidated", *(c.id for c in children)),
+        origin=children[0].origin,
+        depth=0,
+        timestamp=children[0].timestamp,
+        keywords=consensus,
+        summary=extractive_summary(full_text, weights, summary_chars),
+        source_ids=tuple(c.id for c in children),
+        content=full_text,
+        first_turn=children[0].first_turn,
+        last_turn=children[-1].last_turn,
+    )
 
 
 def _clip(text: str, max_chars: int) -> str:

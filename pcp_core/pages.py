@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 
 import msgspec
 
 __all__ = [
+    "at_depth",
     "ConsolidatedPage",
     "Origin",
     "OriginalPage",
@@ -23,6 +25,7 @@ __all__ = [
     "View",
     "iso_timestamp",
     "short_hash",
+    "tree_depths",
     "turn_texts",
     "without_turn_markers",
 ]
@@ -114,3 +117,22 @@ def turn_texts(content: str) -> list[str]:
 def without_turn_markers(content: str) -> str:
     """The content with the "[role] " marker of each turn removed: only what was said."""
     return _TURN_MARKER.sub("", content)
+
+
+def tree_depths(pages: Sequence[Page]) -> dict[str, int]:
+    """Each page's depth, counted from its root (1) down: known only once the tree is whole."""
+    parent = {child: page.id for page in pages if isinstance(page, ConsolidatedPage) for child in page.source_ids}
+    depths: dict[str, int] = {}
+
+    def depth(page_id: str) -> int:
+        if page_id not in depths:
+            depths[page_id] = 1 if page_id not in parent else depth(parent[page_id]) + 1
+        return depths[page_id]
+
+    for page in pages:
+        depth(page.id)
+    return depths
+
+
+def at_depth(page: Page, depth: int) -> Page:
+    return page if page.depth == depth else msgspec.structs.replace(page, depth=depth)

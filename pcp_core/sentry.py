@@ -9,12 +9,12 @@ from typing import Any
 
 import msgspec
 
-from .consolidator import TermStats, consensus_keywords, extractive_summary, segment_turns, terms, top_keywords
+from .consolidator import TermStats, consolidate, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
-from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, short_hash, without_turn_markers
+from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, tree_depths, without_turn_markers
 from .timeline import opens_with_date, stated_time
-from .tokens import CountText
+from .tokens import CountText, split_words
 
 __all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "topic_groups", "turns_from_messages"]
 
@@ -148,12 +148,12 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
     by metabolism); above them, time (the temporal backbone).
     """
     if len(leaves) <= policy.max_roots:
-        return PagedHistory(leaves=[_at_depth(leaf, 1) for leaf in leaves], df=df)
+        return PagedHistory(leaves=[at_depth(leaf, 1) for leaf in leaves], df=df)
     reusable = {c.source_ids: c for c in known.containers}
     stats = TermStats.from_counts(len(leaves), df)
 
     def container(group: Sequence[Page]) -> ConsolidatedPage:
-        return reusable.get(tuple(c.id for c in group)) or _unique(_consolidate(group, stats, policy), used)  # type: ignore[return-value]
+        return reusable.get(tuple(c.id for c in group)) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)  # type: ignore[return-value]
 
     signatures: dict[tuple[str, ...], tuple[str, ...]] = {}  # by the ids of a group's pages
 
@@ -183,29 +183,14 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
         level = up(branches(level, {c: t for c, (t, _) in by_id.items()}, policy.metabolism))
     while len(level) > policy.max_roots:
         level = up(_backbone(level, policy))
-    depths = _depths([*leaves, *firsts, *above.values()])
+    depths = tree_depths([*leaves, *firsts, *above.values()])
     return PagedHistory(
-        leaves=[_at_depth(p, depths[p.id]) for p in leaves],  # type: ignore[misc]
-        containers=[_at_depth(p, depths[p.id]) for p in (*firsts, *above.values())],  # type: ignore[misc]
+        leaves=[at_depth(p, depths[p.id]) for p in leaves],  # type: ignore[misc]
+        containers=[at_depth(p, depths[p.id]) for p in (*firsts, *above.values())],  # type: ignore[misc]
         df=df,
         topics={c: t for c, (t, _) in by_id.items()},
         signatures={c: sig for c, (_, sig) in by_id.items()},
     )
-
-
-def _depths(pages: Sequence[Page]) -> dict[str, int]:
-    """Each page's depth, counted from its root (1) down: known only once the tree is whole."""
-    parent = {child: page.id for page in pages if isinstance(page, ConsolidatedPage) for child in page.source_ids}
-    depths: dict[str, int] = {}
-
-    def depth(page_id: str) -> int:
-        if page_id not in depths:
-            depths[page_id] = 1 if page_id not in parent else depth(parent[page_id]) + 1
-        return depths[page_id]
-
-    for page in pages:
-        depth(page.id)
-    return depths
 
 
 def _backbone(level: Sequence[Page], policy: PagingPolicy) -> list[list[Page]]:
@@ -266,10 +251,6 @@ def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
     return sum(stats.idf(t) for t in words & said) / total if total else 1.0
 
 
-def _at_depth(page: Page, depth: int) -> Page:
-    return page if page.depth == depth else msgspec.structs.replace(page, depth=depth)
-
-
 def _unique(page: Page, used: set[str]) -> Page:
     """The page with an id no other page of the history has (a short hash can collide)."""
     if page.id in used:
@@ -288,14 +269,7 @@ def _split_oversized(turns: Sequence[Turn], count: CountText, policy: PagingPoli
             pieces.append(turn)
             continue
         # A turn longer than a page becomes several pages of consecutive words.
-        words, part = turn.text.split(" "), []
-        for word in words:
-            part.append(word)
-            if count(" ".join(part)) >= policy.page_tokens - 8:
-                pieces.append(msgspec.structs.replace(turn, text=" ".join(part)))
-                part = []
-        if part:
-            pieces.append(msgspec.structs.replace(turn, text=" ".join(part)))
+        pieces += [msgspec.structs.replace(turn, text=part) for part in split_words(turn.text, count, policy.page_tokens)]
     return [group for part in _dated_parts(pieces) for group in _bounded(part, count, policy)]
 
 
@@ -327,25 +301,4 @@ def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingP
         content=content,
         first_turn=first.index,
         last_turn=last.index,
-    )
-
-
-def _consolidate(children: Sequence[Page], stats: TermStats, policy: PagingPolicy) -> ConsolidatedPage:
-    keywords = consensus_keywords([c.keywords for c in children], policy.keywords)
-    full_text = "\n".join(c.summary for c in children)
-    # The sentences that say the most of what is distinctive here, the consensus keywords above all.
-    weights = stats.weights(full_text)
-    for i, keyword in enumerate(keywords):
-        weights[keyword] = weights.get(keyword, 0.0) + float(len(keywords) - i)
-    return ConsolidatedPage(
-        id=short_hash("Consolidated", *(c.id for c in children)),
-        origin=children[0].origin,
-        depth=0,
-        timestamp=children[0].timestamp,
-        keywords=keywords,
-        summary=extractive_summary(full_text, weights, policy.container_summary_chars),
-        source_ids=tuple(c.id for c in children),
-        content=full_text,
-        first_turn=children[0].first_turn,
-        last_turn=children[-1].last_turn,
     )

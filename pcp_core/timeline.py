@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import msgspec
 
-__all__ = ["Period", "mentioned_periods", "moment", "opens_with_date", "stated_time"]
+__all__ = ["Period", "mentioned_periods", "moment", "opens_with_date", "stated_time", "time_in"]
 
 # A bracketed first line holding a year: the shape of a dated header.
 _HEADER = re.compile(r"^\[([^\]\n]*\b(?:1[89]|20)\d\d\b[^\]\n]*)\]")
@@ -39,9 +39,11 @@ def opens_with_date(text: str) -> bool:
 def stated_time(text: str) -> str | None:
     """The ISO-8601 time a dated header at the start of ``text`` states, if it states one that parses."""
     header = _HEADER.match(text)
-    if header is None:
-        return None
-    line = header.group(1)
+    return None if header is None else time_in(header.group(1))
+
+
+def time_in(line: str) -> str | None:
+    """The ISO-8601 time ``line`` states: its first date that parses, at the clock time beside it if any."""
     date = _date(line)
     if date is None:
         return None

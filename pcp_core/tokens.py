@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["CountText", "message_tokens", "prompt_tokens", "IMAGE_PART_TOKENS"]
+__all__ = ["CountText", "message_tokens", "prompt_tokens", "split_words", "IMAGE_PART_TOKENS"]
 
 CountText = Callable[[str], int]
 
@@ -44,3 +44,16 @@ def message_tokens(message: Mapping[str, Any], count: CountText) -> int:
 
 def prompt_tokens(messages: Iterable[Mapping[str, Any]], count: CountText) -> int:
     return REPLY_PRIMING + sum(message_tokens(m, count) for m in messages)
+
+
+def split_words(text: str, count: CountText, limit: int) -> list[str]:
+    """``text`` cut into runs of consecutive words of at most about ``limit`` tokens each."""
+    pieces, part = [], []
+    for word in text.split(" "):
+        part.append(word)
+        if count(" ".join(part)) >= limit - 8:
+            pieces.append(" ".join(part))
+            part = []
+    if part:
+        pieces.append(" ".join(part))
+    return pieces
