@@ -18,6 +18,10 @@ by BM25, plus dense recall when the host embeds; a router model, when the host h
 among the best; those become Hot, the latest turns stay in Detail), synthesize, call the
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
+
+The Draft pages of the history's PBlocks (large messages, ``pcp_core.pblock``)
+are addressed with the history's pages; the drafts a round shows above Summary
+are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ import msgspec
 
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, View
+from .pages import ConsolidatedPage, Page, View
+from .pblock import solidify
 from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, turn_units
 from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
@@ -138,6 +143,8 @@ class Outcome(msgspec.Struct, frozen=True):
     rounds: int
     trace: list[Step]
     intent: Intent
+    # The formal pages Draft pages were solidified into at the ends of the rounds (§VI.5).
+    solidified: list[Page] = []
 
 
 Effect = Similarity | CallRouter | CallWorker
@@ -145,9 +152,10 @@ Effect = Similarity | CallRouter | CallWorker
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
     views = ViewState(index)
-    leaves = list(index.leaves())
+    leaves = list(index.leaves())  # the history's, and the Draft pages of its PBlocks
+    said = [page for page in leaves if not page.draft]
     now = moment(context.current_time)
-    intent = anchor_intent(context.head, context.query, leaves[-1].summary if leaves else "", now)
+    intent = anchor_intent(context.head, context.query, said[-1].summary if said else "", now)
     # Broad match scores turns, not pages: one telling turn is diluted in a page.
     turns, owners = turn_units(leaves)
     dense = None
@@ -168,7 +176,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             ranked = precision_selection(ranked, reply, candidates)
     hot, indexed = ranked[:HOT_PAGES], ranked[HOT_PAGES : HOT_PAGES + INDEXED_PAGES]
     overview = list(reversed(index.roots))
-    recent = [page.id for page in leaves[-RECENT_PAGES:]][::-1]
+    recent = [page.id for page in said[-RECENT_PAGES:]][::-1]
     for page_id in hot + recent:
         views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
         index.activate(page_id, Activation.HOT)
@@ -177,6 +185,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
     diffused: list[str] = []  # newest first: what reactive diffusion brought in beside them
     read: set[str] = set()  # pages the worker has been shown in Detail
+    solid: dict[str, Page] = {}  # Draft pages solidified so far, by id
     trace: list[Step] = []
     faulted = False
     tools = _tools(context)
@@ -199,13 +208,15 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
         synthesis = synthesize(index, views.raised(), request, count)
         standalone = set(synthesis.standalone)
         read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
+        # What the round shows is what its end finds read: those drafts become formal pages.
+        solid.update((page.id, page) for page in solidify(synthesis.shown, index))
         reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
 
         if calls_client_tool(reply.tool_calls, context.client_tools):
-            return Outcome("client_tool_calls", reply.text, round_no + 1, trace, intent)
+            return Outcome("client_tool_calls", reply.text, round_no + 1, trace, intent, list(solid.values()))
         text, directives, faults = _read(reply)
         if reply.delivered or final or not (directives or faults):
-            return Outcome("answer", text.strip() or NO_ANSWER, round_no + 1, trace, intent)
+            return Outcome("answer", text.strip() or NO_ANSWER, round_no + 1, trace, intent, list(solid.values()))
         for fault in faults:
             trace.append(Step("BusFault", fault.raw[:120], fault.reason))
         for directive in directives:

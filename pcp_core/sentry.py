@@ -12,6 +12,7 @@ import msgspec
 from .consolidator import TermStats, consolidate, extractive_summary, segment_turns, terms, top_keywords
 from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
+from .pblock import PBlock, Scan, block_handle, handle_line, scan
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, tree_depths, without_turn_markers
 from .timeline import opens_with_date, stated_time
 from .tokens import CountText, split_words
@@ -38,6 +39,7 @@ class PagingPolicy(msgspec.Struct, frozen=True):
     summary_chars: int = 180
     container_summary_chars: int = 160
     metabolism: Metabolism = Metabolism()
+    blocks: Scan = Scan()  # messages too large for turns are File PBlocks
 
 
 def message_text(message: Mapping[str, Any]) -> str:
@@ -84,6 +86,10 @@ class PagedHistory(msgspec.Struct, kw_only=True):
     # Metabolism (§VI.5): the Topic ID and the signature of each topic group (first-level container).
     topics: dict[str, str] = {}
     signatures: dict[str, tuple[str, ...]] = {}
+    # The File PBlocks of the conversation's large messages, with their Draft pages;
+    # and the formal pages drafts were solidified into (§VI.5), in the order they were.
+    blocks: list[PBlock] = []
+    storage: list[Page] = []
 
     @property
     def turns(self) -> int:
@@ -94,6 +100,12 @@ class PagedHistory(msgspec.Struct, kw_only=True):
         index = PageIndex()
         for page in (*self.leaves, *self.containers):  # children before their container
             index.register(page, topic=self.topics.get(page.id, ""))
+        solid = {page.id: page for page in self.storage}
+        for block in self.blocks:  # a solidified draft stands in its place in the block's tree
+            for page in block.drafts:
+                index.register(solid.pop(page.id, page))
+        for page in solid.values():  # the leaves of drafts read only in Detail
+            index.register(page)
         return index
 
 
@@ -116,14 +128,36 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     df = dict(known.df)
     for leaf in known.leaves[len(kept) :]:
         _count_terms(df, leaf.content, -1)
-    groups = _split_oversized([t for t in turns if t.index >= start], count, policy)
+    blocks, fresh_turns = _physical_blocks([t for t in turns if t.index >= start], count, policy.blocks, known.blocks)
+    groups = _split_oversized(fresh_turns, count, policy)
     contents = ["\n".join(t.line() for t in group) for group in groups]
     for content in contents:
         _count_terms(df, content, +1)
     stats = TermStats.from_counts(len(kept) + len(groups), df)
     used = {leaf.id for leaf in kept}
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
-    return _consolidate_levels([*kept, *fresh], df, policy, known, used)
+    paged = _consolidate_levels([*kept, *fresh], df, policy, known, used)
+    paged.blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
+    # Solidified pages go with their block: kept, or the very same message paged again.
+    again = {b.turn for b in blocks if b in known.blocks}
+    paged.storage = [p for p in known.storage if p.first_turn < start or p.first_turn in again]
+    return paged
+
+
+def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: Sequence[PBlock]) -> tuple[list[PBlock], list[Turn]]:
+    """The PBlocks of the messages too large to page as turns, and the turns with their handles in their place.
+
+    A block already scanned (the same message at the same place) is not scanned again.
+    """
+    scanned = {block.handle: block for block in known}
+    blocks, out = [], []
+    for turn in turns:
+        if len(turn.text) > policy.block_tokens and count(turn.text) > policy.block_tokens:  # a token has at least one character
+            block = scanned.get(block_handle(turn)) or scan(turn, count, policy)
+            blocks.append(block)
+            turn = msgspec.structs.replace(turn, text=handle_line(block, turn.text, policy))
+        out.append(turn)
+    return blocks, out
 
 
 def reopened_from(known: PagedHistory, reused: int) -> int:

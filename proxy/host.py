@@ -75,6 +75,7 @@ class ProtocolRequest:
         self.session = ""  # known once the history is paged
         self.prefetch: asyncio.Task[Any] | None = None  # the query's vector, encoding
         self.unsaved: tuple[Session, int] | None = None  # the session paged, and how many of its links are new
+        self.paged: Session | None = None  # the session paged, once it is
         self.usage = Usage()
         messages: list[dict[str, Any]] = body["messages"]
         n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
@@ -121,6 +122,7 @@ class ProtocolRequest:
             session.pages = consolidator.upgrade(paged)
         continued = how in ("resumed", "pinned")
         self.services.sessions.remember(self.namespace, session)
+        self.paged = session
         self.unsaved = (session, len(session.chain) - (reused if continued else 0))
         self._count_paging(known, paged, reused, how)
         if consolidator is not None:
@@ -184,6 +186,7 @@ class ProtocolRequest:
             while not isinstance(effect, CallWorker):
                 effect = loop.send(await self.fulfil(effect))
         except StopIteration as done:
+            self._keep(done.value)
             return done.value
         self._save()
         return effect
@@ -195,6 +198,20 @@ class ProtocolRequest:
             session, new_links = self.unsaved
             self.unsaved = None
             self.services.sessions.save(self.namespace, session, new_links)
+
+    def _keep(self, outcome: Outcome) -> None:
+        """Keep in the session the formal pages this request's drafts were solidified into (§VI.5)."""
+        session = self.paged
+        if session is None:
+            return
+        pages = session.pages
+        known = {page.id for page in pages.storage}
+        new = [page for page in outcome.solidified if page.id not in known]
+        if new:
+            self._save()  # the session's first write goes first
+            session.pages = msgspec.structs.replace(pages, storage=[*pages.storage, *new])
+            self.services.sessions.save(self.namespace, session, 0)
+            self.services.metrics.inc("pcp_pages_solidified_total", len(new))
 
     async def fulfil(self, effect: Similarity | CallRouter) -> Any:
         if isinstance(effect, CallRouter):

@@ -74,7 +74,8 @@ def test_message_timestamp_wins_over_seen_at():
 
 
 def test_oversized_turn_is_split_across_pages():
-    big = " ".join(f"word{i}" for i in range(2000))
+    big = " ".join(f"word{i}" for i in range(500))  # longer than a page, not long enough to be a PBlock
+    assert PagingPolicy().page_tokens * 3 < COUNT(big) < PagingPolicy().blocks.block_tokens
     index = retroactive_paging(turns_from_messages([{"role": "user", "content": big}], "t"), COUNT)
     leaves = list(index.leaves())
     assert len(leaves) > 3 and all(p.first_turn == 0 for p in leaves)

@@ -1,0 +1,195 @@
+"""Physical blocks (§5.0, §VIII) and their Draft pages (§VI.2.2, §VI.5).
+
+A message far larger than a page — a pasted file, a tool's long output — is
+not paged as turns of the conversation. It is a File PBlock: the history keeps
+the message's start and end with the block's handle between them, and the
+block is scanned once, when it is paged, into Draft pages:
+
+* its text makes Original Drafts of about a page each, cut at line ends, so
+  every line of the block stays whole in one page;
+* its structure (Markdown headings, outside code fences) makes a Consolidated
+  Draft per section, titled by its heading; a heading that states a date
+  dates its section's pages on the Timeline;
+* a Consolidated Draft whose id is the handle stands over the whole block, so
+  ``Consult(handle)`` zooms into it and ``Explore(handle, keywords)`` searches it.
+
+Drafts are addressed with the history on every request: the Router ranks
+their text with the turns, the best are shown in Detail and the next by
+Summary (§VI.2.2, equalized presentation). At the end of each round the drafts
+the worker was shown above Summary are solidified into formal pages, which the
+session keeps (§VI.5): an Original Draft read in Detail becomes an Original
+page, a Consolidated Draft read Unpacked a Consolidated page, and one read only
+in Detail — the logical endpoint — an Original page of its text. The other
+drafts are discarded; the block still holds them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+
+import msgspec
+
+from .consolidator import TermStats, consolidate, extractive_summary, top_keywords
+from .index import PageIndex
+from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
+from .timeline import time_in
+from .tokens import CountText, split_words
+
+__all__ = ["BLOCK_KIND", "PBlock", "Scan", "handle_line", "scan", "solidify"]
+
+BLOCK_KIND = "File"
+_HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
+_FENCE = re.compile(r"\s*(```|~~~)")
+
+
+class Scan(msgspec.Struct, frozen=True):
+    """When a message is a PBlock, and how it is scanned into Draft pages."""
+
+    block_tokens: int = 1500  # a message longer than this is a File PBlock
+    page_tokens: int = 120  # most tokens of one Original Draft
+    fanout: int = 6  # most pages under one Draft container
+    keywords: int = 6
+    summary_chars: int = 180
+    titles_chars: int = 240  # of section titles in the block's own summary
+    lead_chars: int = 100  # of the message's start, and of its end, the history keeps
+
+
+class PBlock(msgspec.Struct, frozen=True, kw_only=True):
+    handle: str  # the id of the Draft page over the whole block
+    turn: int  # the message's position in the conversation
+    tokens: int
+    sections: int
+    drafts: tuple[Page, ...]  # children before their container; the block's own page (id == handle) last
+
+
+class _Section(msgspec.Struct, frozen=True):
+    title: str  # "" before the first heading
+    text: str
+    timestamp: str
+
+
+def scan(turn: Turn, count: CountText, policy: Scan = Scan()) -> PBlock:
+    """The PBlock of the message ``turn``, with its Draft pages."""
+    handle = block_handle(turn)
+    sections = _sections(turn.text, turn.timestamp)
+    chunked = [_chunks(section.text, count, policy.page_tokens) for section in sections]
+    stats = TermStats([chunk for chunks in chunked for chunk in chunks])  # the block is its own corpus
+    drafts: list[Page] = []
+
+    def contain(children: Sequence[Page], title: str = "") -> ConsolidatedPage:
+        page = consolidate(children, stats, policy.keywords, policy.summary_chars)
+        page = msgspec.structs.replace(page, id=short_hash("Draft", handle, *page.source_ids), summary=f"{title}: {page.summary}" if title else page.summary, draft=True)
+        drafts.append(page)
+        return page
+
+    tops: list[Page] = []
+    for n, (section, chunks) in enumerate(zip(sections, chunked)):
+        leaves = [_draft(handle, f"{n}.{i}", turn.index, chunk, section.timestamp, stats, policy) for i, chunk in enumerate(chunks)]
+        drafts += leaves
+        level = _fanned(leaves, policy.fanout, contain)
+        tops.append(level[0] if len(level) == 1 else contain(level, section.title))
+    tokens = count(turn.text)
+    level = _fanned(tops, policy.fanout, contain)
+    root = level[0] if len(level) == 1 and isinstance(level[0], ConsolidatedPage) else contain(level)
+    assert drafts[-1] is root  # every container comes after its children
+    titles = "; ".join(s.title for s in sections if s.title)
+    about = f"{BLOCK_KIND} of {tokens:,} tokens" + (f" in {len(sections)} sections: {_clip(titles, policy.titles_chars)}" if titles else "")
+    drafts[-1] = msgspec.structs.replace(root, id=handle, summary=f"{about}. {root.summary}")
+    depths = tree_depths(drafts)
+    return PBlock(handle=handle, turn=turn.index, tokens=tokens, sections=len(sections), drafts=tuple(at_depth(p, depths[p.id]) for p in drafts))
+
+
+def block_handle(turn: Turn) -> str:
+    """The handle of the block ``turn`` would be: the same message at the same place, the same handle."""
+    return short_hash("PBlock", str(turn.index), turn.text)
+
+
+def handle_line(block: PBlock, text: str, policy: Scan = Scan()) -> str:
+    """What the history says in place of the block: its start and end, and its handle between them."""
+    n = policy.lead_chars
+    start = text[:n].rsplit(" ", 1)[0] if len(text) > n else text
+    end = text[-n:].split(" ", 1)[-1]
+    return f"{start} … [{BLOCK_KIND} {block.handle}, {block.tokens:,} tokens, paged apart: Consult or Explore {block.handle}] … {end}"
+
+
+def solidify(shown: Mapping[str, View], index: PageIndex) -> list[Page]:
+    """Draft solidification (§VI.5): the formal pages the drafts ``shown`` above Summary become."""
+    solid = []
+    for page_id, view in shown.items():
+        page = index.get(page_id)
+        if page.draft and view != View.SUMMARY:
+            solid.append(_solid(page, view))
+    return solid
+
+
+def _solid(page: Page, view: View) -> Page:
+    if isinstance(page, ConsolidatedPage) and view == View.DETAIL:
+        # Read in Detail and no deeper: the container's text is a logical endpoint, a leaf of its own.
+        fields = msgspec.structs.asdict(page)
+        del fields["source_ids"]
+        return OriginalPage(**{**fields, "id": short_hash("Solid", page.id), "draft": False})
+    return msgspec.structs.replace(page, draft=False)
+
+
+def _sections(text: str, timestamp: str) -> list[_Section]:
+    """``text`` cut before each Markdown heading outside a code fence; each part keeps its heading line."""
+    parts: list[tuple[str, list[str]]] = [("", [])]
+    fenced = False
+    for line in text.split("\n"):
+        if _FENCE.match(line):
+            fenced = not fenced
+        heading = None if fenced else _HEADING.fullmatch(line.rstrip())
+        if heading and parts[-1][1]:
+            parts.append((heading.group(1).strip(), []))
+        elif heading:
+            parts[-1] = (heading.group(1).strip(), parts[-1][1])
+        parts[-1][1].append(line)
+    return [_Section(title, "\n".join(lines), time_in(title) or timestamp) for title, lines in parts]
+
+
+def _chunks(text: str, count: CountText, limit: int) -> list[str]:
+    """``text`` in pieces of whole lines of at most ``limit`` tokens; a longer line is cut between words."""
+    chunks: list[str] = []
+    lines: list[str] = []
+    used = 0
+    for line in text.split("\n"):
+        tokens = count(line) + 1
+        if lines and used + tokens > limit:
+            chunks.append("\n".join(lines))
+            lines, used = [], 0
+        if tokens > limit:
+            chunks += split_words(line, count, limit)
+            continue
+        lines.append(line)
+        used += tokens
+    if lines:
+        chunks.append("\n".join(lines))
+    return [chunk for chunk in chunks if chunk.strip()]
+
+
+def _fanned(pages: list[Page], fanout: int, contain: Callable[[Sequence[Page]], ConsolidatedPage]) -> list[Page]:
+    """``pages`` contained in consecutive runs, level after level, until at most ``fanout`` remain."""
+    while len(pages) > fanout:
+        pages = [run[0] if len(run) == 1 else contain(run) for run in (pages[i : i + fanout] for i in range(0, len(pages), fanout))]
+    return pages
+
+
+def _draft(handle: str, place: str, turn: int, text: str, timestamp: str, stats: TermStats, policy: Scan) -> OriginalPage:
+    weights = stats.weights(text)
+    return OriginalPage(
+        id=short_hash("Draft", handle, place, text),
+        origin=Origin.STORAGE,
+        depth=0,
+        timestamp=timestamp,
+        keywords=top_keywords(weights, policy.keywords),
+        summary=extractive_summary(text, weights, policy.summary_chars),
+        content=text,
+        first_turn=turn,
+        last_turn=turn,
+        draft=True,
+    )
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rsplit("; ", 1)[0] + "; …"

