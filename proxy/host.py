@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -26,6 +28,7 @@ from pcp_core.delivery import AnswerGate
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Outcome, RoundContext, Similarity, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import iso_timestamp, short_hash
+from pcp_core.pblock import Scan
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
 from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume, turns_to_page
 
@@ -42,7 +45,6 @@ HEAD_ROLES = ("system", "developer")
 OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
 
 Rounds = Generator[Effect, Any, Outcome]
-PAGING = PagingPolicy()
 # A router model reranks; it is worth waiting for briefly, never for a whole generation.
 ROUTER_TIMEOUT = 10.0
 ROUTER_MAX_TOKENS = 80
@@ -139,7 +141,7 @@ class ProtocolRequest:
         how = continuation(found, reused, pinned=pinned)
         known = session.pages
         turns = turns_to_page(session, self.history, reused)
-        session.pages = page_history(turns, self.services.tokenizer.count, PAGING, known, reused)
+        session.pages = page_history(turns, self.services.tokenizer.count, paging_policy(self.settings.block_tokens), known, reused)
         return session, known, reused, how
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
@@ -363,6 +365,12 @@ class StreamedRound:
 
     def event(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
+
+
+@lru_cache(maxsize=4)
+def paging_policy(block_tokens: int) -> PagingPolicy:
+    """How histories are paged; ``block_tokens`` 0 pages every message as turns."""
+    return PagingPolicy(blocks=Scan(block_tokens=block_tokens or sys.maxsize))
 
 
 def pinned_session(headers: Mapping[str, str]) -> str | None:

@@ -43,6 +43,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Most prompt tokens the proxy sends upstream per call in protocol mode.
     context_budget: int = 4096
     max_rounds: int = 4
+    # A message longer than this many tokens (a pasted file, a long tool output) is
+    # paged apart as a File block of Draft pages, with a handle in the history; 0: never.
+    block_tokens: int = 1500
     consolidator: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
     # Add dense recall (MiniLM embeddings, the `embeddings` extra) to BM25 when
@@ -63,6 +66,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
         _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")
+        _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
 
     @property

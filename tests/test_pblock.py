@@ -15,6 +15,7 @@ from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
 from pcp_core.pblock import Scan, scan, solidify
 from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
 from proxy.sessions import SessionStore
+from proxy.settings import SettingsError, load_settings
 from proxy.testing import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 
@@ -256,3 +257,18 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
     again = httpx.post(f"{restarted.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == session.id
     assert metric_value(httpx.get(f"{restarted.url}/metrics").text, "pcp_turns_paged_total") <= 2 + 4  # the block was not paged again
+
+
+def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, tmp_path):
+    upstream.default = lambda recorded: completion("QX-4471.")
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048, block_tokens=0)
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30)
+    assert response.status_code == 200
+    proxy.server.stop()
+    (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
+    assert not session.pages.blocks and any("Step 3 of chapter 2" in p.content for p in session.pages.leaves)
+
+
+def test_block_tokens_below_a_few_pages_is_refused():
+    with pytest.raises(SettingsError, match="block_tokens"):
+        load_settings(environ={"PCP_BLOCK_TOKENS": "100"})
