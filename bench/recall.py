@@ -214,14 +214,14 @@ class ProtocolModeMissing(Exception):
 
 
 @contextmanager
-def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool) -> Iterator[tuple[Any, str]]:
-    """A fake upstream played by ``worker``, and pcp-proxy in protocol mode in front of it."""
+def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, **more: Any) -> Iterator[tuple[Any, str]]:
+    """A fake upstream played by ``worker``, and pcp-proxy in protocol mode in front of it (``more``: other settings)."""
     from proxy.app import create_app
     from proxy.settings import Settings
     from proxy.testing import FakeUpstream, serve_in_thread
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
-        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings)
+        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings, **more)
         server = serve_in_thread(create_app(settings))
         try:
             yield fake, server.url
@@ -243,11 +243,10 @@ def ask_proxy(client: Any, url: str, fake: Any, messages: list[Message], questio
     return response, calls
 
 
-def proxy_outcomes(question: Question, messages: Sequence[Message], calls: Sequence[dict[str, Any]], count: Count) -> tuple[Outcome, Outcome]:
+def proxy_outcomes(question: Question, messages: Sequence[Message], calls: Sequence[dict[str, Any]], count: Count, needles: Sequence[str]) -> tuple[Outcome, Outcome]:
     """(round 0, within 3 Consults) for one request, from the <Content> text of its worker prompts."""
     from bench.simulated_worker import content_texts
 
-    needles = evidence_texts(question, messages)
     contents = ["\n".join(content_texts(call["messages"][0]["content"])) for call in calls]
     tokens = [prompt_tokens(call["messages"], count) for call in calls]
     full = prompt_tokens([*messages, user(question.text)], count)
@@ -273,18 +272,36 @@ class ProxyStats:
         )
 
 
-def run_proxy(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: Callable[[Any], Any], embeddings: bool = False) -> tuple[list[Row], ProxyStats]:
-    """Drive the real proxy; raises ProtocolModeMissing if the first request stays in passthrough."""
+Needles = Callable[[Question, Sequence[Message]], list[str]]
+
+
+def run_proxy(
+    conversations: dict[str, list[Message]],
+    questions: Sequence[Question],
+    budget: int,
+    count: Count,
+    worker: Callable[[Any], Any],
+    embeddings: bool = False,
+    *,
+    needles: Needles = evidence_texts,
+    label: str = "",
+    **settings: Any,
+) -> tuple[list[Row], ProxyStats]:
+    """Drive the real proxy; raises ProtocolModeMissing if the first request stays in passthrough.
+
+    ``needles`` gives the texts a question's evidence must show as (by default
+    its evidence messages); ``settings`` are more proxy settings.
+    """
     import httpx
 
     from proxy.testing import EMBEDDING_DONE, wait_for_background
 
-    label = "pcp-proxy (BM25 + dense)" if embeddings else "pcp-proxy"
+    label = label or ("pcp-proxy (BM25 + dense)" if embeddings else "pcp-proxy")
     round0, consults = Row(f"{label}, round 0", []), Row(f"{label}, ≤3 Consults", [])
     stats = ProxyStats()
     started = time.perf_counter()
     warm: set[str] = set()
-    with running_proxy(budget, worker, embeddings) as (fake, url), httpx.Client(timeout=300) as client:
+    with running_proxy(budget, worker, embeddings, **settings) as (fake, url), httpx.Client(timeout=300) as client:
         for question in questions:
             messages = conversations[question.conv_id]
             if embeddings and question.conv_id not in warm:
@@ -303,7 +320,7 @@ def run_proxy(conversations: dict[str, list[Message]], questions: Sequence[Quest
                     continue
             stats.worker_calls += len(calls)
             stats.most_calls = max(stats.most_calls, len(calls))
-            first, within = proxy_outcomes(question, messages, calls, count)
+            first, within = proxy_outcomes(question, messages, calls, count, needles(question, messages))
             round0.outcomes.append(first)
             consults.outcomes.append(within)
     stats.seconds = time.perf_counter() - started

@@ -34,7 +34,7 @@ import msgspec
 
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, Page, View
+from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import solidify
 from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, turn_units
 from .timeline import moment
@@ -153,7 +153,7 @@ Effect = Similarity | CallRouter | CallWorker
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
     views = ViewState(index)
     leaves = list(index.leaves())  # the history's, and the Draft pages of its PBlocks
-    said = [page for page in leaves if not page.draft]
+    said = [page for page in leaves if page.origin == Origin.HISTORY]
     now = moment(context.current_time)
     intent = anchor_intent(context.head, context.query, said[-1].summary if said else "", now)
     # Broad match scores turns, not pages: one telling turn is diluted in a page.

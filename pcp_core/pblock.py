@@ -17,10 +17,11 @@ Drafts are addressed with the history on every request: the Router ranks
 their text with the turns, the best are shown in Detail and the next by
 Summary (§VI.2.2, equalized presentation). At the end of each round the drafts
 the worker was shown above Summary are solidified into formal pages, which the
-session keeps (§VI.5): an Original Draft read in Detail becomes an Original
-page, a Consolidated Draft read Unpacked a Consolidated page, and one read only
-in Detail — the logical endpoint — an Original page of its text. The other
-drafts are discarded; the block still holds them.
+session keeps and later requests address in their place (§VI.5); the other
+drafts are discarded, and the block still holds them. A Consolidated Draft read
+in Detail stays a Consolidated page, where §VI.5 makes it an Original page (a
+logical endpoint): a leaf in its place would cut the block's pages below it
+off from ``Consult`` and ``Explore``, and a leaf beside it would repeat them.
 """
 
 from __future__ import annotations
@@ -115,21 +116,7 @@ def handle_line(block: PBlock, text: str, policy: Scan = Scan()) -> str:
 
 def solidify(shown: Mapping[str, View], index: PageIndex) -> list[Page]:
     """Draft solidification (§VI.5): the formal pages the drafts ``shown`` above Summary become."""
-    solid = []
-    for page_id, view in shown.items():
-        page = index.get(page_id)
-        if page.draft and view != View.SUMMARY:
-            solid.append(_solid(page, view))
-    return solid
-
-
-def _solid(page: Page, view: View) -> Page:
-    if isinstance(page, ConsolidatedPage) and view == View.DETAIL:
-        # Read in Detail and no deeper: the container's text is a logical endpoint, a leaf of its own.
-        fields = msgspec.structs.asdict(page)
-        del fields["source_ids"]
-        return OriginalPage(**{**fields, "id": short_hash("Solid", page.id), "draft": False})
-    return msgspec.structs.replace(page, draft=False)
+    return [msgspec.structs.replace(page, draft=False) for page_id, view in shown.items() if view != View.SUMMARY and (page := index.get(page_id)).draft]
 
 
 def _sections(text: str, timestamp: str) -> list[_Section]:

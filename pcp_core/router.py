@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from .consolidator import terms
-from .pages import Page, turn_texts, without_turn_markers
+from .pages import Origin, Page, turn_texts, without_turn_markers
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
@@ -271,11 +271,14 @@ def _doc_terms(text: str, keywords: tuple[str, ...]) -> _DocTerms:
 
 
 def turn_units(pages: Sequence[Page]) -> tuple[list[str], list[str]]:
-    """Every turn of ``pages`` without its role marker, in conversation order, and the page of each."""
+    """Every turn of ``pages`` without its role marker, in conversation order, and the page of each.
+
+    A page of a PBlock (a file) has lines, not turns: each line is a unit.
+    """
     turns: list[str] = []
     owners: list[str] = []
     for page in pages:
-        said = _said(page.content)
+        said = _lines(page.content) if page.origin == Origin.STORAGE else _said(page.content)
         turns += said
         owners += [page.id] * len(said)
     return turns, owners
@@ -285,6 +288,11 @@ def turn_units(pages: Sequence[Page]) -> tuple[list[str], list[str]]:
 def _said(content: str) -> tuple[str, ...]:
     """The turns of a page's content without their markers; cached, as a session's pages come back on every request."""
     return tuple(without_turn_markers(line) for line in turn_texts(content))
+
+
+@lru_cache(maxsize=65536)
+def _lines(content: str) -> tuple[str, ...]:
+    return tuple(line for line in content.split("\n") if line.strip()) or (content,)
 
 
 def dense_texts(turns: Sequence[str]) -> list[str]:

@@ -87,7 +87,7 @@ class PagedHistory(msgspec.Struct, kw_only=True):
     topics: dict[str, str] = {}
     signatures: dict[str, tuple[str, ...]] = {}
     # The File PBlocks of the conversation's large messages, with their Draft pages;
-    # and the formal pages drafts were solidified into (§VI.5), in the order they were.
+    # and the formal pages drafts were solidified into (§VI.5), which stand in their place.
     blocks: list[PBlock] = []
     storage: list[Page] = []
 
@@ -103,9 +103,7 @@ class PagedHistory(msgspec.Struct, kw_only=True):
         solid = {page.id: page for page in self.storage}
         for block in self.blocks:  # a solidified draft stands in its place in the block's tree
             for page in block.drafts:
-                index.register(solid.pop(page.id, page))
-        for page in solid.values():  # the leaves of drafts read only in Detail
-            index.register(page)
+                index.register(solid.get(page.id, page))
         return index
 
 

@@ -124,11 +124,8 @@ def test_solidification_keeps_what_was_read_above_summary():
     history_page = history.leaves[0]
     shown = {leaf.id: View.DETAIL, section.id: View.DETAIL, unpacked.id: View.UNPACKED, glanced.id: View.SUMMARY, history_page.id: View.DETAIL}
     solid = {p.id: p for p in solidify(shown, index)}
-    assert solid[leaf.id] == msgspec.structs.replace(leaf, draft=False)
-    assert isinstance(solid[unpacked.id], ConsolidatedPage) and not solid[unpacked.id].draft
-    (endpoint,) = [p for p in solid.values() if p.id not in (leaf.id, unpacked.id)]
-    assert isinstance(endpoint, OriginalPage) and endpoint.content == section.content and not endpoint.draft
-    assert glanced.id not in solid and history_page.id not in solid and len(solid) == 3
+    assert solid == {p.id: msgspec.structs.replace(p, draft=False) for p in (leaf, section, unpacked)}
+    assert glanced.id not in solid and history_page.id not in solid
 
 
 def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
@@ -141,8 +138,8 @@ def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
     history.storage = solidify({leaf.id: View.DETAIL, section.id: View.DETAIL}, index)
     again = history.index()
     assert not again.get(leaf.id).draft and again.parent(leaf.id) == index.parent(leaf.id)
-    endpoint = next(p for p in history.storage if p.id != leaf.id)
-    assert endpoint.id in again.roots and again.get(section.id).draft
+    assert not again.get(section.id).draft and again.children(section.id) == index.children(section.id)
+    assert again.roots == index.roots and len(again) == len(index)
     follow_up = [*messages, {"role": "user", "content": "And the roses?"}]
     assert page_history(turns_from_messages(follow_up, "t"), COUNT, known=history, reused=len(messages)).storage == history.storage
     ending = page_history(turns_from_messages(messages[:21], "t"), COUNT)  # the block is the last message: its page is reopened
@@ -272,3 +269,15 @@ def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, t
 def test_block_tokens_below_a_few_pages_is_refused():
     with pytest.raises(SettingsError, match="block_tokens"):
         load_settings(environ={"PCP_BLOCK_TOKENS": "100"})
+
+
+def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_was_solidified():
+    history = page_history(turns_from_messages(conversation(manual())[:21], "2026-01-01T00:00:00"), COUNT)  # the file came last
+    history.storage = solidify({p.id: View.DETAIL for p in history.blocks[0].drafts}, history.index())
+    loop = run_rounds(RoundContext(query="continue", current_time="2026-01-02T00:00:00", budget=4096, max_rounds=1), history.index(), COUNT)
+    shown = contents(next(loop))
+    with pytest.raises(StopIteration) as done:
+        loop.send(WorkerReply(text="ok"))
+    intent = done.value.value.intent
+    assert intent.borrowed and intent.text == f"continue\n{history.leaves[-1].summary}"  # the last turns' gist, not the file's
+    assert history.leaves[-1].content in shown
