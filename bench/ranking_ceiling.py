@@ -10,13 +10,14 @@ paid for, so this is an upper bound for any prompt built on that ranking:
 * pages are the proxy's own Original pages (``pcp_core.sentry.page_history``),
   costing their content plus the XML of a Detail node in the ``<PagedContext>``.
 
-Rankers: the proxy's Router itself (``pcp_core.router.page_ranking``: turns
-scored by BM25, alone or with MiniLM, plus a lift for turns said in a period
-the question names, a page by its best turn); BM25 with
-pseudo-relevance feedback over pages (the Router before) and over turns; MiniLM cosine over turns, alone and read with the turn before
-(as ``pcp_core.router.dense_units`` does); and the two turn rankings fused by reciprocal
-rank (k=30), where a turn gains 0.3 of its better neighbour's score. A page
-ranks by its best turn.
+Rankers: the proxy's Router itself (``pcp_core.router.broad_match``: pages
+scored by BM25 with feedback, alone or with MiniLM — each page alone and read
+with the one before —, plus a lift for pages said in a period the question
+names, and a share of the better neighbour's score); BM25 with
+pseudo-relevance feedback over turns; MiniLM cosine over turns, alone and read
+with the turn before; and the two turn rankings fused by reciprocal rank
+(k=30), where a turn gains 0.3 of its better neighbour's score, and a page
+ranked by its best such turn.
 
     .venv/bin/python bench/ranking_ceiling.py [--tokens 1500 1800 3500 7000]
 """
@@ -36,9 +37,8 @@ if str(REPO) not in sys.path:
 
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
 from pcp_core.pages import Origin, OriginalPage  # noqa: E402
-import numpy as np  # noqa: E402
 
-from pcp_core.router import Bm25, anchor_intent, broad_match, dense_scores, turn_units  # noqa: E402
+from pcp_core.router import Bm25, anchor_intent, broad_match, dense_scores, dense_texts, unit_texts  # noqa: E402
 from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -85,7 +85,7 @@ def ordered(scores: Scores, n: int) -> list[int]:
 
 
 class Conversation:
-    """One conversation's turns and pages, BM25 over both, and MiniLM vectors of its turns."""
+    """One conversation's turns and pages, BM25 over both, and MiniLM vectors of both."""
 
     def __init__(self, messages: list[dict], dense: DenseRanker, count: Callable[[str], int]):
         self.n = len(messages)
@@ -98,8 +98,10 @@ class Conversation:
         self.turn_bm25 = Bm25(as_pages)
         contents = [m["content"] for m in messages]
         self.alone = dense.embed(contents)
-        # What the proxy's dense recall embeds (pcp_core.router.dense_units): a turn after the one before it.
         self.paired = dense.embed([f"{contents[i - 1]}\n{text}" if i else text for i, text in enumerate(contents)])
+        # What the proxy's dense recall embeds (pcp_core.router.dense_texts): each page, alone and after the one before it.
+        self.units = unit_texts(self.pages)
+        self.unit_vectors = dense.embed(dense_texts(self.units))
 
 
 def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[tuple[set[int], int]]]:
@@ -124,17 +126,14 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     alone = list((-(conv.alone @ question_vector)).argsort())
     paired = list((-(conv.paired @ question_vector)).argsort())
     fused = with_neighbours(rank_fusion(bm25_turns, paired))
-    # The proxy's own Router (pcp_core.router): turns scored by BM25 and MiniLM z-scores, a page by its best.
-    turns, owners = turn_units(conv.pages)
-    assert len(turns) == conv.n, "a turn was split across pages: the turn vectors no longer line up"
+    # The proxy's own Router (pcp_core.router): pages scored by BM25 and MiniLM z-scores.
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
-    cosines = np.concatenate([conv.alone @ question_vector, conv.paired @ question_vector])
-    router = [by_id[p] for p in broad_match(intent, conv.pages, turns, owners)]
-    router_dense = [by_id[p] for p in broad_match(intent, conv.pages, turns, owners, dense_scores(cosines, conv.n))]
+    router = [by_id[p] for p in broad_match(intent, conv.pages, conv.units)]
+    router_dense = [by_id[p] for p in broad_match(intent, conv.pages, conv.units, dense_scores(conv.unit_vectors @ question_vector, len(conv.units)))]
     return {
-        "pages: the Router, BM25 over turns": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
-        "pages: the Router, BM25 + MiniLM over turns": as_pages(router_dense),
-        "pages: BM25 + feedback over pages (the Router before)": as_pages(page_order),
+        "pages: the Router, BM25": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
+        "pages: the Router, BM25 + MiniLM": as_pages(router_dense),
+        "pages: BM25 + feedback, no neighbours or dates": as_pages(page_order),
         "turns: BM25 + feedback": as_turns(bm25_turns),
         "turns: MiniLM (flat dense)": as_turns(alone),
         "turns: MiniLM, read with the turn before": as_turns(paired),

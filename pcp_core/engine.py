@@ -13,8 +13,8 @@ back cosines, or None), ``CallRouter`` (the router model's reply) and
             outcome = done.value
             break
 
-One request: anchor the intent (head + tail), address pages (their turns scored
-by BM25, plus dense recall when the host embeds; a router model, when the host has one, picks
+One request: anchor the intent (head + tail), address pages (scored by BM25,
+plus dense recall when the host embeds; a router model, when the host has one, picks
 among the best; those become Hot, the latest turns stay in Detail), synthesize, call the
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
@@ -36,7 +36,7 @@ from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_dir
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import solidify
-from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, turn_units
+from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, unit_texts
 from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
@@ -156,18 +156,17 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     said = [page for page in leaves if page.origin == Origin.HISTORY]
     now = moment(context.current_time)
     intent = anchor_intent(context.head, context.query, said[-1].summary if said else "", now)
-    # Broad match scores turns, not pages: one telling turn is diluted in a page.
-    turns, owners = turn_units(leaves)
+    texts = unit_texts(leaves)
     dense = None
-    if context.dense and turns:
-        cosines = yield Similarity(intent.text, dense_texts(turns))
+    if context.dense and texts:
+        cosines = yield Similarity(intent.text, dense_texts(texts))
         if cosines is not None:
-            dense = dense_scores(cosines, len(turns))
-    ranked = broad_match(intent, leaves, turns, owners, dense)
+            dense = dense_scores(cosines, len(texts))
+    ranked = broad_match(intent, leaves, texts, dense)
 
     def explore(keywords: Sequence[str]) -> list[str]:
         """The worker's own search: its keywords (and the times they name) addressed as a query is."""
-        return broad_match(anchor_intent("", ", ".join(keywords), now=now), leaves, turns, owners)
+        return broad_match(anchor_intent("", ", ".join(keywords), now=now), leaves, texts)
 
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]

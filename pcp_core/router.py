@@ -1,13 +1,12 @@
 """The Router-MMU (§VI.1–2): anchor the intent, then address pages by it.
 
-Broad match scores the turns of the pages: BM25, which needs no model and is
-the floor every deployment has, plus dense recall when the host embeds.
+Broad match scores the pages: BM25, which needs no model and is the floor
+every deployment has, plus dense recall when the host embeds.
 Precision selection by a router model can be layered on by the host.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 from collections import Counter, deque
@@ -20,11 +19,11 @@ import msgspec
 import numpy as np
 
 from .consolidator import terms
-from .pages import Origin, Page, turn_texts, without_turn_markers
+from .pages import Page, without_turn_markers
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "turn_units"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "unit_texts"]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -33,12 +32,12 @@ HEAD_WEIGHT = 0.25
 FEEDBACK_PAGES = 3
 FEEDBACK_TERMS = 20
 FEEDBACK_WEIGHT = 0.2
-# A turn's score gains this share of its better neighbour's (see "broad match over turns").
+# A page's score gains this share of its better neighbour's (see "broad match over pages").
 NEIGHBOUR_SHARE = 0.3
-# The lexical share of a turn's score when dense scores are there too.
+# The lexical share of a page's score when dense scores are there too.
 LEXICAL_WEIGHT = 0.5
-# A turn said in a period the query names gains this much (in standard deviations of
-# the turn scores); so does one said up to REPORT_GRACE after, as events are told of later.
+# A page said in a period the query names gains this much (in standard deviations of
+# the pages' scores); so does one said up to REPORT_GRACE after, as events are told of later.
 TIME_WEIGHT = 1.0
 REPORT_GRACE = timedelta(days=14)
 
@@ -258,60 +257,49 @@ def _doc_terms(text: str, keywords: tuple[str, ...]) -> _DocTerms:
     )
 
 
-# -- broad match over turns (§VI.2.1) ---------------------------------------------------
+# -- broad match over pages (§VI.2.1) ---------------------------------------------------
 #
-# Evidence is a turn, not a page: a page of four turns scored as one document
-# dilutes its one telling turn, so turns are scored and a page ranks by its
-# best. Lexical (BM25) and dense (MiniLM cosine) scores are put on one scale
-# (z-scores over the conversation's turns) and added; a turn then gains a
-# share of its better neighbour's score, since evidence comes in exchanges (a
-# question and its answer, a story and its date). On the LoCoMo dev split this
-# holds every evidence turn of 0.76 of questions in the first 1,500 tokens of
-# pages, against 0.69 for BM25 over whole pages (bench/ranking_ceiling.py).
+# The unit is the page: its text (turns without their markers, or a file's
+# lines). Lexical (BM25 with feedback) and dense (MiniLM cosine) scores are put
+# on one scale (z-scores over the conversation's pages) and added; a page then
+# gains a share of its better neighbour's score, since evidence comes in
+# exchanges that a page boundary can cut (a question and its answer, a story
+# and its date). Scoring each turn and ranking a page by its best turn recalled
+# less: on the LoCoMo dev split, round 0 at 2,048 tokens held all the evidence
+# of 0.73 of questions that way against 0.76 by pages (BM25), 0.77 against
+# 0.79 with MiniLM (bench/recall.py) — a page of a few turns is a passage, and
+# its turns tell together what one turn alone does not.
 
 
-def turn_units(pages: Sequence[Page]) -> tuple[list[str], list[str]]:
-    """Every turn of ``pages`` without its role marker, in conversation order, and the page of each.
+def unit_texts(pages: Sequence[Page]) -> list[str]:
+    """What broad match scores, one per page: its text without the "[role]" turn markers."""
+    return [_said(page.content) for page in pages]
 
-    A page of a PBlock (a file) has lines, not turns: each line is a unit.
+
+@lru_cache(maxsize=65536)
+def _said(content: str) -> str:
+    """Cached: a session's pages come back on every request."""
+    return without_turn_markers(content)
+
+
+def dense_texts(units: Sequence[str]) -> list[str]:
+    """What dense recall embeds: each unit alone, then each unit read with the one before it.
+
+    The start of a page often answers the end of the one before ("Yes, last
+    May!"); read together they say what it is about. A unit scores by the
+    better of its two readings.
     """
-    turns: list[str] = []
-    owners: list[str] = []
-    for page in pages:
-        said = _lines(page.content) if page.origin == Origin.STORAGE else _said(page.content)
-        turns += said
-        owners += [page.id] * len(said)
-    return turns, owners
+    return [*units, *(_read_with(units[i - 1], unit) if i else unit for i, unit in enumerate(units))]
 
 
 @lru_cache(maxsize=65536)
-def _said(content: str) -> tuple[str, ...]:
-    """The turns of a page's content without their markers; cached, as a session's pages come back on every request."""
-    return tuple(without_turn_markers(line) for line in turn_texts(content))
-
-
-@lru_cache(maxsize=65536)
-def _lines(content: str) -> tuple[str, ...]:
-    return tuple(line for line in content.split("\n") if line.strip()) or (content,)
-
-
-def dense_texts(turns: Sequence[str]) -> list[str]:
-    """What dense recall embeds: each turn alone, then each turn read with the one before it.
-
-    A turn alone is often a fragment ("Yes, last May!"); with the turn it answers
-    it says what it is about. A turn scores by the better of its two readings.
-    """
-    return [*turns, *(_read_with(turns[i - 1], turn) if i else turn for i, turn in enumerate(turns))]
-
-
-@lru_cache(maxsize=65536)
-def _read_with(previous: str, turn: str) -> str:
-    """A turn read after the one before it; cached, so a follow-up gets the very same strings (and their hashes) again."""
-    return f"{previous}\n{turn}"
+def _read_with(previous: str, unit: str) -> str:
+    """A unit read after the one before it; cached, so a follow-up gets the very same strings (and their hashes) again."""
+    return f"{previous}\n{unit}"
 
 
 def dense_scores(cosines: Any, n: int) -> Any:
-    """Per-turn dense scores from the intent's cosines with ``dense_texts`` of ``n`` turns.
+    """Per-unit dense scores from the intent's cosines with ``dense_texts`` of ``n`` units.
 
     A NaN is a text not embedded yet: its reading scores 0, the mean.
     """
@@ -319,29 +307,26 @@ def dense_scores(cosines: Any, n: int) -> Any:
     return np.maximum(_z(cosines[:n]), _z(cosines[n : 2 * n]))
 
 
-def broad_match(intent: Intent, pages: Sequence[Page], turns: Sequence[str], owners: Sequence[str], dense: Any = None) -> list[str]:
-    """``pages`` ranked for ``intent``, best first (``turns``, ``owners``: their ``turn_units``).
+def broad_match(intent: Intent, pages: Sequence[Page], texts: Sequence[str], dense: Any = None) -> list[str]:
+    """``pages`` ranked for ``intent``, best first (``texts``: their ``unit_texts``).
 
-    Each turn scores by BM25 with feedback, plus ``dense`` scores when the
+    Each page scores by BM25 with feedback, plus ``dense`` scores when the
     host embeds, plus the lift of being said when the intent asks about.
     """
-    lexical = Bm25.of_texts(turns).feedback_scores(intent.weights)
-    timely = None
-    if intent.periods:
-        stamps = {page.id: page.timestamp for page in pages}
-        timely = said_in([stamps[owner] for owner in owners], intent.periods)
-    return page_ranking(owners, lexical, dense, timely)
+    lexical = Bm25.of_texts(texts).feedback_scores(intent.weights)
+    timely = said_in([page.timestamp for page in pages], intent.periods) if intent.periods else None
+    return page_ranking([page.id for page in pages], lexical, dense, timely)
 
 
 def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:
-    """For each turn (by its page's timestamp), whether it was said in one of ``periods``, or within ``grace`` after.
+    """For each page (by its timestamp), whether it was said in one of ``periods``, or within ``grace`` after.
 
-    None when the query names no period, or no turn was said in one: then time
-    tells the turns nothing apart.
+    None when the query names no period, or no page was said in one: then time
+    tells the pages nothing apart.
     """
     if not periods:
         return None
-    verdicts: dict[str, bool] = {}  # a page's turns share its timestamp
+    verdicts: dict[str, bool] = {}  # many pages share a timestamp (a session's date)
     for timestamp in timestamps:
         if timestamp not in verdicts:
             when = moment(timestamp)
@@ -350,15 +335,15 @@ def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedel
     return inside if inside.any() else None
 
 
-def page_ranking(owners: Sequence[str], lexical: Sequence[float], dense: Any = None, timely: Any = None, lexical_weight: float = LEXICAL_WEIGHT, neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
-    """Pages (``owners[i]`` is the page of turn ``i``) by their best turn's score, best first.
+def page_ranking(ids: Sequence[str], lexical: Sequence[float], dense: Any = None, timely: Any = None, lexical_weight: float = LEXICAL_WEIGHT, neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
+    """The pages ``ids`` (in conversation order, page ``i`` scored ``lexical[i]``) best first.
 
-    ``timely`` (from ``said_in``) marks the turns said when the query asks
-    about; they gain ``TIME_WEIGHT``. Without dense scores, only pages with a
-    turn that shares a term with the query, or is timely, or stands beside
-    one, are ranked: the others carry no signal at all.
+    ``timely`` (from ``said_in``) marks the pages said when the query asks
+    about; they gain ``TIME_WEIGHT``. Without dense scores, only pages that
+    share a term with the query, or are timely, or stand beside one, are
+    ranked: the others carry no signal at all. Ties keep conversation order.
     """
-    if not owners:
+    if not ids:
         return []
     lexical = np.asarray(lexical, dtype=np.float64)
     score = _z(lexical)
@@ -371,11 +356,7 @@ def page_ranking(owners: Sequence[str], lexical: Sequence[float], dense: Any = N
     if neighbour_share and len(score) > 1:
         score = score + neighbour_share * _beside(score, score.min())
         signal = signal | _beside(signal, False)
-    best: dict[str, float] = {}
-    for owner, value, known in zip(owners, score.tolist(), signal.tolist()):
-        if known and value > best.get(owner, -math.inf):
-            best[owner] = value
-    return sorted(best, key=lambda p: -best[p])
+    return [ids[i] for i in np.argsort(-score, kind="stable") if signal[i]]
 
 
 def _beside(values: Any, edge: Any) -> Any:

@@ -173,7 +173,7 @@ def test_the_router_ranks_drafts_with_the_history_and_the_read_ones_are_solidifi
     calls, outcome, history = drive([WorkerReply(text="QX-4471.")])
     assert SECRET in contents(calls[0])
     assert calls[0].synthesis.tokens <= 2048 and "Step 3 of chapter 2:" not in contents(calls[0])
-    node = etree.fromstring(calls[0].messages[0]["content"]).xpath(f"//Node[contains(Content, 'QX-4471')]")[0]
+    node = etree.fromstring(calls[0].messages[0]["content"]).xpath("//Node[contains(Content, 'QX-4471')]")[0]
     assert node.get("origin") == "Storage"
     solid = {p.id for p in outcome.solidified}
     secret_page = next(p for p in history.blocks[0].drafts if SECRET in p.content)

@@ -10,6 +10,8 @@ import httpx
 import pytest
 from lxml import etree
 
+from pcp_core.router import dense_texts, unit_texts
+from pcp_core.sentry import page_history, turns_from_messages
 from pcp_core.tokens import prompt_tokens
 from proxy.testing import EMBEDDING_DONE, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
@@ -191,8 +193,8 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
     wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     queued = metric(proxy, "pcp_texts_embedded_total", state="queued")
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == queued  # encoded, none failed
-    history = len(messages) - 2  # less the system prompt and the question
-    assert history < queued <= 2 * history  # every turn, alone and with the one before (equal texts once)
+    pages = page_history(turns_from_messages(messages[1:-1], "t"), COUNT).leaves  # less the system prompt and the question
+    assert queued == len(set(dense_texts(unit_texts(pages))))  # every page, alone and after the one before (equal texts once)
 
     proxy.client().chat.completions.create(model="m", messages=messages)
     second = upstream.chat_requests("worker")[-1]

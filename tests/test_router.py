@@ -8,7 +8,7 @@ from datetime import datetime
 import numpy as np
 
 from pcp_core import router
-from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, turn_units
+from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -48,39 +48,34 @@ def test_feedback_reaches_a_page_in_the_evidence_words_not_the_questions():
 # -- dense recall ------------------------------------------------------------------------
 
 
-def test_turns_are_the_units_and_each_is_read_alone_and_with_the_one_before():
+def test_pages_are_the_units_and_each_is_read_alone_and_with_the_one_before():
     first = op("[user] Did you ever visit Oslo?\n[assistant] Yes, last May!", 0)
     second = op("[user] How was the weather?", 1)
-    turns, owners = turn_units([first, second])
-    assert turns == ["Did you ever visit Oslo?", "Yes, last May!", "How was the weather?"]
-    assert owners == [first.id, first.id, second.id]
-    assert dense_texts(turns) == [*turns, "Did you ever visit Oslo?", "Did you ever visit Oslo?\nYes, last May!", "Yes, last May!\nHow was the weather?"]
+    units = unit_texts([first, second])
+    assert units == ["Did you ever visit Oslo?\nYes, last May!", "How was the weather?"]
+    assert dense_texts(units) == [*units, units[0], "Did you ever visit Oslo?\nYes, last May!\nHow was the weather?"]
 
 
-def test_a_page_ranks_by_its_best_turn_not_its_average():
-    # "telling" has one strong turn among three dull ones; "even" has four middling turns.
-    owners = ["telling"] * 4 + ["even"] * 4
-    lexical = [0.0, 9.0, 0.0, 0.0, 3.0, 3.0, 3.0, 3.0]
-    assert page_ranking(owners, lexical, neighbour_share=0.0) == ["telling", "even"]
-
-
-def test_a_turn_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_more():
-    owners = ["lone", "filler", "beside", "strong"]
+def test_a_page_beside_a_strong_match_outranks_a_lone_one_that_scores_a_little_more():
+    ids = ["lone", "filler", "beside", "strong"]
     lexical = [5.5, 0.0, 5.0, 9.0]
     # Without neighbours the filler, which shares no term, is not ranked at all.
-    assert page_ranking(owners, lexical, neighbour_share=0.0) == ["strong", "lone", "beside"]
-    assert page_ranking(owners, lexical) == ["strong", "beside", "lone", "filler"]
+    assert page_ranking(ids, lexical, neighbour_share=0.0) == ["strong", "lone", "beside"]
+    assert page_ranking(ids, lexical) == ["strong", "beside", "lone", "filler"]
 
 
-def test_dense_scores_take_the_better_reading_of_each_turn():
+def test_equal_scores_keep_conversation_order():
+    assert page_ranking(["a", "b", "c", "d"], [1.0, 2.0, 1.0, 2.0], neighbour_share=0.0) == ["b", "d", "a", "c"]
 
-    # The intent's cosines with two turns read alone, then the same two read with the turn before.
+
+def test_dense_scores_take_the_better_reading_of_each_page():
+    # The intent's cosines with two pages read alone, then the same two read with the page before.
     scores = dense_scores([0.0, 0.6, 0.0, 0.0], 2)
-    assert scores[1] > scores[0]  # only turn 1 alone points where the intent does
+    assert scores[1] > scores[0]  # only page 1 alone points where the intent does
+    assert dense_scores([0.0, 0.0, 0.0, 0.6], 2)[1] > 0  # or page 1 read after page 0
 
 
-def test_dense_recall_lifts_a_turn_that_shares_no_word_with_the_query():
-
+def test_dense_recall_lifts_a_page_that_shares_no_word_with_the_query():
     owners = ["dog", "weather", "garden"]
     lexical = [0.0, 0.0, 2.0]  # the garden page shares a word; the dog page says "puppy"
     dense = np.array([3.0, -1.0, -1.0])  # already on the z scale, as dense_scores gives it
@@ -121,7 +116,7 @@ def test_the_intent_holds_the_times_the_query_names_once_it_knows_now():
     assert anchor_intent("On 8 May, 2023 we met", "Where did we camp?", now=NOW).periods == ()  # the tail names times, not the head
 
 
-def test_turns_said_in_the_period_or_told_of_soon_after_are_timely():
+def test_pages_said_in_the_period_or_told_of_soon_after_are_timely():
     (july,) = anchor_intent("", "Where did we camp in July 2023?", now=NOW).periods
     stamps = ["2023-06-30T23:59:00", "2023-07-01T00:00:00", "2023-07-31T12:00:00Z", "2023-08-10T09:00:00", "2023-08-20T09:00:00", "not a time"]
     assert said_in(stamps, [july]).tolist() == [False, True, True, True, False, False]
@@ -129,7 +124,7 @@ def test_turns_said_in_the_period_or_told_of_soon_after_are_timely():
     assert said_in(["2022-01-01T00:00:00"], [july]) is None  # nothing was said then: time tells nothing apart
 
 
-def test_a_timely_turn_leads_among_equals_and_ranks_without_a_shared_word():
+def test_a_timely_page_leads_among_equals_and_ranks_without_a_shared_word():
     owners = ["may", "july", "silent-july", "june"]
     lexical = [3.0, 3.0, 0.0, 3.0]
     timely = np.array([False, True, True, False])
