@@ -14,7 +14,7 @@ block is scanned once, when it is paged, into Draft pages:
   ``Consult(handle)`` zooms into it and ``Explore(handle, keywords)`` searches it.
 
 Drafts are addressed with the history on every request: the Router ranks
-their text with the turns, the best are shown in Detail and the next by
+them with the history's pages, the best are shown in Detail and the next by
 Summary (§VI.2.2, equalized presentation). At the end of each round the drafts
 the worker was shown above Summary are solidified into formal pages, which the
 session keeps and later requests address in their place (§VI.5); the other
@@ -37,7 +37,7 @@ from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_
 from .timeline import time_in
 from .tokens import CountText, split_words
 
-__all__ = ["BLOCK_KIND", "PBlock", "Scan", "handle_line", "scan", "solidify"]
+__all__ = ["BLOCK_KIND", "PBlock", "Scan", "block_handle", "handle_line", "scan", "solidify"]
 
 BLOCK_KIND = "File"
 _HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
