@@ -23,3 +23,21 @@ def test_vectors_survive_a_restart_without_encoding_again(tmp_path):
     assert not second._models  # read back from disk: the model was never loaded
     np.testing.assert_allclose(again, vectors[::-1])
     second.close()
+
+
+def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_models(tmp_path):
+    import diskcache
+    import hashlib
+
+    import numpy as np
+    import torch
+
+    text = "Melanie adopted a puppy in May."
+    with diskcache.Cache(str(tmp_path)) as disk:  # a vector another model wrote under a plain hash of the text
+        disk.set(hashlib.blake2b(text.encode(), digest_size=16).digest(), np.ones(384, dtype=np.float32).tobytes())
+    embedder = Embedder(tmp_path)
+    vector = embedder.embed_sync([text])[0]
+    assert not np.allclose(vector, np.ones(384))  # encoded by this model, not read back
+    linears = [m for m in embedder._model("request").modules() if isinstance(m, torch.nn.Linear | torch.ao.nn.quantized.dynamic.Linear)]
+    assert linears and all(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in linears)
+    embedder.close()
