@@ -37,7 +37,7 @@ from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_
 from .timeline import time_in
 from .tokens import CountText, split_words
 
-__all__ = ["BLOCK_KIND", "PBlock", "Scan", "block_handle", "handle_line", "scan", "solidify"]
+__all__ = ["BLOCK_KIND", "PBlock", "Scan", "block_handle", "handle_line", "scan", "solidify", "without_handles"]
 
 BLOCK_KIND = "File"
 _HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
@@ -54,6 +54,10 @@ class Scan(msgspec.Struct, frozen=True):
     summary_chars: int = 180
     titles_chars: int = 240  # of section titles in the block's own summary
     lead_chars: int = 100  # of the message's start, and of its end, the history keeps
+
+    def is_block(self, text: str, count: CountText) -> bool:
+        """Whether a message of ``text`` is paged apart (a token has at least one character: count only if it may be)."""
+        return len(text) > self.block_tokens and count(text) > self.block_tokens
 
 
 class PBlock(msgspec.Struct, frozen=True, kw_only=True):
@@ -106,12 +110,20 @@ def block_handle(turn: Turn) -> str:
     return short_hash("PBlock", str(turn.index), turn.text)
 
 
-def handle_line(block: PBlock, text: str, policy: Scan = Scan()) -> str:
-    """What the history says in place of the block: its start and end, and its handle between them."""
+def handle_line(handle: str, tokens: int, text: str, policy: Scan = Scan()) -> str:
+    """What is said in place of the block ``text``: its start and end, and its handle between them."""
     n = policy.lead_chars
     start = text[:n].rsplit(" ", 1)[0] if len(text) > n else text
     end = text[-n:].split(" ", 1)[-1]
-    return f"{start} … [{BLOCK_KIND} {block.handle}, {block.tokens:,} tokens, paged apart: Consult or Explore {block.handle}] … {end}"
+    return f"{start} … [{BLOCK_KIND} {handle}, {tokens:,} tokens, paged apart: Consult or Explore {handle}] … {end}"
+
+
+_HANDLE_NOTE = re.compile(rf" … \[{BLOCK_KIND} [0-9a-f]+, [0-9,]+ tokens, paged apart: Consult or Explore [0-9a-f]+\] … ")
+
+
+def without_handles(text: str) -> str:
+    """``text`` without the notes ``handle_line`` puts in: what the message itself says, to address by."""
+    return _HANDLE_NOTE.sub("\n", text)
 
 
 def solidify(shown: Mapping[str, View], index: PageIndex) -> list[Page]:

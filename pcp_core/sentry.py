@@ -136,9 +136,9 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
     paged = _consolidate_levels([*kept, *fresh], df, policy, known, used)
     paged.blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
-    # Solidified pages go with their block: kept, or the very same message paged again.
-    again = {b.turn for b in blocks if b in known.blocks}
-    paged.storage = [p for p in known.storage if p.first_turn < start or p.first_turn in again]
+    # Solidified pages go with their block, whose drafts' ids hash its message and place.
+    drafts = {page.id for block in paged.blocks for page in block.drafts}
+    paged.storage = [page for page in known.storage if page.id in drafts]
     return paged
 
 
@@ -150,10 +150,10 @@ def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: S
     scanned = {block.handle: block for block in known}
     blocks, out = [], []
     for turn in turns:
-        if len(turn.text) > policy.block_tokens and count(turn.text) > policy.block_tokens:  # a token has at least one character
+        if policy.is_block(turn.text, count):
             block = scanned.get(block_handle(turn)) or scan(turn, count, policy)
             blocks.append(block)
-            turn = msgspec.structs.replace(turn, text=handle_line(block, turn.text, policy))
+            turn = msgspec.structs.replace(turn, text=handle_line(block.handle, block.tokens, turn.text, policy))
         out.append(turn)
     return blocks, out
 

@@ -27,8 +27,8 @@ from litestar.response import Stream
 from pcp_core.delivery import AnswerGate
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Outcome, RoundContext, Similarity, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
-from pcp_core.pages import iso_timestamp, short_hash
-from pcp_core.pblock import Scan
+from pcp_core.pages import Turn, iso_timestamp, short_hash
+from pcp_core.pblock import PBlock, Scan, block_handle, handle_line, scan, without_handles
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
 from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume, turns_to_page
 
@@ -86,6 +86,14 @@ class ProtocolRequest:
         # prompt that changes (today's date in it, say) does not break the session.
         self.history = messages[n_head:-1]
         self.query = message_text(messages[-1]) if len(messages) > n_head else ""
+        # A query too large for a prompt (a file pasted with its question) is a File block
+        # too: the Query shows its start, its end and its handle; its drafts are addressed.
+        self.query_block: PBlock | None = None
+        self.query_turn: Turn | None = None
+        scanning = paging_policy(self.settings.block_tokens).blocks
+        if scanning.is_block(self.query, services.tokenizer.count):
+            self.query_turn = Turn(index=len(self.history), role=str(messages[-1].get("role", "user")), text=self.query, timestamp=iso_timestamp(time.time()))
+            self.query = handle_line(block_handle(self.query_turn), services.tokenizer.count(self.query), self.query, scanning)
         self.client_tools = list(body.get("tools") or [])
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
 
@@ -116,7 +124,7 @@ class ProtocolRequest:
         # (torch leaves the GIL while it computes); dense recall waits for it (``fulfil``).
         embedder = self.services.embedder
         if embedder is not None and self.query:
-            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, self.query)))
+            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, without_handles(self.query))))
         session, known, reused, how = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages
@@ -130,7 +138,10 @@ class ProtocolRequest:
         if consolidator is not None:
             await consolidator.submit(session.pages, str(self.body.get("model", "")), self.headers)
         self.session = session.id
-        return session.pages.index()
+        index = session.pages.index()
+        for page in self.query_block.drafts if self.query_block else ():
+            index.register(page)
+        return index
 
     def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation]:
         """Find the session (blocking: the store may read the disk), then page what it does not hold."""
@@ -141,7 +152,10 @@ class ProtocolRequest:
         how = continuation(found, reused, pinned=pinned)
         known = session.pages
         turns = turns_to_page(session, self.history, reused)
-        session.pages = page_history(turns, self.services.tokenizer.count, paging_policy(self.settings.block_tokens), known, reused)
+        policy = paging_policy(self.settings.block_tokens)
+        session.pages = page_history(turns, self.services.tokenizer.count, policy, known, reused)
+        if self.query_turn is not None:
+            self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
         return session, known, reused, how
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:

@@ -12,7 +12,7 @@ from lxml import etree
 
 from pcp_core.engine import RoundContext, WorkerReply, run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
-from pcp_core.pblock import Scan, scan, solidify
+from pcp_core.pblock import Scan, handle_line, scan, solidify, without_handles
 from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
 from proxy.sessions import SessionStore
 from proxy.settings import SettingsError, load_settings
@@ -281,3 +281,43 @@ def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_
     intent = done.value.value.intent
     assert intent.borrowed and intent.text == f"continue\n{history.leaves[-1].summary}"  # the last turns' gist, not the file's
     assert history.leaves[-1].content in shown
+
+
+def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_proxy, upstream, tmp_path):
+    upstream.default = lambda recorded: completion("QX-4471.")
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
+    chat = conversation("")[:20]
+    pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [*chat, pasted]}, timeout=30)
+    assert response.status_code == 200 and answer(response, False) == "QX-4471."
+    document = etree.fromstring(json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"])
+    query = document.findtext("Query")
+    assert query.startswith("A manual for the pump") and query.endswith("What is the service code of the pump?")
+    assert COUNT(query) < 150 and SECRET in " ".join(document.xpath("//Content/text()"))
+
+    follow_up = [*chat, pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
+    again = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    assert again.status_code == 200 and again.headers["x-pcp-session"] == response.headers["x-pcp-session"]
+    proxy.server.stop()
+    (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
+    assert session.pages.blocks[0].turn == 20  # the file, now a message of the history
+    assert any(SECRET in page.content for page in session.pages.storage)  # what the first answer read, kept
+
+
+def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
+    text = manual() + "\n\nWhat is the service code of the pump?"
+    block = block_of(text)
+    line = handle_line(block.handle, block.tokens, text)
+    assert line.startswith("A manual for the pump") and line.endswith("service code of the pump?") and block.handle in line
+    assert without_handles(line) == line.replace(line[line.index(" … [") : line.index("] … ") + 4], "\n")
+    history = page_history(turns_from_messages(conversation("")[:20], "t"), COUNT)
+    index = history.index()
+    for page in block.drafts:
+        index.register(page)
+    loop = run_rounds(RoundContext(query=line, current_time="2026-01-02T00:00:00", budget=2048, max_rounds=1), index, COUNT)
+    shown = contents(next(loop))
+    with pytest.raises(StopIteration) as done:
+        loop.send(WorkerReply(text="QX-4471."))
+    intent = done.value.value.intent
+    assert block.handle not in intent.text and "consult" not in intent.weights and "service" in intent.weights
+    assert SECRET in shown
