@@ -3,14 +3,17 @@
 The same questions as ``bench/recall.py``, but the whole conversation arrives
 as a single user message — a transcript file, one ``## Session N - <date>``
 heading per session and one line per turn — followed by "Kept it." and the
-question. That is the shape of a pasted document or a long tool output. Two
-ways of paging it are compared, through the real proxy and the simulated worker:
+question. That is the shape of a pasted document or a long tool output.
+Three ways of paging it are compared, through the real proxy and the
+simulated worker:
 
 * File block (``block_tokens=1500``, the default): the message is a PBlock,
   scanned into Draft pages by its sections (each dated by its heading) and
   lines; the Router ranks the drafts;
 * turns (``block_tokens=0``): the message is paged as one long turn, cut into
-  pages of consecutive words.
+  pages of consecutive words;
+* File block in the query: the file and the question in one message, the
+  first of the conversation (the query is the block).
 
 A question is recalled when every line of each of its evidence turns is in the
 ``<Content>`` of a worker prompt (round 0, or any prompt within 3 Consults).
@@ -31,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, Message, Question, category_counts, load_data, load_worker, markdown_table, run_proxy, user  # noqa: E402
+from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, Message, Question, asked, category_counts, load_data, load_worker, markdown_table, run_proxy, user  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 HEADER = re.compile(r"^\[(?P<title>[^\]\n]+)\]\n")
@@ -65,6 +68,11 @@ def file_needles(originals: dict[str, list[Message]]):
     return needles
 
 
+def with_the_question(messages: Sequence[Message], question: Question) -> list[Message]:
+    """The file and the question as one message: the query is the block."""
+    return [user(f"{messages[0]['content']}\n\n{question.text}")]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 4096])
@@ -83,8 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"LoCoMo {args.data.name} as files: {len(files)} files of {sizes[0]:,}–{sizes[-1]:,} tokens, {len(questions)} questions ({category_counts(questions, args.categories)})\n")
     for budget in args.budgets:
         rows, notes = [], []
-        for label, block_tokens in (("File block", 1500), ("turns", 0)):
-            more, stats = run_proxy(files, questions, budget, count, load_worker(args.worker), args.embeddings, needles=file_needles(originals), label=label, block_tokens=block_tokens)
+        for label, block_tokens, compose in (("File block", 1500, asked), ("turns", 0, asked), ("File block in the query", 1500, with_the_question)):
+            more, stats = run_proxy(files, questions, budget, count, load_worker(args.worker), args.embeddings, needles=file_needles(originals), compose=compose, label=label, block_tokens=block_tokens)
             rows += more
             over = sum(o.max_prompt > budget for o in more[1].outcomes)
             notes.append(f"{label}: {stats.summary(budget, over)}")

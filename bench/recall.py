@@ -235,10 +235,15 @@ def evidence_texts(question: Question, messages: Sequence[Message]) -> list[str]
     return [xml_safe(messages[i]["content"]) for i in question.evidence]
 
 
-def ask_proxy(client: Any, url: str, fake: Any, messages: list[Message], question: Question) -> tuple[Any, list[dict[str, Any]]]:
+def asked(messages: Sequence[Message], question: Question) -> list[Message]:
+    """What a request sends: the conversation, then the question."""
+    return [*messages, user(question.text)]
+
+
+def ask_proxy(client: Any, url: str, fake: Any, messages: list[Message], question: Question, compose: Callable[[Sequence[Message], Question], list[Message]] = asked) -> tuple[Any, list[dict[str, Any]]]:
     """POST one question; returns the response and the JSON bodies of the worker calls it caused."""
     start = len(fake.requests)
-    response = client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": [*messages, user(question.text)]})
+    response = client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": compose(messages, question)})
     calls = [r.json for r in fake.requests[start:] if r.headers.get("x-pcp-role") == "worker"]
     return response, calls
 
@@ -284,13 +289,15 @@ def run_proxy(
     embeddings: bool = False,
     *,
     needles: Needles = evidence_texts,
+    compose: Callable[[Sequence[Message], Question], list[Message]] = asked,
     label: str = "",
     **settings: Any,
 ) -> tuple[list[Row], ProxyStats]:
     """Drive the real proxy; raises ProtocolModeMissing if the first request stays in passthrough.
 
     ``needles`` gives the texts a question's evidence must show as (by default
-    its evidence messages); ``settings`` are more proxy settings.
+    its evidence messages), ``compose`` what a request sends (by default the
+    conversation, then the question); ``settings`` are more proxy settings.
     """
     import httpx
 
@@ -306,10 +313,10 @@ def run_proxy(
             messages = conversations[question.conv_id]
             if embeddings and question.conv_id not in warm:
                 # The proxy encodes a history in the background; measure the steady state after it.
-                ask_proxy(client, url, fake, messages, question)
+                ask_proxy(client, url, fake, messages, question, compose)
                 wait_for_background(lambda: client.get(f"{url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE)
                 warm.add(question.conv_id)
-            response, calls = ask_proxy(client, url, fake, messages, question)
+            response, calls = ask_proxy(client, url, fake, messages, question, compose)
             stats.requests += 1
             if stats.requests == 1 and response.headers.get("x-pcp-mode") != "protocol" and not calls:
                 raise ProtocolModeMissing(f"status {response.status_code}, x-pcp-mode={response.headers.get('x-pcp-mode')!r}: {response.text[:300]}")

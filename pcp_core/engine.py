@@ -35,7 +35,7 @@ import msgspec
 from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
-from .pblock import solidify, without_handles
+from .pblock import around_handle, solidify
 from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, unit_texts
 from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
@@ -155,8 +155,10 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     leaves = list(index.leaves())  # the history's, and the Draft pages of its PBlocks
     said = [page for page in leaves if page.origin == Origin.HISTORY]
     now = moment(context.current_time)
-    # A query that is a File block addresses by what it says around its handle (``RoundContext.query``).
-    intent = anchor_intent(context.head, without_handles(context.query), said[-1].summary if said else "", now)
+    # A query that is a File block (``RoundContext.query``) is asked by what follows the file;
+    # what precedes it weighs as the head does.
+    before, asked = around_handle(context.query)
+    intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, said[-1].summary if said else "", now)
     texts = unit_texts(leaves)
     dense = None
     if context.dense and texts:

@@ -37,7 +37,7 @@ from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_
 from .timeline import time_in
 from .tokens import CountText, split_words
 
-__all__ = ["BLOCK_KIND", "PBlock", "Scan", "block_handle", "handle_line", "scan", "solidify", "without_handles"]
+__all__ = ["BLOCK_KIND", "PBlock", "Scan", "around_handle", "block_handle", "handle_line", "scan", "solidify"]
 
 BLOCK_KIND = "File"
 _HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
@@ -111,19 +111,29 @@ def block_handle(turn: Turn) -> str:
 
 
 def handle_line(handle: str, tokens: int, text: str, policy: Scan = Scan()) -> str:
-    """What is said in place of the block ``text``: its start and end, and its handle between them."""
+    """What is said in place of the block ``text``: its start and end, and its handle between them.
+
+    The start and end are the first and last paragraphs when they are short
+    (where a question or an instruction around a pasted file usually is), else
+    ``lead_chars`` of the text, cut between words.
+    """
     n = policy.lead_chars
-    start = text[:n].rsplit(" ", 1)[0] if len(text) > n else text
-    end = text[-n:].split(" ", 1)[-1]
+    first, last = text.split("\n\n", 1)[0].strip(), text.rsplit("\n\n", 1)[-1].strip()
+    start = first if len(first) <= 2 * n else text[:n].rsplit(" ", 1)[0]
+    end = last if len(last) <= 2 * n else text[-n:].split(" ", 1)[-1]
     return f"{start} … [{BLOCK_KIND} {handle}, {tokens:,} tokens, paged apart: Consult or Explore {handle}] … {end}"
 
 
 _HANDLE_NOTE = re.compile(rf" … \[{BLOCK_KIND} [0-9a-f]+, [0-9,]+ tokens, paged apart: Consult or Explore [0-9a-f]+\] … ")
 
 
-def without_handles(text: str) -> str:
-    """``text`` without the notes ``handle_line`` puts in: what the message itself says, to address by."""
-    return _HANDLE_NOTE.sub("\n", text)
+def around_handle(text: str) -> tuple[str, str]:
+    """``text`` split around the note ``handle_line`` puts in: what it says before the block and after it.
+
+    ("", ``text``) when it holds no block.
+    """
+    parts = _HANDLE_NOTE.split(text, maxsplit=1)
+    return ("", text) if len(parts) == 1 else (parts[0], parts[1])
 
 
 def solidify(shown: Mapping[str, View], index: PageIndex) -> list[Page]:

@@ -28,7 +28,7 @@ from pcp_core.delivery import AnswerGate
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Outcome, RoundContext, Similarity, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
-from pcp_core.pblock import PBlock, Scan, block_handle, handle_line, scan, without_handles
+from pcp_core.pblock import PBlock, Scan, around_handle, block_handle, handle_line, scan
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
 from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume, turns_to_page
 
@@ -124,7 +124,7 @@ class ProtocolRequest:
         # (torch leaves the GIL while it computes); dense recall waits for it (``fulfil``).
         embedder = self.services.embedder
         if embedder is not None and self.query:
-            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, without_handles(self.query))))
+            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, around_handle(self.query)[1])))
         session, known, reused, how = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages

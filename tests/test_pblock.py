@@ -12,7 +12,7 @@ from lxml import etree
 
 from pcp_core.engine import RoundContext, WorkerReply, run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
-from pcp_core.pblock import Scan, handle_line, scan, solidify, without_handles
+from pcp_core.pblock import Scan, around_handle, handle_line, scan, solidify
 from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
 from proxy.sessions import SessionStore
 from proxy.settings import SettingsError, load_settings
@@ -308,8 +308,8 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     text = manual() + "\n\nWhat is the service code of the pump?"
     block = block_of(text)
     line = handle_line(block.handle, block.tokens, text)
-    assert line.startswith("A manual for the pump") and line.endswith("service code of the pump?") and block.handle in line
-    assert without_handles(line) == line.replace(line[line.index(" … [") : line.index("] … ") + 4], "\n")
+    assert block.handle in line and around_handle(line) == ("A manual for the pump, please keep it.", "What is the service code of the pump?")  # its short first and last paragraphs
+    assert around_handle("What is it?") == ("", "What is it?")
     history = page_history(turns_from_messages(conversation("")[:20], "t"), COUNT)
     index = history.index()
     for page in block.drafts:
@@ -319,5 +319,6 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     with pytest.raises(StopIteration) as done:
         loop.send(WorkerReply(text="QX-4471."))
     intent = done.value.value.intent
-    assert block.handle not in intent.text and "consult" not in intent.weights and "service" in intent.weights
+    assert intent.text == "What is the service code of the pump?" and "consult" not in intent.weights
+    assert intent.weights["service"] == 1.0 and intent.weights["manual"] < 1.0  # what precedes the file weighs as the head does
     assert SECRET in shown
