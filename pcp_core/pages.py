@@ -26,7 +26,6 @@ __all__ = [
     "iso_timestamp",
     "short_hash",
     "tree_depths",
-    "turn_texts",
     "without_turn_markers",
 ]
 
@@ -106,12 +105,6 @@ class Turn(msgspec.Struct, frozen=True):
 
 # How an Original page's content lays its turns out: one ``Turn.line()`` each.
 _TURN_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)
-_TURN_START = re.compile(r"\n(?=\[[a-z_]+\] )")
-
-
-def turn_texts(content: str) -> list[str]:
-    """The turns of a page's content, each as its ``Turn.line()``."""
-    return _TURN_START.split(content)
 
 
 def without_turn_markers(content: str) -> str:
