@@ -20,6 +20,7 @@ import numpy as np
 
 from .consolidator import terms
 from .pages import Page, without_turn_markers
+from .session import common_prefix
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
@@ -92,9 +93,10 @@ class Bm25:
     (document, term) pair is one entry of flat arrays sorted by the term's
     hash, so a query reads only its own terms' entries (a few binary
     searches), whatever the length of the conversation. Each text's terms are
-    computed once and cached, and ``of_texts`` extends the index of a recent
-    prefix of its texts rather than build it again: a follow-up adds a few
-    turns to a conversation of thousands.
+    computed once and cached, and ``of_texts`` starts from the recent index
+    that shares the longest prefix with its texts, cut back to that prefix,
+    rather than build it again: a follow-up reopens the conversation's last
+    page and adds a few turns after it, in a conversation of thousands.
     """
 
     def __init__(self, pages: Iterable[Page], k1: float = 1.2, b: float = 0.75):
@@ -107,13 +109,14 @@ class Bm25:
         """BM25 over ``texts``, whose ids are their positions ("0", "1", …)."""
         texts = tuple(texts)
         with _RECENT_LOCK:
-            prefix = max((s for s in _RECENT if (s.k1, s.b) == (k1, b) and s.n <= len(texts) and texts[: s.n] == s.texts), key=lambda s: s.n, default=None)
+            recent = [s for s in _RECENT if (s.k1, s.b) == (k1, b)]
+        shared, prefix = max(((common_prefix(s.texts, texts), s) for s in recent), key=lambda pair: pair[0], default=(0, None))
         search = cls.__new__(cls)
         search.k1, search.b = k1, b
-        if prefix is None:
+        if prefix is None or not shared:
             search._build([str(i) for i in range(len(texts))], [_doc_terms(t, ()) for t in texts])
         else:
-            search._extend(prefix, [_doc_terms(t, ()) for t in texts[prefix.n :]])
+            search._extend(prefix._cut(shared), [_doc_terms(t, ()) for t in texts[shared:]])
         search.texts = texts
         with _RECENT_LOCK:
             _RECENT.append(search)
@@ -127,6 +130,18 @@ class Bm25:
         self.tf = (np.concatenate([d.counts for d in docs]) if docs else np.zeros(0))[order]
         self.doc_of = np.repeat(np.arange(len(docs)), [len(d.hashes) for d in docs])[order]
         self._lengths(np.array([d.length for d in docs], dtype=np.float64))
+
+    def _cut(self, n: int) -> Bm25:
+        """This index of the first ``n`` documents only (filtering keeps the arrays sorted)."""
+        if n == self.n:
+            return self
+        cut = Bm25.__new__(Bm25)
+        cut.k1, cut.b = self.k1, self.b
+        cut.ids, cut.docs, cut.texts = self.ids[:n], self.docs[:n], self.texts[:n]
+        kept = self.doc_of < n
+        cut.hashes, cut.tf, cut.doc_of = self.hashes[kept], self.tf[kept], self.doc_of[kept]
+        cut._lengths(self.lengths[:n])
+        return cut
 
     def _extend(self, prefix: Bm25, docs: list[_DocTerms]) -> None:
         """``prefix``'s index with ``docs`` after its own: their entries merged into the sorted arrays."""

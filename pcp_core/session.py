@@ -54,7 +54,7 @@ def chain_links(messages: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
-    """How many links two chains share from the start."""
+    """How many links two chains share from the start (or texts two lists of them)."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -6,6 +6,7 @@ import random
 from datetime import datetime
 
 import numpy as np
+import pytest
 
 from pcp_core import router
 from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
@@ -102,6 +103,22 @@ def test_an_index_extended_from_a_prefix_scores_as_one_built_whole():
     extended = Bm25.of_texts(turns)
     assert [s.n for s in router._RECENT] == [41, 60]
     np.testing.assert_allclose(extended.feedback_scores(query), whole)
+
+
+def test_a_follow_up_that_reopens_the_last_page_reuses_the_index_before_it(monkeypatch):
+    rng = random.Random(11)
+    words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
+    turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
+    query = anchor_intent("", "Where did the greyhound run on the beach?").weights
+    router._RECENT.clear()
+    whole = Bm25.of_texts(turns).feedback_scores(query)
+
+    router._RECENT.clear()
+    Bm25.of_texts([*turns[:40], "the greyhound on the beach, as the page stood"])  # the page the follow-up reopens
+    monkeypatch.setattr(Bm25, "_build", lambda *_: pytest.fail("built from nothing"))
+    follow_up = Bm25.of_texts(turns)
+    assert follow_up.n == 60 and follow_up.ids == [str(i) for i in range(60)]
+    np.testing.assert_allclose(follow_up.feedback_scores(query), whole)
 
 
 # -- the Timeline in addressing ------------------------------------------------------------
