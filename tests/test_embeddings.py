@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+import time
+
 import pytest
 
 from proxy.embeddings import Embedder, embeddings_available
@@ -41,3 +45,14 @@ def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_mo
     linears = [m for m in embedder._model("request").modules() if isinstance(m, torch.nn.Linear | torch.ao.nn.quantized.dynamic.Linear)]
     assert linears and all(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in linears)
     embedder.close()
+
+
+def test_what_the_model_brings_is_left_out_of_garbage_collection(start_proxy):
+    # torch's hundreds of thousands of objects made a full collection cost ~270 ms of a request.
+    gc.unfreeze()
+    start_proxy(router_embeddings=True)
+    deadline = time.monotonic() + 60  # loading takes a few seconds
+    while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "torch" in sys.modules
+    assert gc.get_freeze_count() > 100_000
