@@ -90,9 +90,10 @@ class ProtocolRequest:
         # too: the Query shows its start, its end and its handle; its drafts are addressed.
         self.query_block: PBlock | None = None
         self.query_turn: Turn | None = None
+        self.asked = messages[-1]
         scanning = paging_policy(self.settings.block_tokens).blocks
         if scanning.is_block(self.query, services.tokenizer.count):
-            self.query_turn = Turn(index=len(self.history), role=str(messages[-1].get("role", "user")), text=self.query, timestamp=iso_timestamp(time.time()))
+            self.query_turn = Turn(index=len(self.history), role=str(self.asked.get("role", "user")), text=self.query, timestamp=iso_timestamp(time.time()))
             self.query = handle_line(block_handle(self.query_turn), services.tokenizer.count(self.query), self.query, scanning)
         self.client_tools = list(body.get("tools") or [])
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
@@ -138,14 +139,12 @@ class ProtocolRequest:
         if consolidator is not None:
             await consolidator.submit(session.pages, str(self.body.get("model", "")), self.headers)
         self.session = session.id
-        index = session.pages.index()
-        for page in self.query_block.drafts if self.query_block else ():
-            index.register(page)
-        return index
+        return session.pages.index()
 
     def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation]:
         """Find the session (blocking: the store may read the disk), then page what it does not hold."""
-        chain = chain_links(self.history)
+        links = chain_links([*self.history, self.asked] if self.query_turn is not None else self.history)
+        chain = links[: len(self.history)]
         found, reused = self.services.sessions.resolve(self.namespace, chain, self.pinned)
         pinned = self.pinned is not None
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
@@ -156,6 +155,7 @@ class ProtocolRequest:
         session.pages = page_history(turns, self.services.tokenizer.count, policy, known, reused)
         if self.query_turn is not None:
             self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
+            _hold(session, links[-1], self.query_turn, self.query_block)
         return session, known, reused, how
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
@@ -379,6 +379,18 @@ class StreamedRound:
 
     def event(self, payload: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
+
+
+def _hold(session: Session, link: str, asked: Turn, block: PBlock) -> None:
+    """The session takes the query, a File block, as its next message, scanned.
+
+    The follow-up sends that message back as history: it finds the block
+    there and does not scan it again, and keeps what this answer read
+    (solidified), even when the file was the conversation's first message.
+    """
+    session.chain = [*session.chain, link]
+    session.seen_at = [*session.seen_at, asked.timestamp]
+    session.pages = msgspec.structs.replace(session.pages, blocks=[*session.pages.blocks, block])
 
 
 @lru_cache(maxsize=4)

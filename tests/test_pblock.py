@@ -13,6 +13,7 @@ from lxml import etree
 from pcp_core.engine import RoundContext, WorkerReply, run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
 from pcp_core.pblock import Scan, around_handle, handle_line, scan, solidify
+from pcp_core import sentry
 from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
 from proxy.sessions import SessionStore
 from proxy.settings import SettingsError, load_settings
@@ -322,3 +323,22 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     assert intent.text == "What is the service code of the pump?" and "consult" not in intent.weights
     assert intent.weights["service"] == 1.0 and intent.weights["manual"] < 1.0  # what precedes the file weighs as the head does
     assert SECRET in shown
+
+
+def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path, monkeypatch):
+    upstream.default = lambda recorded: completion("QX-4471.")
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
+    pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
+    first = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
+    assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+
+    scans = []
+    monkeypatch.setattr(sentry, "scan", lambda *args: scans.append(args) or scan(*args))
+    follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
+    again = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+    assert scans == []  # the file was scanned once, when it came with its question
+    proxy.server.stop()
+    (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
+    assert session.pages.blocks[0].turn == 0 and len(session.chain) == 2
+    assert any(SECRET in page.content and not page.draft for page in session.pages.storage)  # what the first answer read
