@@ -90,7 +90,12 @@ def test_the_lexical_scores_of_texts_follow_their_order():
     assert len(scores) == 3 and scores[0] == max(scores) and scores[0] > 0
 
 
-def test_an_index_extended_from_a_prefix_scores_as_one_built_whole():
+@pytest.mark.parametrize(
+    "earlier",
+    [lambda turns: turns[:41], lambda turns: [*turns[:40], "the greyhound on the beach, as the page stood"]],
+    ids=["a prefix of them", "the last page before it was reopened"],
+)
+def test_an_index_extended_from_an_earlier_requests_scores_as_one_built_whole(monkeypatch, earlier):
     rng = random.Random(7)
     words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
     turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
@@ -99,26 +104,11 @@ def test_an_index_extended_from_a_prefix_scores_as_one_built_whole():
     whole = Bm25.of_texts(turns).feedback_scores(query)
 
     router._RECENT.clear()
-    Bm25.of_texts(turns[:41])  # an earlier request of the conversation
-    extended = Bm25.of_texts(turns)
-    assert [s.n for s in router._RECENT] == [41, 60]
-    np.testing.assert_allclose(extended.feedback_scores(query), whole)
-
-
-def test_a_follow_up_that_reopens_the_last_page_reuses_the_index_before_it(monkeypatch):
-    rng = random.Random(11)
-    words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
-    turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
-    query = anchor_intent("", "Where did the greyhound run on the beach?").weights
-    router._RECENT.clear()
-    whole = Bm25.of_texts(turns).feedback_scores(query)
-
-    router._RECENT.clear()
-    Bm25.of_texts([*turns[:40], "the greyhound on the beach, as the page stood"])  # the page the follow-up reopens
+    Bm25.of_texts(earlier(turns))  # an earlier request of the conversation
     monkeypatch.setattr(Bm25, "_build", lambda *_: pytest.fail("built from nothing"))
-    follow_up = Bm25.of_texts(turns)
-    assert follow_up.n == 60 and follow_up.ids == [str(i) for i in range(60)]
-    np.testing.assert_allclose(follow_up.feedback_scores(query), whole)
+    extended = Bm25.of_texts(turns)
+    assert extended.n == 60 and extended.ids == [str(i) for i in range(60)]
+    np.testing.assert_allclose(extended.feedback_scores(query), whole)
 
 
 # -- the Timeline in addressing ------------------------------------------------------------
