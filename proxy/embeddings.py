@@ -11,6 +11,10 @@ A request never waits for a history to be encoded (seconds for a long one on
 two cores) or read back from disk: ``similarities_when_ready`` encodes the query
 at once, and hands the history's texts it does not hold in memory to a
 background thread; until they land, those turns are ranked by BM25 alone.
+The background gives way to requests: it encodes while none is being served,
+or after waiting ``yield_seconds`` for one, a few batches at a time — a
+follow-up's new texts are encoded once its answer is out, not while its
+pages are addressed (both need the interpreter).
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,10 @@ log = logging.getLogger("pcp.embeddings")
 # leaves the other core to requests; a short query encodes about as fast on one.
 TORCH_THREADS = 1
 GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
+# The background encodes this many batches between two looks at the requests being served,
+# and waits at most this long for them, so it never starves.
+BATCHES_BETWEEN_YIELDS = 4
+YIELD_SECONDS = 0.25
 ROLES = ("request", "background")
 _QUIET = threading.Lock()  # around quantizing a model, whose deprecation warnings are silenced
 
@@ -120,10 +129,13 @@ class VectorCache:
 
 
 class Embedder:
-    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None):
+    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None):
         self.cache = VectorCache(cache_size)
         self.disk = diskcache.Cache(str(directory)) if directory is not None else None
         self.batch_size = batch_size
+        self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
+        self._serving = 0
+        self._quiet = threading.Condition()
         # Called with ("queued" | "encoded" | "loaded" | "failed", number of texts) for background work.
         self.on_encoded = on_encoded or (lambda state, n: None)
         # Two instances of the model (~90 MB each): a request's query never queues
@@ -162,6 +174,18 @@ class Embedder:
             return self._models[role]
 
     # -- for requests --------------------------------------------------------------------
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        """While a request is served, the background does not start encoding (see ``yield_seconds``)."""
+        with self._quiet:
+            self._serving += 1
+        try:
+            yield
+        finally:
+            with self._quiet:
+                self._serving -= 1
+                self._quiet.notify_all()
+
     async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any | None:
         """The cosine of ``query`` (encoded now) with each of ``texts``, as far as they are in memory.
 
@@ -223,17 +247,30 @@ class Embedder:
             self._background.submit(self._load_or_encode, texts)
 
     def _load_or_encode(self, texts: list[str]) -> None:
+        done = 0
         try:
+            self._wait_for_quiet()
             loaded = self._from_disk(texts)
             if loaded:
                 self.on_encoded("loaded", len(loaded))
+            done = len(loaded)
             absent = [t for t in texts if t not in loaded]
-            if absent:
-                self._encode(absent, role="background")
-                self.on_encoded("encoded", len(absent))
+            step = self.batch_size * BATCHES_BETWEEN_YIELDS
+            for start in range(0, len(absent), step):
+                if start:
+                    self._wait_for_quiet()
+                part = absent[start : start + step]
+                self._encode(part, role="background")
+                self.on_encoded("encoded", len(part))
+                done += len(part)
         except Exception:  # a failed encode costs dense recall, never a request
-            log.exception("encoding %d texts in the background failed", len(texts))
-            self.on_encoded("failed", len(texts))
+            log.exception("encoding %d texts in the background failed", len(texts) - done)
+            self.on_encoded("failed", len(texts) - done)
         finally:
             with self._queue_lock:
                 self._pending.difference_update(texts)
+
+    def _wait_for_quiet(self) -> None:
+        """Until no request is being served, or ``yield_seconds`` have passed."""
+        with self._quiet:
+            self._quiet.wait_for(lambda: self._serving == 0, timeout=self.yield_seconds)

@@ -16,6 +16,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
+from contextlib import nullcontext
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -409,4 +410,6 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
 
 async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, pinned: str | None = None) -> Response[Any]:
     request = ProtocolRequest(services, body, headers, namespace, pinned)
-    return await (request.stream() if body.get("stream") else request.complete())
+    # Encoding history texts in the background would take the interpreter from this request.
+    with services.embedder.serving() if services.embedder is not None else nullcontext():
+        return await (request.stream() if body.get("stream") else request.complete())

