@@ -1,14 +1,25 @@
 """Where sessions live: diskcache in the data dir, with the recent ones kept in memory.
 
 Keys are namespaced by the caller (a hash of its key), so one caller can neither
-find nor pin another's session. Two kinds of entries:
+find nor pin another's session. Three kinds of entries:
 
-* ``("session", namespace, id)`` → the session (msgpack): its chain, first-seen
-  times and pages;
+* ``("session", namespace, id)`` → the session's record (msgpack): its chain,
+  first-seen times and the small parts of its pages, and the digests of the
+  parts that hold its pages;
+* ``("part", namespace, id, list, n)`` → pages ``n * PART_ITEMS`` onwards (up
+  to ``PART_ITEMS`` of them) of one of the lists of the session's pages
+  (leaves, containers, blocks, solidified pages). Pages do not change once
+  made, and a follow-up changes its history's last pages: it writes the
+  parts it changed and its record, not the whole session again (at 200k
+  tokens ~0.6 MB rather than 2.6 MB, in half the time). The record holds a
+  digest of every part, so a session whose parts do not match it is not
+  found (it is paged again), never read half old and half new;
 * ``("link", namespace, link)`` → the id of the session that link belongs to.
 
 A link can outlive its session's knowledge of it (the session was rebuilt after
 an edit, or evicted); every lookup checks the link against the session's chain.
+A session one of whose parts is gone (culled) or does not match is not found: it
+is paged again.
 Writes go through one background thread, in order, so a follow-up never waits
 on the disk; a lookup that must read links first waits for the writes queued
 before it, and ``close()`` finishes them.
@@ -16,6 +27,7 @@ before it, and ``close()`` finishes them.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -27,6 +39,7 @@ import diskcache
 import msgspec
 
 from pcp_core.pages import short_hash
+from pcp_core.sentry import PagedHistory
 from pcp_core.session import Session, common_prefix
 
 __all__ = ["SessionStore"]
@@ -40,8 +53,27 @@ RECENT = 64  # sessions kept decoded in memory
 # (where a follow-up's known end lies) and every stored position before them;
 # the session's full chain then gives the exact common prefix.
 LINK_STRIDE = 16
+PART_ITEMS = 128  # pages (or blocks) per part
+# The parts this process wrote or read last, with their items: a part that holds
+# the very same objects is not encoded again. Bounded: it keeps those objects alive.
+KNOWN_PARTS = 1024
+# The lists of a session's pages that are stored in parts; the rest stays in its record.
+PARTED = ("leaves", "containers", "blocks", "storage")
+_PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for f in msgspec.structs.fields(PagedHistory) if f.name in PARTED}
+
+
+PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
+
+
+class _Record(msgspec.Struct):
+    """A session as stored: its pages' parted lists empty, and the digests of their parts."""
+
+    session: Session
+    parts: dict[str, list[str]]
+
+
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Session)
+_decoder = msgspec.msgpack.Decoder(_Record)
 
 
 class SessionStore:
@@ -53,6 +85,7 @@ class SessionStore:
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
         self.pending: Future[None] | None = None
+        self.parts = _KnownParts(KNOWN_PARTS)
 
     # -- reading (blocking: call from a thread) -----------------------------------------
     def load(self, namespace: str, session_id: str) -> Session | None:
@@ -64,10 +97,29 @@ class SessionStore:
         if raw is None:
             return None
         try:
-            session = _decoder.decode(raw)
-        except msgspec.DecodeError:  # written by an incompatible version: page afresh
+            session = self._assemble(namespace, _decoder.decode(raw))
+        except (msgspec.DecodeError, msgspec.ValidationError):  # written by an incompatible version: page afresh
             return None
-        self.remember(namespace, session)
+        if session is not None:
+            self.remember(namespace, session)
+        return session
+
+    def _assemble(self, namespace: str, record: _Record) -> Session | None:
+        """The session of ``record`` with its parts read back; None if one is gone or does not match."""
+        session = record.session
+        lists: dict[str, list[object]] = {}
+        for name, digests in record.parts.items():
+            items: list[object] = []
+            for n, digest in enumerate(digests):
+                key = ("part", namespace, session.id, name, n)
+                raw = self.cache.get(key)
+                if raw is None or _digest(raw) != digest:
+                    return None
+                part = _PART_DECODERS[name].decode(raw)
+                self.parts.add(key, part, digest)
+                items += part
+            lists[name] = items
+        session.pages = msgspec.structs.replace(session.pages, **lists)
         return session
 
     def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int]:
@@ -118,13 +170,37 @@ class SessionStore:
     def _write(self, namespace: str, session: Session, new_links: int) -> None:
         try:
             n = len(session.chain)
+            pages = session.pages  # read once: a request may put new pages in its place meanwhile
+            digests: dict[str, list[str]] = {}
+            new: dict[PartKey, tuple[list[object], bytes, str]] = {}  # the parts that changed, by key
+            for name in PARTED:
+                items = getattr(pages, name)
+                digests[name] = [self._part(("part", namespace, session.id, name, i // PART_ITEMS), items[i : i + PART_ITEMS], new) for i in range(0, len(items), PART_ITEMS)]
+            bare = msgspec.structs.replace(session, pages=msgspec.structs.replace(pages, **{name: [] for name in PARTED}))
             with self.cache.transact():
-                self.cache.set(("session", namespace, session.id), _encoder.encode(session))
+                for key, (_, raw, _) in new.items():
+                    self.cache.set(key, raw)
+                for name in PARTED:  # a session rebuilt shorter leaves no parts behind
+                    stale = len(digests[name])
+                    while self.cache.delete(("part", namespace, session.id, name, stale)):
+                        stale += 1
+                self.cache.set(("session", namespace, session.id), _encoder.encode(_Record(session=bare, parts=digests)))
                 for i in _stored(n - new_links, n):
                     self.cache.set(("link", namespace, session.chain[i]), session.id)
+            for key, (part, _, digest) in new.items():  # on disk now
+                self.parts.add(key, part, digest)
             self.cache.cull()  # once per write, not once per entry (``cull_limit=0``)
         except Exception:  # a full disk costs the session's survival of a restart, not the request
             log.exception("session %s was not saved", session.id)
+
+    def _part(self, key: PartKey, part: list[object], new: dict[PartKey, tuple[list[object], bytes, str]]) -> str:
+        """The digest of the part stored at ``key``: as written before if it holds the very same items, else encoded now (into ``new``)."""
+        known = self.parts.digest(key, part)
+        if known is not None:
+            return known
+        raw = _encoder.encode(part)
+        new[key] = (part, raw, _digest(raw))
+        return new[key][2]
 
     def flush(self) -> None:
         """Wait for the writes submitted so far."""
@@ -142,6 +218,41 @@ class SessionStore:
             self.recent.move_to_end((namespace, session.id))
             while len(self.recent) > self.recent_size:
                 self.recent.popitem(last=False)
+
+
+class _KnownParts:
+    """What this process last wrote or read at each part's key (the most recent ``size``).
+
+    Pages are immutable and a follow-up's pages are mostly the very objects of
+    the request before it: a part of the same objects has the same bytes, so
+    it is neither encoded nor written again. Entries hold their items, so an
+    object's identity cannot pass to another while its entry lives.
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._entries: OrderedDict[PartKey, tuple[str, list[object]]] = OrderedDict()
+        self._lock = threading.Lock()  # the writer adds, a request reading a session back too
+
+    def digest(self, key: PartKey, part: list[object]) -> str | None:
+        """The digest stored at ``key``, if it was stored for these very objects."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or len(entry[1]) != len(part) or any(a is not b for a, b in zip(entry[1], part)):
+                return None
+            self._entries.move_to_end(key)
+        return entry[0]
+
+    def add(self, key: PartKey, part: list[object], digest: str) -> None:
+        with self._lock:
+            self._entries[key] = (digest, part)
+            self._entries.move_to_end(key)
+            while len(self._entries) > self.size:
+                self._entries.popitem(last=False)
+
+
+def _digest(raw: bytes) -> str:
+    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def _stored(start: int, end: int) -> list[int]:

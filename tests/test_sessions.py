@@ -209,6 +209,88 @@ def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
     store.close()
 
 
+def paged_session(messages: list[dict], known: Session | None = None) -> Session:
+    """The session of ``messages``, paged as the host pages it (following ``known``, when given)."""
+    chain = chain_links(messages)
+    reused = len(known.chain) if known else 0
+    session = resume(known, reused, chain, "2026-11-23T08:00:00", "s-1")
+    session.pages = page_history(turns_to_page(session, messages, reused), COUNT, known=session.pages, reused=reused)
+    return session
+
+
+def parts_on_disk(store: SessionStore) -> set:
+    return {key for key in store.cache.iterkeys() if key[0] == "part"}
+
+
+def counting_encodes(monkeypatch) -> list:
+    """What the store encodes from now on: its parts and records."""
+    encoded: list = []
+    encoder = msgspec.msgpack.Encoder()
+    monkeypatch.setattr("proxy.sessions._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
+    return encoded
+
+
+def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    history = conversation(300)
+    first = paged_session(history)
+    store = SessionStore(tmp_path)
+    store.save("ns", first, new_links=300)
+    store.flush()
+    parts = len(parts_on_disk(store))
+    assert parts > 10
+
+    follow_up = paged_session([*history, *conversation(2, start=300)], known=first)
+    encoded = counting_encodes(monkeypatch)
+    store.save("ns", follow_up, new_links=2)
+    store.close()
+    assert 2 <= len(encoded) <= 5  # the record, and the few parts the new turns changed: not the others
+
+    reopened = SessionStore(tmp_path)
+    assert parts <= len(parts_on_disk(reopened)) <= parts + 1  # the parts that changed were written in place
+    loaded = reopened.load("ns", "s-1")
+    assert loaded is not None and loaded.pages == follow_up.pages and loaded.chain == follow_up.chain
+    reopened.close()
+
+
+@pytest.mark.parametrize("damage", ["gone", "another part's"])
+def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str):
+    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    history = conversation(300)
+    store = SessionStore(tmp_path)
+    store.save("ns", paged_session(history), new_links=300)
+    store.close()
+
+    reopened = SessionStore(tmp_path)
+    first, second = (("part", "ns", "s-1", "leaves", n) for n in (0, 1))
+    assert reopened.load("ns", "s-1") is not None
+    reopened.recent.clear()  # read it from the disk again
+    if damage == "gone":
+        reopened.cache.delete(first)  # culled, say
+    else:
+        reopened.cache.set(first, reopened.cache.get(second))  # a write that did not finish, say
+    assert reopened.find("ns", chain_links(history)) == (None, 0)
+    reopened.close()
+
+
+def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    store = SessionStore(tmp_path)
+    store.save("ns", paged_session(conversation(300)), new_links=300)
+    store.save("ns", paged_session(conversation(40)), new_links=40)  # a pinned session, rebuilt after an edit
+    store.close()
+
+    reopened = SessionStore(tmp_path)
+    alone = SessionStore(tmp_path / "alone")
+    alone.save("ns", paged_session(conversation(40)), new_links=40)
+    alone.close()
+    alone = SessionStore(tmp_path / "alone")
+    assert len(parts_on_disk(reopened)) == len(parts_on_disk(alone)) > 0
+    assert reopened.load("ns", "s-1").pages == alone.load("ns", "s-1").pages
+    reopened.close()
+    alone.close()
+
+
 # -- through the proxy ----------------------------------------------------------------------
 
 
