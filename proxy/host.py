@@ -382,7 +382,7 @@ class StreamedRound:
         return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
 
 
-def _hold(session: Session, link: str, asked: Turn, block: PBlock) -> None:
+def _hold(session: Session, link: str, query: Turn, block: PBlock) -> None:
     """The session takes the query, a File block, as its next message, scanned.
 
     The follow-up sends that message back as history: it finds the block
@@ -390,7 +390,7 @@ def _hold(session: Session, link: str, asked: Turn, block: PBlock) -> None:
     (solidified), even when the file was the conversation's first message.
     """
     session.chain = [*session.chain, link]
-    session.seen_at = [*session.seen_at, asked.timestamp]
+    session.seen_at = [*session.seen_at, query.timestamp]
     session.pages = msgspec.structs.replace(session.pages, blocks=[*session.pages.blocks, block])
 
 

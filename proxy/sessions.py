@@ -60,8 +60,6 @@ KNOWN_PARTS = 1024
 # The lists of a session's pages that are stored in parts; the rest stays in its record.
 PARTED = ("leaves", "containers", "blocks", "storage")
 _PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for f in msgspec.structs.fields(PagedHistory) if f.name in PARTED}
-
-
 PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
 
 
@@ -109,13 +107,16 @@ class SessionStore:
         session = record.session
         lists: dict[str, list[object]] = {}
         for name, digests in record.parts.items():
+            decoder = _PART_DECODERS.get(name)
+            if decoder is None:  # a list this version does not keep
+                return None
             items: list[object] = []
             for n, digest in enumerate(digests):
                 key = ("part", namespace, session.id, name, n)
                 raw = self.cache.get(key)
                 if raw is None or _digest(raw) != digest:
                     return None
-                part = _PART_DECODERS[name].decode(raw)
+                part = decoder.decode(raw)
                 self.parts.add(key, part, digest)
                 items += part
             lists[name] = items
@@ -181,9 +182,10 @@ class SessionStore:
                 for key, (_, raw, _) in new.items():
                     self.cache.set(key, raw)
                 for name in PARTED:  # a session rebuilt shorter leaves no parts behind
-                    stale = len(digests[name])
-                    while self.cache.delete(("part", namespace, session.id, name, stale)):
-                        stale += 1
+                    stale: PartKey = ("part", namespace, session.id, name, len(digests[name]))
+                    while self.cache.delete(stale):
+                        self.parts.forget(stale)
+                        stale = (*stale[:4], stale[4] + 1)
                 self.cache.set(("session", namespace, session.id), _encoder.encode(_Record(session=bare, parts=digests)))
                 for i in _stored(n - new_links, n):
                     self.cache.set(("link", namespace, session.chain[i]), session.id)
@@ -249,6 +251,10 @@ class _KnownParts:
             self._entries.move_to_end(key)
             while len(self._entries) > self.size:
                 self._entries.popitem(last=False)
+
+    def forget(self, key: PartKey) -> None:
+        with self._lock:
+            self._entries.pop(key, None)
 
 
 def _digest(raw: bytes) -> str:

@@ -276,8 +276,15 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
 def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
     monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
     store = SessionStore(tmp_path)
-    store.save("ns", paged_session(conversation(300)), new_links=300)
+    long = paged_session(conversation(300))
+    store.save("ns", long, new_links=300)
     store.save("ns", paged_session(conversation(40)), new_links=40)  # a pinned session, rebuilt after an edit
+    store.save("ns", long, new_links=300)  # and back: the parts it deleted are written again
+    store.flush()
+    reader = SessionStore(tmp_path)  # what the disk holds now
+    assert reader.load("ns", "s-1").pages == long.pages
+    reader.close()
+    store.save("ns", paged_session(conversation(40)), new_links=40)
     store.close()
 
     reopened = SessionStore(tmp_path)
