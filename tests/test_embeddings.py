@@ -52,9 +52,7 @@ def test_what_the_model_brings_is_left_out_of_garbage_collection(start_proxy):
     # torch's hundreds of thousands of objects made a full collection cost ~270 ms of a request.
     gc.unfreeze()
     start_proxy(router_embeddings=True)
-    deadline = time.monotonic() + 60  # loading takes a few seconds
-    while gc.get_freeze_count() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    _until(lambda: gc.get_freeze_count() > 0)  # loading takes a few seconds
     assert "torch" in sys.modules
     assert gc.get_freeze_count() > 100_000
 
