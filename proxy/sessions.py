@@ -3,17 +3,18 @@
 Keys are namespaced by the caller (a hash of its key), so one caller can neither
 find nor pin another's session. Three kinds of entries:
 
-* ``("session", namespace, id)`` → the session's record (msgpack): its chain,
-  first-seen times and the small parts of its pages, and the digests of the
-  parts that hold its pages;
-* ``("part", namespace, id, list, n)`` → pages ``n * PART_ITEMS`` onwards (up
-  to ``PART_ITEMS`` of them) of one of the lists of the session's pages
-  (leaves, containers, blocks, solidified pages). Pages do not change once
-  made, and a follow-up changes its history's last pages: it writes the
-  parts it changed and its record, not the whole session again (at 200k
-  tokens ~0.6 MB rather than 2.6 MB, in half the time). The record holds a
-  digest of every part, so a session whose parts do not match it is not
-  found (it is paged again), never read half old and half new;
+* ``("session", namespace, id)`` → the session's record (msgpack): what is
+  small of it and of its pages (dates, term counts, topics), and the digests
+  of the parts that hold the rest;
+* ``("part", namespace, id, list, n)`` → the ``n``-th run of ``PART_ITEMS``
+  pages (``LINK_PART_ITEMS`` links) of one of the session's long lists: its chain
+  and first-seen times, and its pages (leaves, containers, blocks,
+  solidified pages). A follow-up adds to the ends of those lists and
+  changes its history's last pages; what came before stays as it was. So
+  it writes the parts it changed and its record, not the whole session
+  again. The record holds a digest of every part, so a session whose parts
+  do not match it is not found (it is paged again), never read half old
+  and half new;
 * ``("link", namespace, link)`` → the id of the session that link belongs to.
 
 A link can outlive its session's knowledge of it (the session was rebuilt after
@@ -53,18 +54,24 @@ RECENT = 64  # sessions kept decoded in memory
 # (where a follow-up's known end lies) and every stored position before them;
 # the session's full chain then gives the exact common prefix.
 LINK_STRIDE = 16
-PART_ITEMS = 128  # pages (or blocks) per part
+PART_ITEMS = 32  # pages (or blocks) per part
+LINK_PART_ITEMS = 256  # links (or first-seen times) per part: short strings, and many
 # The parts this process wrote or read last, with their items: a part that holds
-# the very same objects is not encoded again. Bounded: it keeps those objects alive.
-KNOWN_PARTS = 1024
-# The lists of a session's pages that are stored in parts; the rest stays in its record.
-PARTED = ("leaves", "containers", "blocks", "storage")
-_PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for f in msgspec.structs.fields(PagedHistory) if f.name in PARTED}
+# equal items is not encoded again. Bounded: it keeps those items alive.
+KNOWN_PARTS = 4096
+# The lists stored in parts, the session's own and its pages'; the rest stays in its record.
+SESSION_PARTED = ("chain", "seen_at")
+PAGES_PARTED = ("leaves", "containers", "blocks", "storage")
+_PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for struct, names in ((Session, SESSION_PARTED), (PagedHistory, PAGES_PARTED)) for f in msgspec.structs.fields(struct) if f.name in names}
 PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
 
 
 class _Record(msgspec.Struct):
-    """A session as stored: its pages' parted lists empty, and the digests of their parts."""
+    """A session as stored: its parted lists empty, and the digests of their parts.
+
+    A record written before the chain was parted holds its chain itself, and
+    no digests for it: it reads back as it is.
+    """
 
     session: Session
     parts: dict[str, list[str]]
@@ -104,7 +111,6 @@ class SessionStore:
 
     def _assemble(self, namespace: str, record: _Record) -> Session | None:
         """The session of ``record`` with its parts read back; None if one is gone or does not match."""
-        session = record.session
         lists: dict[str, list[object]] = {}
         for name, digests in record.parts.items():
             decoder = _PART_DECODERS.get(name)
@@ -112,7 +118,7 @@ class SessionStore:
                 return None
             items: list[object] = []
             for n, digest in enumerate(digests):
-                key = ("part", namespace, session.id, name, n)
+                key = ("part", namespace, record.session.id, name, n)
                 raw = self.cache.get(key)
                 if raw is None or _digest(raw) != digest:
                     return None
@@ -120,8 +126,7 @@ class SessionStore:
                 self.parts.add(key, part, digest)
                 items += part
             lists[name] = items
-        session.pages = msgspec.structs.replace(session.pages, **lists)
-        return session
+        return _with_lists(record.session, record.session.pages, lists)
 
     def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int]:
         """The session a request continues (the pinned one, or the longest known prefix's), and how many of its messages it holds."""
@@ -172,16 +177,17 @@ class SessionStore:
         try:
             n = len(session.chain)
             pages = session.pages  # read once: a request may put new pages in its place meanwhile
+            lists = _lists(session, pages)
             digests: dict[str, list[str]] = {}
             new: dict[PartKey, tuple[list[object], bytes, str]] = {}  # the parts that changed, by key
-            for name in PARTED:
-                items = getattr(pages, name)
-                digests[name] = [self._part(("part", namespace, session.id, name, i // PART_ITEMS), items[i : i + PART_ITEMS], new) for i in range(0, len(items), PART_ITEMS)]
-            bare = msgspec.structs.replace(session, pages=msgspec.structs.replace(pages, **{name: [] for name in PARTED}))
+            for name, items in lists.items():
+                size = LINK_PART_ITEMS if name in SESSION_PARTED else PART_ITEMS
+                digests[name] = [self._part(("part", namespace, session.id, name, i // size), items[i : i + size], new) for i in range(0, len(items), size)]
+            bare = _with_lists(session, pages, {name: [] for name in lists})
             with self.cache.transact():
                 for key, (_, raw, _) in new.items():
                     self.cache.set(key, raw)
-                for name in PARTED:  # a session rebuilt shorter leaves no parts behind
+                for name in lists:  # a session rebuilt shorter leaves no parts behind
                     stale: PartKey = ("part", namespace, session.id, name, len(digests[name]))
                     while self.cache.delete(stale):
                         self.parts.forget(stale)
@@ -196,7 +202,7 @@ class SessionStore:
             log.exception("session %s was not saved", session.id)
 
     def _part(self, key: PartKey, part: list[object], new: dict[PartKey, tuple[list[object], bytes, str]]) -> str:
-        """The digest of the part stored at ``key``: as written before if it holds the very same items, else encoded now (into ``new``)."""
+        """The digest of the part stored at ``key``: as written before if it holds equal items, else encoded now (into ``new``)."""
         known = self.parts.digest(key, part)
         if known is not None:
             return known
@@ -225,10 +231,10 @@ class SessionStore:
 class _KnownParts:
     """What this process last wrote or read at each part's key (the most recent ``size``).
 
-    Pages are immutable and a follow-up's pages are mostly the very objects of
-    the request before it: a part of the same objects has the same bytes, so
-    it is neither encoded nor written again. Entries hold their items, so an
-    object's identity cannot pass to another while its entry lives.
+    A follow-up's pages are mostly the very objects of the request before it,
+    and its chain the same links: a part of equal items decodes to the same
+    items, so it is neither encoded nor written again. Comparing starts with
+    identity, so the same objects cost no more than a pointer each.
     """
 
     def __init__(self, size: int):
@@ -237,10 +243,10 @@ class _KnownParts:
         self._lock = threading.Lock()  # the writer adds, a request reading a session back too
 
     def digest(self, key: PartKey, part: list[object]) -> str | None:
-        """The digest stored at ``key``, if it was stored for these very objects."""
+        """The digest stored at ``key``, if it was stored for items equal to these."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or len(entry[1]) != len(part) or any(a is not b for a, b in zip(entry[1], part)):
+            if entry is None or entry[1] != part:
                 return None
             self._entries.move_to_end(key)
         return entry[0]
@@ -255,6 +261,18 @@ class _KnownParts:
     def forget(self, key: PartKey) -> None:
         with self._lock:
             self._entries.pop(key, None)
+
+
+def _lists(session: Session, pages: PagedHistory) -> dict[str, list[object]]:
+    """The lists of ``session`` (with ``pages``) that are stored in parts, by name."""
+    return {**{name: getattr(session, name) for name in SESSION_PARTED}, **{name: getattr(pages, name) for name in PAGES_PARTED}}
+
+
+def _with_lists(session: Session, pages: PagedHistory, lists: dict[str, list[object]]) -> Session:
+    """``session`` with ``pages``, and the parted lists named in ``lists`` in place of its own."""
+    own = {name: items for name, items in lists.items() if name in SESSION_PARTED}
+    paged = {name: items for name, items in lists.items() if name in PAGES_PARTED}
+    return msgspec.structs.replace(session, **own, pages=msgspec.structs.replace(pages, **paged))
 
 
 def _digest(raw: bytes) -> str:

