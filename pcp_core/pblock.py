@@ -7,9 +7,13 @@ block is scanned once, when it is paged, into Draft pages:
 
 * its text makes Original Drafts of about a page each, cut at line ends, so
   every line of the block stays whole in one page;
-* its structure (Markdown headings, outside code fences) makes a Consolidated
-  Draft per section, titled by its heading; a heading that states a date
-  dates its section's pages on the Timeline;
+* its structure makes a Consolidated Draft per section: Markdown headings,
+  and a source file's top-level definitions (Python, JavaScript/TypeScript,
+  Go, Rust: a function, class, struct, … at the start of a line), outside
+  code fences. A section is titled by its heading or its definition's
+  signature; the comments and decorators just above a definition go with
+  it. A heading that states a date dates its section's pages on the
+  Timeline;
 * a Consolidated Draft whose id is the handle stands over the whole block, so
   ``Consult(handle)`` zooms into it and ``Explore(handle, keywords)`` searches it.
 
@@ -27,7 +31,7 @@ off from ``Consult`` and ``Explore``, and a leaf beside it would repeat them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import msgspec
 
@@ -42,6 +46,17 @@ __all__ = ["BLOCK_KIND", "PBlock", "Scan", "around_handle", "block_handle", "han
 BLOCK_KIND = "File"
 _HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
 _FENCE = re.compile(r"\s*(```|~~~)")
+# A top-level definition starts at the line's start. Python's ends its line with
+# ":" (or opens its parameters); the others open a brace, or their parameters,
+# at the line's end — which prose lines starting with "type" or "class" do not.
+_DEFINITION = re.compile(
+    r"(?:async[ \t]+)?def[ \t]+\w+[ \t]*\(.*|class[ \t]+\w+.*:"
+    r"|(?:(?:export|default|pub(?:\([^)]*\))?|async|abstract|unsafe|static)[ \t]+)*"
+    r"(?:(?:function\*?|func|fn|class|struct|enum|trait|impl|interface|type|mod)[ \t(]|(?:const|let|var)[ \t]+\w+[ \t]*=).*[{(]"
+)
+# What stands above a definition and belongs to it: comments, decorators, attributes.
+_PREAMBLE = re.compile(r"[ \t]*(?:#|//|/\*|\*|@)|[ \t]*$")
+TITLE_CHARS = 80  # of a definition's signature, as its section's title
 
 
 class Scan(msgspec.Struct, frozen=True):
@@ -142,19 +157,63 @@ def solidify(shown: Mapping[str, View], index: PageIndex) -> list[Page]:
 
 
 def _sections(text: str, timestamp: str) -> list[_Section]:
-    """``text`` cut before each Markdown heading outside a code fence; each part keeps its heading line."""
+    """``text`` cut before each Markdown heading and each top-level definition outside a code fence.
+
+    Each part keeps its heading line. Text with two top-level definitions (or
+    one and no heading) is source code, where a ``#`` line is a comment, not
+    a heading; in other text a line that looks like one is prose. A definition
+    takes the comments and decorators right above it along; one that follows
+    nothing but such lines joins their section and names it.
+    """
+    lines_fenced = list(_fenced(text.split("\n")))
+    unfenced = [line.rstrip() for line, fenced in lines_fenced if not fenced]
+    definitions = sum(1 for line in unfenced if _definition(line))
+    code = definitions >= 2 or (definitions == 1 and not any(_HEADING.fullmatch(line) for line in unfenced))
     parts: list[tuple[str, list[str]]] = [("", [])]
-    fenced = False
-    for line in text.split("\n"):
-        if _FENCE.match(line):
-            fenced = not fenced
-        heading = None if fenced else _HEADING.fullmatch(line.rstrip())
-        if heading and parts[-1][1]:
+    for line, fenced in lines_fenced:
+        heading = None if fenced or code else _HEADING.fullmatch(line.rstrip())
+        definition = None if fenced or not code else _definition(line)
+        title, lines = parts[-1]
+        if heading and lines:
             parts.append((heading.group(1).strip(), []))
         elif heading:
-            parts[-1] = (heading.group(1).strip(), parts[-1][1])
+            parts[-1] = (heading.group(1).strip(), lines)
+        elif definition and any(not _PREAMBLE.match(above) for above in lines):
+            lead = _lead(lines)
+            parts[-1] = (title, lines[: len(lines) - lead])
+            parts.append((definition, lines[len(lines) - lead :]))
+        elif definition:
+            parts[-1] = (definition, lines)
         parts[-1][1].append(line)
     return [_Section(title, "\n".join(lines), time_in(title) or timestamp) for title, lines in parts]
+
+
+def _fenced(lines: Sequence[str]) -> Iterator[tuple[str, bool]]:
+    """Each line, and whether it is inside a code fence (a fence's own lines are)."""
+    fenced = False
+    for line in lines:
+        if _FENCE.match(line):
+            fenced = not fenced
+            yield line, True
+        else:
+            yield line, fenced
+
+
+def _definition(line: str) -> str | None:
+    """The signature ``line`` starts a top-level definition with (its section's title), if it does."""
+    line = line.rstrip()
+    if not _DEFINITION.fullmatch(line):
+        return None
+    signature = line.rstrip("{(:").rstrip()
+    return signature if len(signature) <= TITLE_CHARS else signature[: TITLE_CHARS - 1] + "…"
+
+
+def _lead(lines: Sequence[str]) -> int:
+    """How many of the last ``lines`` stand right above a definition: comments and decorators, no blank line between."""
+    n = 0
+    while n < len(lines) and lines[-1 - n].strip() and _PREAMBLE.match(lines[-1 - n]):
+        n += 1
+    return n
 
 
 def _chunks(text: str, count: CountText, limit: int) -> list[str]:

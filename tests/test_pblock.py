@@ -89,6 +89,52 @@ def test_text_without_headings_is_contained_page_by_page_under_the_block():
     assert root.summary.startswith("File of ")
 
 
+def python_module(functions: int = 24) -> str:
+    """A Python module: a header comment and imports, decorated functions with a comment above each, a class with methods."""
+    parts = ['# Copyright the pump team.\n# Kept with the pump.\n"""Valves, opened slowly. Use it so:\n\n```\ndef example(pump):\n    open_valve_3(2.0)\n```\n"""\n\nimport math']
+    for n in range(functions):
+        body = "\n".join(f"    value_{j} = math.sqrt({n * j}) + {j}  # step {j} of valve {n}" for j in range(12))
+        parts.append(f"# Opens valve {n}, slowly.\n@cached\ndef open_valve_{n}(pressure: float) -> float:\n{body}\n    return value_11")
+    parts.append("class Pump:\n    def __init__(self):\n        self.valves = []\n\n    def start(self):\n        return True")
+    return "\n\n\n".join(parts)
+
+
+def test_a_source_file_is_sectioned_by_its_top_level_definitions():
+    block = block_of(python_module())
+    assert block.sections == 26  # the header, 24 functions, the class: "# …" lines are comments, methods stay in their class, fenced code is text
+    root = block.drafts[-1]
+    assert root.summary.startswith(f"File of {block.tokens:,} tokens in 26 sections: def open_valve_0(pressure: float) -> float; def open_valve_1(")
+    leaves = [p for p in block.drafts if isinstance(p, OriginalPage)]
+    for n in range(24):
+        (first,) = [p for p in leaves if f"def open_valve_{n}(" in p.content]
+        assert first.content.startswith(f"# Opens valve {n}, slowly.\n@cached\ndef open_valve_{n}(")  # its comment and decorator go with it
+    assert all(p.content.count("def open_valve_") <= 1 for p in leaves)  # no page spans two functions
+    assert any(p.content.startswith("class Pump:") and "def start(self):" in p.content for p in leaves)
+
+
+@pytest.mark.parametrize(
+    ("source", "titles"),
+    [
+        ("import { Machine } from './machine.js';\n\n// Opens a valve.\nexport function openValve(n) {\n  return n;\n}\n\nexport default class Pump extends Machine {\n  start() {}\n}", ["export function openValve(n)", "export default class Pump extends Machine"]),
+        ("package pump\n\nfunc (p *Pump) Open(n int) error {\n\treturn nil\n}\n\ntype Valve struct {\n\tN int\n}", ["func (p *Pump) Open(n int) error", "type Valve struct"]),
+        ("use std::io;\n\n/// Opens a valve.\n#[inline]\npub fn open(n: u32) -> u32 {\n    n\n}\n\nimpl Pump {\n    fn start(&self) {}\n}", ["pub fn open(n: u32) -> u32", "impl Pump"]),
+    ],
+    ids=["javascript", "go", "rust"],
+)
+def test_definitions_in_other_languages_are_sections_too(source: str, titles: list[str]):
+    block = block_of(source)
+    assert block.sections == 3
+    assert block.drafts[-1].summary.startswith(f"File of {block.tokens:,} tokens in 3 sections: {'; '.join(titles)}.")
+
+
+def test_a_document_with_a_line_that_looks_like_code_keeps_its_headings():
+    stray = manual().replace("Step 4 of chapter 3:", "def is what the manual calls step 4:\nclass Valve:\nStep 4 of chapter 3:")
+    fenced = manual().replace("valve = 5\n", "def valve(n):\n    return n\n\ndef pump():\n    pass\n")
+    for document in (stray, fenced):
+        block = block_of(document)
+        assert block.sections == 13 and "Chapter 7" in block.drafts[-1].summary
+
+
 def test_a_large_message_is_a_block_and_the_history_keeps_its_handle():
     document = manual()
     history = page_history(turns_from_messages(conversation(document), "2026-01-01T00:00:00"), COUNT)
