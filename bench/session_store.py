@@ -29,21 +29,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.protocol_cost import history  # noqa: E402
-from pcp_core.sentry import page_history  # noqa: E402
-from pcp_core.session import Session, chain_links, resume, turns_to_page  # noqa: E402
 from proxy.sessions import SessionStore  # noqa: E402
+from proxy.testing import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 Count = Callable[[str], int]
-
-
-def paged(messages: list[dict[str, str]], count: Count, known: Session | None = None) -> Session:
-    """The session of ``messages``, following ``known`` as a follow-up does."""
-    chain = chain_links(messages)
-    reused = len(known.chain) if known else 0
-    session = resume(known, reused, chain, "2026-11-24T09:00:00", "s-bench")
-    session.pages = page_history(turns_to_page(session, messages, reused), count, known=session.pages, reused=reused)
-    return session
 
 
 def ms(started: float) -> float:
@@ -53,7 +43,7 @@ def ms(started: float) -> float:
 def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, list[float], dict[str, int], float]:
     """Messages, first-write ms, follow-up write ms, the last follow-up's bytes by kind, load ms."""
     messages = history(tokens, count)
-    session = paged(messages, count)
+    session = paged_session(messages, count)
     with tempfile.TemporaryDirectory() as directory:
         store = SessionStore(Path(directory))
         started = time.perf_counter()
@@ -70,7 +60,7 @@ def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, lis
         times = []
         for i in range(follow_ups):
             messages = [*messages, {"role": "user", "content": f"And what about point {i}?"}, {"role": "assistant", "content": "Noted."}]
-            session = paged(messages, count, session)
+            session = paged_session(messages, count, session)
             written.clear()
             started = time.perf_counter()
             store._write("ns", session, 2)  # noqa: SLF001

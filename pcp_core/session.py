@@ -22,10 +22,11 @@ from typing import Any, Literal
 import msgspec
 
 from .pages import Turn
-from .sentry import PagedHistory, reopened_from, turns_from_messages
+from .sentry import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
+from .tokens import CountText
 from .timeline import stated_time
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "resume", "turns_to_page"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "page_on", "resume", "turns_to_page"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -92,6 +93,11 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
     dates = None if found.dates is None else {i: time for i, time in found.dates.items() if i < reused}
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates)
+
+
+def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy()) -> PagedHistory:
+    """The pages of ``messages``, paged on from the ``reused`` messages ``session`` holds (its pages are kept as they are)."""
+    return page_history(turns_to_page(session, messages, reused), count, policy, session.pages, reused)
 
 
 def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reused: int) -> list[Turn]:

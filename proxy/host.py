@@ -30,8 +30,8 @@ from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, 
 from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
 from pcp_core.pblock import PBlock, Scan, around_handle, block_handle, handle_line, scan
-from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, page_history, reopened_from
-from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, resume, turns_to_page
+from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, reopened_from
+from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, page_on, resume
 
 from .errors import ProxyError
 from .sessions import SessionStore
@@ -151,9 +151,8 @@ class ProtocolRequest:
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
         how = continuation(found, reused, pinned=pinned)
         known = session.pages
-        turns = turns_to_page(session, self.history, reused)
         policy = paging_policy(self.settings.block_tokens)
-        session.pages = page_history(turns, self.services.tokenizer.count, policy, known, reused)
+        session.pages = page_on(session, self.history, reused, self.services.tokenizer.count, policy)
         if self.query_turn is not None:
             self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
             _hold(session, links[-1], self.query_turn, self.query_block)

@@ -10,6 +10,8 @@ crossed the wire::
 
 A reply is a ``Reply`` or a function from the ``Recorded`` request to one, which
 lets a test play a model that reads its prompt (see ``bench/`` for a simulated worker).
+
+``paged_session`` pages a conversation as the host does, for what stores sessions.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "by_role", "completion", "metric_value", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+from pcp_core.session import Session, chain_links, page_on, resume
+
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "by_role", "completion", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -245,6 +249,15 @@ def wait_for_background(read_metrics: Callable[[], str], name: str, done: Sequen
         if time.monotonic() - start > timeout:
             raise TimeoutError(f"{name}: background work still queued after {timeout:.0f} s")
         time.sleep(0.05)
+
+
+def paged_session(messages: Sequence[dict[str, Any]], count: Callable[[str], int], known: Session | None = None, session_id: str = "s-1") -> Session:
+    """The session of ``messages``, paged as the host pages it (as a follow-up of ``known``, when given)."""
+    chain = chain_links(messages)
+    reused = len(known.chain) if known else 0
+    session = resume(known, reused, chain, "2026-11-23T08:00:00", session_id)
+    session.pages = page_on(session, messages, reused, count)
+    return session
 
 
 def main(argv: list[str] | None = None) -> None:

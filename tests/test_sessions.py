@@ -13,6 +13,7 @@ from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, chain_links, common_prefix, continuation, resume, turns_to_page
 from proxy.sessions import SessionStore
+from proxy import testing
 from proxy.testing import completion
 from proxy.tokenizer import Tokenizer
 
@@ -210,12 +211,7 @@ def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
 
 
 def paged_session(messages: list[dict], known: Session | None = None) -> Session:
-    """The session of ``messages``, paged as the host pages it (following ``known``, when given)."""
-    chain = chain_links(messages)
-    reused = len(known.chain) if known else 0
-    session = resume(known, reused, chain, "2026-11-23T08:00:00", "s-1")
-    session.pages = page_history(turns_to_page(session, messages, reused), COUNT, known=session.pages, reused=reused)
-    return session
+    return testing.paged_session(messages, COUNT, known)
 
 
 def parts_on_disk(store: SessionStore) -> set:
