@@ -56,7 +56,9 @@ __all__ = [
 ]
 
 HOT_PAGES = 40  # pages the Router may make Hot; the budget decides how many show
-FOCUS_FIRST = 3  # Hot pages that go before the roots' overview
+# The Router's best pages, which go before the roots' overview in round 0 and stay in
+# every round after: the worker answers from one prompt, whichever round it is.
+FOCUS = 4
 # Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
 # Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
 OVERVIEW_SHARE = 0.10
@@ -201,8 +203,8 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
             trace=list(trace),
             final=final,
             budget=context.budget,
-            # Focus first, then the overview (§7.2 Level 1), then the rest of the focus and the latest turns.
-            priorities=_priorities(consulted, diffused, hot, read, overview, indexed, recent),
+            # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
+            priorities=_priorities(consulted, diffused, hot, read, overview, indexed, recent, final),
             indexed=indexed,
             reserved_tokens=context.reserved_tokens,
             overview_budget=int(OVERVIEW_SHARE * context.budget),
@@ -234,20 +236,26 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     raise AssertionError("unreachable: the last round always answers")
 
 
-def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str]) -> list[str]:
-    """What to show first. Round 0: the worker's focus, the overview (§7.2 Level 1), the rest.
+def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str], final: bool = False) -> list[str]:
+    """What to show first. Round 0: the intent's focus, the overview (§7.2 Level 1), the rest.
 
-    A worker that asks for more has read what it was shown: after its own
-    choices, what diffusion found in them that it has not read, and the best
-    pages, the pages it has not read come before the overview and the pages
-    it has seen.
+    After a Consult: what the worker asked for and what diffusion found in
+    it that it has not read, then the focus (Overflow Governance dehydrates
+    the pages outside it, §III.2). Then, while the worker may still ask, the
+    pages it has not read come before the overview and the pages it has
+    seen; the final round cannot ask, and the rest of the Router's best
+    pages follow in its order. The worker answers from one prompt, and one
+    that asks for more has not always read all it needs.
     """
-    focus, rest = hot[:FOCUS_FIRST], hot[FOCUS_FIRST:]
+    focus, rest = hot[:FOCUS], hot[FOCUS:]
     if not read:
         return [*consulted, *diffused, *focus, *overview, *rest, *indexed, *recent]
     fresh = [p for p in diffused if p not in read]
+    stale = [p for p in diffused if p in read]
+    if final:
+        return [*consulted, *fresh, *focus, *rest, *overview, *stale, *indexed, *recent]
     unread = [p for p in rest if p not in read]
-    seen = [p for p in (*diffused, *rest) if p in read]
+    seen = [*stale, *(p for p in rest if p in read)]
     return [*consulted, *fresh, *focus, *unread, *overview, *seen, *indexed, *recent]
 
 

@@ -234,13 +234,17 @@ def test_diffusion_brings_in_pages_the_worker_has_not_read_in_any_round():
     assert _diffuse(consult_a, ranked, index, ViewState(index), 2, read={ids["a1"], ids["b1"]}) == [ids["a2"]]
 
 
-def test_after_a_consult_what_it_found_and_the_unread_come_before_what_was_read():
-    hot = ["h1", "h2", "h3", "h4", "h5", "h6"]
+def test_after_a_consult_what_it_found_then_the_focus_and_the_unread_come_before_what_was_read():
+    hot = ["h1", "h2", "h3", "h4", "h5", "h6", "h7"]
     first = _priorities([], [], hot, set(), ["root"], [], [])
-    assert first == ["h1", "h2", "h3", "root", "h4", "h5", "h6"]
+    assert first == ["h1", "h2", "h3", "h4", "root", "h5", "h6", "h7"]
     # Round 2: the worker asked for "c"; diffusion brought d1 (read in round 1) and d2 (new).
-    later = _priorities(["c"], ["d2", "d1"], hot, {"h1", "h2", "h3", "h4", "d1", "c"}, ["root"], [], [])
-    assert later == ["c", "d2", "h1", "h2", "h3", "h5", "h6", "root", "d1", "h4"]
+    read = {"h1", "h2", "h3", "h4", "h5", "d1", "c"}
+    later = _priorities(["c"], ["d2", "d1"], hot, read, ["root"], [], [])
+    assert later == ["c", "d2", "h1", "h2", "h3", "h4", "h6", "h7", "root", "d1", "h5"]
+    # The final round cannot ask for more: the Router's best pages follow in its order, read or not.
+    final = _priorities(["c"], ["d2", "d1"], hot, read, ["root"], [], [], final=True)
+    assert final == ["c", "d2", "h1", "h2", "h3", "h4", "h5", "h6", "h7", "root", "d1"]
 
 
 def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
