@@ -14,7 +14,13 @@ would see. Four ways of fitting the budget are compared:
   in front of a simulated worker (``bench/simulated_worker.py``): the evidence is
   in the ``<Content>`` of the first worker prompt;
 * pcp-proxy, ≤3 Consults — the evidence is in the union of the worker prompts
-  of the request (round 0 and up to 3 Consult rounds, ``max_rounds=4``).
+  of the request (round 0 and up to 3 Consult rounds, ``max_rounds=4``);
+* pcp-proxy, ≤3 Consults in one prompt — all of it is in one of those prompts
+  (the worker reads one prompt at a time: evidence split between two rounds
+  is never before it together);
+* pcp-proxy, answering prompt — all of it is in the prompt the worker answered
+  from (the simulated worker Consults while any summary shares a word with the
+  question, even with the evidence before it; a model may do the same).
 
 A baseline prompt is the selected turns plus the question as the last user
 message, counted with ``pcp_core.tokens.prompt_tokens`` on tiktoken
@@ -248,16 +254,26 @@ def ask_proxy(client: Any, url: str, fake: Any, messages: list[Message], questio
     return response, calls
 
 
-def proxy_outcomes(question: Question, messages: Sequence[Message], calls: Sequence[dict[str, Any]], count: Count, needles: Sequence[str]) -> tuple[Outcome, Outcome]:
-    """(round 0, within 3 Consults) for one request, from the <Content> text of its worker prompts."""
+PROXY_ROWS = ("round 0", "≤3 Consults", "≤3 Consults, one prompt", "answering prompt")
+
+
+def proxy_outcomes(question: Question, messages: Sequence[Message], calls: Sequence[dict[str, Any]], count: Count, needles: Sequence[str]) -> list[Outcome]:
+    """One outcome per ``PROXY_ROWS`` for one request, from the <Content> text of its worker prompts."""
     from bench.simulated_worker import content_texts
 
     contents = ["\n".join(content_texts(call["messages"][0]["content"])) for call in calls]
     tokens = [prompt_tokens(call["messages"], count) for call in calls]
     full = prompt_tokens([*messages, user(question.text)], count)
-    first = Outcome(question.category, all(n in contents[0] for n in needles), tokens[0], full, tokens[0])
-    within = Outcome(question.category, all(any(n in c for c in contents) for n in needles), sum(tokens), full, max(tokens))
-    return first, within
+
+    def holds(content: str) -> bool:
+        return all(n in content for n in needles)
+
+    return [
+        Outcome(question.category, holds(contents[0]), tokens[0], full, tokens[0]),
+        Outcome(question.category, all(any(n in c for c in contents) for n in needles), sum(tokens), full, max(tokens)),
+        Outcome(question.category, any(holds(c) for c in contents), sum(tokens), full, max(tokens)),
+        Outcome(question.category, holds(contents[-1]), tokens[-1], full, tokens[-1]),
+    ]
 
 
 @dataclass
@@ -304,7 +320,7 @@ def run_proxy(
     from proxy.testing import EMBEDDING_DONE, wait_for_background
 
     label = label or ("pcp-proxy (BM25 + dense)" if embeddings else "pcp-proxy")
-    round0, consults = Row(f"{label}, round 0", []), Row(f"{label}, ≤3 Consults", [])
+    rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
     stats = ProxyStats()
     started = time.perf_counter()
     warm: set[str] = set()
@@ -327,11 +343,10 @@ def run_proxy(
                     continue
             stats.worker_calls += len(calls)
             stats.most_calls = max(stats.most_calls, len(calls))
-            first, within = proxy_outcomes(question, messages, calls, count, needles(question, messages))
-            round0.outcomes.append(first)
-            consults.outcomes.append(within)
+            for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, needles(question, messages))):
+                row.outcomes.append(outcome)
     stats.seconds = time.perf_counter() - started
-    return [round0, consults], stats
+    return rows, stats
 
 
 def load_worker(name: str) -> Callable[[Any], Any]:
@@ -370,8 +385,8 @@ def category_counts(questions: Sequence[Question], categories: Sequence[int]) ->
 
 
 LEGEND = """\
-tokens sent: the prompt (baselines, proxy round 0) or the sum of all worker prompts of the request
-(≤3 Consults); max prompt tokens: the largest single prompt. Recall counts a question when every
+tokens sent: the prompt (baselines, proxy round 0, the answering prompt) or the sum of all worker prompts
+of the request (≤3 Consults); max prompt tokens: the largest single prompt. Recall counts a question when every
 evidence turn is included verbatim (for the proxy: in the <Content> text of a worker prompt)."""
 
 
@@ -392,7 +407,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str, embeddings: bool = False) -> tuple[list[Row], str]:
-    """The two pcp-proxy rows and a note; no rows if protocol mode is not available."""
+    """The pcp-proxy rows (``PROXY_ROWS``) and a note; no rows if protocol mode is not available."""
     try:
         rows, stats = run_proxy(conversations, questions, budget, count, load_worker(worker), embeddings)
     except ProtocolModeMissing as exc:
