@@ -16,7 +16,8 @@ simulated worker:
   first of the conversation (the query is the block).
 
 A question is recalled when every line of each of its evidence turns is in the
-``<Content>`` of a worker prompt (round 0, or any prompt within 3 Consults).
+``<Content>`` of a worker prompt: round 0's, any of the request's, one of them,
+or the one the worker answered from (the rows of ``bench/recall.py``).
 
     .venv/bin/python bench/file_recall.py [--budgets 2048 4096] [--limit N] [--embeddings]
 """
