@@ -26,7 +26,7 @@ from .sentry import PagedHistory, PagingPolicy, page_history, reopened_from, tur
 from .tokens import CountText
 from .timeline import stated_time
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "chain_links", "common_prefix", "continuation", "page_on", "resume", "turns_to_page"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "page_on", "resume", "transcript", "turns_to_page"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -43,15 +43,34 @@ class Session(msgspec.Struct, kw_only=True):
     dates: dict[int, str] | None = None
 
 
-def chain_links(messages: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One link per message; equal links mean equal conversations up to there."""
-    links, previous = [], b""
+def chain_links(messages: Sequence[Mapping[str, Any]], after: str = "") -> list[str]:
+    """One link per message; equal links mean equal conversations up to there.
+
+    ``after``: the last link of the messages before these, whose chain these continue.
+    """
+    links, previous = [], bytes.fromhex(after)
     for message in messages:
         digest = hashlib.blake2b(previous, digest_size=16)
         digest.update(msgspec.json.encode(message, order="sorted"))  # key order is not content
         previous = digest.digest()
         links.append(previous.hex())
     return links
+
+
+def transcript(messages: Sequence[Mapping[str, Any]]) -> bytes:
+    """The messages as one canonical JSON array: equal bytes for equal conversations.
+
+    Encoding a long history is one call in C, where its chain is a hash per
+    message in Python: a follow-up recognises the conversation it continues
+    by its transcript (``begins_with``) and links only its new messages.
+    """
+    return msgspec.json.encode(messages, order="sorted")
+
+
+def begins_with(transcript: bytes, earlier: bytes) -> bool:
+    """Whether the conversation of ``transcript`` opens with every message of ``earlier`` (at least one)."""
+    end = len(earlier) - 1  # ``earlier`` without its closing bracket
+    return end > 1 and transcript[end : end + 1] in (b",", b"]") and transcript.startswith(memoryview(earlier)[:end])
 
 
 def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:

@@ -31,7 +31,7 @@ from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
 from pcp_core.pblock import PBlock, Scan, around_handle, block_handle, handle_line, scan
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, reopened_from
-from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, page_on, resume
+from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, page_on, resume, transcript
 
 from .errors import ProxyError
 from .sessions import SessionStore
@@ -127,13 +127,13 @@ class ProtocolRequest:
         embedder = self.services.embedder
         if embedder is not None and self.query:
             self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, around_handle(self.query)[1])))
-        session, known, reused, how = await asyncio.to_thread(self._page_sync)
+        session, known, reused, how, messages = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages
         if consolidator is not None:
             session.pages = consolidator.upgrade(paged)
         continued = how in ("resumed", "pinned")
-        self.services.sessions.remember(self.namespace, session)
+        self.services.sessions.remember(self.namespace, session, messages)
         self.paged = session
         self.unsaved = (session, len(session.chain) - (reused if continued else 0))
         self._count_paging(known, paged, reused, how)
@@ -142,21 +142,37 @@ class ProtocolRequest:
         self.session = session.id
         return session.pages.index()
 
-    def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation]:
-        """Find the session (blocking: the store may read the disk), then page what it does not hold."""
-        links = chain_links([*self.history, self.asked] if self.query_turn is not None else self.history)
+    def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation, bytes]:
+        """Find the session (blocking: the store may read the disk), then page what it does not hold.
+
+        Also returns the transcript of the messages the session's chain now links.
+        """
+        chained = [*self.history, self.asked] if self.query_turn is not None else self.history
+        found, reused, links, history = self._find(chained)
         chain = links[: len(self.history)]
-        found, reused = self.services.sessions.resolve(self.namespace, chain, self.pinned)
         pinned = self.pinned is not None
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
         how = continuation(found, reused, pinned=pinned)
         known = session.pages
         policy = paging_policy(self.settings.block_tokens)
         session.pages = page_on(session, self.history, reused, self.services.tokenizer.count, policy)
-        if self.query_turn is not None:
-            self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
-            _hold(session, links[-1], self.query_turn, self.query_block)
-        return session, known, reused, how
+        if self.query_turn is None:
+            return session, known, reused, how, history
+        self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
+        _hold(session, links[-1], self.query_turn, self.query_block)
+        return session, known, reused, how, transcript(chained)
+
+    def _find(self, chained: list[dict[str, Any]]) -> tuple[Session | None, int, list[str], bytes]:
+        """The session this request continues, how many of ``chained`` it holds, their links, and the history's transcript."""
+        store = self.services.sessions
+        history = transcript(self.history)
+        found = store.continued(self.namespace, history) if self.pinned is None else None
+        if found is not None:  # a follow-up: only its new messages are linked
+            n = len(found.chain)
+            return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])], history
+        links = chain_links(chained)
+        found, reused = store.resolve(self.namespace, links[: len(self.history)], self.pinned)
+        return found, reused, links, history
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
         metrics = self.services.metrics

@@ -41,7 +41,7 @@ import msgspec
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import PagedHistory
-from pcp_core.session import Session, common_prefix
+from pcp_core.session import Session, begins_with, common_prefix
 
 __all__ = ["SessionStore"]
 
@@ -86,6 +86,9 @@ class SessionStore:
         directory.mkdir(parents=True, exist_ok=True)
         self.cache = diskcache.Cache(str(directory), cull_limit=0)
         self.recent: OrderedDict[tuple[str, str], Session] = OrderedDict()
+        # The transcript of a recent session's messages, with the length of the
+        # chain it was taken for: how a follow-up finds it without a chain of its own.
+        self.transcripts: dict[tuple[str, str], tuple[int, bytes]] = {}
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
@@ -163,6 +166,16 @@ class SessionStore:
                 best = session
         return best
 
+    def continued(self, namespace: str, transcript: bytes) -> Session | None:
+        """The longest recent session whose messages ``transcript`` opens with: a follow-up, found without its chain."""
+        best = None
+        with self.lock:
+            candidates = [(self.recent[key], known) for key, (n, known) in self.transcripts.items() if key[0] == namespace and len(self.recent[key].chain) == n]
+        for session, known in candidates:
+            if (best is None or len(session.chain) > len(best.chain)) and begins_with(transcript, known):
+                best = session
+        return best
+
     @staticmethod
     def fresh_id(namespace: str, chain: list[str]) -> str:
         return "s-" + short_hash(namespace, *chain[:1], str(time.time_ns()), length=16)
@@ -219,13 +232,19 @@ class SessionStore:
         self.writer.shutdown(wait=True)
         self.cache.close()
 
-    def remember(self, namespace: str, session: Session) -> None:
-        """Keep ``session`` in memory, where the next request finds it before it reaches the disk."""
+    def remember(self, namespace: str, session: Session, transcript: bytes | None = None) -> None:
+        """Keep ``session`` in memory, where the next request finds it before it reaches the disk.
+
+        ``transcript``: that of the messages its chain links (``pcp_core.session.transcript``).
+        """
+        key = (namespace, session.id)
         with self.lock:
-            self.recent[(namespace, session.id)] = session
-            self.recent.move_to_end((namespace, session.id))
+            self.recent[key] = session
+            self.recent.move_to_end(key)
+            if transcript is not None:
+                self.transcripts[key] = (len(session.chain), transcript)
             while len(self.recent) > self.recent_size:
-                self.recent.popitem(last=False)
+                self.transcripts.pop(self.recent.popitem(last=False)[0], None)
 
 
 class _KnownParts:

@@ -11,7 +11,7 @@ import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
-from pcp_core.session import Session, chain_links, common_prefix, continuation, resume, turns_to_page
+from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, resume, transcript, turns_to_page
 from proxy.sessions import SessionStore
 from proxy import testing
 from proxy.testing import completion
@@ -51,6 +51,23 @@ def test_links_name_prefixes():
 def test_key_order_is_not_content():
     assert chain_links([{"role": "user", "content": "hi"}]) == chain_links([{"content": "hi", "role": "user"}])
     assert chain_links([{"role": "user", "content": "hi"}]) != chain_links([{"role": "assistant", "content": "hi"}])
+
+
+def test_a_follow_up_links_on_from_the_chain_it_continues():
+    messages = conversation(10)
+    links = chain_links(messages)
+    assert chain_links(messages[6:], after=links[5]) == links[6:]
+
+
+def test_a_transcript_opens_with_every_earlier_message_and_only_those():
+    messages = conversation(10)
+    whole = transcript(messages)
+    assert begins_with(whole, transcript(messages[:6])) and begins_with(whole, whole)
+    assert begins_with(whole, transcript([{"content": m["content"], "role": m["role"]} for m in messages[:3]]))  # key order
+    assert not begins_with(whole, transcript([*messages[:4], {**messages[4], "content": messages[4]["content"][:-1]}]))
+    assert not begins_with(whole, transcript([*messages[:2], {**messages[2], "name": "Ana"}]))
+    assert not begins_with(transcript(messages[:6]), whole)
+    assert not begins_with(whole, transcript([]))
 
 
 # -- incremental paging -----------------------------------------------------------------------
@@ -185,6 +202,22 @@ def test_the_store_finds_the_exact_fork_point_of_a_long_session_after_reopening(
     found, reused = reopened.find("ns", edited)
     assert (found.id, reused) == ("s-1", diverges_at)
     reopened.close()
+
+
+def test_a_follow_up_finds_the_longest_recent_session_its_transcript_opens_with(tmp_path: Path):
+    messages, other = conversation(12), conversation(9, start=50)
+    store = SessionStore(tmp_path)
+    for n, session_id in ((4, "s-short"), (8, "s-long")):
+        store.remember("ns", Session(id=session_id, chain=chain_links(messages[:n])), transcript(messages[:n]))
+    store.remember("ns", Session(id="s-other", chain=chain_links(other)), transcript(other))
+
+    assert store.continued("ns", transcript(messages)).id == "s-long"
+    assert store.continued("ns", transcript(messages[:6])).id == "s-short"
+    assert store.continued("other-caller", transcript(messages)) is None
+    # A session whose chain changed since (a pinned one, rebuilt) is not found by its old transcript.
+    store.remember("ns", Session(id="s-long", chain=chain_links(messages[:3])))
+    assert store.continued("ns", transcript(messages)).id == "s-short"
+    store.close()
 
 
 def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written(tmp_path: Path):
@@ -407,11 +440,13 @@ def test_a_restart_loses_nothing(start_proxy, upstream, tmp_path):
     history = [*conversation(160), {"role": "user", "content": "Q1?"}]
     proxy = start_proxy(sentry_threshold=500, context_budget=1024)
     first = ask(proxy, history)
+    history = [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q2?"}]
+    second = ask(proxy, history)  # a follow-up: linked on from the session's chain
     proxy.server.stop()
 
     restarted = start_proxy(sentry_threshold=500, context_budget=1024)
-    second = ask(restarted, [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q2?"}])
-    assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
+    third = ask(restarted, [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q3?"}])
+    assert first.headers["x-pcp-session"] == second.headers["x-pcp-session"] == third.headers["x-pcp-session"]
     assert paged(restarted) <= 2 + 4
     assert (tmp_path / "data" / "sessions").is_dir()
 
