@@ -3,6 +3,14 @@
 Clients resend the whole history on every call, so nearly every message of a
 request was counted before: the cache makes the Sentry's measurement cost
 proportional to the new text only.
+
+The prompts the proxy builds are XML with one element per line, and most of
+their lines were in the prompt of the request (or round) before. tiktoken's
+pre-tokenizer never joins a line break to a ``<`` after it, so a long text is
+counted as the sum of its pieces cut at every such seam, each piece counted
+once and cached: a new prompt costs its new lines only, and the count stays
+exact. The encoding is checked to split so when the tokenizer is made; one
+that does not is counted whole.
 """
 
 from __future__ import annotations
@@ -13,6 +21,15 @@ import tiktoken
 
 __all__ = ["Tokenizer"]
 
+SEAM = "\n<"
+PIECEWISE_CHARS = 2_000  # shorter texts are counted whole: cutting them saves nothing
+# Texts that end a piece with every kind of line break, space run and symbol the
+# pre-tokenizer could join across a seam; an encoding counts pieces only if each counts the same whole.
+_PROBES = [
+    "".join(f'{end}{gap}\n<Node id="p{i}">{i}</Node>' for i, end in enumerate(["x", ".", "9", "'s", "é", ">", "&amp;", " ", "\t", "/"]))
+    for gap in ["", " ", "  ", "\t", "\n", "\r", "\r\n", " \n", "\n\n", "\n \n", "\t\n", "  \t"]
+]
+
 
 class Tokenizer:
     def __init__(self, encoding: str, cache_size: int = 200_000):
@@ -21,6 +38,19 @@ class Tokenizer:
         except ValueError as exc:
             raise ValueError(f"unknown tiktoken encoding {encoding!r}: {exc}") from None
         self.count = lru_cache(maxsize=cache_size)(self._count)
+        self.piecewise = False
+        self.piecewise = all(self._whole(probe) == self._by_pieces(probe) for probe in _PROBES)
 
     def _count(self, text: str) -> int:
+        if self.piecewise and len(text) > PIECEWISE_CHARS and SEAM in text:
+            return self._by_pieces(text)
+        return self._whole(text)
+
+    def _whole(self, text: str) -> int:
         return len(self.encoding.encode_ordinary(text))
+
+    def _by_pieces(self, text: str) -> int:
+        """``text`` counted as its lines cut before every ``<`` that opens one (each cached)."""
+        parts = text.split(SEAM)
+        last = len(parts) - 1
+        return sum(self.count(("<" if i else "") + part + ("\n" if i < last else "")) for i, part in enumerate(parts))

