@@ -6,7 +6,7 @@ proportional to the new text only.
 
 The prompts the proxy builds are XML with one element per line, and most of
 their lines were in the prompt of the request (or round) before. tiktoken's
-pre-tokenizer never joins a line break to a ``<`` after it, so a long text is
+pre-tokenizer never joins a line break to a ``<`` after it, so a text is
 counted as the sum of its pieces cut at every such seam, each piece counted
 once and cached: a new prompt costs its new lines only, and the count stays
 exact. The encoding is checked to split so when the tokenizer is made; one
@@ -22,7 +22,6 @@ import tiktoken
 __all__ = ["Tokenizer"]
 
 SEAM = "\n<"
-PIECEWISE_CHARS = 2_000  # shorter texts are counted whole: cutting them saves nothing
 # Texts that end a piece with every kind of line break, space run and symbol the
 # pre-tokenizer could join across a seam; an encoding counts pieces only if each counts the same whole.
 _PROBES = [
@@ -42,7 +41,7 @@ class Tokenizer:
         self.piecewise = all(self._whole(probe) == self._by_pieces(probe) for probe in _PROBES)
 
     def _count(self, text: str) -> int:
-        if self.piecewise and len(text) > PIECEWISE_CHARS and SEAM in text:
+        if self.piecewise and SEAM in text:
             return self._by_pieces(text)
         return self._whole(text)
 
