@@ -195,8 +195,7 @@ class _Builder:
     def _cost(self, page_id: str, view: View, nested: bool) -> int:
         key = (page_id, view, nested)
         if key not in self.costs:
-            element = _node(self.index.get(page_id), view, nested)
-            self.costs[key] = self.count(etree.tostring(element, encoding="unicode")) + 1
+            self.costs[key] = self.count(_own_lines(self.index.get(page_id), view, nested))
         return self.costs[key]
 
     def _line_cost(self, root: str) -> int:
@@ -275,6 +274,22 @@ def _node(page: Page, view: View, nested: bool) -> etree._Element:
         # Nested Summary nodes are addressed by their keywords alone (§9.3, example 5).
         etree.SubElement(element, "Summary").text = xml_safe(page.summary)
     return element
+
+
+def _own_lines(page: Page, view: View, nested: bool) -> str:
+    """The lines a node adds to the document, as the document lays them out, those of its children aside.
+
+    Every line opens with a tag. A tokenizer that never joins a line break
+    to the ``<`` after it (tiktoken's do not) counts a document as the sum of
+    its lines: then this is the node's exact cost, and its lines are the
+    very texts the document's count looks up.
+    """
+    element = _node(page, view, nested)
+    if view == U:
+        element.text = "\n"  # its children's lines go between its tags
+    _newlines(element)
+    element.tail = "\n"
+    return etree.tostring(element, encoding="unicode", with_tail=True)
 
 
 def _background_line(page: Page) -> str:
