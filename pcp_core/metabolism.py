@@ -72,6 +72,9 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
         return norms[i]
 
     holding: dict[str, list[int]] = {}  # term -> the earlier groups whose signature has it
+    # Only the terms of groups still to decide are ever looked up: a follow-up decides
+    # one or two groups, and need not index every term of the history's hundreds.
+    wanted = {term for mine, decided in zip(signatures, known) if decided is None for term in mine}
     topics: list[str] = []
     for i, (mine, decided) in enumerate(zip(signatures, known)):
         if decided is None:
@@ -83,7 +86,7 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
             best, j = max(scores, default=(0.0, -1))
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
         topics.append(decided)
-        for term in mine:
+        for term in wanted.intersection(mine):
             holding.setdefault(term, []).append(i)
     return topics
 

@@ -114,16 +114,16 @@ def without_turn_markers(content: str) -> str:
 
 def tree_depths(pages: Sequence[Page]) -> dict[str, int]:
     """Each page's depth, counted from its root (1) down: known only once the tree is whole."""
-    parent = {child: page.id for page in pages if isinstance(page, ConsolidatedPage) for child in page.source_ids}
+    children = {page.id: page.source_ids for page in pages if isinstance(page, ConsolidatedPage)}
+    below = {child for ids in children.values() for child in ids}
     depths: dict[str, int] = {}
-
-    def depth(page_id: str) -> int:
-        if page_id not in depths:
-            depths[page_id] = 1 if page_id not in parent else depth(parent[page_id]) + 1
-        return depths[page_id]
-
-    for page in pages:
-        depth(page.id)
+    level, depth = [page.id for page in pages if page.id not in below], 1
+    while level:  # a level at a time, from the roots down
+        down: list[str] = []
+        for page_id in level:
+            depths[page_id] = depth
+            down += children.get(page_id, ())
+        level, depth = down, depth + 1
     return depths
 
 
