@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--vectors", type=Path, default=None, help="keep the MiniLM vectors here between runs (default: a temporary directory)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    count = Tokenizer(ENCODING).count
+    tokenizer = Tokenizer(ENCODING)
+    count = tokenizer.count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
     print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); the engine in process\n")
     sessions = {conv_id: paged_session(messages, count) for conv_id, messages in conversations.items()}
@@ -87,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
             for question in questions:
                 messages = conversations[question.conv_id]
-                calls = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, count, embedder)
+                calls = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder)
                 for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
                     row.outcomes.append(outcome)
             print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")

@@ -104,7 +104,7 @@ class ProtocolRequest:
 
     def rounds(self, index: PageIndex) -> Rounds:
         settings = self.settings
-        count = self.services.tokenizer.count
+        count = self.services.tokenizer.count_built
         tools = [*self.client_tools, *(DIRECTIVE_TOOLS if settings.directive_channel == "tools" else [])]
         context = RoundContext(
             query=self.query,

@@ -29,21 +29,23 @@ def test_the_default_encoding_counts_texts_by_their_lines():
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.sampled_from(FRAGMENTS), min_size=1, max_size=1200).map("".join))
 def test_a_text_counted_by_its_lines_counts_what_it_counts_whole(text):
-    assert TOKENIZER.count(text) == whole(text)
+    assert TOKENIZER.count_built(text) == TOKENIZER.count(text) == whole(text)
 
 
 def test_a_prompt_counts_exactly_and_the_next_one_costs_only_its_new_lines():
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: the allotment, the rain and invoice INV-{i}"} for i in range(300)]
-    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), TOKENIZER.count)
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), TOKENIZER.count_built)
     views = ViewState(index)
     shown = [leaf.id for leaf in index.leaves()][::4]
     for page_id in shown:
         views.raise_to(page_id, View.DETAIL, unfold=False)
     request = SynthesisRequest(current_time="2026-11-22T10:00:01", query="What about invoice INV-7?", budget=4096, priorities=shown)
-    prompt = synthesize(index, views.raised(), request, TOKENIZER.count).messages[0]["content"]
+    prompt = synthesize(index, views.raised(), request, TOKENIZER.count_built).messages[0]["content"]
     assert prompt.count("\n<") > 50
     later = prompt.replace("2026-11-22T10:00:01", "2026-11-22T10:00:02")  # the next round's: a new CURRENT_TIME
 
-    before = TOKENIZER.count.cache_info().misses
-    assert TOKENIZER.count(later) == whole(later)
-    assert TOKENIZER.count.cache_info().misses - before == 2  # the prompt, and its one new line
+    before = TOKENIZER.lines.cache_info()
+    assert TOKENIZER.count_built(later) == TOKENIZER.count(later) == whole(later)
+    after = TOKENIZER.lines.cache_info()
+    assert after.misses - before.misses == 1  # its one new line; the prompt itself is not kept
+    assert after.currsize - before.currsize == 1
