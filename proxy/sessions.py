@@ -86,9 +86,10 @@ class SessionStore:
         directory.mkdir(parents=True, exist_ok=True)
         self.cache = diskcache.Cache(str(directory), cull_limit=0)
         self.recent: OrderedDict[tuple[str, str], Session] = OrderedDict()
-        # The transcript of a recent session's messages, with the length of the
+        # The transcript of a recent session's messages, with the last link of the
         # chain it was taken for: how a follow-up finds it without a chain of its own.
-        self.transcripts: dict[tuple[str, str], tuple[int, bytes]] = {}
+        # A session kept since under another chain (a concurrent request's) does not match it.
+        self.transcripts: dict[tuple[str, str], tuple[str, bytes]] = {}
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
@@ -170,7 +171,7 @@ class SessionStore:
         """The longest recent session whose messages ``transcript`` opens with: a follow-up, found without its chain."""
         best = None
         with self.lock:
-            candidates = [(self.recent[key], known) for key, (n, known) in self.transcripts.items() if key[0] == namespace and len(self.recent[key].chain) == n]
+            candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].chain[-1:] == [last]]
         for session, known in candidates:
             if (best is None or len(session.chain) > len(best.chain)) and begins_with(transcript, known):
                 best = session
@@ -241,8 +242,8 @@ class SessionStore:
         with self.lock:
             self.recent[key] = session
             self.recent.move_to_end(key)
-            if transcript is not None:
-                self.transcripts[key] = (len(session.chain), transcript)
+            if transcript is not None and session.chain:
+                self.transcripts[key] = (session.chain[-1], transcript)
             while len(self.recent) > self.recent_size:
                 self.transcripts.pop(self.recent.popitem(last=False)[0], None)
 

@@ -214,9 +214,13 @@ def test_a_follow_up_finds_the_longest_recent_session_its_transcript_opens_with(
     assert store.continued("ns", transcript(messages)).id == "s-long"
     assert store.continued("ns", transcript(messages[:6])).id == "s-short"
     assert store.continued("other-caller", transcript(messages)) is None
-    # A session whose chain changed since (a pinned one, rebuilt) is not found by its old transcript.
-    store.remember("ns", Session(id="s-long", chain=chain_links(messages[:3])))
+    # A session kept since under another chain of the same length (a concurrent
+    # request's, whose last message differs) is not found by the old transcript.
+    store.remember("ns", Session(id="s-long", chain=chain_links([*messages[:7], {"role": "user", "content": "Another."}])))
     assert store.continued("ns", transcript(messages)).id == "s-short"
+    # Nor one rebuilt shorter (a pinned session after an edit).
+    store.remember("ns", Session(id="s-short", chain=chain_links(messages[:3])))
+    assert store.continued("ns", transcript(messages)) is None
     store.close()
 
 
