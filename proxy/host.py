@@ -148,7 +148,7 @@ class ProtocolRequest:
         Also returns the transcript of the messages the session's chain now links.
         """
         chained = [*self.history, self.asked] if self.query_turn is not None else self.history
-        found, reused, links, history = self._find(chained)
+        found, reused, links, said = self._find(chained)
         chain = links[: len(self.history)]
         pinned = self.pinned is not None
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
@@ -157,7 +157,7 @@ class ProtocolRequest:
         policy = paging_policy(self.settings.block_tokens)
         session.pages = page_on(session, self.history, reused, self.services.tokenizer.count, policy)
         if self.query_turn is None:
-            return session, known, reused, how, history
+            return session, known, reused, how, said
         self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
         _hold(session, links[-1], self.query_turn, self.query_block)
         return session, known, reused, how, transcript(chained)
@@ -165,14 +165,14 @@ class ProtocolRequest:
     def _find(self, chained: list[dict[str, Any]]) -> tuple[Session | None, int, list[str], bytes]:
         """The session this request continues, how many of ``chained`` it holds, their links, and the history's transcript."""
         store = self.services.sessions
-        history = transcript(self.history)
-        found = store.continued(self.namespace, history) if self.pinned is None else None
+        said = transcript(self.history)
+        found = store.continued(self.namespace, said) if self.pinned is None else None
         if found is not None:  # a follow-up: only its new messages are linked
             n = len(found.chain)
-            return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])], history
+            return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])], said
         links = chain_links(chained)
         found, reused = store.resolve(self.namespace, links[: len(self.history)], self.pinned)
-        return found, reused, links, history
+        return found, reused, links, said
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
         metrics = self.services.metrics
