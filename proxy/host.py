@@ -31,15 +31,16 @@ from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
 from pcp_core.pblock import PBlock, Scan, around_handle, block_handle, handle_line, scan
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, reopened_from
+from pcp_core.tokens import REPLY_PRIMING, message_tokens
 from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, page_on, resume, transcript
 
 from .errors import ProxyError
-from .sessions import SessionStore
+from .sessions import SessionStore, Transcript
 
 if TYPE_CHECKING:
     from .app import Services
 
-__all__ = ["ProtocolRequest", "pinned_session", "run_protocol"]
+__all__ = ["Measured", "ProtocolRequest", "measure", "pinned_session", "run_protocol"]
 
 HEAD_ROLES = ("system", "developer")
 # Fields of the client's request that the proxy sets itself on worker calls.
@@ -63,10 +64,36 @@ class Usage(msgspec.Struct):
             setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
 
 
+class Measured(msgspec.Struct, frozen=True):
+    """A request's prompt tokens, and what its conversation was measured by."""
+
+    tokens: int
+    said: bytes  # the history's transcript
+    history_tokens: int  # the prompt tokens of the history's messages
+
+
+def measure(services: Services, messages: list[dict[str, Any]], namespace: str) -> Measured:
+    """The prompt tokens of ``messages``: those of the history a recent session holds are known, not counted again."""
+    count = services.tokenizer.count
+    start = conversation_start(messages)
+    history = messages[start:-1]
+    said = transcript(history)
+    known = services.sessions.continued(namespace, said)
+    held, history_tokens = (len(known[0].chain), known[1].tokens) if known is not None else (0, 0)
+    history_tokens += sum(message_tokens(m, count) for m in history[held:])
+    rest = sum(message_tokens(m, count) for m in (*messages[:start], *messages[start:][-1:]))  # the head and the query
+    return Measured(tokens=REPLY_PRIMING + history_tokens + rest, said=said, history_tokens=history_tokens)
+
+
+def conversation_start(messages: list[dict[str, Any]]) -> int:
+    """Where the conversation starts: after the head, the leading system and developer messages."""
+    return next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
+
+
 class ProtocolRequest:
     """One client request in protocol mode: its parts, its pages, and its worker calls."""
 
-    def __init__(self, services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, pinned: str | None = None):
+    def __init__(self, services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, measured: Measured, pinned: str | None = None):
         self.services = services
         self.settings = services.settings
         self.body = body
@@ -80,8 +107,9 @@ class ProtocolRequest:
         self.unsaved: tuple[Session, int] | None = None  # the session paged, and how many of its links are new
         self.paged: Session | None = None  # the session paged, once it is
         self.usage = Usage()
+        self.measured = measured
         messages: list[dict[str, Any]] = body["messages"]
-        n_head = next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
+        n_head = conversation_start(messages)
         self.head = "\n\n".join(message_text(m) for m in messages[:n_head])
         # The conversation: what is paged. The head is kept as it is, so a system
         # prompt that changes (today's date in it, say) does not break the session.
@@ -127,13 +155,13 @@ class ProtocolRequest:
         embedder = self.services.embedder
         if embedder is not None and self.query:
             self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, around_handle(self.query)[1])))
-        session, known, reused, how, messages = await asyncio.to_thread(self._page_sync)
+        session, known, reused, how, linked = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages
         if consolidator is not None:
             session.pages = consolidator.upgrade(paged)
         continued = how in ("resumed", "pinned")
-        self.services.sessions.remember(self.namespace, session, messages)
+        self.services.sessions.remember(self.namespace, session, linked)
         self.paged = session
         self.unsaved = (session, len(session.chain) - (reused if continued else 0))
         self._count_paging(known, paged, reused, how)
@@ -142,13 +170,13 @@ class ProtocolRequest:
         self.session = session.id
         return session.pages.index()
 
-    def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation, bytes]:
+    def _page_sync(self) -> tuple[Session, PagedHistory, int, Continuation, Transcript]:
         """Find the session (blocking: the store may read the disk), then page what it does not hold.
 
         Also returns the transcript of the messages the session's chain now links.
         """
         chained = [*self.history, self.asked] if self.query_turn is not None else self.history
-        found, reused, links, said = self._find(chained)
+        found, reused, links = self._find(chained)
         chain = links[: len(self.history)]
         pinned = self.pinned is not None
         session = resume(found, reused, chain, iso_timestamp(time.time()), self.pinned or SessionStore.fresh_id(self.namespace, chain), pinned=pinned)
@@ -156,23 +184,23 @@ class ProtocolRequest:
         known = session.pages
         policy = paging_policy(self.settings.block_tokens)
         session.pages = page_on(session, self.history, reused, self.services.tokenizer.count, policy)
+        measured = self.measured
         if self.query_turn is None:
-            return session, known, reused, how, said
+            return session, known, reused, how, Transcript(measured.said, measured.history_tokens)
         self.query_block = scan(self.query_turn, self.services.tokenizer.count, policy.blocks)
         _hold(session, links[-1], self.query_turn, self.query_block)
-        return session, known, reused, how, transcript(chained)
+        return session, known, reused, how, Transcript(transcript(chained), measured.history_tokens + message_tokens(self.asked, self.services.tokenizer.count))
 
-    def _find(self, chained: list[dict[str, Any]]) -> tuple[Session | None, int, list[str], bytes]:
-        """The session this request continues, how many of ``chained`` it holds, their links, and the history's transcript."""
+    def _find(self, chained: list[dict[str, Any]]) -> tuple[Session | None, int, list[str]]:
+        """The session this request continues, how many of ``chained`` it holds, and their links."""
         store = self.services.sessions
-        said = transcript(self.history)
-        found = store.continued(self.namespace, said) if self.pinned is None else None
-        if found is not None:  # a follow-up: only its new messages are linked
-            n = len(found.chain)
-            return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])], said
+        continued = store.continued(self.namespace, self.measured.said) if self.pinned is None else None
+        if continued is not None:  # a follow-up: only its new messages are linked
+            found, n = continued[0], len(continued[0].chain)
+            return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])]
         links = chain_links(chained)
         found, reused = store.resolve(self.namespace, links[: len(self.history)], self.pinned)
-        return found, reused, links, said
+        return found, reused, links
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
         metrics = self.services.metrics
@@ -423,8 +451,8 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     return pinned
 
 
-async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, pinned: str | None = None) -> Response[Any]:
-    request = ProtocolRequest(services, body, headers, namespace, pinned)
+async def run_protocol(services: Services, body: dict[str, Any], headers: dict[str, str], namespace: str, measured: Measured, pinned: str | None = None) -> Response[Any]:
+    request = ProtocolRequest(services, body, headers, namespace, measured, pinned)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         return await (request.stream() if body.get("stream") else request.complete())

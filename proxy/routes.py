@@ -12,11 +12,10 @@ from litestar import Request, Response, get, post
 from litestar.response import Stream
 
 from pcp_core.pages import short_hash
-from pcp_core.tokens import prompt_tokens
 
 from .chat import ChatRequest, parse_chat_request
 from .errors import ProxyError
-from .host import pinned_session, run_protocol
+from .host import measure, pinned_session, run_protocol
 from .upstream import forwardable
 
 if TYPE_CHECKING:
@@ -39,11 +38,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    tokens = prompt_tokens(chat.messages, services.tokenizer.count)
+    namespace = short_hash(request.headers.get("authorization", "anonymous"))
+    measured = measure(services, chat.messages, namespace)
+    tokens = measured.tokens
     if services.sentry.engaged(tokens) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
-        namespace = short_hash(request.headers.get("authorization", "anonymous"))
-        work = run_protocol(services, _whole_body(body, chat), headers, namespace, pinned_session(request.headers))
+        work = run_protocol(services, _whole_body(body, chat), headers, namespace, measured, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await _unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)

@@ -43,7 +43,7 @@ from pcp_core.pages import short_hash
 from pcp_core.sentry import PagedHistory
 from pcp_core.session import Session, begins_with, common_prefix
 
-__all__ = ["SessionStore"]
+__all__ = ["SessionStore", "Transcript"]
 
 log = logging.getLogger("pcp.sessions")
 
@@ -89,7 +89,7 @@ class SessionStore:
         # The transcript of a recent session's messages, with the last link of the
         # chain it was taken for: how a follow-up finds it without a chain of its own.
         # A session kept since under another chain (a concurrent request's) does not match it.
-        self.transcripts: dict[tuple[str, str], tuple[str, bytes]] = {}
+        self.transcripts: dict[tuple[str, str], tuple[str, Transcript]] = {}
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
@@ -167,14 +167,14 @@ class SessionStore:
                 best = session
         return best
 
-    def continued(self, namespace: str, transcript: bytes) -> Session | None:
-        """The longest recent session whose messages ``transcript`` opens with: a follow-up, found without its chain."""
+    def continued(self, namespace: str, transcript: bytes) -> tuple[Session, Transcript] | None:
+        """The longest recent session whose messages ``transcript`` opens with, and its transcript: a follow-up, found without its chain."""
         best = None
         with self.lock:
             candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].chain[-1:] == [last]]
         for session, known in candidates:
-            if (best is None or len(session.chain) > len(best.chain)) and begins_with(transcript, known):
-                best = session
+            if (best is None or len(session.chain) > len(best[0].chain)) and begins_with(transcript, known.text):
+                best = (session, known)
         return best
 
     @staticmethod
@@ -233,10 +233,10 @@ class SessionStore:
         self.writer.shutdown(wait=True)
         self.cache.close()
 
-    def remember(self, namespace: str, session: Session, transcript: bytes | None = None) -> None:
+    def remember(self, namespace: str, session: Session, transcript: Transcript | None = None) -> None:
         """Keep ``session`` in memory, where the next request finds it before it reaches the disk.
 
-        ``transcript``: that of the messages its chain links (``pcp_core.session.transcript``).
+        ``transcript``: that of the messages its chain links.
         """
         key = (namespace, session.id)
         with self.lock:
@@ -246,6 +246,15 @@ class SessionStore:
                 self.transcripts[key] = (session.chain[-1], transcript)
             while len(self.recent) > self.recent_size:
                 self.transcripts.pop(self.recent.popitem(last=False)[0], None)
+
+
+class Transcript(msgspec.Struct, frozen=True):
+    """The messages a session's chain links, as one canonical encoding
+    (``pcp_core.session.transcript``), and their prompt tokens: a follow-up
+    counts only the messages after them."""
+
+    text: bytes
+    tokens: int
 
 
 class _KnownParts:

@@ -11,8 +11,9 @@ import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
+from pcp_core.tokens import prompt_tokens
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, resume, transcript, turns_to_page
-from proxy.sessions import SessionStore
+from proxy.sessions import SessionStore, Transcript
 from proxy import testing
 from proxy.testing import completion
 from proxy.tokenizer import Tokenizer
@@ -208,19 +209,23 @@ def test_a_follow_up_finds_the_longest_recent_session_its_transcript_opens_with(
     messages, other = conversation(12), conversation(9, start=50)
     store = SessionStore(tmp_path)
     for n, session_id in ((4, "s-short"), (8, "s-long")):
-        store.remember("ns", Session(id=session_id, chain=chain_links(messages[:n])), transcript(messages[:n]))
-    store.remember("ns", Session(id="s-other", chain=chain_links(other)), transcript(other))
+        store.remember("ns", Session(id=session_id, chain=chain_links(messages[:n])), Transcript(transcript(messages[:n]), tokens=10 * n))
+    store.remember("ns", Session(id="s-other", chain=chain_links(other)), Transcript(transcript(other), tokens=90))
 
-    assert store.continued("ns", transcript(messages)).id == "s-long"
-    assert store.continued("ns", transcript(messages[:6])).id == "s-short"
-    assert store.continued("other-caller", transcript(messages)) is None
+    def found(messages: list[dict], namespace: str = "ns") -> tuple[str, int] | None:
+        continued = store.continued(namespace, transcript(messages))
+        return (continued[0].id, continued[1].tokens) if continued else None
+
+    assert found(messages) == ("s-long", 80)
+    assert found(messages[:6]) == ("s-short", 40)
+    assert found(messages, "other-caller") is None
     # A session kept since under another chain of the same length (a concurrent
     # request's, whose last message differs) is not found by the old transcript.
     store.remember("ns", Session(id="s-long", chain=chain_links([*messages[:7], {"role": "user", "content": "Another."}])))
-    assert store.continued("ns", transcript(messages)).id == "s-short"
+    assert found(messages) == ("s-short", 40)
     # Nor one rebuilt shorter (a pinned session after an edit).
     store.remember("ns", Session(id="s-short", chain=chain_links(messages[:3])))
-    assert store.continued("ns", transcript(messages)) is None
+    assert found(messages) is None
     store.close()
 
 
@@ -393,6 +398,20 @@ def test_a_follow_up_continues_its_session_and_pages_only_what_is_new(session_pr
     assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
     assert cold == 160
     assert paged(session_proxy) - cold <= 2 + 4  # the new messages and the reopened last page
+
+
+def test_a_follow_up_measures_what_counting_it_whole_measures(session_proxy):
+    # The part of a conversation its session holds is not counted again: its tokens are known.
+    pasted = "\n".join(f"line {i}: the invoice INV-{i} was paid on the {i % 28 + 1}th" for i in range(300))  # a File block
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    asked = [*history, {"role": "user", "content": "What about Lisbon?"}]
+    follow_up = [*asked, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Check this file:\n{pasted}"}]
+    after_the_file = [*follow_up, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And the roof?"}]
+    edited = [*after_the_file[:50], {"role": "user", "content": "Turn 49: edited."}, *after_the_file[51:]]
+    for messages in (asked, follow_up, after_the_file, edited):
+        response = ask(session_proxy, messages)
+        assert int(response.headers["x-pcp-prompt-tokens"]) == prompt_tokens(messages, COUNT)
+    assert COUNT(pasted) > 1500
 
 
 def test_a_changed_system_prompt_keeps_the_session(session_proxy):
