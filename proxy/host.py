@@ -31,8 +31,8 @@ from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
 from pcp_core.pblock import PBlock, Scan, around_handle, block_handle, handle_line, scan
 from pcp_core.sentry import PagedHistory, PagingPolicy, message_text, reopened_from
-from pcp_core.tokens import REPLY_PRIMING, message_tokens
 from pcp_core.session import SESSION_ID, Continuation, Session, chain_links, continuation, page_on, resume, transcript
+from pcp_core.tokens import REPLY_PRIMING, message_tokens
 
 from .errors import ProxyError
 from .sessions import SessionStore, Transcript

@@ -11,8 +11,8 @@ import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
-from pcp_core.tokens import prompt_tokens
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, resume, transcript, turns_to_page
+from pcp_core.tokens import prompt_tokens
 from proxy.sessions import SessionStore, Transcript
 from proxy import testing
 from proxy.testing import completion
