@@ -70,6 +70,7 @@ class Measured(msgspec.Struct, frozen=True):
     tokens: int
     said: bytes  # the history's transcript
     history_tokens: int  # the prompt tokens of the history's messages
+    continues: Session | None  # the recent session the history opens with, if one does
 
 
 def measure(services: Services, messages: list[dict[str, Any]], namespace: str) -> Measured:
@@ -78,11 +79,11 @@ def measure(services: Services, messages: list[dict[str, Any]], namespace: str) 
     start = conversation_start(messages)
     history = messages[start:-1]
     said = transcript(history)
-    known = services.sessions.continued(namespace, said)
-    held, history_tokens = (len(known[0].chain), known[1].tokens) if known is not None else (0, 0)
-    history_tokens += sum(message_tokens(m, count) for m in history[held:])
+    continues, known = services.sessions.continued(namespace, said) or (None, Transcript(b"", 0))
+    held = len(continues.chain) if continues is not None else 0
+    history_tokens = known.tokens + sum(message_tokens(m, count) for m in history[held:])
     rest = sum(message_tokens(m, count) for m in (*messages[:start], *messages[start:][-1:]))  # the head and the query
-    return Measured(tokens=REPLY_PRIMING + history_tokens + rest, said=said, history_tokens=history_tokens)
+    return Measured(tokens=REPLY_PRIMING + history_tokens + rest, said=said, history_tokens=history_tokens, continues=continues)
 
 
 def conversation_start(messages: list[dict[str, Any]]) -> int:
@@ -193,13 +194,12 @@ class ProtocolRequest:
 
     def _find(self, chained: list[dict[str, Any]]) -> tuple[Session | None, int, list[str]]:
         """The session this request continues, how many of ``chained`` it holds, and their links."""
-        store = self.services.sessions
-        continued = store.continued(self.namespace, self.measured.said) if self.pinned is None else None
-        if continued is not None:  # a follow-up: only its new messages are linked
-            found, n = continued[0], len(continued[0].chain)
+        found = self.measured.continues if self.pinned is None else None  # found when the request was measured
+        if found is not None:  # a follow-up: only its new messages are linked
+            n = len(found.chain)
             return found, n, [*found.chain, *chain_links(chained[n:], after=found.chain[-1])]
         links = chain_links(chained)
-        found, reused = store.resolve(self.namespace, links[: len(self.history)], self.pinned)
+        found, reused = self.services.sessions.resolve(self.namespace, links[: len(self.history)], self.pinned)
         return found, reused, links
 
     def _count_paging(self, known: PagedHistory, paged: PagedHistory, reused: int, how: Continuation) -> None:
