@@ -58,30 +58,27 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
     ``same_topic``; else it starts a topic named after ``ids[i]`` (its first
     page). Only earlier groups that share a term are compared.
     """
-    weight: dict[str, float] = {}  # idf², for the terms of the groups compared only
-    norms: dict[int, float] = {}
-
-    def w(term: str) -> float:
-        if term not in weight:
-            weight[term] = stats.idf(term) ** 2
-        return weight[term]
-
-    def norm(i: int) -> float:
-        if i not in norms:
-            norms[i] = math.sqrt(sum(w(t) for t in signatures[i]))
-        return norms[i]
-
-    holding: dict[str, list[int]] = {}  # term -> the earlier groups whose signature has it
     # Only the terms of groups still to decide are ever looked up: a follow-up decides
     # one or two groups, and need not index every term of the history's hundreds.
     wanted = {term for mine, decided in zip(signatures, known) if decided is None for term in mine}
+    if not wanted:
+        return list(known)  # type: ignore[arg-type]
+    holding: dict[str, list[int]] = {}  # wanted term -> the earlier groups whose signature has it
+    weight = _IdfSquared(stats)
+    norms: dict[int, float] = {}
+
+    def norm(i: int) -> float:
+        if i not in norms:
+            norms[i] = math.sqrt(sum(map(weight.__getitem__, signatures[i])))
+        return norms[i]
+
     topics: list[str] = []
     for i, (mine, decided) in enumerate(zip(signatures, known)):
         if decided is None:
-            shared: Counter[int] = Counter()
+            shared: dict[int, float] = {}
             for term in mine:
                 for j in holding.get(term, ()):
-                    shared[j] += w(term)
+                    shared[j] = shared.get(j, 0.0) + weight[term]
             scores = [(total / (norm(i) * norm(j)), j) for j, total in shared.items() if norm(i) and norm(j)]
             best, j = max(scores, default=(0.0, -1))
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
@@ -89,6 +86,18 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
         for term in wanted.intersection(mine):
             holding.setdefault(term, []).append(i)
     return topics
+
+
+class _IdfSquared(dict[str, float]):
+    """idf² of each term, worked out the first time it is asked for."""
+
+    def __init__(self, stats: TermStats):
+        super().__init__()
+        self.stats = stats
+
+    def __missing__(self, term: str) -> float:
+        self[term] = value = self.stats.idf(term) ** 2
+        return value
 
 
 def horizontal_merge(groups: Sequence[list[Page]], topics: Sequence[str], policy: Metabolism) -> tuple[list[list[Page]], list[str]]:
@@ -100,7 +109,7 @@ def horizontal_merge(groups: Sequence[list[Page]], topics: Sequence[str], policy
         if i < far and merged and kept[-1] == topic and len(merged[-1]) + len(group) <= policy.merge_max:
             merged[-1] = [*merged[-1], *group]
         else:
-            merged.append(list(group))
+            merged.append(group)  # as it is: a merge makes a new list, never extends one
             kept.append(topic)
     return merged, kept
 

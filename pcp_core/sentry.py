@@ -4,7 +4,9 @@ history is collapsed retroactively into Original pages with Consolidated pages a
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from typing import Any
 
 import msgspec
@@ -122,7 +124,7 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     """
     known = known or PagedHistory()
     start = reopened_from(known, reused)
-    kept = [leaf for leaf in known.leaves if leaf.last_turn < start]
+    kept = known.leaves[: _before(known.leaves, start)]
     df = dict(known.df)
     for leaf in known.leaves[len(kept) :]:
         _count_terms(df, leaf.content, -1)
@@ -160,8 +162,13 @@ def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: S
 
 def reopened_from(known: PagedHistory, reused: int) -> int:
     """The first turn ``page_history`` pages again: where the last kept page starts."""
-    kept = [leaf for leaf in known.leaves if leaf.last_turn < reused]
-    return kept[-1].first_turn if kept else 0  # (every piece of a split turn goes with it)
+    kept = _before(known.leaves, reused)
+    return known.leaves[kept - 1].first_turn if kept else 0  # (every piece of a split turn goes with it)
+
+
+def _before(leaves: Sequence[OriginalPage], turn: int) -> int:
+    """How many of ``leaves`` (in time order) end before ``turn``."""
+    return bisect.bisect_left(leaves, turn, key=_LAST_TURN)
 
 
 def _count_terms(df: dict[str, int], content: str, step: int) -> None:
@@ -183,31 +190,31 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
         return PagedHistory(leaves=[at_depth(leaf, 1) for leaf in leaves], df=df)
     reusable = {c.source_ids: c for c in known.containers}
     stats = TermStats.from_counts(len(leaves), df)
-
-    def container(group: Sequence[Page]) -> ConsolidatedPage:
-        return reusable.get(tuple(c.id for c in group)) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)  # type: ignore[return-value]
-
     signatures: dict[tuple[str, ...], tuple[str, ...]] = {}  # by the ids of a group's pages
 
-    def signed(group: Sequence[Page]) -> tuple[str, ...]:
-        key = tuple(p.id for p in group)
+    def signed(key: tuple[str, ...], group: Sequence[Page]) -> tuple[str, ...]:
         if key not in signatures:
             mine = reusable.get(key)
             signatures[key] = (known.signatures.get(mine.id) if mine else None) or signature(group, stats, policy.metabolism.signature_terms)
         return signatures[key]
 
+    def container(key: tuple[str, ...], group: Sequence[Page]) -> ConsolidatedPage:
+        return reusable.get(key) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)  # type: ignore[return-value]
+
     groups = _first_level(leaves, df, policy, known.containers)
-    decided = [known.topics.get(mine.id) if (mine := reusable.get(tuple(p.id for p in g))) else None for g in groups]
-    topics = assign_topics([signed(g) for g in groups], decided, [g[0].id for g in groups], stats, policy.metabolism)
+    keys = [_ids(g) for g in groups]
+    decided = [known.topics.get(mine.id) if (mine := reusable.get(key)) else None for key in keys]
+    topics = assign_topics([signed(k, g) for k, g in zip(keys, groups)], decided, [k[0] for k in keys], stats, policy.metabolism)
     groups, topics = horizontal_merge(groups, topics, policy.metabolism)
-    firsts = [container(g) for g in groups]
-    by_id = {c.id: (t, signed(g)) for c, g, t in zip(firsts, groups, topics)}
+    keys = [_ids(g) for g in groups]
+    firsts = [container(k, g) for k, g in zip(keys, groups)]
+    by_id = {c.id: (t, signed(k, g)) for c, k, g, t in zip(firsts, keys, groups, topics)}
     level: list[Page] = list(firsts)
     above: dict[str, ConsolidatedPage] = {}  # the containers over the topic groups, bottom up
 
     def up(groups: Sequence[list[Page]]) -> list[Page]:
         # A group of one page goes up as it is: no container stands over a single page.
-        pages = [group[0] if len(group) == 1 else container(group) for group in groups]
+        pages = [group[0] if len(group) == 1 else container(_ids(group), group) for group in groups]
         above.update((p.id, p) for p in pages if isinstance(p, ConsolidatedPage) and p.id not in by_id)
         return pages
 
@@ -225,6 +232,14 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
     )
 
 
+_ID = attrgetter("id")
+_LAST_TURN = attrgetter("last_turn")
+
+
+def _ids(group: Sequence[Page]) -> tuple[str, ...]:
+    return tuple(map(_ID, group))
+
+
 def _backbone(level: Sequence[Page], policy: PagingPolicy) -> list[list[Page]]:
     """The temporal backbone: consecutive runs of ``fanout`` pages (the last may be shorter)."""
     return [list(level[i : i + policy.fanout]) for i in range(0, len(level), policy.fanout)]
@@ -236,15 +251,14 @@ def _first_level(leaves: list[OriginalPage], df: dict[str, int], policy: PagingP
     Groups are decided left to right, so a known group over kept leaves stands;
     only the last one is reopened, as its topic may go on.
     """
-    position = {leaf.id: i for i, leaf in enumerate(leaves)}
     groups: list[list[Page]] = []
     covered = 0
     for container in known:  # bottom up: the first level comes first
-        first = position.get(container.source_ids[0])
-        if first != covered or not all(c in position for c in container.source_ids):
+        group = leaves[covered : covered + len(container.source_ids)]
+        if _ids(group) != container.source_ids:
             break
-        groups.append(list(leaves[covered : covered + len(container.source_ids)]))
-        covered += len(container.source_ids)
+        groups.append(group)  # type: ignore[arg-type]
+        covered += len(group)
     if groups:
         covered -= len(groups.pop())
     return groups + topic_groups(leaves[covered:], df, policy, documents=len(leaves))
