@@ -7,16 +7,18 @@ in time order, which is the order of the Linear_Flow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
+from operator import attrgetter
 
 import msgspec
 
 from .pages import ConsolidatedPage, Page, short_hash
 
-__all__ = ["Activation", "Entry", "PageIndex", "UnknownPage"]
+__all__ = ["Activation", "PageIndex", "UnknownPage"]
 
 HEAT_DECAY = 0.5
+_FIRST_TURN = attrgetter("first_turn")
 
 
 class Activation(StrEnum):
@@ -30,50 +32,75 @@ class UnknownPage(KeyError):
         return f"no page with id {self.args[0]!r}"
 
 
-class Entry(msgspec.Struct):
-    page: Page
-    parent: str | None = None
-    activation: Activation = Activation.INDEXED
-    heat: float = 0.0
-    last_touched: int = 0
-    topic: str = ""
-
-
 class PageIndex:
+    """The tree of one request's pages, and their state in that request.
+
+    The tree is three maps: pages by id, each child's container, and Topic
+    IDs. The state (heat, staleness, activation) is kept only for the pages a
+    request touched: the rest are Indexed, cold, and as stale as the clock.
+    """
+
     def __init__(self) -> None:
-        self.entries: dict[str, Entry] = {}
+        self.pages: dict[str, Page] = {}
+        self.parents: dict[str, str] = {}  # child id -> its container's id
+        self.topics: dict[str, str] = {}
         self._roots: dict[str, None] = {}  # insertion order breaks ties in time
         self._ordered: list[str] | None = []  # the roots in time order, once asked for
         self.clock = 0  # rounds seen; staleness is measured in it
+        self.heat: dict[str, float] = {}
+        self.touched: dict[str, int] = {}  # the round each page was last touched in
+        self.activations: dict[str, Activation] = {}
+
+    @classmethod
+    def of_tree(cls, pages: Sequence[Page], topics: Mapping[str, str]) -> PageIndex:
+        """The index of a whole tree (children before their containers), each page registered as ``register`` would.
+
+        Built in bulk: a long history's thousands of pages come back on every
+        request.
+        """
+        index = cls()
+        index.pages = {page.id: page for page in pages}
+        if len(index.pages) < len(pages):  # ids that collide: one at a time, as register settles them
+            index.pages = {}
+            for page in pages:
+                index.register(page, topics.get(page.id, ""))
+            return index
+        index.parents = {child: page.id for page in pages if isinstance(page, ConsolidatedPage) for child in page.source_ids}
+        index.topics = dict(topics)
+        index._roots = dict.fromkeys(page_id for page_id in index.pages if page_id not in index.parents)
+        index._ordered = None
+        return index
 
     @property
     def roots(self) -> list[str]:
         """Pages without a container, in time order (the order of the Linear_Flow)."""
         if self._ordered is None:
-            self._ordered = sorted(self._roots, key=lambda pid: self.entries[pid].page.first_turn)
+            self._ordered = sorted(self._roots, key=lambda pid: self.pages[pid].first_turn)
         return self._ordered
 
     def __contains__(self, page_id: object) -> bool:
-        return page_id in self.entries
+        return page_id in self.pages
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.pages)
 
     def __iter__(self) -> Iterator[Page]:
-        return (entry.page for entry in self.entries.values())
+        return iter(self.pages.values())
 
     # -- registration ----------------------------------------------------------
     def register(self, page: Page, topic: str = "") -> Page:
         """Add a page (children before their container); returns it with its final id."""
-        existing = self.entries.get(page.id)
+        existing = self.pages.get(page.id)
         if existing is not None:
-            if _same(existing.page, page):
-                return existing.page
+            if _same(existing, page):
+                return existing
             page = msgspec.structs.replace(page, id=self._unique_id(page))
-        self.entries[page.id] = Entry(page=page, topic=topic)
+        self.pages[page.id] = page
+        if topic:
+            self.topics[page.id] = topic
         if isinstance(page, ConsolidatedPage):
             for child in page.source_ids:
-                self.entries[child].parent = page.id
+                self.parents[child] = page.id
                 self._roots.pop(child, None)
         self._roots[page.id] = None
         self._ordered = None  # sorting once per read, not per page, keeps registering linear
@@ -84,28 +111,28 @@ class PageIndex:
         while True:
             length += 2
             candidate = short_hash(page.summary, repr(page), length=length)
-            if candidate not in self.entries:
+            if candidate not in self.pages:
                 return candidate
 
     # -- reading -------------------------------------------------------------
     def get(self, page_id: str) -> Page:
         try:
-            return self.entries[page_id].page
+            return self.pages[page_id]
         except KeyError:
             raise UnknownPage(page_id) from None
 
-    def entry(self, page_id: str) -> Entry:
-        try:
-            return self.entries[page_id]
-        except KeyError:
-            raise UnknownPage(page_id) from None
+    def topic(self, page_id: str) -> str:
+        """The Topic ID of a topic group (first-level container); "" for other pages."""
+        self.get(page_id)
+        return self.topics.get(page_id, "")
 
     def children(self, page_id: str) -> list[Page]:
         page = self.get(page_id)
         return [self.get(c) for c in page.source_ids] if isinstance(page, ConsolidatedPage) else []
 
     def parent(self, page_id: str) -> str | None:
-        return self.entry(page_id).parent
+        self.get(page_id)
+        return self.parents.get(page_id)
 
     def ancestors(self, page_id: str) -> list[str]:
         """Parent first, root last."""
@@ -122,9 +149,11 @@ class PageIndex:
         A branch (§VI.5) holds pages from across time, so the tree's order is
         not always the conversation's.
         """
+        if page_ids is None:  # every Original page is under a root
+            return sorted((page for page in self.pages.values() if not isinstance(page, ConsolidatedPage)), key=_FIRST_TURN)
         found: list[Page] = []
-        self._collect(self.roots if page_ids is None else page_ids, found)
-        return sorted(found, key=lambda page: page.first_turn)
+        self._collect(page_ids, found)
+        return sorted(found, key=_FIRST_TURN)
 
     def _collect(self, page_ids: Iterable[str], into: list[Page]) -> None:
         for page_id in page_ids:
@@ -136,21 +165,26 @@ class PageIndex:
 
     # -- heat and staleness ----------------------------------------------------
     def touch(self, page_id: str, heat: float = 1.0) -> None:
-        entry = self.entry(page_id)
-        entry.heat += heat
-        entry.last_touched = self.clock
+        self.get(page_id)
+        self.heat[page_id] = self.heat.get(page_id, 0.0) + heat
+        self.touched[page_id] = self.clock
 
     def tick(self) -> None:
         """End of a round: heat decays, staleness grows."""
         self.clock += 1
-        for entry in self.entries.values():
-            entry.heat *= HEAT_DECAY
+        self.heat = {page_id: heat * HEAT_DECAY for page_id, heat in self.heat.items()}
 
     def staleness(self, page_id: str) -> int:
-        return self.clock - self.entry(page_id).last_touched
+        self.get(page_id)
+        return self.clock - self.touched.get(page_id, 0)
+
+    def activation(self, page_id: str) -> Activation:
+        self.get(page_id)
+        return self.activations.get(page_id, Activation.INDEXED)
 
     def activate(self, page_id: str, activation: Activation) -> None:
-        self.entry(page_id).activation = activation
+        self.get(page_id)
+        self.activations[page_id] = activation
 
 
 def _same(a: Page, b: Page) -> bool:

@@ -99,9 +99,7 @@ class PagedHistory(msgspec.Struct, kw_only=True):
         return self.leaves[-1].last_turn + 1 if self.leaves else 0
 
     def index(self) -> PageIndex:
-        index = PageIndex()
-        for page in (*self.leaves, *self.containers):  # children before their container
-            index.register(page, topic=self.topics.get(page.id, ""))
+        index = PageIndex.of_tree([*self.leaves, *self.containers], self.topics)  # children before their container
         solid = {page.id: page for page in self.storage}
         for block in self.blocks:  # a solidified draft stands in its place in the block's tree
             for page in block.drafts:

@@ -101,7 +101,7 @@ def test_a_revisited_topic_gets_one_branch_over_its_groups():
     assert branch[0].first_turn == boiler[0].first_turn and branch[0].last_turn == boiler[1].last_turn
 
     index = history.index()
-    assert index.entry(boiler[0].id).topic == history.topics[boiler[0].id]
+    assert index.topic(boiler[0].id) == history.topics[boiler[0].id]
     # The tree stays a tree: every child one level below its container, leaves in time order.
     for page in index:
         if isinstance(page, ConsolidatedPage):

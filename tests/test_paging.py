@@ -55,7 +55,7 @@ def test_long_history_becomes_a_tree_of_depth_two_or_more():
 def test_paging_is_deterministic():
     turns = turns_from_messages(conversation(120), "2026-11-22T10:00:00")
     first, second = retroactive_paging(turns, COUNT), retroactive_paging(turns, COUNT)
-    assert list(first.entries) == list(second.entries)
+    assert list(first.pages) == list(second.pages)
 
 
 def test_summaries_and_keywords_keep_anchors():

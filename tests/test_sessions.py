@@ -152,7 +152,7 @@ def test_a_split_turn_is_reopened_whole():
 
 def test_retroactive_paging_is_paging_with_nothing_known():
     history = turns(conversation(80))
-    assert list(retroactive_paging(history, COUNT).entries) == [p.id for p in (*page_history(history, COUNT).leaves, *page_history(history, COUNT).containers)]
+    assert list(retroactive_paging(history, COUNT).pages) == [p.id for p in (*page_history(history, COUNT).leaves, *page_history(history, COUNT).containers)]
 
 
 # -- which session a request continues ------------------------------------------------------

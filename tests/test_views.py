@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from pcp_core.index import PageIndex, UnknownPage
+from pcp_core.index import Activation, PageIndex, UnknownPage
 from pcp_core.pages import View
 from pcp_core.views import TRANSITIONS, Action, ViewState
 
-from .core_helpers import op, two_level_tree
+from .core_helpers import cp, op, two_level_tree
 
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
@@ -118,6 +118,46 @@ def test_index_keeps_ids_unique_on_collision():
     second = index.register(clash)
     assert second.id != first.id and len(index) == 2
     assert index.register(first) == first  # the same page again is not a new page
+
+
+def registered(pages: list, topics: dict[str, str]) -> PageIndex:
+    index = PageIndex()
+    for page in pages:
+        index.register(page, topics.get(page.id, ""))
+    return index
+
+
+def same_tree(a: PageIndex, b: PageIndex) -> bool:
+    return (a.pages, a.parents, a.topics, a.roots, a.leaves()) == (b.pages, b.parents, b.topics, b.roots, b.leaves())
+
+
+def test_a_tree_built_in_bulk_is_the_tree_registered_page_by_page():
+    leaves = [op(f"page {i} text", i) for i in range(7)]
+    low = [cp(leaves[0:2]), cp(leaves[2:5])]
+    top = cp(low)
+    pages = [*leaves, *low, top]  # leaves 5 and 6 stay roots beside the top container
+    topics = {low[0].id: "T1", low[1].id: "T2"}
+    bulk = PageIndex.of_tree(pages, topics)
+    assert same_tree(bulk, registered(pages, topics))
+    assert bulk.roots == [top.id, leaves[5].id, leaves[6].id] and bulk.parent(leaves[3].id) == low[1].id
+    assert bulk.topic(low[1].id) == "T2" and bulk.topic(top.id) == ""
+    # Two pages with one id: the second gets a longer one, as registering gives it.
+    clash = type(leaves[6])(**{**{f: getattr(leaves[6], f) for f in leaves[6].__struct_fields__}, "id": leaves[5].id})
+    colliding = [*leaves[:6], clash]
+    bulk = PageIndex.of_tree(colliding, {})
+    assert same_tree(bulk, registered(colliding, {})) and len(bulk) == 7
+
+
+def test_state_is_kept_for_touched_pages_only(tree):
+    views, ids = tree
+    index = views.index
+    index.touch(ids["a1"])
+    index.tick()
+    index.activate(ids["b1"], Activation.HOT)
+    assert index.heat == {ids["a1"]: 0.5} and index.staleness(ids["a1"]) == 1 and index.staleness(ids["a2"]) == 1
+    assert index.activation(ids["b1"]) == Activation.HOT and index.activation(ids["b2"]) == Activation.INDEXED
+    with pytest.raises(UnknownPage):
+        index.touch("nope")
 
 
 def test_injected_pages_leave_their_path_folded(tree):
