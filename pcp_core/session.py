@@ -75,12 +75,18 @@ def begins_with(transcript: bytes, earlier: bytes) -> bool:
 
 def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     """How many links two chains share from the start (or texts two lists of them)."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    n = min(len(a), len(b))
+    a, b = list(a[:n]), list(b[:n])
+    if a == b:  # compared in C: one usually extends the other
+        return n
+    same, differs = 0, n  # a[:same] == b[:same], a[:differs] != b[:differs]
+    while differs - same > 1:
+        mid = (same + differs) // 2
+        if a[same:mid] == b[same:mid]:
+            same = mid
+        else:
+            differs = mid
+    return same
 
 
 Continuation = Literal["pinned", "resumed", "forked", "new"]

@@ -11,6 +11,7 @@ is generated.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import sys
@@ -18,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
 from contextlib import nullcontext
 from functools import lru_cache
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -48,6 +50,7 @@ OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice
 
 Rounds = Generator[Effect, Any, Outcome]
 # A router model reranks; it is worth waiting for briefly, never for a whole generation.
+PAGE_ID = attrgetter("id")
 ROUTER_TIMEOUT = 10.0
 ROUTER_MAX_TOKENS = 80
 
@@ -206,9 +209,9 @@ class ProtocolRequest:
         metrics = self.services.metrics
         metrics.inc("pcp_sessions_total", how=how)
         metrics.inc("pcp_turns_paged_total", paged.turns - reopened_from(known, reused))
-        before = {p.id for p in (*known.leaves, *known.containers)}
+        before = set(map(PAGE_ID, itertools.chain(known.leaves, known.containers)))
         for kind, pages in (("Original", paged.leaves), ("Consolidated", paged.containers)):
-            metrics.inc("pcp_pages_built_total", sum(p.id not in before for p in pages), type=kind)
+            metrics.inc("pcp_pages_built_total", len(set(map(PAGE_ID, pages)) - before), type=kind)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, "messages": call.messages}

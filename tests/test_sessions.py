@@ -8,6 +8,8 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pcp_core.pages import short_hash
 from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
@@ -38,6 +40,13 @@ def covered(paged) -> list[int]:
 
 
 # -- the hash chain -------------------------------------------------------------------------
+
+
+@given(st.lists(st.sampled_from("ab")), st.lists(st.sampled_from("ab")), st.lists(st.sampled_from("ab")))
+def test_common_prefix_is_where_two_sequences_first_differ(shared, a, b):
+    a, b = shared + a, tuple(shared + b)  # a list and a tuple, as the chains and the texts come
+    n = common_prefix(a, b)
+    assert list(a[:n]) == list(b[:n]) and (n == min(len(a), len(b)) or a[n] != b[n])
 
 
 def test_links_name_prefixes():
