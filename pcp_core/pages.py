@@ -115,12 +115,15 @@ def without_turn_markers(content: str) -> str:
 def tree_depths(pages: Sequence[Page]) -> dict[str, int]:
     """Each page's depth, counted from its root (1) down: known only once the tree is whole."""
     children = {page.id: page.source_ids for page in pages if isinstance(page, ConsolidatedPage)}
-    below = set().union(*children.values())
+    below = {child for ids in children.values() for child in ids}
     depths: dict[str, int] = {}
     level, depth = [page.id for page in pages if page.id not in below], 1
     while level:  # a level at a time, from the roots down
-        depths.update(dict.fromkeys(level, depth))
-        level, depth = [child for page_id in level for child in children.get(page_id, ())], depth + 1
+        down: list[str] = []
+        for page_id in level:
+            depths[page_id] = depth
+            down += children.get(page_id, ())
+        level, depth = down, depth + 1
     return depths
 
 
