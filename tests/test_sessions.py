@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from pathlib import Path
 
@@ -275,6 +276,19 @@ def counting_encodes(monkeypatch) -> list:
     encoder = msgspec.msgpack.Encoder()
     monkeypatch.setattr("proxy.sessions._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
     return encoded
+
+
+def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
+    history = conversation(40)
+    store = SessionStore(tmp_path)
+    store.save("ns", paged_session(history), new_links=40)
+    store.flush()
+    keys = list(store.cache.iterkeys())
+    store.close()
+    with sqlite3.connect(tmp_path / "cache.db") as db:  # diskcache's table: raw = 1 for a key stored as it is, not pickled
+        assert {raw for (raw,) in db.execute("SELECT raw FROM Cache")} == {1}
+    assert {key[0] for key in keys} == {"session", "part", "link"} and all(type(key) is tuple for key in keys)
+    assert all(type(key[4]) is int for key in keys if key[0] == "part")
 
 
 def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
