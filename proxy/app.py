@@ -30,6 +30,8 @@ __all__ = ["Services", "create_app"]
 
 log = logging.getLogger("pcp.proxy")
 
+YOUNG_GENERATION = 20_000  # see _collect_less_often
+
 
 @dataclass
 class Services:
@@ -79,8 +81,19 @@ def _freeze_imports() -> None:
     gc.freeze()
 
 
+def _collect_less_often() -> None:
+    """Collect the young generation once 20,000 more objects live than at the last collection, not 700.
+
+    A follow-up on a long history makes and drops tens of thousands of
+    objects, which reference counting frees; at 700 the collector ran ~8
+    times a request (~1.8 ms at 200k tokens) and found nothing to collect.
+    """
+    gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
+
+
 def create_app(settings: Settings) -> Litestar:
     services = Services(settings=settings, tokenizer=Tokenizer(settings.tokenizer))
+    _collect_less_often()
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
