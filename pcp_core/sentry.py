@@ -15,7 +15,7 @@ from .consolidator import TermStats, consolidate, extractive_summary, segment_tu
 from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
 from .pblock import PBlock, Scan, block_handle, handle_line, scan
-from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, tree_depths, without_turn_markers
+from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
 from .timeline import opens_with_date, stated_time
 from .tokens import CountText, split_words
 
@@ -134,7 +134,7 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     stats = TermStats.from_counts(len(kept) + len(groups), df)
     used = {leaf.id for leaf in kept}
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
-    paged = _consolidate_levels([*kept, *fresh], df, policy, known, used)
+    paged = _consolidate_levels([*kept, *fresh], df, policy, known, used, start)
     paged.blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
     # Solidified pages go with their block, whose drafts' ids hash its message and place.
     drafts = {page.id for block in paged.blocks for page in block.drafts}
@@ -178,11 +178,12 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str]) -> PagedHistory:
+def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int = 0) -> PagedHistory:
     """The leaves and the tree of containers above them, every page at its final depth.
 
     The first containers follow the topics (topic groups, merged and branched
-    by metabolism); above them, time (the temporal backbone).
+    by metabolism); above them, time (the temporal backbone). The leaves from
+    turn ``fresh_from`` on are new; those before it are ``known``'s.
     """
     if len(leaves) <= policy.max_roots:
         return PagedHistory(leaves=[at_depth(leaf, 1) for leaf in leaves], df=df)
@@ -220,10 +221,11 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
         level = up(branches(level, {c: t for c, (t, _) in by_id.items()}, policy.metabolism))
     while len(level) > policy.max_roots:
         level = up(_backbone(level, policy))
-    depths = tree_depths([*leaves, *firsts, *above.values()])
+    containers = {c.id: c for c in (*firsts, *above.values())}
+    depths = _new_depths(level, containers, fresh_from)
     return PagedHistory(
-        leaves=[at_depth(p, depths[p.id]) for p in leaves],  # type: ignore[misc]
-        containers=[at_depth(p, depths[p.id]) for p in (*firsts, *above.values())],  # type: ignore[misc]
+        leaves=[at_depth(p, depths.get(p.id, p.depth)) for p in leaves],  # type: ignore[misc]
+        containers=[at_depth(p, depths.get(p.id, p.depth)) for p in containers.values()],  # type: ignore[misc]
         df=df,
         topics={c: t for c, (t, _) in by_id.items()},
         signatures={c: sig for c, (_, sig) in by_id.items()},
@@ -232,6 +234,29 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
 
 _ID = attrgetter("id")
 _LAST_TURN = attrgetter("last_turn")
+
+
+def _new_depths(roots: Sequence[Page], containers: Mapping[str, ConsolidatedPage], fresh_from: int) -> dict[str, int]:
+    """The depth, counted from the root (1) down, of each page whose depth may have changed.
+
+    A known container still at its depth, over turns before ``fresh_from``,
+    has the subtree it had (its id hashes its children's) with every page in
+    it at its depth: the walk stops there. On a follow-up, that is most of
+    the tree.
+    """
+    depths: dict[str, int] = {}
+    level, depth = [page.id for page in roots], 1
+    while level:
+        down: list[str] = []
+        for page_id in level:
+            page = containers.get(page_id)
+            if page is not None and page.depth == depth and page.last_turn < fresh_from:
+                continue
+            depths[page_id] = depth
+            if page is not None:
+                down += page.source_ids
+        level, depth = down, depth + 1
+    return depths
 
 
 def _ids(group: Sequence[Page]) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pcp_core.consolidator import TermStats
 from pcp_core.metabolism import Metabolism, assign_topics, branches, horizontal_merge
-from pcp_core.pages import ConsolidatedPage
+from pcp_core.pages import ConsolidatedPage, tree_depths
 from pcp_core.sentry import PagedHistory, PagingPolicy, page_history, turns_from_messages
 from proxy.tokenizer import Tokenizer
 
@@ -130,3 +130,23 @@ def test_same_topic_groups_that_leave_the_near_field_are_merged():
     history = paged(messages)
     boiler = [g for g in first_level(history) if "boiler" in words_of(history, g)]
     assert len(boiler) == 1 and "note 1." in words_of(history, boiler[0]) and "note 2." in words_of(history, boiler[0])
+
+
+def test_every_page_is_at_its_depth_as_the_conversation_grows_and_is_edited():
+    # Follow-ups reuse most of the tree; as it grows, the backbone gains levels and every depth moves.
+    messages = conversation(["boiler", "garden"], turns_per_session=6)
+    history = paged(messages)
+    levels = set()
+    for step, topic in enumerate(["lisbon", "piano", "boiler", "taxes", "wedding", "garden", "piano", "lisbon", "taxes"]):
+        grown = [*messages, *conversation([topic], turns_per_session=6)]
+        if step % 3 == 2:  # an edit: the last two messages said otherwise
+            grown = [*messages[:-2], {"role": "user", "content": f"Edited {step}."}, *grown[len(messages) :]]
+            history = paged(grown, history, reused=len(messages) - 2)
+        else:
+            history = paged(grown, history, reused=len(messages))
+        messages = grown
+        pages = [*history.leaves, *history.containers]
+        depths = tree_depths(pages)
+        assert {page.id: page.depth for page in pages} == depths
+        levels.add(max(depths.values()))
+    assert len(levels) >= 2
