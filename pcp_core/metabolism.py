@@ -61,8 +61,6 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
     # Only the terms of groups still to decide are ever looked up: a follow-up decides
     # one or two groups, and need not index every term of the history's hundreds.
     wanted = {term for mine, decided in zip(signatures, known) if decided is None for term in mine}
-    if not wanted:
-        return list(known)  # type: ignore[arg-type]
     holding: dict[str, list[int]] = {}  # wanted term -> the earlier groups whose signature has it
     weight = _IdfSquared(stats)
     norms: dict[int, float] = {}

@@ -64,6 +64,8 @@ def test_a_topic_decided_before_is_kept():
     stats = TermStats(["boiler valve", "boiler valve"])
     topics = assign_topics([("boiler", "valve"), ("boiler", "valve")], [None, "Tz"], ["a", "b"], stats, Metabolism())
     assert topics == ["Ta", "Tz"]
+    # A new group that says nothing distinctive (an empty signature) starts a topic of its own.
+    assert assign_topics([("boiler", "valve"), ()], ["Tz", None], ["a", "b"], stats, Metabolism()) == ["Tz", "Tb"]
 
 
 def test_horizontal_merge_joins_adjacent_far_field_groups_of_one_topic_only():
