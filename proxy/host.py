@@ -49,8 +49,8 @@ HEAD_ROLES = ("system", "developer")
 OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
 
 Rounds = Generator[Effect, Any, Outcome]
-# A router model reranks; it is worth waiting for briefly, never for a whole generation.
 PAGE_ID = attrgetter("id")
+# A router model reranks; it is worth waiting for briefly, never for a whole generation.
 ROUTER_TIMEOUT = 10.0
 ROUTER_MAX_TOKENS = 80
 
