@@ -178,7 +178,7 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int = 0) -> PagedHistory:
+def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int) -> PagedHistory:
     """The leaves and the tree of containers above them, every page at its final depth.
 
     The first containers follow the topics (topic groups, merged and branched
