@@ -94,3 +94,34 @@ def test_the_background_does_not_starve_under_requests_that_never_end(tmp_path):
         assert [n for s, n in events if s == "encoded"] == [256, 44]  # a few batches between two looks at the requests
     finally:
         embedder.close()
+
+
+QUERIES = ["", "x", "When did Melanie adopt the puppy?", "word " * 400, "Ünïcode — 日本語のテキスト 🎉"]
+
+
+def test_a_query_is_encoded_by_the_trace_as_the_model_encodes_it(tmp_path):
+    import numpy as np
+
+    embedder = Embedder(tmp_path)
+    model = embedder._model("request")
+    assert embedder._one_text is not None  # the trace agreed with the model when it was made
+    for text in QUERIES:  # lengths from none to past the model's 256 tokens, which both truncate
+        expected = model.encode([text], normalize_embeddings=True, convert_to_numpy=True)[0]
+        np.testing.assert_allclose(embedder.embed_sync([text])[0], expected, atol=1e-6)
+    embedder.close()
+
+
+def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch, caplog):
+    import numpy as np
+
+    from proxy.embeddings import OneText
+
+    traced = OneText.__call__
+    monkeypatch.setattr(OneText, "__call__", lambda self, text: -traced(self, text))
+    embedder = Embedder(tmp_path)
+    model = embedder._model("request")
+    assert embedder._one_text is None
+    assert "disagrees" in caplog.text
+    expected = model.encode([QUERIES[2]], normalize_embeddings=True, convert_to_numpy=True)[0]
+    np.testing.assert_allclose(embedder.embed_sync([QUERIES[2]])[0], expected, atol=1e-6)
+    embedder.close()
