@@ -107,7 +107,7 @@ class ProtocolRequest:
         self.namespace = namespace
         self.pinned = pinned
         self.session = ""  # known once the history is paged
-        self.prefetch: asyncio.Task[Any] | None = None  # the query's vector, encoding
+        self.prefetch: asyncio.Future[Any] | None = None  # the query's vector, encoding
         self.unsaved: tuple[Session, int] | None = None  # the session paged, and how many of its links are new
         self.paged: Session | None = None  # the session paged, once it is
         self.usage = Usage()
@@ -156,9 +156,10 @@ class ProtocolRequest:
         """The history's pages: those of its session's known prefix, and the new messages paged."""
         # The query's vector is encoded while the history is paged and scored by BM25
         # (torch leaves the GIL while it computes); dense recall waits for it (``fulfil``).
+        # Handed to a thread now, not in a task: a task would start only once paging has.
         embedder = self.services.embedder
         if embedder is not None and self.query:
-            self.prefetch = asyncio.create_task(self._quietly(asyncio.to_thread(embedder.prefetch, around_handle(self.query)[1])))
+            self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, around_handle(self.query)[1])
         session, known, reused, how, linked = await asyncio.to_thread(self._page_sync)
         consolidator = self.services.consolidator
         paged = session.pages
@@ -283,7 +284,7 @@ class ProtocolRequest:
         if embedder is None:
             return None
         if self.prefetch is not None:
-            await self.prefetch
+            await self._quietly(self.prefetch)
         return await self._quietly(embedder.similarities_when_ready(effect.query, effect.texts))
 
     @staticmethod
