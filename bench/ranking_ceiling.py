@@ -38,7 +38,7 @@ if str(REPO) not in sys.path:
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
 from pcp_core.pages import Origin, OriginalPage  # noqa: E402
 
-from pcp_core.router import Bm25, anchor_intent, broad_match, dense_scores, dense_texts, unit_texts  # noqa: E402
+from pcp_core.router import Bm25, anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
 from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -128,8 +128,9 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     fused = with_neighbours(rank_fusion(bm25_turns, paired))
     # The proxy's own Router (pcp_core.router): pages scored by BM25 and MiniLM z-scores.
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
-    router = [by_id[p] for p in broad_match(intent, conv.pages, conv.units)]
-    router_dense = [by_id[p] for p in broad_match(intent, conv.pages, conv.units, dense_scores(conv.unit_vectors @ question_vector, len(conv.units)))]
+    lexical = lexical_scores(intent, conv.units)
+    router = [by_id[p] for p in broad_match(intent, conv.pages, lexical)]
+    router_dense = [by_id[p] for p in broad_match(intent, conv.pages, lexical, dense_scores(conv.unit_vectors @ question_vector, len(conv.units)))]
     return {
         "pages: the Router, BM25": as_pages(router + [i for i in range(len(conv.pages)) if i not in set(router)]),
         "pages: the Router, BM25 + MiniLM": as_pages(router_dense),

@@ -36,7 +36,7 @@ from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_dir
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
-from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, precision_selection, router_prompt, unit_texts
+from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, precision_selection, router_prompt, unit_texts
 from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
@@ -162,16 +162,18 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     before, asked = around_handle(context.query)
     intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, said[-1].summary if said else "", now)
     texts = unit_texts(leaves)
+    lexical = lexical_scores(intent, texts)  # before the dense reading: the host encodes the query meanwhile
     dense = None
     if context.dense and texts:
         cosines = yield Similarity(intent.text, dense_texts(texts))
         if cosines is not None:
             dense = dense_scores(cosines, len(texts))
-    ranked = broad_match(intent, leaves, texts, dense)
+    ranked = broad_match(intent, leaves, lexical, dense)
 
     def explore(keywords: Sequence[str]) -> list[str]:
         """The worker's own search: its keywords (and the times they name) addressed as a query is."""
-        return broad_match(anchor_intent("", ", ".join(keywords), now=now), leaves, texts)
+        wanted = anchor_intent("", ", ".join(keywords), now=now)
+        return broad_match(wanted, leaves, lexical_scores(wanted, texts))
 
     if context.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]

@@ -24,7 +24,7 @@ from .session import common_prefix
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["Bm25", "Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "unit_texts"]
+__all__ = ["Bm25", "Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "lexical_scores", "page_ranking", "precision_selection", "router_prompt", "said_in", "stem", "unit_texts"]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -322,13 +322,17 @@ def dense_scores(cosines: Any, n: int) -> Any:
     return np.maximum(_z(cosines[:n]), _z(cosines[n : 2 * n]))
 
 
-def broad_match(intent: Intent, pages: Sequence[Page], texts: Sequence[str], dense: Any = None) -> list[str]:
-    """``pages`` ranked for ``intent``, best first (``texts``: their ``unit_texts``).
+def lexical_scores(intent: Intent, texts: Sequence[str]) -> Any:
+    """Each of ``texts`` (pages' ``unit_texts``) scored for ``intent`` by BM25 with feedback."""
+    return Bm25.of_texts(texts).feedback_scores(intent.weights)
+
+
+def broad_match(intent: Intent, pages: Sequence[Page], lexical: Any, dense: Any = None) -> list[str]:
+    """``pages`` ranked for ``intent``, best first (``lexical``: their ``lexical_scores``).
 
     Each page scores by BM25 with feedback, plus ``dense`` scores when the
     host embeds, plus the lift of being said when the intent asks about.
     """
-    lexical = Bm25.of_texts(texts).feedback_scores(intent.weights)
     timely = said_in([page.timestamp for page in pages], intent.periods) if intent.periods else None
     return page_ranking([page.id for page in pages], lexical, dense, timely)
 
