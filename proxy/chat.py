@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -12,10 +13,19 @@ __all__ = ["ChatRequest", "parse_chat_request"]
 
 
 class ChatRequest(msgspec.Struct):
+    """What the proxy reads of a request; validating it here turns a wrong type into a 400, not a failure later.
+
+    Only the types are checked: the request goes upstream as the client sent it.
+    """
+
     # Messages stay plain dicts: fields the proxy does not model must survive.
     messages: list[dict[str, Any]]
     stream: bool = False
     model: str | None = None
+    # Read in protocol mode: the client's own tools end the round loop when called,
+    # and ``include_usage`` asks for the usage chunk of a stream.
+    tools: list[dict[str, Any]] | None = None
+    stream_options: dict[str, Any] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatRequest)
@@ -26,11 +36,21 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         request = _DECODER.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        param = "messages" if "messages" in text else None
-        raise ProxyError.bad_request(f"invalid chat request: {text}", param=param) from None
+        raise ProxyError.bad_request(f"invalid chat request: {text}", param=_param(text)) from None
     except msgspec.DecodeError as exc:
         raise ProxyError.bad_request(f"request body is not valid JSON: {exc}") from None
     for i, message in enumerate(request.messages):
         if not isinstance(message.get("role"), str):
             raise ProxyError.bad_request(f"messages[{i}] has no role", param=f"messages.[{i}].role")
     return request
+
+
+# msgspec ends a message with where it failed: "… - at `$.messages[0].role`".
+_AT = re.compile(r"at `\$\.([^`]*)`$")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+def _param(message: str) -> str | None:
+    """The field a validation error is about, written as OpenAI writes ``param`` (``messages.[0].role``)."""
+    at = _AT.search(message) or _MISSING.search(message)
+    return at.group(1).replace("[", ".[") if at else None

@@ -193,7 +193,12 @@ def test_slow_upstream_is_504(start_proxy, upstream):
         (b'{"model": "m"}', "messages", "messages"),
         (b'{"model": "m", "messages": "hi"}', "messages", "messages"),
         (b'{"model": "m", "messages": [{"content": "no role"}]}', "messages.[0].role", "role"),
+        (b'{"model": "m", "messages": ["hi"]}', "messages.[0]", "object"),
         (b"[1, 2]", None, "object"),
+        # Read by protocol mode, so checked whatever the mode: a wrong type is the client's to fix.
+        (b'{"model": "m", "messages": [], "tools": true}', "tools", "array"),
+        (b'{"model": "m", "messages": [], "tools": ["get_weather"]}', "tools.[0]", "object"),
+        (b'{"model": "m", "messages": [], "stream": true, "stream_options": true}', "stream_options", "object"),
     ],
 )
 def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, fragment):
