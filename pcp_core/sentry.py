@@ -16,8 +16,8 @@ from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
 from .pblock import PBlock, Scan, block_handle, handle_line, scan
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
-from .timeline import opens_with_date, stated_time
-from .tokens import CountText, split_words
+from .timeline import moment, opens_with_date, stated_time
+from .tokens import CountText, function_calls, split_words
 
 __all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "topic_groups", "turns_from_messages"]
 
@@ -48,16 +48,24 @@ def message_text(message: Mapping[str, Any]) -> str:
     """The readable text of a chat message: content parts, tool calls and results."""
     content = message.get("content")
     if isinstance(content, list):
-        parts = [p.get("text", "") if isinstance(p, Mapping) and p.get("type", "text") == "text" else f"[{p.get('type', 'part') if isinstance(p, Mapping) else 'part'}]" for p in content]
-        text = " ".join(p for p in parts if p)
+        text = " ".join(filter(None, map(_part_text, content)))
     else:
         text = content if isinstance(content, str) else ""
-    for call in message.get("tool_calls") or ():
-        function = (call.get("function") if isinstance(call, Mapping) else None) or {}
-        text += f"\n(calls {function.get('name', '?')}({function.get('arguments', '')}))"
+    for name, arguments in function_calls(message):
+        text += f"\n(calls {name or '?'}({arguments}))"
     if message.get("name"):
         text = f"{message['name']}: {text}"
     return text
+
+
+def _part_text(part: Any) -> str:
+    """A content part's text; a part of another kind (an image, audio) by its type."""
+    if not isinstance(part, Mapping):
+        return "[part]"
+    if part.get("type", "text") != "text":
+        return f"[{part.get('type')}]"
+    text = part.get("text")
+    return text if isinstance(text, str) else ""
 
 
 def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0, stated: str | None = None) -> list[Turn]:
@@ -74,7 +82,8 @@ def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Se
         text = message_text(message)
         stated = stated_time(text) or stated
         own = message.get("timestamp")
-        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=text, timestamp=own if isinstance(own, str) else stated or seen))
+        own = own if isinstance(own, str) and moment(own) is not None else None  # not a time: the client's own field, not ours
+        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=text, timestamp=own or stated or seen))
     return turns
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["CountText", "message_tokens", "prompt_tokens", "split_words", "IMAGE_PART_TOKENS"]
+__all__ = ["CountText", "function_calls", "message_tokens", "prompt_tokens", "split_words", "IMAGE_PART_TOKENS"]
 
 CountText = Callable[[str], int]
 
@@ -36,10 +36,20 @@ def message_tokens(message: Mapping[str, Any], count: CountText) -> int:
                 tokens += IMAGE_PART_TOKENS
     if message.get("name"):
         tokens += PER_NAME + count(str(message["name"]))
-    for call in message.get("tool_calls") or ():
-        function = (call.get("function") if isinstance(call, Mapping) else None) or {}
-        tokens += count(str(function.get("name", ""))) + count(str(function.get("arguments", "")))
+    for name, arguments in function_calls(message):
+        tokens += count(name) + count(arguments)
     return tokens
+
+
+def function_calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(name, arguments) of each function the message calls; what is not of the API's shape is passed over.
+
+    The request goes upstream as it is, and the upstream judges it: reading it
+    must not fail on what the client sent.
+    """
+    calls = message.get("tool_calls")
+    functions = [call.get("function") for call in calls if isinstance(call, Mapping)] if isinstance(calls, list) else []
+    return [(str(f.get("name", "")), str(f.get("arguments", ""))) for f in functions if isinstance(f, Mapping)]
 
 
 def prompt_tokens(messages: Iterable[Mapping[str, Any]], count: CountText) -> int:
