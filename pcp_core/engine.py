@@ -272,7 +272,8 @@ def _tools(context: RoundContext) -> list[dict[str, Any]]:
 
 
 def _tool_name(tool_or_call: dict[str, Any]) -> str | None:
-    return (tool_or_call.get("function") or {}).get("name")
+    function = tool_or_call.get("function")  # a client's tool of another type has none
+    return function.get("name") if isinstance(function, dict) else None
 
 
 def calls_client_tool(tool_calls: list[dict[str, Any]], client_tools: list[dict[str, Any]]) -> bool:
@@ -293,10 +294,14 @@ def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
             continue
         try:
             args = json.loads(function.get("arguments") or "{}")
-            if kind is Explore:
-                keywords = args.get("keywords", "")
-                args["keywords"] = tuple(k.strip() for k in (keywords.split(",") if isinstance(keywords, str) else keywords) if k.strip())
-            directives.append(msgspec.convert(args, kind))
+            if not isinstance(args, dict):
+                raise TypeError(f"expected an object, got {type(args).__name__}")
+            if kind is Explore and isinstance(args.get("keywords"), str):  # "a, b" as well as ["a", "b"]
+                args["keywords"] = args["keywords"].split(",")
+            directive = msgspec.convert(args, kind)
+            if isinstance(directive, Explore):
+                directive = msgspec.structs.replace(directive, keywords=tuple(k.strip() for k in directive.keywords if k.strip()))
+            directives.append(directive)
         except (ValueError, TypeError, msgspec.ValidationError) as exc:
             faults.append(BusFault(raw=raw, reason=f"{function.get('name')} arguments are not valid: {exc}"))
     return text, directives, faults

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+import msgspec
 
 from .errors import ProxyError
 
@@ -30,6 +31,60 @@ HOP_BY_HOP = frozenset(
         "server",
     }
 )
+
+
+# What the proxy reads of the upstream's answers in protocol mode. An answer is
+# checked against these shapes before it is read, so a malformed one is a 502
+# that says what was wrong where, not a failure inside the proxy. Fields not
+# named here are not checked: the answer is passed on as it came.
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: Any = None  # a JSON string by the API; anything else reads as a malformed directive
+
+
+class _ToolCall(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: _Function = msgspec.field(default_factory=_Function)
+
+
+class _Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class _Choice(msgspec.Struct):
+    message: _Message
+
+
+class _Completion(msgspec.Struct):
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+    usage: _Usage | None = None
+
+
+class _ChunkChoice(msgspec.Struct):
+    delta: _Message = msgspec.field(default_factory=_Message)
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_ChunkChoice] | None = None
+    usage: _Usage | None = None
+
+
+def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
+    """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
+    try:
+        data = json.loads(text)
+        msgspec.convert(data, shape)
+    except (ValueError, msgspec.ValidationError) as exc:
+        raise ProxyError(502, f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", "upstream_error", code=code) from None
+    return data
 
 
 def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
@@ -72,12 +127,7 @@ class Upstream:
         body = await self.read(response)
         if response.status_code >= 400:
             raise ProxyError.from_upstream(response.status_code, body, response.headers.get("content-type"))
-        try:
-            data = json.loads(body)
-            data["choices"][0]["message"]
-        except (ValueError, TypeError, KeyError, IndexError):
-            raise ProxyError(502, f"the upstream's answer is not a chat completion: {body[:200]!r}", "upstream_error", code="upstream_bad_response") from None
-        return data
+        return _checked(body, _Completion, "a chat completion", "upstream_bad_response")
 
     async def read(self, response: httpx.Response) -> bytes:
         try:
@@ -104,10 +154,7 @@ class Upstream:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                try:
-                    yield json.loads(data)
-                except ValueError:
-                    raise ProxyError(502, f"the upstream sent a stream event that is not JSON: {data[:200]!r}", "upstream_error", code="upstream_bad_stream") from None
+                yield _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
         except httpx.HTTPError as exc:
             raise _as_proxy_error(exc, self.base_url) from None
         finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 from lxml import etree
 
 from pcp_core.directives import Consult
@@ -206,6 +207,31 @@ def test_a_call_of_a_tool_nobody_offered_is_a_bus_fault():
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert step.get("action") == "BusFault" and "launch_rockets" in step.get("reason")
     assert outcome.kind == "answer" and outcome.text == "Biscuit."
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "reason"),
+    [
+        ("pcp_consult", "[1, 2]", "expected an object"),
+        ("pcp_consult", {"reason": "r", "id": "x"}, "arguments are not valid"),
+        ("pcp_explore", '{"reason": "r", "handle": "history", "keywords": ["garden", 7]}', "keywords"),
+    ],
+)
+def test_a_directive_tool_call_with_arguments_of_the_wrong_shape_is_a_bus_fault(name, arguments, reason):
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": arguments}}
+    calls, outcome, _ = drive([WorkerReply(text="", tool_calls=[call]), WorkerReply(text="Biscuit.")], context(channel="tools"))
+    step = doc(calls[1]).find("Reasoning_Trace/Step")
+    assert step.get("action") == "BusFault" and reason in step.get("reason")
+    assert outcome.text == "Biscuit."
+
+
+def test_explore_keywords_come_as_a_list_or_as_one_string():
+    for keywords in (["greyhound", " Biscuit "], "greyhound, Biscuit"):
+        call = {"id": "c1", "type": "function", "function": {"name": "pcp_explore", "arguments": json.dumps({"reason": "r", "handle": "history", "keywords": keywords})}}
+        calls, _, index = drive([WorkerReply(text="", tool_calls=[call]), WorkerReply(text="ok")], context(channel="tools", query="And then?"))
+        step = doc(calls[1]).find("Reasoning_Trace/Step")
+        (biscuit,) = [p.id for p in index.leaves() if "Biscuit" in p.content]
+        assert step.get("action") == "Explore" and step.get("result").startswith(f"found {biscuit}")
 
 
 def test_a_consult_on_a_container_brings_in_its_best_pages():

@@ -228,12 +228,51 @@ def metric(proxy, name: str, **labels: str) -> int:
     return metric_value(httpx.get(f"{proxy.url}/metrics").text, name, **labels)
 
 
-@pytest.mark.parametrize("body", [b"not json", b'{"id": "x"}', b'{"choices": []}'])
-def test_an_upstream_answer_that_is_no_completion_is_502(protocol_proxy, upstream, body):
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        (b"not json", ""),
+        (b'{"id": "x"}', "choices"),
+        (b'{"choices": []}', "$.choices"),
+        (b'{"choices": [{"message": {"content": 7}}]}', "$.choices[0].message.content"),
+        (b'{"choices": [{"message": {"content": "", "tool_calls": [{"function": "pcp_consult"}]}}]}', "$.choices[0].message.tool_calls[0].function"),
+        (b'{"choices": [{"message": {"content": "5521"}}], "usage": true}', "$.usage"),
+    ],
+)
+def test_an_upstream_answer_that_is_no_completion_is_502(protocol_proxy, upstream, body, where):
     upstream.enqueue(Reply(body=body))
     response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 502
-    assert response.json()["error"]["code"] == "upstream_bad_response"
+    error = response.json()["error"]
+    assert error["code"] == "upstream_bad_response" and where in error["message"]
+
+
+@pytest.mark.parametrize(
+    "event",
+    [b"data: {not json}\n\n", b'data: {"choices": [{"delta": {"content": 5}}]}\n\n', b'data: {"choices": [{"delta": {"tool_calls": [{"index": "a"}]}}]}\n\n'],
+)
+def test_an_upstream_stream_that_is_no_completion_is_502(protocol_proxy, upstream, event):
+    upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[event, b"data: [DONE]\n\n"]))
+    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True})
+    assert response.status_code == 502
+    assert response.json()["error"]["code"] == "upstream_bad_stream"
+
+
+def test_messages_of_odd_shapes_are_read_for_what_they_hold(protocol_proxy, upstream):
+    """What the client sends goes upstream as it is; reading it for paging must not fail on its shape."""
+    messages = long_history()
+    messages[3:7] = [
+        {"role": "assistant", "content": None, "tool_calls": True},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": "lookup"}, "x", {"function": {"name": "lookup", "arguments": "{}"}}]},
+        {"role": "user", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "the allotment again"}, 7, {"type": "image_url"}]},
+        {"role": "user", "content": "a time of its own", "timestamp": "soon\x01"},
+    ]
+    upstream.enqueue(completion("5521"))
+    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "5521"
+    document = xml(upstream.chat_requests("worker")[0])
+    # The page of the bogus timestamp is dated by when the proxy saw it, as every undated page is.
+    assert {n.get("timestamp")[:2] for n in document.iter("Node")} == {"20"}
 
 
 def test_client_leaving_during_worker_rounds_cancels_them(protocol_proxy, upstream):
