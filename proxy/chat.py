@@ -12,6 +12,14 @@ from .errors import ProxyError
 __all__ = ["ChatRequest", "parse_chat_request"]
 
 
+class ToolFunction(msgspec.Struct):
+    name: str
+
+
+class Tool(msgspec.Struct):
+    function: ToolFunction | None = None  # a tool of another type (a custom tool) has none
+
+
 class ChatRequest(msgspec.Struct):
     """What the proxy reads of a request; validating it here turns a wrong type into a 400, not a failure later.
 
@@ -24,7 +32,7 @@ class ChatRequest(msgspec.Struct):
     model: str | None = None
     # Read in protocol mode: the client's own tools end the round loop when called,
     # and ``include_usage`` asks for the usage chunk of a stream.
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
     stream_options: dict[str, Any] | None = None
 
 

@@ -198,6 +198,7 @@ def test_slow_upstream_is_504(start_proxy, upstream):
         # Read by protocol mode, so checked whatever the mode: a wrong type is the client's to fix.
         (b'{"model": "m", "messages": [], "tools": true}', "tools", "array"),
         (b'{"model": "m", "messages": [], "tools": ["get_weather"]}', "tools.[0]", "object"),
+        (b'{"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": ["a"]}}]}', "tools.[0].function.name", "str"),
         (b'{"model": "m", "messages": [], "stream": true, "stream_options": true}', "stream_options", "object"),
     ],
 )
