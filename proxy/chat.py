@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -31,9 +31,10 @@ class ChatRequest(msgspec.Struct):
     stream: bool = False
     model: str | None = None
     # Read in protocol mode: the client's own tools end the round loop when called,
-    # and ``include_usage`` asks for the usage chunk of a stream.
+    # ``include_usage`` asks for the usage chunk of a stream, ``n`` for several answers.
     tools: list[Tool] | None = None
     stream_options: dict[str, Any] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatRequest)

@@ -28,6 +28,7 @@ from litestar import Response
 from litestar.response import Stream
 
 from pcp_core.delivery import AnswerGate
+from pcp_core.directives import parse_directives
 from pcp_core.engine import DIRECTIVE_TOOLS, NO_ANSWER, CallRouter, CallWorker, Effect, Outcome, RoundContext, Similarity, WorkerReply, calls_client_tool, run_rounds
 from pcp_core.index import PageIndex
 from pcp_core.pages import Turn, iso_timestamp, short_hash
@@ -129,6 +130,7 @@ class ProtocolRequest:
             self.query_turn = Turn(index=len(self.history), role=str(self.asked.get("role", "user")), text=self.query, timestamp=iso_timestamp(time.time()))
             self.query = handle_line(block_handle(self.query_turn), services.tokenizer.count(self.query), self.query, scanning)
         self.client_tools = list(body.get("tools") or [])
+        self.choices = body.get("n") or 1  # answers the client asked for (checked when the body was read)
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
 
     def response_headers(self, rounds: int) -> dict[str, str]:
@@ -223,6 +225,8 @@ class ProtocolRequest:
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        elif self.choices > 1:
+            body["n"] = self.choices  # choice 0 leads the rounds; the others answer with it (``_answers``)
         return json.dumps(body).encode()
 
     async def open_worker(self, call: CallWorker) -> httpx.Response:
@@ -298,13 +302,18 @@ class ProtocolRequest:
 
     # -- non-streaming ----------------------------------------------------------------
     async def complete(self) -> Response[Any]:
+        data, outcome = await self._completed()
+        return Response(json.dumps(self._final(data, outcome)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds))
+
+    async def _completed(self) -> tuple[dict[str, Any], Outcome]:
+        """The rounds, none of them streamed: the last completion and how the loop ended."""
         loop = self.rounds(await self.page())
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
             data = await self._call(step)
             message = data["choices"][0]["message"]
             step = await self.advance(loop, WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or []))
-        return self._final_response(data, step)
+        return data, step
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
@@ -312,17 +321,20 @@ class ProtocolRequest:
         self.usage.add(data.get("usage"))
         return data
 
-    def _final_response(self, data: dict[str, Any], outcome: Outcome) -> Response[Any]:
+    def _final(self, data: dict[str, Any], outcome: Outcome) -> dict[str, Any]:
+        """The completion the client gets: the answer (with ``n``, one per choice), the usage of every call."""
         if outcome.kind == "answer":
-            choice = data["choices"][0]
-            choice["message"] = {"role": "assistant", "content": outcome.text}
-            choice["finish_reason"] = choice.get("finish_reason") if choice.get("finish_reason") != "tool_calls" else "stop"
-            data["choices"] = [choice]
+            first, *others = data["choices"]
+            texts = [outcome.text, *(_spoken(choice) for choice in others[: self.choices - 1])]
+            data["choices"] = [_answer(choice, i, text) for i, (choice, text) in enumerate(zip([first, *others], texts))]
         data["usage"] = msgspec.to_builtins(self.usage)
-        return Response(json.dumps(data).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds))
+        return data
 
     # -- streaming --------------------------------------------------------------------
     async def stream(self) -> Response[Any]:
+        if self.choices > 1:  # several answers are not relayed as they come: they arrive whole, as events
+            data, outcome = await self._completed()
+            return Stream(self._events(self._final(data, outcome)), media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
         loop = self.rounds(await self.page())
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
@@ -334,6 +346,20 @@ class ProtocolRequest:
         # A call of the client's own tools goes back as the upstream sent it.
         body = round_.replay() if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
+
+    async def _events(self, data: dict[str, Any]) -> AsyncIterator[bytes]:
+        """A whole completion as the stream of chunks that would have carried it."""
+        meta = {"id": data.get("id", ""), "object": "chat.completion.chunk", "created": data.get("created", int(time.time())), "model": data.get("model", "")}
+        for choice in data["choices"]:
+            message = choice["message"]
+            delta = {"role": "assistant", "content": message.get("content")}
+            if message.get("tool_calls"):
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+            for part, finish in ((delta, None), ({}, choice.get("finish_reason") or "stop")):
+                yield _event({**meta, "choices": [{"index": choice["index"], "delta": part, "finish_reason": finish}]})
+        if (self.body.get("stream_options") or {}).get("include_usage"):
+            yield _event({**meta, "choices": [], "usage": data["usage"]})
+        yield b"data: [DONE]\n\n"
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
         """The answer as SSE: ``first``, then (with ``loop``) the rest of the round as it comes."""
@@ -426,7 +452,21 @@ class StreamedRound:
         return self.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
     def event(self, payload: dict[str, Any]) -> bytes:
-        return b"data: " + json.dumps({**self.meta, "object": "chat.completion.chunk", **payload}).encode() + b"\n\n"
+        return _event({**self.meta, "object": "chat.completion.chunk", **payload})
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _spoken(choice: dict[str, Any]) -> str:
+    """What one more choice of the answering round says, its directives taken out."""
+    return parse_directives(choice["message"].get("content") or "")[0].strip() or NO_ANSWER
+
+
+def _answer(choice: dict[str, Any], index: int, text: str) -> dict[str, Any]:
+    finish = choice.get("finish_reason")
+    return {**choice, "index": index, "message": {"role": "assistant", "content": text}, "finish_reason": "stop" if finish in (None, "tool_calls") else finish}
 
 
 def _hold(session: Session, link: str, query: Turn, block: PBlock) -> None:

@@ -200,6 +200,7 @@ def test_slow_upstream_is_504(start_proxy, upstream):
         (b'{"model": "m", "messages": [], "tools": ["get_weather"]}', "tools.[0]", "object"),
         (b'{"model": "m", "messages": [], "tools": [{"type": "function", "function": {"name": ["a"]}}]}', "tools.[0].function.name", "str"),
         (b'{"model": "m", "messages": [], "stream": true, "stream_options": true}', "stream_options", "object"),
+        (b'{"model": "m", "messages": [], "n": 0}', "n", ">= 1"),
     ],
 )
 def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, fragment):

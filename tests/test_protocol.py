@@ -11,6 +11,7 @@ import httpx
 import pytest
 from lxml import etree
 
+from pcp_core.engine import NO_ANSWER
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.sentry import page_history, turns_from_messages
 from pcp_core.tokens import prompt_tokens
@@ -113,6 +114,33 @@ def test_the_answer_never_carries_directives(protocol_proxy, upstream):
     answer = protocol_proxy.client().chat.completions.create(model="m", messages=long_history())
     text = answer.choices[0].message.content
     assert "5521" in text and "Shelve" not in text and "Consult" not in text
+
+
+def choices(*texts: str) -> Reply:
+    """A completion with one choice per text, as an upstream answers ``n``."""
+    body = {"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "m", "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}
+    body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"} for i, text in enumerate(texts)]
+    return Reply(body=json.dumps(body).encode())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_answers_come_from_the_round_that_answers(protocol_proxy, upstream, stream):
+    """Choice 0 leads the rounds; with it, the other choices of the answering round are answers too, directives taken out."""
+    upstream.enqueue(
+        lambda r: choices(f'Consult("look", "{summary_ids(r)[0]}")', "A guess."),
+        choices("Your locker code is 5521.", 'It is 5521. Consult("more", "abc")', 'Shelve("r", "abc")'),
+    )
+    created = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), n=3, stream=stream, **({"stream_options": {"include_usage": True}} if stream else {}))
+    if stream:
+        chunks = list(created)
+        answers = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
+        usage = chunks[-1].usage
+    else:
+        answers, usage = [c.message.content for c in created.choices], created.usage
+    assert answers == ["Your locker code is 5521.", "It is 5521.", NO_ANSWER]
+    assert usage.total_tokens == 26  # both rounds
+    assert [r.json.get("n") for r in upstream.chat_requests("worker")] == [3, 3]
+    assert not any(r.json.get("stream") for r in upstream.chat_requests("worker"))
 
 
 def test_streaming_client_gets_only_the_final_round(protocol_proxy, upstream):

@@ -73,10 +73,10 @@ def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
 
 
 @EXAMPLES
-@given(messages=st.lists(message, max_size=5), long=st.booleans(), stream=st.booleans(), tools=tool | st.lists(tool, max_size=2), options=json_value, session=st.sampled_from([None, "s-1", "no spaces!"]))
-def test_any_request_gets_an_answer_or_an_error_in_the_envelope(upstream, proxy_url, messages, long, stream, tools, options, session):
-    upstream.default = lambda recorded: completion('Consult("x", "nowhere") and an answer')
-    body = {"model": "m", "messages": (FILLER if long else []) + messages, "stream": stream, "tools": tools, "stream_options": options}
+@given(messages=st.lists(message, max_size=5), long=st.booleans(), stream=st.booleans(), tools=tool | st.lists(tool, max_size=2), options=json_value, n=st.integers(-1, 3) | json_value, session=st.sampled_from([None, "s-1", "no spaces!"]))
+def test_any_request_gets_an_answer_or_an_error_in_the_envelope(upstream, proxy_url, messages, long, stream, tools, options, n, session):
+    upstream.default = lambda recorded: completion('Consult("x", "nowhere") and an answer', n=recorded.json.get("n") or 1)
+    body = {"model": "m", "messages": (FILLER if long else []) + messages, "stream": stream, "tools": tools, "stream_options": options, "n": n}
     response = post(proxy_url, body, **({"x-pcp-session": session} if session else {}))
     assert INTERNAL not in response.text
     if response.status_code >= 400:
@@ -111,8 +111,8 @@ malformed = st.sampled_from(
 
 
 @EXAMPLES
-@given(replies=st.lists(st.lists(directive, max_size=3) | answer | malformed, max_size=4), stream=st.booleans(), channel_tools=st.booleans())
-def test_any_upstream_answer_ends_in_an_answer_or_an_error_in_the_envelope(upstream, proxy_url, replies, stream, channel_tools):
+@given(replies=st.lists(st.lists(directive, max_size=3) | answer | malformed, max_size=4), stream=st.booleans(), channel_tools=st.booleans(), n=st.sampled_from([1, 2]))
+def test_any_upstream_answer_ends_in_an_answer_or_an_error_in_the_envelope(upstream, proxy_url, replies, stream, channel_tools, n):
     script = list(replies)
 
     def reply(recorded: Recorded) -> Reply:
@@ -123,7 +123,7 @@ def test_any_upstream_answer_ends_in_an_answer_or_an_error_in_the_envelope(upstr
 
     upstream.default = reply
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}] if channel_tools else None
-    response = post(proxy_url, {"model": "m", "messages": [*FILLER, {"role": "user", "content": "What about the river trip?"}], "stream": stream, "tools": tools})
+    response = post(proxy_url, {"model": "m", "messages": [*FILLER, {"role": "user", "content": "What about the river trip?"}], "stream": stream, "tools": tools, "n": n})
     assert INTERNAL not in response.text
     if response.status_code >= 400:
         assert "error" in response.json()
