@@ -226,7 +226,7 @@ class ProtocolRequest:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
         elif self.choices > 1:
-            body["n"] = self.choices  # choice 0 leads the rounds; the others answer with it (``_answers``)
+            body["n"] = self.choices  # choice 0 leads the rounds; the others answer with it (``_final``)
         return json.dumps(body).encode()
 
     async def open_worker(self, call: CallWorker) -> httpx.Response:
@@ -325,8 +325,8 @@ class ProtocolRequest:
         """The completion the client gets: the answer (with ``n``, one per choice), the usage of every call."""
         if outcome.kind == "answer":
             first, *others = data["choices"]
-            texts = [outcome.text, *(_spoken(choice) for choice in others[: self.choices - 1])]
-            data["choices"] = [_answer(choice, i, text) for i, (choice, text) in enumerate(zip([first, *others], texts))]
+            answers = [(first, outcome.text), *((choice, _spoken(choice)) for choice in others[: self.choices - 1])]
+            data["choices"] = [_answer(choice, i, text) for i, (choice, text) in enumerate(answers)]
         data["usage"] = msgspec.to_builtins(self.usage)
         return data
 
@@ -350,13 +350,13 @@ class ProtocolRequest:
     async def _events(self, data: dict[str, Any]) -> AsyncIterator[bytes]:
         """A whole completion as the stream of chunks that would have carried it."""
         meta = {"id": data.get("id", ""), "object": "chat.completion.chunk", "created": data.get("created", int(time.time())), "model": data.get("model", "")}
-        for choice in data["choices"]:
+        for n, choice in enumerate(data["choices"]):
             message = choice["message"]
             delta = {"role": "assistant", "content": message.get("content")}
             if message.get("tool_calls"):
                 delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
             for part, finish in ((delta, None), ({}, choice.get("finish_reason") or "stop")):
-                yield _event({**meta, "choices": [{"index": choice["index"], "delta": part, "finish_reason": finish}]})
+                yield _event({**meta, "choices": [{"index": choice.get("index", n), "delta": part, "finish_reason": finish}]})
         if (self.body.get("stream_options") or {}).get("include_usage"):
             yield _event({**meta, "choices": [], "usage": data["usage"]})
         yield b"data: [DONE]\n\n"
