@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -70,7 +71,19 @@ async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
 async def retrieve_model(request: Request[Any, Any, Any]) -> Response[Any]:
     services = _services(request)
     headers = services.upstream_headers(request.headers)
-    return await _forward(services, request, "GET", f"/models{request.path_params['model_id']}", None, headers, {"x-pcp-mode": "passthrough"})
+    return await _forward(services, request, "GET", f"/models/{_model_path(request.path_params['model_id'])}", None, headers, {"x-pcp-mode": "passthrough"})
+
+
+def _model_path(model_id: str) -> str:
+    """A model id ("gpt-4o", "org/model") as a path under /models, each segment quoted.
+
+    The id arrives decoded: "%2e%2e" is "..". Forwarded as it is, it would
+    climb out of /models to any upstream path, with the proxy's upstream key.
+    """
+    segments = model_id.strip("/").split("/")
+    if any(segment in ("", ".", "..") for segment in segments):
+        raise ProxyError.bad_request(f"invalid model id {model_id.strip('/')!r}", param="model")
+    return "/".join(quote(segment, safe=":@") for segment in segments)
 
 
 @get("/healthz")

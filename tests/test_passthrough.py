@@ -249,9 +249,18 @@ def test_streamed_upstream_error_keeps_its_status(proxy, upstream):
     assert "bad model" in str(caught.value)
 
 
-def test_retrieve_model_passes_through(proxy, upstream):
-    httpx.get(f"{proxy.url}/v1/models/fake-model")
-    assert upstream.requests[-1].path == "/v1/models/fake-model"
+@pytest.mark.parametrize("model", ["fake-model", "org/fake-model", "llama3:8b"])
+def test_retrieve_model_passes_through(proxy, upstream, model):
+    httpx.get(f"{proxy.url}/v1/models/{model}")
+    assert upstream.requests[-1].path == f"/v1/models/{model}"
+
+
+@pytest.mark.parametrize("path", ["%2e%2e/files", "..%2ffiles", "org/%2E%2E/%2E%2E/files", "a%2f%2e%2e%2f%2e%2e%2ffiles"])
+def test_a_model_id_cannot_climb_out_of_models(proxy, upstream, path):
+    """The id arrives decoded: forwarded as it was, ".." would reach any upstream path with the proxy's key."""
+    response = httpx.get(f"{proxy.url}/v1/models/{path}")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "model"
+    assert upstream.requests == []
 
 
 class ClosingUpstream:
