@@ -34,7 +34,7 @@ class ChatRequest(msgspec.Struct):
     # ``include_usage`` asks for the usage chunk of a stream, ``n`` for several answers.
     tools: list[Tool] | None = None
     stream_options: dict[str, Any] | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatRequest)
