@@ -137,6 +137,7 @@ def create_app(settings: Settings) -> Litestar:
         route_handlers=ROUTES,
         lifespan=[lifespan],
         exception_handlers=exception_handlers,
+        request_max_body_size=settings.max_body_mb * 2**20,
         state=State({"services": services}),
         openapi_config=None,
         logging_config=None,

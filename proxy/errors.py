@@ -67,7 +67,8 @@ _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_f
 def _on_http_exception(_: Request, exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return error_response(ProxyError(status, exc.detail, kind), headers=exc.headers)
+    detail = f"{exc.detail}: the body is larger than this proxy accepts (setting max_body_mb)" if status == 413 else exc.detail
+    return error_response(ProxyError(status, detail, kind), headers=exc.headers)
 
 
 def _on_unexpected(request: Request, exc: Exception) -> Response[bytes]:

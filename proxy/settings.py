@@ -36,6 +36,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str = "~/.local/share/pcp-proxy"
+    # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
+    # images inline as base64 take more.
+    max_body_mb: int = 64
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
     # Prompt tokens above which protocol mode engages.
@@ -68,6 +71,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
+        _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
 
     @property
     def data_path(self) -> Path:

@@ -213,6 +213,16 @@ def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, frag
     assert upstream.requests == []
 
 
+def test_a_body_over_the_limit_is_a_413_that_names_the_setting(start_proxy, upstream):
+    proxy = start_proxy(max_body_mb=1)
+    message = {"role": "user", "content": "x " * 300_000}  # 600 kB: within the limit
+    assert httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [message]}, timeout=30).status_code == 200
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [message, message]}, timeout=30)
+    assert response.status_code == 413
+    assert "max_body_mb" in _envelope(response)["message"]
+    assert len(upstream.requests) == 1
+
+
 def test_unknown_route_and_method_use_the_envelope(proxy):
     assert _envelope(httpx.get(f"{proxy.url}/v1/nope"))["type"] == "not_found_error"
     response = httpx.get(f"{proxy.url}/v1/chat/completions")
