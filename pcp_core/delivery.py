@@ -10,7 +10,7 @@ round nothing is held: directives are not accepted there anyway.
 
 from __future__ import annotations
 
-from .directives import DirectiveParser, Text
+from .directives import DirectiveParser, Markup, Text
 
 __all__ = ["AnswerGate"]
 
@@ -40,7 +40,7 @@ class AnswerGate:
         for event in events:
             if isinstance(event, Text):
                 (out if self.committed else self.held).append(event.text)
-            elif not self.committed:  # a directive, or a malformed one, before any commitment
+            elif not self.committed and not isinstance(event, Markup):  # a directive, or a malformed one, before any commitment
                 self.saw_directive = True
         if not self.committed and not self.saw_directive:
             held = "".join(self.held)

@@ -5,6 +5,9 @@
 arguments quoted (``"…"`` or ``'…'``, backslash escapes) or bare, positional
 or as ``name=value``. Everything else is text.
 
+A tag of the ``<PagedContext>`` document the worker echoes (``<Node id=…>``,
+``</Content>``) is ``Markup``: like a directive, it never reaches the client.
+
 ``DirectiveParser`` is fed chunks as they stream in (``feed``) and told when the
 reply ends (``flush``). It is a small character-level state machine: every
 character is looked at once, so parsing is linear, and the events are the same
@@ -27,6 +30,7 @@ __all__ = [
     "DirectiveParser",
     "Event",
     "Explore",
+    "Markup",
     "Shelve",
     "Text",
     "parse_directives",
@@ -64,19 +68,30 @@ class BusFault(msgspec.Struct, frozen=True, tag=True):
     reason: str  # what was wrong, addressed to the model
 
 
+class Markup(msgspec.Struct, frozen=True, tag=True):
+    """A tag of the PagedContext document (§9.2) echoed in a reply: protocol, not answer."""
+
+    raw: str
+
+
 Directive = Consult | Explore | Shelve
-Event = Text | Consult | Explore | Shelve | BusFault
+Event = Text | Consult | Explore | Shelve | BusFault | Markup
 
 _KINDS = {"Consult": Consult, "Explore": Explore, "Shelve": Shelve}
-_NAME_START = re.compile("[CES]")  # first letters of NAMES: the only places text can be held
+_NAME_START = re.compile("[CES<]")  # first letters of NAMES, and a tag's "<": the only places text can be held
 _PREFIXES = frozenset(name[:i] for name in NAMES for i in range(1, len(name) + 1))
+# The document's tags (pcp_core.synthesis), opening or closing: "<Node", "</Content".
+TAGS = ("PagedContext", "Static_Registry", "ST-Node", "System_Instructions", "Head", "Query", "Reasoning_Trace", "Step", "Background_Context", "Linear_Flow", "Node", "Content", "Summary")
+_TAG_NAMES = frozenset(opening + tag for tag in TAGS for opening in ("<", "</"))
+_TAG_PREFIXES = frozenset(name[:i] for name in _TAG_NAMES for i in range(1, len(name) + 1))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _GAP_CHARS = " \t"  # allowed between a name and "(": not newlines, so prose lines are not joined
 _ESCAPABLE = "\"'\\"
 Value = str | tuple[str, ...]  # an argument: text, or a [list] of texts
 
-# Parser states. Outside a directive: text, a possible name, a name waiting for "(".
-_TEXT, _NAME, _GAP = "text", "name", "gap"
+# Parser states. Outside a directive: text, a possible name, a name waiting for "(",
+# a possible tag, a tag read up to its ">".
+_TEXT, _NAME, _GAP, _TAG, _IN_TAG = "text", "name", "gap", "tag", "in_tag"
 # Inside "( … )": before a value, in a bare value, in a quote, after a backslash,
 # after a closed quote or list.
 _ARG, _BARE, _QUOTED, _ESCAPE, _AFTER = "arg", "bare", "quoted", "escape", "after"
@@ -109,8 +124,10 @@ class DirectiveParser:
 
     def flush(self) -> list[Event]:
         """The reply ended: release held text, fault an unfinished directive, start afresh."""
-        if self._state in (_NAME, _GAP):
+        if self._state in (_NAME, _GAP, _TAG):
             self._release_held()
+        elif self._state == _IN_TAG:  # a tag cut off by the end of the reply is still markup
+            self._end_tag()
         elif self._state != _TEXT:
             self._fault(self._unfinished_reason())
         self._before = ""
@@ -122,9 +139,9 @@ class DirectiveParser:
         """Emit plain text up to the next possible directive name; return where it stops."""
         for match in _NAME_START.finditer(chunk, i):
             at = match.start()
-            if not _is_word(chunk[at - 1] if at > i else self._before):
+            if chunk[at] == "<" or not _is_word(chunk[at - 1] if at > i else self._before):
                 self._emit_text(chunk[i:at])
-                self._state = _NAME
+                self._state = _TAG if chunk[at] == "<" else _NAME
                 return at
         self._emit_text(chunk[i:])
         return len(chunk)
@@ -135,6 +152,10 @@ class DirectiveParser:
             return self._step_name(ch)
         if self._state == _GAP:
             return self._step_gap(ch)
+        if self._state == _TAG:
+            return self._step_tag(ch)
+        if self._state == _IN_TAG:
+            return self._step_in_tag(ch)
         self._step_directive(ch)
         return True
 
@@ -159,6 +180,29 @@ class DirectiveParser:
             return True
         self._release_held()  # "Consultation", "Consult the page": prose
         return False
+
+    def _step_tag(self, ch: str) -> bool:
+        if self._held in _TAG_NAMES and (ch.isspace() or ch in "/>"):
+            self._state = _IN_TAG  # "<Node" and a space: the document's tag, whatever its attributes
+            return self._step_in_tag(ch)
+        if self._held + ch not in _TAG_PREFIXES:
+            self._release_held()  # "<b>", "a < b", "<Nodes>": text
+            return False
+        self._held += ch
+        return True
+
+    def _step_in_tag(self, ch: str) -> bool:
+        self._held += ch
+        if ch == ">":
+            self._end_tag()
+        elif len(self._held) >= self.max_chars:  # no ">" in sight: it was text after all
+            self._release_held()
+        return True
+
+    def _end_tag(self) -> None:
+        self._emit(Markup(self._held))
+        self._before = self._held[-1]
+        self._held, self._state = "", _TEXT
 
     def _release_held(self) -> None:
         self._emit_text(self._held)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pcp_core.delivery import AnswerGate
 from pcp_core.directives import (
+    Markup,
     MAX_DIRECTIVE_CHARS,
     BusFault,
     Consult,
@@ -35,6 +36,7 @@ REPLIES = [
     "Consult(see (page 3, maybe), c0ffee) Explore(r, h, [a, b) trailing",
     'Shelve(\'it\\\'s done\', "x\\\\y") Consult("open',
     "Explore\n(not a directive) Consult\t(tab, ok1) CONSULT(a, b) Exp",
+    '<Node id="a1" type="Original" view="Detail">\n<Content>The code is 5521.</Content>\n</Node> a < b, <b>bold</b>, <Nodes>, <Query',
 ]
 
 
@@ -296,6 +298,37 @@ def test_flush_resets_the_parser_for_the_next_reply():
     assert events_of(["Consult(r, a1)"], parser) == [Consult("r", "a1")]  # "x" no longer glues to the name
 
 
+# -- the document's tags ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("reply", "clean"),
+    [
+        ('<Node id="a1" type="Original" view="Detail">\n<Content>The code is 5521.</Content>\n</Node>', "\nThe code is 5521.\n"),
+        ("<Query>What is my code?</Query> It is 5521.", "What is my code? It is 5521."),
+        ('<ST-Node id="CURRENT_TIME" value="2026-01-01T00:00:00"/>Today.', "Today."),
+        ("<PagedContext version", ""),  # cut off by the end of the reply: still markup
+    ],
+)
+def test_the_documents_tags_echoed_in_a_reply_are_markup(reply, clean):
+    assert parse_directives(reply)[0] == clean
+    assert all(isinstance(e, Text | Markup) for e in events_of(list(reply)))
+    assert normalized(events_of(list(reply))) == normalized(events_of([reply]))
+
+
+@pytest.mark.parametrize("reply", ["a < b and b > c", "<b>bold</b>", "<Nodes> <Header> <Step1>", "<<Query", "x <Node"])
+def test_other_angle_brackets_are_text(reply):
+    """Only a whole tag name followed by a space, "/" or ">" is markup; a name the reply ends on is text."""
+    assert parse_directives(reply)[0] == reply
+    assert normalized(events_of(list(reply))) == [Text(reply)]
+
+
+def test_markup_does_not_count_as_a_directive_in_the_gate():
+    gate = AnswerGate(final=False, commit_chars=10)
+    released = gate.feed("<Content>") + gate.feed("The locker code is 5521.") + gate.close()
+    assert released == "The locker code is 5521." and not gate.saw_directive
+
+
 # -- chunking invariance -------------------------------------------------------------------
 
 
@@ -392,7 +425,7 @@ def test_generated_replies_round_trip_however_split(case, cuts):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    reply=st.lists(st.sampled_from([*"abC E S,()[]=\"'\\ \n\t", "Consult", "Explore", "Shelve", "id=", "keywords="]), max_size=40).map("".join),
+    reply=st.lists(st.sampled_from([*"abC E S,()[]=\"'\\ \n\t<>/", "Consult", "Explore", "Shelve", "id=", "keywords=", "<Node", "</Content", "Query"]), max_size=40).map("".join),
     cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=10),
 )
 def test_arbitrary_text_parses_the_same_however_split(reply, cuts):
@@ -400,8 +433,8 @@ def test_arbitrary_text_parses_the_same_however_split(reply, cuts):
     whole = normalized(events_of([reply], parser))
     assert normalized(events_of(split_at(reply, cuts), DirectiveParser(max_chars=30))) == whole
     assert normalized(events_of(list(reply), DirectiveParser(max_chars=30))) == whole
-    # Every character is either text or part of exactly one directive or fault, in order.
-    rebuilt = "".join(e.text if isinstance(e, Text) else e.raw if isinstance(e, BusFault) else "" for e in whole)
+    # Every character is either text or part of exactly one directive, fault or tag, in order.
+    rebuilt = "".join(e.text if isinstance(e, Text) else e.raw if isinstance(e, BusFault | Markup) else "" for e in whole)
     if not any(isinstance(e, Consult | Explore | Shelve) for e in whole):
         assert rebuilt == reply
 

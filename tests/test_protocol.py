@@ -143,6 +143,15 @@ def test_n_answers_come_from_the_round_that_answers(protocol_proxy, upstream, st
     assert not any(r.json.get("stream") for r in upstream.chat_requests("worker"))
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_documents_tags_a_worker_echoes_never_reach_the_client(protocol_proxy, upstream, stream):
+    echo = '<Node id="a1b2c3d4" type="Original" view="Detail">\n<Content>[user] Turn 40: my locker code at the gym is 5521.</Content>\n</Node>\nYour code is 5521.'
+    upstream.enqueue(stream_reply(["<No", echo[3:40], echo[40:]]) if stream else completion(echo))
+    created = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), stream=stream)
+    text = "".join(c.choices[0].delta.content or "" for c in created if c.choices) if stream else created.choices[0].message.content
+    assert "5521" in text and "<" not in text and ">" not in text
+
+
 def test_streaming_client_gets_only_the_final_round(protocol_proxy, upstream):
     upstream.enqueue(
         lambda r: stream_reply([f'Consult("look", "{summary_ids(r)[0]}")']),
