@@ -33,6 +33,7 @@ The data is CC BY-NC and for evaluation only: it is read from ``--data``
 
     .venv/bin/python bench/recall.py [--budgets 2048 4096] [--limit N] [--skip-proxy]
                                      [--worker flow|background] [--dense-fill skip|stop]
+                                     [--router-url URL [--router-model NAME] [--router-key KEY]]
 """
 
 from __future__ import annotations
@@ -355,6 +356,24 @@ def load_worker(name: str) -> Callable[[Any], Any]:
     return {"flow": simulated_worker.simulated_worker, "background": simulated_worker.background_worker}[name]
 
 
+def with_router(worker: Callable[[Any], Any], url: str, key: str = "") -> Callable[[Any], Any]:
+    """``worker`` for the worker's calls; the proxy's router calls (``x-pcp-role: router``) go to a real model at ``url``."""
+    import httpx
+
+    from proxy.testing import Reply
+
+    client = httpx.Client(timeout=60)
+    headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+
+    def play(recorded: Any) -> Any:
+        if recorded.headers.get("x-pcp-role") != "router":
+            return worker(recorded)
+        response = client.post(f"{url.rstrip('/')}/chat/completions", content=recorded.body, headers=headers)
+        return Reply(status=response.status_code, body=response.content)
+
+    return play
+
+
 # -- report --------------------------------------------------------------------------
 
 
@@ -403,13 +422,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--embeddings", action="store_true", help="run the proxy with router_embeddings on (dense recall fused with BM25)")
     parser.add_argument("--dense-fill", choices=["stop", "skip"], default="skip", help="dense retrieval: when a turn does not fit, stop, or skip it and try the next (default)")
     parser.add_argument("--worker", choices=["flow", "background"], default="flow", help="simulated worker: Consult Linear_Flow nodes only (default), or folded Background_Context roots too")
+    parser.add_argument("--router-url", default="", help="an OpenAI-compatible base URL (…/v1) whose model picks among the best pages (PCP_ROUTER_MODEL); the worker stays simulated")
+    parser.add_argument("--router-model", default="router", help="the model name sent to --router-url")
+    parser.add_argument("--router-key", default="", help="a key for --router-url, if it wants one")
     return parser.parse_args(argv)
 
 
-def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str, embeddings: bool = False) -> tuple[list[Row], str]:
-    """The pcp-proxy rows (``PROXY_ROWS``) and a note; no rows if protocol mode is not available."""
+def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str, embeddings: bool = False, router: tuple[str, str, str] | None = None) -> tuple[list[Row], str]:
+    """The pcp-proxy rows (``PROXY_ROWS``) and a note; no rows if protocol mode is not available.
+
+    ``router``: (url, model, key) of a real model the proxy's router calls go to.
+    """
+    play, settings, label = load_worker(worker), {}, ""
+    if router is not None:
+        url, model, key = router
+        play, settings = with_router(play, url, key), {"router_model": model}
+        label = f"pcp-proxy ({'BM25 + dense' if embeddings else 'BM25'} + router {model})"
     try:
-        rows, stats = run_proxy(conversations, questions, budget, count, load_worker(worker), embeddings)
+        rows, stats = run_proxy(conversations, questions, budget, count, play, embeddings, label=label, **settings)
     except ProtocolModeMissing as exc:
         return [], f"protocol mode not available: no worker calls seen ({exc})"
     except ImportError as exc:  # the proxy is being built and may not import yet
@@ -433,7 +463,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = run_baselines(conversations, questions, rankings, budget, count, dense_skip=args.dense_fill == "skip")
         note = "proxy skipped (--skip-proxy)"
         if run_the_proxy:
-            more, note = proxy_rows(conversations, questions, budget, count, args.worker, args.embeddings)
+            router = (args.router_url, args.router_model, args.router_key) if args.router_url else None
+            more, note = proxy_rows(conversations, questions, budget, count, args.worker, args.embeddings, router)
             rows += more
             run_the_proxy = bool(more)
         print(markdown_table(budget, rows, args.categories))
