@@ -119,7 +119,7 @@ def create_app(settings: Settings) -> Litestar:
         if settings.consolidator == "llm":
             services.consolidator = ModelConsolidator(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
             services.consolidator.start()
-        log.info("pcp-proxy forwarding to %s", base_url)
+        log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
         try:
             yield
         finally:

@@ -88,7 +88,7 @@ def _model_path(model_id: str) -> str:
 
 @get("/healthz")
 async def healthz(request: Request[Any, Any, Any]) -> dict[str, str]:
-    return {"status": "ok", "upstream": _services(request).upstream.base_url}
+    return {"status": "ok", "upstream": _services(request).upstream.shown_url}
 
 
 async def _forward(

@@ -94,6 +94,9 @@ def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
 class Upstream:
     def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float):
         self.base_url = base_url.rstrip("/")
+        # How the upstream is named to clients (errors, /healthz): without credentials
+        # the URL may carry (https://user:key@host/v1, ?api-key=…).
+        self.shown_url = str(httpx.URL(self.base_url).copy_with(username=None, password=None, query=None))
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
@@ -116,9 +119,9 @@ class Upstream:
                 return await self.client.send(request, stream=True)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
                 if attempt:
-                    raise _as_proxy_error(exc, self.base_url) from None
+                    raise _as_proxy_error(exc, self.shown_url) from None
             except httpx.HTTPError as exc:
-                raise _as_proxy_error(exc, self.base_url) from None
+                raise _as_proxy_error(exc, self.shown_url) from None
         raise AssertionError("unreachable")
 
     async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> dict[str, Any]:
@@ -133,7 +136,7 @@ class Upstream:
         try:
             return b"".join([chunk async for chunk in response.aiter_raw()])
         except httpx.HTTPError as exc:
-            raise _as_proxy_error(exc, self.base_url) from None
+            raise _as_proxy_error(exc, self.shown_url) from None
         finally:
             await response.aclose()
 
@@ -156,7 +159,7 @@ class Upstream:
                     break
                 yield _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
         except httpx.HTTPError as exc:
-            raise _as_proxy_error(exc, self.base_url) from None
+            raise _as_proxy_error(exc, self.shown_url) from None
         finally:
             await response.aclose()
 

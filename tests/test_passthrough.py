@@ -178,6 +178,17 @@ def test_unreachable_upstream_is_502(start_proxy):
     assert error["code"] == "upstream_unreachable" and f"127.0.0.1:{port}" in error["message"]
 
 
+def test_credentials_in_the_upstream_url_are_never_shown_to_clients(start_proxy):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = start_proxy(upstream_base_url=f"http://user:s3cret@127.0.0.1:{port}/v1?api-key=k3y")
+    health = httpx.get(f"{dead.url}/healthz").json()
+    error = httpx.post(f"{dead.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES}).text
+    assert health["upstream"] == f"http://127.0.0.1:{port}/v1"
+    assert f"127.0.0.1:{port}" in error and "s3cret" not in error and "k3y" not in error
+
+
 def test_slow_upstream_is_504(start_proxy, upstream):
     proxy = start_proxy(upstream_read_timeout=0.3)
     upstream.enqueue(Reply(body=b"{}", delay=2.0))
