@@ -12,7 +12,8 @@ COPY proxy ./proxy
 COPY pcp_core ./pcp_core
 COPY config ./config
 # torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA.
-RUN pip install --no-cache-dir -c constraints.txt \
+# llama.cpp for named instruction sets, not the build machine's (see the Makefile).
+RUN CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install --no-cache-dir -c constraints.txt \
       --extra-index-url https://download.pytorch.org/whl/cpu '.[local,embeddings]'
 
 ENV PCP_HOST=0.0.0.0 \
