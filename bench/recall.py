@@ -224,11 +224,13 @@ class ProtocolModeMissing(Exception):
 def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, **more: Any) -> Iterator[tuple[Any, str]]:
     """A fake upstream played by ``worker``, and pcp-proxy in protocol mode in front of it (``more``: other settings)."""
     from proxy.app import create_app
+    from proxy.cli import tune_process
     from proxy.settings import Settings
     from proxy.testing import FakeUpstream, serve_in_thread
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
         settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings, **more)
+        tune_process(settings)  # as ``pcp-proxy serve`` does
         server = serve_in_thread(create_app(settings))
         try:
             yield fake, server.url

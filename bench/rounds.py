@@ -33,18 +33,21 @@ if str(REPO) not in sys.path:
 
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
-from pcp_core.engine import CallRouter, CallWorker, RoundContext, Similarity, WorkerReply, run_rounds  # noqa: E402
+from pcp_core.bm25 import Bm25Cache  # noqa: E402
+from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, run_rounds  # noqa: E402
+from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
 from proxy.testing import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every conversation
+CACHE = Bm25Cache()
 
 
 def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any) -> list[dict[str, Any]]:
     """The worker calls of one request, as bodies with their ``messages``."""
-    loop = run_rounds(RoundContext(query=question, current_time=NOW, budget=budget, max_rounds=4, dense=embedder is not None), index, count)
+    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=RoundPolicy(budget=budget, max_rounds=4), dense=embedder is not None), index, count, CACHE)
     calls: list[dict[str, Any]] = []
     reply: Any = None
     try:

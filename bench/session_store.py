@@ -47,7 +47,7 @@ def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, lis
     with tempfile.TemporaryDirectory() as directory:
         store = SessionStore(Path(directory))
         started = time.perf_counter()
-        store._write("ns", session, len(session.chain))  # noqa: SLF001 - the writer thread's own step, timed alone
+        store._write("ns", session, len(session.chain), None)  # noqa: SLF001 - the writer thread's own step, timed alone
         first = ms(started)
         written: dict[str, int] = {}
         cache_set = store.cache.set
@@ -63,7 +63,7 @@ def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, lis
             session = paged_session(messages, count, session)
             written.clear()
             started = time.perf_counter()
-            store._write("ns", session, 2)  # noqa: SLF001
+            store._write("ns", session, 2, None)  # noqa: SLF001
             times.append(ms(started))
         store.close()
         reopened = SessionStore(Path(directory))

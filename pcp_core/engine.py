@@ -26,85 +26,67 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Generator, Sequence
+from datetime import datetime
 from typing import Any, Literal
 
 import msgspec
 
-from .directives import BusFault, Consult, Directive, Explore, Shelve, parse_directives
+from .answers import NO_ANSWER
+from .bm25 import Bm25Cache
+from .directives import Consult, Directive, Explore, Shelve
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
+from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
 from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, precision_selection, router_prompt, unit_texts
-from .timeline import moment
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
+from .timeline import moment
 from .tokens import CountText
 from .views import ViewState
 
-__all__ = [
-    "DIRECTIVE_TOOLS",
-    "CallRouter",
-    "CallWorker",
-    "Effect",
-    "Outcome",
-    "RoundContext",
-    "Similarity",
-    "WorkerReply",
-    "calls_client_tool",
-    "run_rounds",
-]
+__all__ = ["CallRouter", "CallWorker", "Effect", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "run_rounds"]
 
-HOT_PAGES = 40  # pages the Router may make Hot; the budget decides how many show
-# The Router's best pages, which go before the roots' overview in round 0 and stay in
-# every round after: the worker answers from one prompt, whichever round it is.
-FOCUS = 4
-# Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
-# Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
-OVERVIEW_SHARE = 0.10
-INDEXED_PAGES = 6  # the next-ranked pages, shown by summary as Consult targets
-RECENT_PAGES = 2  # the latest Original pages, kept verbatim while they fit
-EXPLORE_HITS = 3
-DIFFUSION_PAGES = 3  # Original pages a Consult on a container brings in beside it
-NO_ANSWER = "I could not find that in our conversation."
+class RoundPolicy(msgspec.Struct, frozen=True):
+    """How a request's rounds run (§VI); built once from the settings."""
 
-# The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools.
-DIRECTIVE_TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": f"pcp_{name.lower()}",
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {p: {"type": "string"} for p in params},
-                "required": list(params),
-            },
-        },
-    }
-    for name, params, description in (
-        ("Consult", ("reason", "id"), "Open a page of the PagedContext one level: Summary to Detail, a Consolidated Detail to Unpacked."),
-        ("Shelve", ("reason", "id"), "Fold a page of the PagedContext you no longer need."),
-        ("Explore", ("reason", "handle", "keywords"), "Search the pages under a page id (or 'history') for comma-separated keywords."),
-    )
-]
-_TOOL_DIRECTIVES = {f"pcp_{cls.__name__.lower()}": cls for cls in (Consult, Shelve, Explore)}
+    budget: int = 4096  # most prompt tokens of one worker call
+    max_rounds: int = 4
+    channel: Literal["text", "tools"] = "text"  # how the worker's directives come: in its text, or as tool calls
+    router: bool = False  # the host's router model picks among the best-ranked pages (§VI.2)
+    hot_pages: int = 40  # pages the Router may make Hot; the budget decides how many show
+    # The Router's best pages, which go before the roots' overview in round 0 and stay in
+    # every round after: the worker answers from one prompt, whichever round it is.
+    focus: int = 4
+    # Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
+    # Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
+    overview_share: float = 0.10
+    indexed_pages: int = 6  # the next-ranked pages, shown by summary as Consult targets
+    recent_pages: int = 2  # the latest Original pages, kept verbatim while they fit
+    explore_hits: int = 3
+    diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
 
 
-class RoundContext(msgspec.Struct, kw_only=True):
+_DEFAULT = RoundPolicy()
+
+
+class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
+    """One request as the rounds see it."""
+
     query: str
     head: str = ""
     current_time: str
-    budget: int
-    max_rounds: int
-    channel: Literal["text", "tools"] = "text"
+    policy: RoundPolicy = RoundPolicy()
     client_tools: list[dict[str, Any]] = []
-    # Tokens of tool definitions sent with each worker call (the host counts them).
+    # Tokens of tool definitions sent with each worker call.
     reserved_tokens: int = 0
     # Ask the host for embeddings and fuse dense recall with BM25.
     dense: bool = False
-    # Ask the host's router model to pick among the best-ranked pages (§VI.2).
-    router: bool = False
+
+    @property
+    def tools(self) -> list[dict[str, Any]]:
+        """The tools every worker call carries: the client's, and the directives' in the tools channel."""
+        return [*self.client_tools, *(DIRECTIVE_TOOLS if self.policy.channel == "tools" else [])]
 
 
 class Similarity(msgspec.Struct, frozen=True):
@@ -132,13 +114,6 @@ class CallWorker(msgspec.Struct, frozen=True):
     synthesis: Synthesis
 
 
-class WorkerReply(msgspec.Struct, frozen=True):
-    text: str
-    tool_calls: list[dict[str, Any]] = []
-    # The host already streamed this reply to the client as the answer.
-    delivered: bool = False
-
-
 class Outcome(msgspec.Struct, frozen=True):
     kind: Literal["answer", "client_tool_calls"]
     text: str
@@ -152,9 +127,30 @@ class Outcome(msgspec.Struct, frozen=True):
 Effect = Similarity | CallRouter | CallWorker
 
 
-def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Generator[Effect, Any, Outcome]:
-    views = ViewState(index)
-    leaves = list(index.leaves())  # the history's, and the Draft pages of its PBlocks
+def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
+    addressed = yield from _address(context, index, count, cache)
+    loop = _Loop(context, index, addressed, count, cache)
+    for round_no in range(context.policy.max_rounds):
+        reply = yield loop.call(round_no)
+        outcome = loop.outcome(reply, round_no)
+        if outcome is not None:
+            return outcome
+    raise AssertionError("unreachable: the last round always answers")
+
+
+class _Addressed(msgspec.Struct, frozen=True):
+    """What the Router made of the request before round 0: the intent, and the pages by it."""
+
+    intent: Intent
+    leaves: list[Page]  # the history's Original pages, and the Draft pages of its PBlocks
+    texts: list[str]  # their unit texts, which broad match scores
+    ranked: list[str]  # best first
+    now: datetime | None
+
+
+def _address(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None) -> Generator[Effect, Any, _Addressed]:
+    """Anchor the intent (head + tail) and rank the pages by it: BM25, dense recall when the host embeds, the router model's pick."""
+    leaves = list(index.leaves())
     said = [page for page in leaves if page.origin == Origin.HISTORY]
     now = moment(context.current_time)
     # A query that is a File block (``RoundContext.query``) is asked by what follows the file;
@@ -162,83 +158,104 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText) -> Gen
     before, asked = around_handle(context.query)
     intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, said[-1].summary if said else "", now)
     texts = unit_texts(leaves)
-    lexical = lexical_scores(intent, texts)  # before the dense reading: the host encodes the query meanwhile
+    lexical = lexical_scores(intent, texts, cache)  # before the dense reading: the host encodes the query meanwhile
     dense = None
     if context.dense and texts:
         cosines = yield Similarity(intent.text, dense_texts(texts))
         if cosines is not None:
             dense = dense_scores(cosines, len(texts))
     ranked = broad_match(intent, leaves, lexical, dense)
-
-    def explore(keywords: Sequence[str]) -> list[str]:
-        """The worker's own search: its keywords (and the times they name) addressed as a query is."""
-        wanted = anchor_intent("", ", ".join(keywords), now=now)
-        return broad_match(wanted, leaves, lexical_scores(wanted, texts))
-
-    if context.router and ranked:
+    if context.policy.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
-        reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.budget, count))
+        reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.policy.budget, count))
         if reply is not None:
             ranked = precision_selection(ranked, reply, candidates)
-    hot, indexed = ranked[:HOT_PAGES], ranked[HOT_PAGES : HOT_PAGES + INDEXED_PAGES]
-    overview = list(reversed(index.roots))
-    recent = [page.id for page in said[-RECENT_PAGES:]][::-1]
-    for page_id in hot + recent:
-        views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
-        index.activate(page_id, Activation.HOT)
-        index.touch(page_id)
-    standalone: set[str] = set()  # pages the last synthesis showed outside their container
-    consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
-    diffused: list[str] = []  # newest first: what reactive diffusion brought in beside them
-    read: set[str] = set()  # pages the worker has been shown in Detail
-    solid: dict[str, Page] = {}  # Draft pages solidified so far, by id
-    trace: list[Step] = []
-    faulted = False
-    tools = _tools(context)
+    return _Addressed(intent=intent, leaves=leaves, texts=texts, ranked=ranked, now=now)
 
-    for round_no in range(context.max_rounds):
-        final = faulted or round_no == context.max_rounds - 1
+
+class _Loop:
+    """The rounds' state: the views, what the worker asked for and read, the trace."""
+
+    def __init__(self, context: RoundContext, index: PageIndex, addressed: _Addressed, count: CountText, cache: Bm25Cache | None):
+        policy = context.policy
+        self.context, self.policy, self.index, self.addressed, self.count, self.cache = context, policy, index, addressed, count, cache
+        self.views = ViewState(index)
+        ranked = addressed.ranked
+        self.hot, self.indexed = ranked[: policy.hot_pages], ranked[policy.hot_pages : policy.hot_pages + policy.indexed_pages]
+        self.overview = list(reversed(index.roots))
+        said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
+        self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
+        for page_id in self.hot + self.recent:
+            self.views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
+            index.activate(page_id, Activation.HOT)
+            index.touch(page_id)
+        self.standalone: set[str] = set()  # pages the last synthesis showed outside their container
+        self.consulted: list[str] = []  # newest first: the worker's own choices come before the Router's
+        self.diffused: list[str] = []  # newest first: what reactive diffusion brought in beside them
+        self.read: set[str] = set()  # pages the worker has been shown in Detail
+        self.solid: dict[str, Page] = {}  # Draft pages solidified so far, by id
+        self.trace: list[Step] = []
+        self.faulted = False
+
+    def call(self, round_no: int) -> CallWorker:
+        """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
+        context, policy = self.context, self.policy
+        final = self.faulted or round_no == policy.max_rounds - 1
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,
             head=context.head,
-            trace=list(trace),
+            trace=list(self.trace),
             final=final,
-            budget=context.budget,
+            budget=policy.budget,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
-            priorities=_priorities(consulted, diffused, hot, read, overview, indexed, recent, final),
-            indexed=indexed,
+            priorities=_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
+            indexed=self.indexed,
             reserved_tokens=context.reserved_tokens,
-            overview_budget=int(OVERVIEW_SHARE * context.budget),
+            overview_budget=int(policy.overview_share * policy.budget),
         )
-        synthesis = synthesize(index, views.raised(), request, count)
-        standalone = set(synthesis.standalone)
-        read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
+        synthesis = synthesize(self.index, self.views.raised(), request, self.count)
+        self.standalone = set(synthesis.standalone)
+        self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
-        solid.update((page.id, page) for page in solidify(synthesis.shown, index))
-        reply = yield CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=tools, synthesis=synthesis)
+        self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
+        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis)
 
-        if calls_client_tool(reply.tool_calls, context.client_tools):
-            return Outcome("client_tool_calls", reply.text, round_no + 1, trace, intent, list(solid.values()))
-        text, directives, faults = _read(reply)
+    def outcome(self, reply: WorkerReply, round_no: int) -> Outcome | None:
+        """How the request ends with ``reply``; None when its directives were carried out and another round follows."""
+        done = round_no + 1
+        if calls_client_tool(reply.tool_calls, self.context.client_tools):
+            return Outcome("client_tool_calls", reply.text, done, self.trace, self.addressed.intent, list(self.solid.values()))
+        text, directives, faults = read_reply(reply)
+        final = self.faulted or round_no == self.policy.max_rounds - 1
         if reply.delivered or final or not (directives or faults):
-            return Outcome("answer", text.strip() or NO_ANSWER, round_no + 1, trace, intent, list(solid.values()))
-        for fault in faults:
-            trace.append(Step("BusFault", fault.raw[:120], fault.reason))
+            return Outcome("answer", text.strip() or NO_ANSWER, done, self.trace, self.addressed.intent, list(self.solid.values()))
+        self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
         for directive in directives:
-            step, asked = _apply(directive, views, index, explore, round_no, standalone)
-            trace.append(step)
-            faulted |= step.action == "BusFault"
-            consulted = _still_raised([*asked, *consulted], views)
-            diffused = _still_raised([*_diffuse(directive, ranked, index, views, round_no, read), *diffused], views)
+            self._carry_out(directive, round_no)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
-        faulted |= bool(faults)
-        views.settle(round_no)
-        index.tick()
-    raise AssertionError("unreachable: the last round always answers")
+        self.faulted |= bool(faults)
+        self.views.settle(round_no)
+        self.index.tick()
+        return None
+
+    def _carry_out(self, directive: Directive, round_no: int) -> None:
+        step, asked = _apply(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
+        self.trace.append(step)
+        self.faulted |= step.action == "BusFault"
+        views = self.views
+        self.consulted = _still_raised([*asked, *self.consulted], views)
+        diffused = _diffuse(directive, self.addressed.ranked, self.index, views, round_no, self.read, self.policy.diffusion_pages)
+        self.diffused = _still_raised([*diffused, *self.diffused], views)
+
+    def _explore(self, keywords: Sequence[str]) -> list[str]:
+        """The worker's own search: its keywords (and the times they name) addressed as a query is."""
+        addressed = self.addressed
+        wanted = anchor_intent("", ", ".join(keywords), now=addressed.now)
+        return broad_match(wanted, addressed.leaves, lexical_scores(wanted, addressed.texts, self.cache))
 
 
-def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str], final: bool = False) -> list[str]:
+def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str], final: bool = False, focus_pages: int = _DEFAULT.focus) -> list[str]:
     """What to show first. Round 0: the intent's focus, the overview (§7.2 Level 1), the rest.
 
     After a Consult: what the worker asked for and what diffusion found in
@@ -249,7 +266,7 @@ def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read:
     pages follow in its order. The worker answers from one prompt, and one
     that asks for more has not always read all it needs.
     """
-    focus, rest = hot[:FOCUS], hot[FOCUS:]
+    focus, rest = hot[:focus_pages], hot[focus_pages:]
     if not read:
         return [*consulted, *diffused, *focus, *overview, *rest, *indexed, *recent]
     fresh = [p for p in diffused if p not in read]
@@ -266,48 +283,7 @@ def _still_raised(page_ids: list[str], views: ViewState) -> list[str]:
     return [p for p in dict.fromkeys(page_ids) if views.view(p) != View.SUMMARY]
 
 
-def _tools(context: RoundContext) -> list[dict[str, Any]]:
-    directive_tools = DIRECTIVE_TOOLS if context.channel == "tools" else []
-    return [*context.client_tools, *directive_tools]
-
-
-def _tool_name(tool_or_call: dict[str, Any]) -> str | None:
-    function = tool_or_call.get("function")  # a client's tool of another type has none
-    return function.get("name") if isinstance(function, dict) else None
-
-
-def calls_client_tool(tool_calls: list[dict[str, Any]], client_tools: list[dict[str, Any]]) -> bool:
-    """Whether the worker called one of the client's own tools (which ends the loop)."""
-    names = {_tool_name(tool) for tool in client_tools}
-    return any(_tool_name(call) in names for call in tool_calls)
-
-
-def _read(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]]:
-    """Directives from the text and from native tool calls, and the text without them."""
-    text, directives, faults = parse_directives(reply.text)
-    for call in reply.tool_calls:
-        function = call.get("function") or {}
-        raw = f"{function.get('name')}({function.get('arguments', '')})"
-        kind = _TOOL_DIRECTIVES.get(function.get("name"))
-        if kind is None:  # neither a directive nor one of the client's tools
-            faults.append(BusFault(raw=raw, reason=f"there is no tool named {function.get('name')!r}"))
-            continue
-        try:
-            args = json.loads(function.get("arguments") or "{}")
-            if not isinstance(args, dict):
-                raise TypeError(f"expected an object, got {type(args).__name__}")
-            if kind is Explore and isinstance(args.get("keywords"), str):  # "a, b" as well as ["a", "b"]
-                args["keywords"] = args["keywords"].split(",")
-            directive = msgspec.convert(args, kind)
-            if isinstance(directive, Explore):
-                directive = msgspec.structs.replace(directive, keywords=tuple(k.strip() for k in directive.keywords if k.strip()))
-            directives.append(directive)
-        except (ValueError, TypeError, msgspec.ValidationError) as exc:
-            faults.append(BusFault(raw=raw, reason=f"{function.get('name')} arguments are not valid: {exc}"))
-    return text, directives, faults
-
-
-def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Callable[[Sequence[str]], list[str]], round_no: int, standalone: set[str]) -> tuple[Step, list[str]]:
+def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Callable[[Sequence[str]], list[str]], round_no: int, standalone: set[str], hits: int = _DEFAULT.explore_hits) -> tuple[Step, list[str]]:
     """Carry out one directive; returns its trace step and the pages it raised."""
     name = type(directive).__name__
     target = directive.handle if isinstance(directive, Explore) else directive.id
@@ -322,16 +298,16 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Ca
             index.activate(directive.id, Activation.SHELVED)
             return _step(name, target, directive.reason, changes), []
         scope = None if directive.handle in ("history", "") else _subtree(index, directive.handle)
-        hits = [p for p in explore(directive.keywords) if scope is None or p in scope][:EXPLORE_HITS]
-        for page_id in hits:
+        found = [p for p in explore(directive.keywords) if scope is None or p in scope][:hits]
+        for page_id in found:
             views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
             index.touch(page_id)
-        return Step(name, target, directive.reason, f"found {', '.join(hits) or 'nothing'}"), hits
+        return Step(name, target, directive.reason, f"found {', '.join(found) or 'nothing'}"), found
     except UnknownPage as missing:
         return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
 
 
-def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str]) -> list[str]:
+def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str], pages: int = _DEFAULT.diffusion_pages) -> list[str]:
     """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
 
     The Original pages under the consulted container that rank best for the
@@ -342,7 +318,7 @@ def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: V
     if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
         return []
     scope = _subtree(index, directive.id)
-    found = [p for p in ranked if p in scope and p not in read][:DIFFUSION_PAGES]
+    found = [p for p in ranked if p in scope and p not in read][:pages]
     for page_id in found:
         views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
         index.touch(page_id)

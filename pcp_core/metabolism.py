@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from .consolidator import TermStats, terms
+from .terms import TermStats, terms
 from .pages import Page, without_turn_markers
 
 __all__ = ["Metabolism", "assign_topics", "branches", "horizontal_merge", "signature"]

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import msgspec
 
-from .consolidator import TermStats, consolidate, extractive_summary, top_keywords
+from .summaries import consolidate, extractive_summary
+from .terms import TermStats, top_keywords
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
 from .timeline import time_in

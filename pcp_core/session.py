@@ -21,18 +21,21 @@ from typing import Any, Literal
 
 import msgspec
 
-from .pages import Turn
-from .sentry import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
+from .pages import Page, Turn, short_hash
+from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
+from .pblock import PBlock
 from .tokens import CountText
 from .timeline import stated_time
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "page_on", "resume", "transcript", "turns_to_page"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "resume", "solidified", "transcript", "turns_to_page"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
-class Session(msgspec.Struct, kw_only=True):
+class Session(msgspec.Struct, frozen=True, kw_only=True):
+    """A conversation the proxy keeps: a value, replaced (never changed) as the conversation goes on."""
+
     id: str
     chain: list[str] = []  # chain[i] names messages 0..i of the conversation
     seen_at: list[str] = []  # when the proxy first saw message i: its turn's timestamp
@@ -120,21 +123,45 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates)
 
 
-def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy()) -> PagedHistory:
-    """The pages of ``messages``, paged on from the ``reused`` messages ``session`` holds (its pages are kept as they are)."""
-    return page_history(turns_to_page(session, messages, reused), count, policy, session.pages, reused)
+def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy()) -> Session:
+    """``session`` with the pages of ``messages``, paged on from the ``reused`` messages it holds (its pages are kept as they are)."""
+    turns, dates = turns_to_page(session, messages, reused)
+    pages = page_history(turns, count, policy, session.pages, reused)
+    return msgspec.structs.replace(session, pages=pages, dates=dates)
 
 
-def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reused: int) -> list[Turn]:
-    """The turns of ``messages`` that paging reads again: from where the last kept page starts.
-
-    Records the dates the new turns state in ``session.dates``.
-    """
+def turns_to_page(session: Session, messages: Sequence[Mapping[str, Any]], reused: int) -> tuple[list[Turn], dict[int, str]]:
+    """The turns of ``messages`` that paging reads again (from where the last kept page starts), and the dates the messages state."""
     start = reopened_from(session.pages, reused)
     # Dates not known (an older session): read from the first message, once, to learn them.
     known, read = (session.dates, start) if session.dates is not None else ({}, 0)
     before = [i for i in known if i < read]
     turns = turns_from_messages(messages[read:], session.seen_at[read:], read, known[max(before)] if before else None)
-    session.dates = {i: time for i, time in known.items() if i < read}
-    session.dates.update((turn.index, time) for turn in turns if (time := stated_time(turn.text)))
-    return [turn for turn in turns if turn.index >= start]
+    dates = {i: time for i, time in known.items() if i < read}
+    dates.update((turn.index, time) for turn in turns if (time := stated_time(turn.text)))
+    return [turn for turn in turns if turn.index >= start], dates
+
+
+def hold(session: Session, link: str, query: Turn, block: PBlock) -> Session:
+    """``session`` with the query, a File block, as its next message, scanned.
+
+    The follow-up sends that message back as history: it finds the block
+    there and does not scan it again, and keeps what this answer read
+    (solidified), even when the file was the conversation's first message.
+    """
+    pages = msgspec.structs.replace(session.pages, blocks=[*session.pages.blocks, block])
+    return msgspec.structs.replace(session, chain=[*session.chain, link], seen_at=[*session.seen_at, query.timestamp], pages=pages)
+
+
+def solidified(session: Session, pages: Sequence[Page]) -> Session:
+    """``session`` keeping the formal pages its drafts were solidified into (§VI.5); the same session if it holds them all."""
+    known = {page.id for page in session.pages.storage}
+    new = [page for page in pages if page.id not in known]
+    if not new:
+        return session
+    return msgspec.structs.replace(session, pages=msgspec.structs.replace(session.pages, storage=[*session.pages.storage, *new]))
+
+
+def new_session_id(namespace: str, chain: Sequence[str], nonce: int) -> str:
+    """The id of a session a request starts (``nonce``: the time in ns, say): ids never repeat, even for one conversation."""
+    return "s-" + short_hash(namespace, *chain[:1], str(nonce), length=16)

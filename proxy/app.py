@@ -3,34 +3,52 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import hmac
 import logging
+import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from litestar import Litestar
+import httpx
+from litestar import Litestar, Request, Response
 from litestar.datastructures import State
+from litestar.exceptions import HTTPException
 
-from pcp_core.sentry import PagingPolicy, Sentry
+from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 
-from .consolidator import ModelConsolidator
 from .embeddings import Embedder, embeddings_available
-from .errors import ProxyError, exception_handlers
+from .errors import ClientError, PcpError, ProxyFault
 from .local_model import LocalModel
 from .metrics import Metrics
 from .routes import ROUTES
 from .sessions import SessionStore
 from .settings import Settings
+from .summariser import Summariser
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
 
-__all__ = ["Services", "create_app"]
+__all__ = ["DenseRecall", "Services", "create_app", "policy_of"]
 
 log = logging.getLogger("pcp.proxy")
 
-YOUNG_GENERATION = 20_000  # see _collect_less_often
+
+class DenseRecall(Protocol):
+    """What the rounds ask of an embedder (``proxy.embeddings.Embedder``, or a stand-in in tests)."""
+
+    def prefetch(self, text: str) -> None: ...
+    async def similarities_when_ready(self, query: str, texts: list[str]) -> Any: ...
+    def serving(self) -> Any: ...
+    def load(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def policy_of(settings: Settings) -> Policy:
+    """The protocol's rules, as the settings tune them."""
+    blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
+    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model))
+    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
 
 
 @dataclass
@@ -39,16 +57,14 @@ class Services:
 
     settings: Settings
     tokenizer: Tokenizer
+    policy: Policy
     upstream: Upstream = field(init=False)
-    local_model: LocalModel | None = None
-    embedder: Embedder | None = None
-    sentry: Sentry = field(init=False)
     sessions: SessionStore = field(init=False)
+    bm25: Bm25Cache = field(default_factory=Bm25Cache)
+    local_model: LocalModel | None = None
+    embedder: DenseRecall | None = None
     metrics: Metrics = field(default_factory=Metrics)
-    consolidator: ModelConsolidator | None = None
-
-    def __post_init__(self) -> None:
-        self.sentry = Sentry(threshold=self.settings.sentry_threshold)
+    summariser: Summariser | None = None
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
@@ -65,35 +81,15 @@ class Services:
         scheme, _, key = authorization.partition(" ")
         presented = key.strip().encode() if scheme.lower() == "bearer" else b""
         if not presented:
-            raise ProxyError(401, "this proxy requires an API key: send 'Authorization: Bearer <key>'", "invalid_request_error", code="missing_api_key")
+            raise ClientError("this proxy requires an API key: send 'Authorization: Bearer <key>'", status=401, code="missing_api_key")
         if not any(hmac.compare_digest(presented, k.encode()) for k in self.settings.api_keys):
-            raise ProxyError(401, "the API key presented is not valid for this proxy", "invalid_request_error", code="invalid_api_key")
+            raise ClientError("the API key presented is not valid for this proxy", status=401, code="invalid_api_key")
 
 
-def _freeze_imports() -> None:
-    """Leave what the imports made out of every later garbage collection.
-
-    torch and sentence-transformers bring ~400,000 objects the collector
-    tracks; a full collection walked them all (~270 ms at a request's
-    expense, now and then). They live as long as the process, so the
-    collector gains nothing from looking at them again.
-    """
-    gc.freeze()
-
-
-def _collect_less_often() -> None:
-    """Collect the young generation once 20,000 more objects live than at the last collection, not 700.
-
-    A follow-up on a long history makes and drops tens of thousands of
-    objects, which reference counting frees; at 700 the collector ran ~8
-    times a request (~1.8 ms at 200k tokens) and found nothing to collect.
-    """
-    gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
-
-
-def create_app(settings: Settings) -> Litestar:
-    services = Services(settings=settings, tokenizer=Tokenizer(settings.tokenizer))
-    _collect_less_often()
+def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> Litestar:
+    """The proxy. ``transport`` carries its upstream calls (httpx's own by default);
+    ``embedder`` stands in for the one ``router_embeddings`` would load."""
+    services = Services(settings=settings, tokenizer=Tokenizer(settings.tokenizer), policy=policy_of(settings))
 
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
@@ -102,43 +98,78 @@ def create_app(settings: Settings) -> Litestar:
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
         services.sessions = SessionStore(settings.data_path / "sessions")
-        services.upstream = Upstream(
-            base_url,
-            connect_timeout=settings.upstream_connect_timeout,
-            read_timeout=settings.upstream_read_timeout,
-        )
-        if settings.router_embeddings and embeddings_available():
-            services.embedder = Embedder(settings.data_path / "embeddings", on_encoded=lambda state, n: services.metrics.inc("pcp_texts_embedded_total", n, state=state))
-            # Loading takes seconds; passthrough traffic need not wait for it.
-            loading = asyncio.get_running_loop().run_in_executor(None, services.embedder.load)
-            loading.add_done_callback(lambda _: _freeze_imports())
-        else:
-            _freeze_imports()
-            if settings.router_embeddings:
-                log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
+        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
+        loading = _start_embedder(services, embedder)
         if settings.consolidator == "llm":
-            services.consolidator = ModelConsolidator(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
-            services.consolidator.start()
+            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
+            services.summariser.start()
         log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
         try:
             yield
         finally:
-            if services.embedder is not None:
-                await loading
-                await asyncio.to_thread(services.embedder.close)
-            if services.consolidator is not None:
-                await services.consolidator.stop()
-            await services.upstream.aclose()
-            await asyncio.to_thread(services.sessions.close)
-            if services.local_model is not None:
-                await services.local_model.stop()
+            await _stop(services, loading)
 
     return Litestar(
         route_handlers=ROUTES,
         lifespan=[lifespan],
-        exception_handlers=exception_handlers,
+        exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
         state=State({"services": services}),
         openapi_config=None,
         logging_config=None,
     )
+
+
+def _start_embedder(services: Services, embedder: DenseRecall | None) -> asyncio.Future[None] | None:
+    """The embedder, loading in a thread: loading takes seconds, and passthrough traffic need not wait for it."""
+    settings = services.settings
+    if embedder is None and settings.router_embeddings:
+        if not embeddings_available():
+            log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
+            return None
+        on_encoded = lambda state, n: services.metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
+        embedder = Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
+    services.embedder = embedder
+    return asyncio.get_running_loop().run_in_executor(None, embedder.load) if embedder is not None else None
+
+
+async def _stop(services: Services, loading: asyncio.Future[None] | None) -> None:
+    if loading is not None:
+        await loading
+    if services.embedder is not None:
+        await asyncio.to_thread(services.embedder.close)
+    if services.summariser is not None:
+        await services.summariser.stop()
+    await services.upstream.aclose()
+    await asyncio.to_thread(services.sessions.close)
+    if services.local_model is not None:
+        await services.local_model.stop()
+
+
+# -- errors as responses ---------------------------------------------------------------
+
+_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def error_response(error: PcpError, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(content=error.envelope(), status_code=error.status, media_type=error.media_type, headers=headers)
+
+
+def _on_pcp_error(_: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
+    return error_response(exc)
+
+
+def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    detail = f"{exc.detail}: the body is larger than this proxy accepts (setting max_body_mb)" if status == 413 else exc.detail
+    return error_response(PcpError(detail, status=status, type=kind), headers=exc.headers)
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    # The traceback goes to the log, never to the client.
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return error_response(ProxyFault(f"internal proxy error ({type(exc).__name__}); see the proxy log"))
+
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {PcpError: _on_pcp_error, HTTPException: _on_http_exception, Exception: _on_unexpected}

@@ -1,17 +1,16 @@
-"""Every error the proxy returns uses the OpenAI envelope:
-``{"error": {"message", "type", "param", "code"}}``."""
+"""What can go wrong, said by who failed: the client, the upstream, or the proxy itself.
+
+Every error the proxy returns uses the OpenAI envelope
+``{"error": {"message", "type", "param", "code"}}``; an upstream's own error
+body is passed on as it came. The web framework turns these into responses
+(``proxy.app``); nothing here knows it.
+"""
 
 from __future__ import annotations
 
-import logging
-
 import msgspec
-from litestar import Request, Response
-from litestar.exceptions import HTTPException
 
-__all__ = ["ProxyError", "error_response", "exception_handlers"]
-
-log = logging.getLogger("pcp.proxy")
+__all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError"]
 
 
 class ErrorBody(msgspec.Struct):
@@ -25,60 +24,59 @@ class Envelope(msgspec.Struct):
     error: ErrorBody
 
 
-class ProxyError(Exception):
-    """An error meant for the client, with the status and envelope fields to send.
-
-    ``raw`` carries an upstream error body to pass through exactly as it came.
-    """
-
-    def __init__(self, status: int, message: str, type: str, *, param: str | None = None, code: str | None = None, raw: bytes | None = None, media_type: str = "application/json"):
-        super().__init__(message)
-        self.status = status
-        self.body = ErrorBody(message=message, type=type, param=param, code=code)
-        self.raw = raw
-        self.media_type = media_type
-
-    @classmethod
-    def from_upstream(cls, status: int, body: bytes, media_type: str | None) -> ProxyError:
-        return cls(status, body.decode(errors="replace")[:500], "upstream_error", raw=body, media_type=media_type or "application/json")
-
-    def envelope(self) -> bytes:
-        return self.raw if self.raw is not None else _ENCODER.encode(Envelope(self.body))
-
-    @classmethod
-    def bad_request(cls, message: str, *, param: str | None = None, code: str | None = None) -> ProxyError:
-        return cls(400, message, "invalid_request_error", param=param, code=code)
-
-
 _ENCODER = msgspec.json.Encoder()
 
 
-def error_response(error: ProxyError, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(content=error.envelope(), status_code=error.status, media_type=error.media_type, headers=headers)
+class PcpError(Exception):
+    """An error meant for the client, with the status and envelope fields to send."""
+
+    status = 500
+    type = "server_error"
+
+    def __init__(self, message: str, *, status: int | None = None, type: str | None = None, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status = status or self.status
+        self.body = ErrorBody(message=message, type=type or self.type, param=param, code=code)
+        self.media_type = "application/json"
+
+    def envelope(self) -> bytes:
+        return _ENCODER.encode(Envelope(self.body))
 
 
-def _on_proxy_error(_: Request, exc: ProxyError) -> Response[bytes]:
-    return error_response(exc)
+class ClientError(PcpError):
+    """The request cannot be served as sent: a 4xx that says what to change."""
+
+    status = 400
+    type = "invalid_request_error"
 
 
-_HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+class UpstreamError(PcpError):
+    """The upstream failed, could not be reached or answered what cannot be read (502, 504),
+    or refused the request: then its own status and body go back as they came (``raw``)."""
+
+    status = 502
+    type = "upstream_error"
+
+    def __init__(self, message: str, *, raw: bytes | None = None, media_type: str | None = None, **fields: object):
+        super().__init__(message, **fields)  # type: ignore[arg-type]
+        self.raw = raw
+        self.media_type = media_type or "application/json"
+
+    @classmethod
+    def refused(cls, status: int, body: bytes, media_type: str | None) -> UpstreamError:
+        """The upstream's own error response, to pass on with its status."""
+        return cls(body.decode(errors="replace")[:500], status=status, raw=body, media_type=media_type)
+
+    def envelope(self) -> bytes:
+        return self.raw if self.raw is not None else super().envelope()
 
 
-def _on_http_exception(_: Request, exc: HTTPException) -> Response[bytes]:
-    status = exc.status_code
-    kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    detail = f"{exc.detail}: the body is larger than this proxy accepts (setting max_body_mb)" if status == 413 else exc.detail
-    return error_response(ProxyError(status, detail, kind), headers=exc.headers)
+class ProxyFault(PcpError):
+    """The proxy itself failed; the details go to its log, not to the client."""
 
 
-def _on_unexpected(request: Request, exc: Exception) -> Response[bytes]:
-    # The traceback goes to the log, never to the client.
-    log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(ProxyError(500, f"internal proxy error ({type(exc).__name__}); see the proxy log", "server_error"))
+class ClientClosed(PcpError):
+    """The client went away before the answer; nothing is sent, the status only marks the access log."""
 
-
-exception_handlers = {
-    ProxyError: _on_proxy_error,
-    HTTPException: _on_http_exception,
-    Exception: _on_unexpected,
-}
+    status = 499
+    type = "client_closed"

@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
 import msgspec
 from litestar import Request, Response, get, post
-from litestar.response import Stream
 
-from pcp_core.pages import short_hash
+from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens, short_hash
 
 from .chat import ChatRequest, parse_chat_request
-from .errors import ProxyError
-from .host import measure, pinned_session, run_protocol
-from .upstream import forwardable
+from .drive import serve_protocol
+from .errors import ClientError
+from .forward import forward, unless_client_leaves
 
 if TYPE_CHECKING:
     from .app import Services
 
 __all__ = ["ROUTES"]
-
-T = TypeVar("T")
-
-CLIENT_CLOSED = 499  # never delivered: the client is gone; it only marks the access log
 
 
 def _services(request: Request[Any, Any, Any]) -> Services:
@@ -40,18 +33,27 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await request.body()
     chat = parse_chat_request(body)
     namespace = short_hash(request.headers.get("authorization", "anonymous"))
-    measured = measure(services, chat.messages, namespace)
-    tokens = measured.tokens
-    if services.sentry.engaged(tokens) and chat.messages:
+    count = services.tokenizer.count
+    tokens = prompt_tokens(chat.messages, count)
+    if engaged(tokens, services.policy) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
-        work = run_protocol(services, _whole_body(body, chat), headers, namespace, measured, pinned_session(request.headers))
+        conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
+        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
-        response = await _unless_client_leaves(request, work)
+        response = await unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
         return response
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
-    return await _forward(services, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+
+
+def pinned_session(headers: Mapping[str, str]) -> str | None:
+    """The session the client names in ``x-pcp-session``, if it names one."""
+    pinned = headers.get("x-pcp-session")
+    if pinned is not None and not SESSION_ID.match(pinned):
+        raise ClientError("x-pcp-session must be 1 to 128 letters, digits or . _ : -", param="x-pcp-session", code="invalid_session")
+    return pinned
 
 
 def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
@@ -64,14 +66,14 @@ def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
 async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     services = _services(request)
     headers = services.upstream_headers(request.headers)
-    return await _forward(services, request, "GET", "/models", None, headers, {"x-pcp-mode": "passthrough"})
+    return await forward(services.upstream, request, "GET", "/models", None, headers, {"x-pcp-mode": "passthrough"})
 
 
 @get("/v1/models/{model_id:path}")
 async def retrieve_model(request: Request[Any, Any, Any]) -> Response[Any]:
     services = _services(request)
     headers = services.upstream_headers(request.headers)
-    return await _forward(services, request, "GET", f"/models/{_model_path(request.path_params['model_id'])}", None, headers, {"x-pcp-mode": "passthrough"})
+    return await forward(services.upstream, request, "GET", f"/models/{_model_path(request.path_params['model_id'])}", None, headers, {"x-pcp-mode": "passthrough"})
 
 
 def _model_path(model_id: str) -> str:
@@ -82,67 +84,13 @@ def _model_path(model_id: str) -> str:
     """
     segments = model_id.strip("/").split("/")
     if any(segment in ("", ".", "..") for segment in segments):
-        raise ProxyError.bad_request(f"invalid model id {model_id.strip('/')!r}", param="model")
+        raise ClientError(f"invalid model id {model_id.strip('/')!r}", param="model")
     return "/".join(quote(segment, safe=":@") for segment in segments)
 
 
 @get("/healthz")
 async def healthz(request: Request[Any, Any, Any]) -> dict[str, str]:
     return {"status": "ok", "upstream": _services(request).upstream.shown_url}
-
-
-async def _forward(
-    services: Services,
-    request: Request[Any, Any, Any],
-    method: str,
-    path: str,
-    body: bytes | None,
-    headers: dict[str, str],
-    pcp_headers: dict[str, str],
-    *,
-    stream: bool = False,
-) -> Response[Any]:
-    upstream = services.upstream
-    if stream:
-        response = await upstream.open(method, path, content=body, headers=headers)
-        # Litestar cancels the relay when the client disconnects; the relay's
-        # finally then closes the upstream stream, which cancels the generation.
-        return Stream(upstream.relay(response), **_relayed(response, pcp_headers))
-
-    async def exchange() -> tuple[httpx.Response, bytes]:
-        response = await upstream.open(method, path, content=body, headers=headers)
-        return response, await upstream.read(response)
-
-    response, content = await _unless_client_leaves(request, exchange())
-    return Response(content, **_relayed(response, pcp_headers))
-
-
-def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
-    headers = forwardable(response.headers)
-    media_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
-    headers.update(pcp_headers)
-    return {"status_code": response.status_code, "headers": headers, "media_type": media_type}
-
-
-async def _unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Await ``work``, cancelling it if the client disconnects first."""
-    handler = asyncio.current_task()
-    assert handler is not None
-    watcher = asyncio.ensure_future(_disconnected(request))
-    watcher.add_done_callback(lambda w: w.cancelled() or handler.cancel())
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if watcher.done() and not watcher.cancelled():
-            raise ProxyError(CLIENT_CLOSED, "client closed the connection", "client_closed") from None
-        raise
-    finally:
-        watcher.cancel()
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")

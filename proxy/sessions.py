@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -39,11 +38,9 @@ from pathlib import Path
 import diskcache
 import msgspec
 
-from pcp_core.pages import short_hash
-from pcp_core.sentry import PagedHistory
-from pcp_core.session import Session, begins_with, common_prefix
+from pcp_core import Conversation, PagedHistory, Resolution, Session, begins_with, chain_links, common_prefix, transcript
 
-__all__ = ["SessionStore", "Transcript"]
+__all__ = ["SessionStore"]
 
 log = logging.getLogger("pcp.sessions")
 
@@ -112,7 +109,7 @@ class SessionStore:
         # The transcript of a recent session's messages, with the last link of the
         # chain it was taken for: how a follow-up finds it without a chain of its own.
         # A session kept since under another chain (a concurrent request's) does not match it.
-        self.transcripts: dict[tuple[str, str], tuple[str, Transcript]] = {}
+        self.transcripts: dict[tuple[str, str], tuple[str, bytes]] = {}
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
@@ -120,7 +117,32 @@ class SessionStore:
         self.parts = _KnownParts(KNOWN_PARTS)
 
     # -- reading (blocking: call from a thread) -----------------------------------------
-    def load(self, namespace: str, session_id: str) -> Session | None:
+    def resolve(self, namespace: str, conversation: Conversation, pinned: str | None = None) -> Resolution:
+        """The session the request's chained messages continue: the pinned one, or the longest known prefix's.
+
+        A follow-up is found in memory by its history's transcript, and only
+        its new messages are linked; otherwise the whole chain is linked and
+        looked up, in memory and then on disk.
+        """
+        chained = conversation.chained
+        if pinned is None:
+            recent = self._continued(namespace, transcript(conversation.history))
+            if recent is not None:
+                n = len(recent.chain)
+                return Resolution(found=recent, reused=n, links=[*recent.chain, *chain_links(chained[n:], after=recent.chain[-1])])
+        links = chain_links(chained)
+        history = links[: len(conversation.history)]
+        if pinned is not None:
+            found = self._load(namespace, pinned)
+            return Resolution(found=found, reused=common_prefix(found.chain, history) if found else 0, links=links, pinned=pinned)
+        found, reused = self._find(namespace, history)
+        return Resolution(found=found, reused=reused, links=links)
+
+    def stored(self) -> list[tuple[str, str]]:
+        """(namespace, id) of every session on disk."""
+        return [(key[1], key[2]) for key in self.cache.iterkeys() if key[0] == "session"]
+
+    def _load(self, namespace: str, session_id: str) -> Session | None:
         with self.lock:
             session = self.recent.get((namespace, session_id))
         if session is not None:
@@ -133,7 +155,7 @@ class SessionStore:
         except (msgspec.DecodeError, msgspec.ValidationError):  # written by an incompatible version: page afresh
             return None
         if session is not None:
-            self.remember(namespace, session)
+            self._remember(namespace, session)
         return session
 
     def _assemble(self, namespace: str, record: _Record) -> Session | None:
@@ -155,14 +177,7 @@ class SessionStore:
             lists[name] = items
         return _with_lists(record.session, record.session.pages, lists)
 
-    def resolve(self, namespace: str, chain: list[str], pinned: str | None = None) -> tuple[Session | None, int]:
-        """The session a request continues (the pinned one, or the longest known prefix's), and how many of its messages it holds."""
-        if pinned is not None:
-            found = self.load(namespace, pinned)
-            return found, common_prefix(found.chain, chain) if found else 0
-        return self.find(namespace, chain)
-
-    def find(self, namespace: str, chain: list[str]) -> tuple[Session | None, int]:
+    def _find(self, namespace: str, chain: list[str]) -> tuple[Session | None, int]:
         """The session holding the longest prefix of ``chain``, and that prefix's length."""
         extended = self._extended(namespace, chain)
         if extended is not None:
@@ -174,7 +189,7 @@ class SessionStore:
             session_id = self.cache.get(("link", namespace, chain[i]))
             if session_id is None:
                 continue
-            session = self.load(namespace, session_id)
+            session = self._load(namespace, session_id)
             if session is not None and i < len(session.chain) and session.chain[i] == chain[i]:
                 return session, common_prefix(session.chain, chain)
         return None, 0
@@ -190,30 +205,31 @@ class SessionStore:
                 best = session
         return best
 
-    def continued(self, namespace: str, transcript: bytes) -> tuple[Session, Transcript] | None:
-        """The longest recent session whose messages ``transcript`` opens with, and its transcript: a follow-up, found without its chain."""
+    def _continued(self, namespace: str, said: bytes) -> Session | None:
+        """The longest recent session whose messages the transcript ``said`` opens with: a follow-up, found without its chain."""
         best = None
         with self.lock:
             candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].chain[-1:] == [last]]
         for session, known in candidates:
-            if (best is None or len(session.chain) > len(best[0].chain)) and begins_with(transcript, known.text):
-                best = (session, known)
+            if (best is None or len(session.chain) > len(best.chain)) and begins_with(said, known):
+                best = session
         return best
 
-    @staticmethod
-    def fresh_id(namespace: str, chain: list[str]) -> str:
-        return "s-" + short_hash(namespace, *chain[:1], str(time.time_ns()), length=16)
-
     # -- writing --------------------------------------------------------------------------
-    def save(self, namespace: str, session: Session, new_links: int) -> None:
-        """Keep ``session`` (its last ``new_links`` links are new); the disk write happens in the background."""
-        self.remember(namespace, session)
-        self.pending = self.writer.submit(self._write, namespace, session, new_links)
+    def save(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None = None) -> None:
+        """Keep ``session`` (its last ``new_links`` links are new); the disk write happens in the background.
 
-    def _write(self, namespace: str, session: Session, new_links: int) -> None:
+        ``linked``: the messages its chain links, by whose transcript a follow-up finds it.
+        """
+        self._remember(namespace, session)
+        self.pending = self.writer.submit(self._write, namespace, session, new_links, linked)
+
+    def _write(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None) -> None:
+        if linked is not None:
+            self._recognise(namespace, session, transcript(linked))
         try:
             n = len(session.chain)
-            pages = session.pages  # read once: a request may put new pages in its place meanwhile
+            pages = session.pages
             lists = _lists(session, pages)
             digests: dict[str, list[str]] = {}
             new: dict[PartKey, tuple[list[object], bytes, str]] = {}  # the parts that changed, by key
@@ -256,28 +272,21 @@ class SessionStore:
         self.writer.shutdown(wait=True)
         self.cache.close()
 
-    def remember(self, namespace: str, session: Session, transcript: Transcript | None = None) -> None:
-        """Keep ``session`` in memory, where the next request finds it before it reaches the disk.
-
-        ``transcript``: that of the messages its chain links.
-        """
+    def _remember(self, namespace: str, session: Session) -> None:
+        """Keep ``session`` in memory, where the next request finds it before it reaches the disk."""
         key = (namespace, session.id)
         with self.lock:
             self.recent[key] = session
             self.recent.move_to_end(key)
-            if transcript is not None and session.chain:
-                self.transcripts[key] = (session.chain[-1], transcript)
             while len(self.recent) > self.recent_size:
                 self.transcripts.pop(self.recent.popitem(last=False)[0], None)
 
-
-class Transcript(msgspec.Struct, frozen=True):
-    """The messages a session's chain links, as one canonical encoding
-    (``pcp_core.session.transcript``), and their prompt tokens: a follow-up
-    counts only the messages after them."""
-
-    text: bytes
-    tokens: int
+    def _recognise(self, namespace: str, session: Session, said: bytes) -> None:
+        """Let a follow-up find ``session`` by the transcript ``said`` of the messages its chain links."""
+        key = (namespace, session.id)
+        with self.lock:
+            if key in self.recent and session.chain:
+                self.transcripts[key] = (session.chain[-1], said)
 
 
 class _KnownParts:

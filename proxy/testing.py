@@ -256,8 +256,7 @@ def paged_session(messages: Sequence[dict[str, Any]], count: Callable[[str], int
     chain = chain_links(messages)
     reused = len(known.chain) if known else 0
     session = resume(known, reused, chain, "2026-11-23T08:00:00", session_id)
-    session.pages = page_on(session, messages, reused, count)
-    return session
+    return page_on(session, messages, reused, count)
 
 
 def main(argv: list[str] | None = None) -> None:

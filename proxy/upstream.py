@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import httpx
 import msgspec
 
-from .errors import ProxyError
+from .errors import UpstreamError
 
 __all__ = ["Upstream", "HOP_BY_HOP", "forwardable"]
 
@@ -83,7 +83,7 @@ def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, 
         data = json.loads(text)
         msgspec.convert(data, shape)
     except (ValueError, msgspec.ValidationError) as exc:
-        raise ProxyError(502, f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", "upstream_error", code=code) from None
+        raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
     return data
 
 
@@ -92,7 +92,9 @@ def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
 
 
 class Upstream:
-    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float):
+    """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in)."""
+
+    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float, transport: httpx.AsyncBaseTransport | None = None):
         self.base_url = base_url.rstrip("/")
         # How the upstream is named to clients (errors, /healthz): without credentials
         # the URL may carry (https://user:key@host/v1, ?api-key=…).
@@ -104,6 +106,7 @@ class Upstream:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
             # The proxy relays bytes as they came; it never decodes what it forwards.
             headers={"accept-encoding": "identity"},
+            transport=transport,
         )
 
     async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None) -> httpx.Response:
@@ -119,9 +122,9 @@ class Upstream:
                 return await self.client.send(request, stream=True)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
                 if attempt:
-                    raise _as_proxy_error(exc, self.shown_url) from None
+                    raise _as_upstream_error(exc, self.shown_url) from None
             except httpx.HTTPError as exc:
-                raise _as_proxy_error(exc, self.shown_url) from None
+                raise _as_upstream_error(exc, self.shown_url) from None
         raise AssertionError("unreachable")
 
     async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> dict[str, Any]:
@@ -129,14 +132,14 @@ class Upstream:
         response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout)
         body = await self.read(response)
         if response.status_code >= 400:
-            raise ProxyError.from_upstream(response.status_code, body, response.headers.get("content-type"))
+            raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
         return _checked(body, _Completion, "a chat completion", "upstream_bad_response")
 
     async def read(self, response: httpx.Response) -> bytes:
         try:
             return b"".join([chunk async for chunk in response.aiter_raw()])
         except httpx.HTTPError as exc:
-            raise _as_proxy_error(exc, self.shown_url) from None
+            raise _as_upstream_error(exc, self.shown_url) from None
         finally:
             await response.aclose()
 
@@ -159,7 +162,7 @@ class Upstream:
                     break
                 yield _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
         except httpx.HTTPError as exc:
-            raise _as_proxy_error(exc, self.shown_url) from None
+            raise _as_upstream_error(exc, self.shown_url) from None
         finally:
             await response.aclose()
 
@@ -167,7 +170,7 @@ class Upstream:
         await self.client.aclose()
 
 
-def _as_proxy_error(exc: httpx.HTTPError, base_url: str) -> ProxyError:
+def _as_upstream_error(exc: httpx.HTTPError, base_url: str) -> UpstreamError:
     if isinstance(exc, httpx.TimeoutException):
-        return ProxyError(504, f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", "upstream_timeout", code="upstream_timeout")
-    return ProxyError(502, f"the upstream at {base_url} could not be reached: {str(exc) or type(exc).__name__}", "upstream_error", code="upstream_unreachable")
+        return UpstreamError(f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", status=504, type="upstream_timeout", code="upstream_timeout")
+    return UpstreamError(f"the upstream at {base_url} could not be reached: {str(exc) or type(exc).__name__}", code="upstream_unreachable")

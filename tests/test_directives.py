@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.delivery import AnswerGate
+from pcp_core.answers import AnswerGate
 from pcp_core.directives import (
     Markup,
     MAX_DIRECTIVE_CHARS,

@@ -48,13 +48,20 @@ def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_mo
     embedder.close()
 
 
-def test_what_the_model_brings_is_left_out_of_garbage_collection(start_proxy):
+def test_serving_leaves_what_the_model_brings_out_of_garbage_collection():
     # torch's hundreds of thousands of objects made a full collection cost ~270 ms of a request.
+    from proxy.cli import YOUNG_GENERATION, tune_process
+    from proxy.settings import Settings
+
     gc.unfreeze()
-    start_proxy(router_embeddings=True)
-    _until(lambda: gc.get_freeze_count() > 0)  # loading takes a few seconds
-    assert "torch" in sys.modules
-    assert gc.get_freeze_count() > 100_000
+    threshold = gc.get_threshold()
+    try:
+        tune_process(Settings(router_embeddings=True))
+        assert "torch" in sys.modules and gc.get_freeze_count() > 100_000
+        assert gc.get_threshold()[0] == YOUNG_GENERATION
+        assert sys.modules["torch"].get_num_threads() == 1  # the other core is the requests'
+    finally:
+        gc.set_threshold(*threshold)
 
 
 def _states(events: list[tuple[str, int]], state: str) -> int:

@@ -9,9 +9,11 @@ import pytest
 from lxml import etree
 
 from pcp_core.directives import Consult
-from pcp_core.engine import DIFFUSION_PAGES, DIRECTIVE_TOOLS, NO_ANSWER, RoundContext, WorkerReply, _diffuse, _priorities, run_rounds
+from pcp_core.answers import NO_ANSWER
+from pcp_core.engine import RoundContext, RoundPolicy, _diffuse, _priorities, run_rounds
+from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
 from pcp_core.views import ViewState
-from pcp_core.sentry import retroactive_paging, turns_from_messages
+from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -30,9 +32,14 @@ def history():
     return messages
 
 
+DIFFUSION_PAGES = RoundPolicy().diffusion_pages
+
+
 def context(**overrides) -> RoundContext:
-    fields = {"query": "What is the name of Ingrid's greyhound?", "current_time": "2026-11-22T10:00:00", "budget": 2048, "max_rounds": 4, **overrides}
-    return RoundContext(**fields)
+    """A request's context; the RoundPolicy's fields among ``overrides`` go to its policy."""
+    policy = {"budget": 2048, "max_rounds": 4, **{k: overrides.pop(k) for k in list(overrides) if k in RoundPolicy.__struct_fields__}}
+    fields = {"query": "What is the name of Ingrid's greyhound?", "current_time": "2026-11-22T10:00:00", **overrides}
+    return RoundContext(**fields, policy=RoundPolicy(**policy))
 
 
 def drive(replies, ctx=None, messages=None):

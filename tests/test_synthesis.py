@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from pcp_core.pages import View
-from pcp_core.sentry import retroactive_paging, turns_from_messages
+from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.synthesis import Step, SynthesisRequest, synthesize
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState

@@ -6,7 +6,7 @@ from datetime import datetime
 
 import pytest
 
-from pcp_core.sentry import page_history, turns_from_messages
+from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.timeline import mentioned_periods, moment, opens_with_date, stated_time
 from proxy.tokenizer import Tokenizer
 

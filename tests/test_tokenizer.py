@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcp_core.pages import View
-from pcp_core.sentry import retroactive_paging, turns_from_messages
+from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.synthesis import SynthesisRequest, synthesize
 from pcp_core.views import ViewState
 from proxy.tokenizer import Tokenizer

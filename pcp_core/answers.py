@@ -1,4 +1,4 @@
-"""Which part of a streamed worker reply may reach the client, and when.
+"""What of a worker's reply reaches the client, and when.
 
 Any round may turn out to be the answer, and a streaming client should see it
 as it is generated — but never a directive. So a round's text is held until it
@@ -6,15 +6,24 @@ is clearly an answer: enough prose has arrived with no directive before it
 (``commit_chars``), or the reply ended without one. From then on text flows
 through at once, and directives that show up late are dropped. In the final
 round nothing is held: directives are not accepted there anyway.
+
+An answer that says nothing once its directives are taken out says so
+(``NO_ANSWER``): a client never gets an empty answer for a question.
 """
 
 from __future__ import annotations
 
-from .directives import DirectiveParser, Markup, Text
+from .directives import DirectiveParser, Markup, Text, parse_directives
 
-__all__ = ["AnswerGate"]
+__all__ = ["NO_ANSWER", "AnswerGate", "spoken"]
 
 COMMIT_CHARS = 80
+NO_ANSWER = "I could not find that in our conversation."
+
+
+def spoken(text: str) -> str:
+    """What a whole reply says to the client: its text without directives or markup, or ``NO_ANSWER``."""
+    return parse_directives(text)[0].strip() or NO_ANSWER
 
 
 class AnswerGate:
@@ -23,6 +32,7 @@ class AnswerGate:
         self.committed = final
         self.commit_chars = commit_chars
         self.saw_directive = False
+        self.spoke = False  # some text that is not blank was released
         self.held: list[str] = []
         self.raw: list[str] = []  # the reply as the worker wrote it, directives included
 
@@ -32,8 +42,9 @@ class AnswerGate:
         return self._take(self.parser.feed(chunk), end=False)
 
     def close(self) -> str:
-        """The reply is complete: release what a directive-free reply held back."""
-        return self._take(self.parser.flush(), end=True)
+        """The reply is complete: release what a directive-free reply held back (``NO_ANSWER`` if it said nothing)."""
+        out = self._take(self.parser.flush(), end=True)
+        return out if self.spoke or not self.committed else out + NO_ANSWER
 
     def _take(self, events: list, end: bool) -> str:
         out: list[str] = []
@@ -48,7 +59,9 @@ class AnswerGate:
                 self.committed = True
                 out.insert(0, held.lstrip())
                 self.held = []
-        return "".join(out)
+        released = "".join(out)
+        self.spoke = self.spoke or bool(released.strip())
+        return released
 
     @property
     def raw_text(self) -> str:

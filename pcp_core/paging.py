@@ -1,5 +1,6 @@
-"""The Sentry (§X): token pressure switches chat mode to protocol mode, and the
-history is collapsed retroactively into Original pages with Consolidated pages above.
+"""Retroactive paging (§X): a conversation's history collapsed into Original pages
+with a tree of Consolidated pages above them, incrementally: a follow-up pages
+only what its session does not hold.
 """
 
 from __future__ import annotations
@@ -11,22 +12,17 @@ from typing import Any
 
 import msgspec
 
-from .consolidator import TermStats, consolidate, extractive_summary, segment_turns, terms, top_keywords
+from .summaries import consolidate, extractive_summary
+from .terms import TermStats, terms, top_keywords
 from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
 from .pblock import PBlock, Scan, block_handle, handle_line, scan
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
 from .timeline import moment, opens_with_date, stated_time
-from .tokens import CountText, function_calls, split_words
+from .conversation import message_text
+from .tokens import CountText, split_words
 
-__all__ = ["PagedHistory", "PagingPolicy", "Sentry", "message_text", "page_history", "reopened_from", "retroactive_paging", "topic_groups", "turns_from_messages"]
-
-
-class Sentry(msgspec.Struct, frozen=True):
-    threshold: int
-
-    def engaged(self, prompt_tokens: int) -> bool:
-        return prompt_tokens > self.threshold
+__all__ = ["PagedHistory", "PagingPolicy", "page_history", "reopened_from", "retroactive_paging", "segment_turns", "topic_groups", "turns_from_messages"]
 
 
 class PagingPolicy(msgspec.Struct, frozen=True):
@@ -42,30 +38,6 @@ class PagingPolicy(msgspec.Struct, frozen=True):
     container_summary_chars: int = 160
     metabolism: Metabolism = Metabolism()
     blocks: Scan = Scan()  # messages too large for turns are File PBlocks
-
-
-def message_text(message: Mapping[str, Any]) -> str:
-    """The readable text of a chat message: content parts, tool calls and results."""
-    content = message.get("content")
-    if isinstance(content, list):
-        text = " ".join(filter(None, map(_part_text, content)))
-    else:
-        text = content if isinstance(content, str) else ""
-    for name, arguments in function_calls(message):
-        text += f"\n(calls {name or '?'}({arguments}))"
-    if message.get("name"):
-        text = f"{message['name']}: {text}"
-    return text
-
-
-def _part_text(part: Any) -> str:
-    """A content part's text; a part of another kind (an image, audio) by its type."""
-    if not isinstance(part, Mapping):
-        return "[part]"
-    if part.get("type", "text") != "text":
-        return f"[{part.get('type')}]"
-    text = part.get("text")
-    return text if isinstance(text, str) else ""
 
 
 def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0, stated: str | None = None) -> list[Turn]:
@@ -87,7 +59,7 @@ def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Se
     return turns
 
 
-class PagedHistory(msgspec.Struct, kw_only=True):
+class PagedHistory(msgspec.Struct, frozen=True, kw_only=True):
     """The pages of one conversation's history, kept between requests by its session."""
 
     leaves: list[OriginalPage] = []  # in time order, each at its final depth
@@ -107,6 +79,12 @@ class PagedHistory(msgspec.Struct, kw_only=True):
         """How many turns of the conversation these pages cover."""
         return self.leaves[-1].last_turn + 1 if self.leaves else 0
 
+    def with_summaries(self, summaries: Mapping[str, str]) -> PagedHistory:
+        """These pages with the summary of every page ``summaries`` has one for (by id): a model's, say."""
+        if not summaries or not any(p.id in summaries for p in (*self.leaves, *self.containers)):
+            return self
+        return msgspec.structs.replace(self, leaves=[_summarised(p, summaries) for p in self.leaves], containers=[_summarised(p, summaries) for p in self.containers])
+
     def index(self) -> PageIndex:
         index = PageIndex.of_tree([*self.leaves, *self.containers], self.topics)  # children before their container
         solid = {page.id: page for page in self.storage}
@@ -114,6 +92,11 @@ class PagedHistory(msgspec.Struct, kw_only=True):
             for page in block.drafts:
                 index.register(solid.get(page.id, page))
         return index
+
+
+def _summarised(page: Page, summaries: Mapping[str, str]) -> Any:
+    summary = summaries.get(page.id)
+    return page if summary is None or summary == page.summary else msgspec.structs.replace(page, summary=summary)
 
 
 def retroactive_paging(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy()) -> PageIndex:
@@ -144,11 +127,10 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     used = {leaf.id for leaf in kept}
     fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
     paged = _consolidate_levels([*kept, *fresh], df, policy, known, used, start)
-    paged.blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
+    kept_blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
     # Solidified pages go with their block, whose drafts' ids hash its message and place.
-    drafts = {page.id for block in paged.blocks for page in block.drafts}
-    paged.storage = [page for page in known.storage if page.id in drafts]
-    return paged
+    drafts = {page.id for block in kept_blocks for page in block.drafts}
+    return msgspec.structs.replace(paged, blocks=kept_blocks, storage=[page for page in known.storage if page.id in drafts])
 
 
 def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: Sequence[PBlock]) -> tuple[list[PBlock], list[Turn]]:
@@ -380,3 +362,22 @@ def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingP
         first_turn=first.index,
         last_turn=last.index,
     )
+
+
+# -- segmentation ----------------------------------------------------------------
+
+def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) -> list[range]:
+    """Consecutive groups of turns bounded in tokens and turns (the physical trigger, §VI.5).
+
+    A turn larger than ``max_tokens`` gets a group of its own; the caller splits it.
+    """
+    groups: list[range] = []
+    start, used = 0, 0
+    for i, tokens in enumerate(token_counts):
+        if i > start and (used + tokens > max_tokens or i - start >= max_turns):
+            groups.append(range(start, i))
+            start, used = i, 0
+        used += tokens
+    if start < len(token_counts):
+        groups.append(range(start, len(token_counts)))
+    return groups

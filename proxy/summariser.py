@@ -1,4 +1,4 @@
-"""The Consolidator's model half (``PCP_CONSOLIDATOR=llm``): page summaries written by the upstream model.
+"""Page summaries written by the upstream model in the background (``PCP_CONSOLIDATOR=llm``).
 
 A request never waits for them. A page is built with its extractive summary,
 which stands in until the model's lands; the next request that pages the
@@ -18,16 +18,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 import diskcache
-import msgspec
 
-from pcp_core.consolidator import model_summary, summary_prompt
-from pcp_core.pages import ConsolidatedPage, Page, short_hash
-from pcp_core.sentry import PagedHistory
+from pcp_core import ConsolidatedPage, Page, PagedHistory, model_summary, short_hash, summary_prompt
 
 from .metrics import Metrics
 from .upstream import Upstream
 
-__all__ = ["ModelConsolidator", "closed_pages"]
+__all__ = ["Summariser", "closed_pages"]
 
 log = logging.getLogger("pcp.proxy")
 
@@ -43,7 +40,7 @@ class Job(NamedTuple):
     headers: Mapping[str, str]
 
 
-class ModelConsolidator:
+class Summariser:
     def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int):
         directory.mkdir(parents=True, exist_ok=True)
         self.cache = diskcache.Cache(str(directory))
@@ -57,7 +54,7 @@ class ModelConsolidator:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name="pcp-consolidator")
+        self.task = asyncio.create_task(self._run(), name="pcp-summariser")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -66,12 +63,6 @@ class ModelConsolidator:
         await asyncio.to_thread(self.cache.close)
 
     # -- what requests call ------------------------------------------------------------
-    def upgrade(self, pages: PagedHistory) -> PagedHistory:
-        """``pages`` with the model's summary on every page whose summary has landed."""
-        if not any(p.id in self.landed for p in (*pages.leaves, *pages.containers)):
-            return pages
-        return msgspec.structs.replace(pages, leaves=[self._upgraded(p) for p in pages.leaves], containers=[self._upgraded(p) for p in pages.containers])
-
     async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None:
         """Ask for a model summary of every closed page that has none (and has not failed to get one)."""
         wanted = [p for p in closed_pages(pages) if p.id not in self.landed and p.id not in self.queued and p.id not in self.failed]
@@ -95,10 +86,6 @@ class ModelConsolidator:
         text = "\n".join(summaries[c] for c in page.source_ids) if isinstance(page, ConsolidatedPage) else page.content
         return Job(page.id, short_hash(SUMMARY_VERSION, text, length=24), text, model, headers)
 
-    def _upgraded(self, page: Page) -> Page:
-        summary = self.landed.get(page.id)
-        return page if summary is None or summary == page.summary else msgspec.structs.replace(page, summary=summary)
-
     async def _run(self) -> None:
         while True:
             job = await self.queue.get()
@@ -115,7 +102,7 @@ class ModelConsolidator:
                 raise
             except Exception as exc:  # a summary is an improvement, never a failure of anyone's request
                 self.failed.add(job.page_id)
-                log.warning("consolidator: no summary for page %s: %s", job.page_id, exc)
+                log.warning("summariser: no summary for page %s: %s", job.page_id, exc)
             finally:
                 self.metrics.inc("pcp_summaries_total", state=state)
                 self.queued.discard(job.page_id)

@@ -1,0 +1,147 @@
+"""One request, by the protocol's rules: when it is paged, what it pages, how its rounds run, what it leaves.
+
+The host reads the request, looks its session up and fulfils the effects;
+every decision is made here::
+
+    conversation = Conversation.of(messages, policy.paging.blocks, count)
+    if engaged(prompt_tokens(messages, count), policy):
+        resolution = ...  # the host's store: the session the chained messages continue
+        prepared = prepare(conversation, resolution, policy, facts, count)
+        outcome = ...     # the host drives rounds(prepared, count, cache), fulfilling its effects
+        session = settle(prepared, outcome)  # what the store keeps
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Mapping
+from itertools import chain as chained
+from operator import attrgetter
+from typing import Any
+
+import msgspec
+
+from .bm25 import Bm25Cache
+from .conversation import Conversation
+from .engine import Effect, Outcome, RoundContext, RoundPolicy, run_rounds
+from .pages import Turn, iso_timestamp
+from .paging import PagedHistory, PagingPolicy, reopened_from
+from .pblock import around_handle, block_handle, handle_line, scan
+from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
+from .tokens import CountText
+
+__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle"]
+
+_ID = attrgetter("id")
+
+
+class Policy(msgspec.Struct, frozen=True):
+    """How requests are served: when protocol mode engages, how histories are paged, how rounds run."""
+
+    threshold: int = 8192  # prompt tokens above which protocol mode engages (the Sentry, §X)
+    paging: PagingPolicy = PagingPolicy()
+    rounds: RoundPolicy = RoundPolicy()
+
+
+def engaged(prompt_tokens: int, policy: Policy) -> bool:
+    """The Sentry (§X): token pressure switches chat mode to protocol mode."""
+    return prompt_tokens > policy.threshold
+
+
+class Resolution(msgspec.Struct, frozen=True):
+    """The session a request continues, as the host's store found it."""
+
+    found: Session | None = None
+    reused: int = 0  # how many of the chained messages ``found`` holds
+    links: list[str] = []  # the chain of ``Conversation.chained``, one link a message
+    pinned: str | None = None  # the session the client named, if it named one
+
+
+class Facts(msgspec.Struct, frozen=True, kw_only=True):
+    """What the host knows of a request that the rules read."""
+
+    namespace: str  # the caller's: sessions of one never meet another's
+    now_ns: int
+    client_tools: list[dict[str, Any]] = []
+    dense: bool = False  # the host embeds: dense recall joins BM25
+    # Summaries the host has for pages, by id (a model's, written in the background).
+    summaries: Mapping[str, str] = {}
+
+
+class Paged(msgspec.Struct, frozen=True):
+    """What paging did for a request: how it found its session, and what it built."""
+
+    how: Continuation
+    turns: int  # turns paged now; those the session held are not paged again
+    originals: int  # pages built now
+    consolidated: int
+
+
+class Prepared(msgspec.Struct, frozen=True):
+    session: Session  # the session as this request leaves it, before its rounds
+    new_links: int  # the last ``new_links`` links of its chain are new: what saving it writes
+    paged: Paged
+    context: RoundContext
+
+
+def query_line(conversation: Conversation, policy: PagingPolicy, count: CountText) -> str:
+    """The Query as the worker reads it: a File-block query by its start, its end and its handle."""
+    text = conversation.query_text
+    if not conversation.query_is_block:
+        return text
+    turn = _query_turn(conversation, "")
+    return handle_line(block_handle(turn), count(text), text, policy.blocks)
+
+
+def asked(conversation: Conversation, policy: PagingPolicy, count: CountText) -> str:
+    """What the query asks, without a file it carries: the text the Router's intent reads (worth encoding early)."""
+    return around_handle(query_line(conversation, policy, count))[1]
+
+
+def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, facts: Facts, count: CountText) -> Prepared:
+    """The request's session, paged on from what its store held, and its rounds' context."""
+    history, pinned = conversation.history, resolution.pinned
+    now = iso_timestamp(facts.now_ns / 1e9)
+    chain = resolution.links[: len(history)]
+    fresh = new_session_id(facts.namespace, chain, facts.now_ns)
+    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None)
+    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None)
+    session = page_on(found, history, resolution.reused, count, policy.paging)
+    paged = _paged(how, found.pages, session.pages, resolution.reused)
+    session = msgspec.structs.replace(session, pages=session.pages.with_summaries(facts.summaries))
+    if conversation.query_is_block:
+        turn = _query_turn(conversation, now)
+        session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks))
+    new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
+    return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count))
+
+
+def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
+    """The request's rounds (``engine.run_rounds``) over its session's pages."""
+    return run_rounds(prepared.context, prepared.session.pages.index(), count, cache)
+
+
+def settle(prepared: Prepared, outcome: Outcome) -> Session:
+    """The session as the request leaves it: keeping the pages its drafts were solidified into (§VI.5)."""
+    return solidified(prepared.session, outcome.solidified)
+
+
+def _query_turn(conversation: Conversation, now: str) -> Turn:
+    query = conversation.query or {}
+    return Turn(index=len(conversation.history), role=str(query.get("role", "user")), text=conversation.query_text, timestamp=now)
+
+
+def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
+    context = RoundContext(query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now, policy=policy.rounds, client_tools=facts.client_tools, dense=facts.dense)
+    tools = context.tools
+    return msgspec.structs.replace(context, reserved_tokens=count(json.dumps(tools)) if tools else 0)
+
+
+def _paged(how: Continuation, known: PagedHistory, paged: PagedHistory, reused: int) -> Paged:
+    before = set(map(_ID, chained(known.leaves, known.containers)))
+    return Paged(
+        how=how,
+        turns=paged.turns - reopened_from(known, reused),
+        originals=len(set(map(_ID, paged.leaves)) - before),
+        consolidated=len(set(map(_ID, paged.containers)) - before),
+    )

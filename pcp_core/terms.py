@@ -1,0 +1,106 @@
+"""Terms: the content words of a text, and how distinctive each is among a set of texts.
+
+§2.4 wants summaries and keywords to keep the anchors (names, numbers, dates,
+identifiers), so terms are weighed by inverse document frequency over the
+pages being built, and anchors weigh more: a name that appears everywhere in a
+conversation ranks below one that appears once.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+
+__all__ = ["STOPWORDS", "TermStats", "TermWeights", "consensus_keywords", "terms", "top_keywords"]
+
+# Common English function words; they carry no addressing signal.
+STOPWORDS = frozenset(
+    """a about above after again against all am an and any are aren as at be because been before being below
+    between both but by can could couldn did didn do does doesn doing don down during each few for from further
+    had hadn has hasn have haven having he her here hers herself him himself his how i if in into is isn it its
+    itself just let ll me more most my myself no nor not now of off on once only or other our ours ourselves out
+    over own re same she should so some such than that the their theirs them themselves then there these they
+    this those through to too under until up very was wasn we were weren what when where which while who whom
+    why will with won would you your yours yourself yourselves also really yeah yes oh hey hi thanks thank
+    okay ok got get gets going go gonna like just lot lots much many well sure way thing things one ve
+    know think feel good great love glad awesome wow cool nice amazing something anything everything""".split()
+)
+
+_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")
+MONTHS = frozenset("january february march april may june july august september october november december".split())
+
+TermWeights = dict[str, float]
+
+
+@lru_cache(maxsize=65536)
+def terms(text: str) -> tuple[str, ...]:
+    """Lower-cased content words of ``text``, possessives dropped.
+
+    Cached: a page's text is read by paging, the summary and the Router alike.
+    """
+    out = []
+    for word in _WORD.findall(text):
+        word = word.lower().removesuffix("'s").strip(".'-/:")
+        if "'" in word:  # contractions (i'd, you've) carry nothing to address by
+            continue
+        if len(word) > 1 and word not in STOPWORDS or word.isdigit():
+            out.append(word)
+    return tuple(out)
+
+
+def _anchor_boost(term: str, original: str) -> float:
+    """Names, numbers, dates and identifiers weigh more (§2.4 anchors)."""
+    if any(ch.isdigit() for ch in term) or term in MONTHS:
+        return 2.0
+    if original[:1].isupper() or any(ch in term for ch in "_./-"):
+        return 1.5
+    return 1.0
+
+
+class TermStats:
+    """Document frequencies over a set of texts (the pages being built)."""
+
+    def __init__(self, documents: Sequence[str]):
+        self.n = max(len(documents), 1)
+        self.df: Counter[str] = Counter()
+        for doc in documents:
+            self.df.update(set(terms(doc)))
+
+    @classmethod
+    def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
+        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
+        stats = cls(())
+        stats.n, stats.df = max(n, 1), df  # type: ignore[assignment]
+        return stats
+
+    def idf(self, term: str) -> float:
+        return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+
+    def weights(self, text: str) -> TermWeights:
+        """tf·idf·anchor weight of each term of ``text``."""
+        originals = {w.lower().removesuffix("'s").strip(".'-/:"): w for w in _WORD.findall(text)}
+        counts = Counter(terms(text))
+        return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
+
+
+_CLOCK = re.compile(r"^\d{1,2}:\d{2}$")
+
+
+def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
+    # A time of day says when, not what: it addresses nothing on its own.
+    ranked = sorted(((t, w) for t, w in weights.items() if not _CLOCK.match(t)), key=lambda kv: (-kv[1], kv[0]))
+    return tuple(t for t, _ in ranked[:k])
+
+
+def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:
+    """Keywords shared by the most children first (§5.1.2), then by rank within a child."""
+    score: Counter[str] = Counter()
+    for keywords in children:
+        for rank, keyword in enumerate(keywords):
+            score[keyword] += 1.0 + 1.0 / (rank + 2)
+    return tuple(t for t, _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
+
+
