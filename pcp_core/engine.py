@@ -35,7 +35,7 @@ import msgspec
 from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
 from .directives import Consult, Directive, Explore, Shelve
-from .index import Activation, PageIndex, UnknownPage
+from .index import Activation, PageIndex, PageState, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
 from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
@@ -122,6 +122,8 @@ class Outcome(msgspec.Struct, frozen=True):
     intent: Intent
     # The formal pages Draft pages were solidified into at the ends of the rounds (§VI.5).
     solidified: list[Page] = []
+    # The pages the request touched, by id: Hot or Shelved, their heat and staleness (§5.3).
+    pages: dict[str, PageState] = {}
 
 
 Effect = Similarity | CallRouter | CallWorker
@@ -225,19 +227,22 @@ class _Loop:
         """How the request ends with ``reply``; None when its directives were carried out and another round follows."""
         done = round_no + 1
         if calls_client_tool(reply.tool_calls, self.context.client_tools):
-            return Outcome("client_tool_calls", reply.text, done, self.trace, self.addressed.intent, list(self.solid.values()))
+            return self._ended("client_tool_calls", reply.text, done)
         text, directives, faults = read_reply(reply)
         final = self.faulted or round_no == self.policy.max_rounds - 1
         if reply.delivered or final or not (directives or faults):
-            return Outcome("answer", text.strip() or NO_ANSWER, done, self.trace, self.addressed.intent, list(self.solid.values()))
+            return self._ended("answer", text.strip() or NO_ANSWER, done)
+        self.index.tick()  # the round is over: what the directives touch is touched in the next
         self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
         for directive in directives:
             self._carry_out(directive, round_no)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
         self.faulted |= bool(faults)
         self.views.settle(round_no)
-        self.index.tick()
         return None
+
+    def _ended(self, kind: Literal["answer", "client_tool_calls"], text: str, rounds: int) -> Outcome:
+        return Outcome(kind, text, rounds, self.trace, self.addressed.intent, list(self.solid.values()), self.index.states())
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
         step, asked = _apply(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)

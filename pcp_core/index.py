@@ -15,7 +15,7 @@ import msgspec
 
 from .pages import ConsolidatedPage, Page, short_hash
 
-__all__ = ["Activation", "PageIndex", "UnknownPage"]
+__all__ = ["Activation", "PageIndex", "PageState", "UnknownPage"]
 
 HEAT_DECAY = 0.5
 _FIRST_TURN = attrgetter("first_turn")
@@ -25,6 +25,14 @@ class Activation(StrEnum):
     HOT = "Hot"  # injected with its content
     INDEXED = "Indexed"  # present by its summary
     SHELVED = "Shelved"  # registered, not in the horizon
+
+
+class PageState(msgspec.Struct, frozen=True):
+    """A page's state at the end of a request (§5.3): what it was, how warm, how long since it was touched."""
+
+    activation: Activation
+    heat: float
+    staleness: int
 
 
 class UnknownPage(KeyError):
@@ -185,6 +193,10 @@ class PageIndex:
     def activate(self, page_id: str, activation: Activation) -> None:
         self.get(page_id)
         self.activations[page_id] = activation
+
+    def states(self) -> dict[str, PageState]:
+        """The state of every page this request touched or activated."""
+        return {p: PageState(self.activation(p), self.heat.get(p, 0.0), self.staleness(p)) for p in {**self.touched, **self.activations}}
 
 
 def _same(a: Page, b: Page) -> bool:

@@ -257,6 +257,11 @@ class Embedder:
             return self._models[role]
 
     # -- for requests --------------------------------------------------------------------
+    @property
+    def requests_served(self) -> int:
+        """Requests being served now: the background does not start encoding while there are any."""
+        return self._serving
+
     @contextmanager
     def serving(self) -> Iterator[None]:
         """While a request is served, the background does not start encoding (see ``yield_seconds``)."""

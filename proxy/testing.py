@@ -17,21 +17,25 @@ lets a test play a model that reads its prompt (see ``bench/`` for a simulated w
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
+import re
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import uvicorn
 
 from pcp_core.session import Session, chain_links, page_on, resume
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "by_role", "completion", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -42,6 +46,7 @@ class Recorded:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""
 
     @property
     def json(self) -> Any:
@@ -118,11 +123,23 @@ class FakeUpstream:
     def chat_requests(self, role: str | None = None) -> list[Recorded]:
         return [r for r in self.requests if r.path.endswith("/chat/completions") and (role is None or r.headers.get("x-pcp-role") == role)]
 
+    def reply_to(self, recorded: Recorded) -> Reply:
+        """Record ``recorded`` and answer it from the script."""
+        self.requests.append(recorded)
+        if recorded.path.endswith("/models"):
+            return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
+        scripted = self.script.popleft() if self.script else self.default
+        return scripted(recorded) if callable(scripted) else scripted
+
     # -- lifecycle ---------------------------------------------------------
     @property
     def url(self) -> str:
-        assert self._server is not None, "start the upstream first"
-        return f"{self._server.url}/v1"
+        """Where the upstream answers: on loopback once started, else in process (``transport``)."""
+        return f"{self._server.url}/v1" if self._server is not None else f"{IN_PROCESS}/v1"
+
+    def transport(self) -> httpx.AsyncBaseTransport:
+        """The upstream in process: what the proxy sends it never touches a socket."""
+        return _InProcess(self)
 
     def start(self) -> FakeUpstream:
         self._server = serve_in_thread(self._asgi)
@@ -149,13 +166,7 @@ class FakeUpstream:
             if not message.get("more_body"):
                 break
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        recorded = Recorded(scope["method"], scope["path"], headers, body)
-        self.requests.append(recorded)
-        if scope["path"].endswith("/models"):
-            reply = Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
-        else:
-            scripted = self.script.popleft() if self.script else self.default
-            reply = scripted(recorded) if callable(scripted) else scripted
+        reply = self.reply_to(Recorded(scope["method"], scope["path"], headers, body, scope.get("query_string", b"").decode()))
         if reply.delay:
             await asyncio.sleep(reply.delay)
         raw_headers = [(k.encode(), v.encode()) for k, v in reply.headers.items()]
@@ -190,6 +201,49 @@ class FakeUpstream:
             gone.cancel()
 
 
+IN_PROCESS = "http://upstream.test"
+
+
+class _InProcess(httpx.AsyncBaseTransport):
+    def __init__(self, fake: FakeUpstream):
+        self.fake = fake
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        reply = self.fake.reply_to(Recorded(request.method, request.url.path, headers, body, request.url.query.decode()))
+        if reply.delay:
+            await asyncio.sleep(reply.delay)
+        if reply.chunks is None:
+            return httpx.Response(reply.status, headers={**reply.headers, "content-length": str(len(reply.body))}, stream=httpx.ByteStream(reply.body))
+        return httpx.Response(reply.status, headers=reply.headers, stream=_Chunks(self.fake, reply.chunks))
+
+
+class _Chunks(httpx.AsyncByteStream):
+    """A scripted stream's body; a reader that closes it before the end counts as a disconnect."""
+
+    def __init__(self, fake: FakeUpstream, chunks: list[bytes | float | threading.Event]):
+        self.fake, self.chunks, self.finished = fake, chunks, False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for item in self.chunks:
+            if isinstance(item, float):
+                await asyncio.sleep(item)
+            elif isinstance(item, threading.Event):
+                deadline = time.monotonic() + 10
+                while not item.is_set() and time.monotonic() < deadline:
+                    await asyncio.sleep(0.005)
+            else:
+                yield item
+        self.finished = True
+        self.fake.finished_streams += 1
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.fake.disconnects += 1
+            self.finished = True
+
+
 async def _until_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
@@ -221,6 +275,56 @@ class _ThreadedServer:
 def serve_in_thread(app: Any, **config: Any) -> _ThreadedServer:
     """Serve an ASGI app on a free loopback port in a background thread."""
     return _ThreadedServer(app, **config)
+
+
+class StandInEmbedder:
+    """A deterministic embedder for tests, in place of MiniLM: what the rounds ask of one, and nothing to load.
+
+    A text's vector is the sum of its words' vectors, each word's a hash of it,
+    except that the words of one ``alike`` group share one: a test names the
+    paraphrases dense recall should find (("dog", "greyhound")).
+    """
+
+    def __init__(self, alike: Iterable[Iterable[str]] = (), dimensions: int = 256):
+        self.dimensions = dimensions
+        self.group = {word: min(words) for words in map(list, alike) for word in words}
+        self.prefetched: list[str] = []
+        self.asked: list[tuple[str, int]] = []  # (query, how many texts)
+        self.requests_served = 0
+
+    def vector(self, text: str) -> Any:
+        import numpy as np
+
+        total = np.zeros(self.dimensions)
+        for word in re.findall(r"[a-z0-9]+", text.lower()):
+            seed = int.from_bytes(hashlib.blake2b(self.group.get(word, word).encode(), digest_size=8).digest(), "big")
+            total += np.random.default_rng(seed).standard_normal(self.dimensions)
+        norm = np.linalg.norm(total)
+        return total / norm if norm else total
+
+    def prefetch(self, text: str) -> None:
+        self.prefetched.append(text)
+
+    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any:
+        import numpy as np
+
+        self.asked.append((query, len(texts)))
+        vector = self.vector(query)
+        return np.array([float(self.vector(text) @ vector) for text in texts])
+
+    @contextmanager
+    def serving(self) -> Iterator[None]:
+        self.requests_served += 1
+        try:
+            yield
+        finally:
+            self.requests_served -= 1
+
+    def load(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 # The states of pcp_texts_embedded_total (and of pcp_summaries_total) in which queued work is through.

@@ -1,47 +1,89 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
+from litestar.testing import TestClient
 
 from proxy.app import create_app
 from proxy.settings import Settings
 from proxy.testing import FakeUpstream, serve_in_thread
 
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model is on disk; nothing is fetched
+
 
 @pytest.fixture
-def upstream() -> Iterator[FakeUpstream]:
+def upstream() -> FakeUpstream:
+    """The scripted upstream, in process: the proxy reaches it through its transport, not a socket."""
+    return FakeUpstream()
+
+
+@pytest.fixture
+def served_upstream() -> Iterator[FakeUpstream]:
+    """The scripted upstream on loopback, for what reaches it over the network (another process)."""
     with FakeUpstream() as fake:
         yield fake
 
 
 class RunningProxy:
-    def __init__(self, settings: Settings):
+    """A proxy under test: in process (Litestar's test client) or, with ``sockets``, uvicorn on loopback.
+
+    ``http`` is an httpx client at its root; ``client()`` the openai SDK pointed at it.
+    """
+
+    def __init__(self, settings: Settings, upstream: FakeUpstream | None, sockets: bool = False, embedder: Any = None):
         self.settings = settings
-        self.server = serve_in_thread(create_app(settings))
-        self.url = self.server.url
+        app = create_app(settings, transport=upstream.transport() if upstream is not None else None, embedder=embedder)
+        self.services = app.state.services
+        if sockets:
+            self.server = serve_in_thread(app)
+            self.url = self.server.url
+            self.http: httpx.Client = httpx.Client(base_url=self.url, timeout=30)
+        else:
+            self.server = None
+            self.url = "http://proxy.test"
+            self.http = TestClient(app, base_url=self.url, raise_server_exceptions=False, timeout=30)
+            self.http.__enter__()  # the app's lifespan starts
+        self.stopped = False
 
     def client(self, api_key: str = "sk-client", **kwargs: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30, **kwargs)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30, http_client=self.http, **kwargs)
+
+    def stop(self) -> None:
+        """Stop the proxy, its lifespan ending: every session write is finished and the store closed."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.server is not None:
+            self.http.close()
+            self.server.stop()
+        else:
+            self.http.__exit__(None, None, None)
 
 
 @pytest.fixture
 def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., RunningProxy]]:
-    """Start a real proxy (uvicorn, loopback) in front of the fake upstream."""
+    """Start a proxy in front of the fake upstream (``sockets=True``: a real server on loopback).
+
+    An ``upstream_base_url`` of the test's own is reached over the network, not the fake.
+    """
     running: list[RunningProxy] = []
 
-    def start(**overrides: Any) -> RunningProxy:
+    def start(sockets: bool = False, embedder: Any = None, **overrides: Any) -> RunningProxy:
         # Embeddings load a model per proxy: on only where a test asks for them.
         fields = {"upstream_base_url": upstream.url, "data_dir": str(tmp_path / "data"), "router_embeddings": False, **overrides}
-        proxy = RunningProxy(Settings(**fields))
+        fake = upstream if fields["upstream_base_url"] == upstream.url else None
+        proxy = RunningProxy(Settings(**fields), fake, sockets=sockets, embedder=embedder)
         running.append(proxy)
         return proxy
 
     yield start
     for proxy in running:
-        proxy.server.stop()
+        proxy.stop()
 
 
 @pytest.fixture

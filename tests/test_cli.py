@@ -28,13 +28,13 @@ def _clean_env(tmp_path, **extra: str) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("command", [["pcp-proxy"], [sys.executable, "-m", "proxy"]], ids=["script", "module"])
-def test_serve_fronts_the_upstream(command, upstream, tmp_path):
+def test_serve_fronts_the_upstream(command, served_upstream, tmp_path):
     if command[0] == "pcp-proxy":
         # The console script is installed beside the interpreter running the tests.
         script = Path(sys.executable).parent / "pcp-proxy"
         command = [str(script) if script.exists() else shutil.which("pcp-proxy") or pytest.fail("console script pcp-proxy is not installed")]
     port = _free_port()
-    process = subprocess.Popen([*command, "serve", "--upstream", upstream.url, "--port", str(port)], env=_clean_env(tmp_path))
+    process = subprocess.Popen([*command, "serve", "--upstream", served_upstream.url, "--port", str(port)], env=_clean_env(tmp_path, PCP_ROUTER_EMBEDDINGS="false"))
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -49,7 +49,7 @@ def test_serve_fronts_the_upstream(command, upstream, tmp_path):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
         answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         assert answer.choices[0].message.content == "ok"
-        assert upstream.requests[-1].headers["authorization"] == "Bearer sk-x"
+        assert served_upstream.requests[-1].headers["authorization"] == "Bearer sk-x"
     finally:
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=15) == 0

@@ -315,3 +315,34 @@ def test_a_router_model_picks_among_the_best_ranked_pages():
     unrouted = run_rounds(routed, index, COUNT)
     next(unrouted)
     assert pick not in detail_ids(unrouted.send(None))  # the router model failed: the ranking stands
+
+
+def test_the_outcome_tells_how_warm_and_how_stale_each_touched_page_is():
+    def consult_first_summary(call):
+        return WorkerReply(text=f'Consult("need it", "{summary_node_ids(call)[0]}")')
+
+    calls, outcome, _ = drive([consult_first_summary, WorkerReply(text="Biscuit.")])
+    consulted = summary_node_ids(calls[0])[0]
+    hot = [p for p, state in outcome.pages.items() if state.activation == "Hot"]
+    assert hot and consulted not in hot
+    # Touched in round 0 only: one round's decay, one round stale. The consulted page, in round 1: neither.
+    assert any((outcome.pages[p].heat, outcome.pages[p].staleness) == (0.5, 1) for p in hot)
+    assert all(state.staleness in (0, 1) for state in outcome.pages.values())
+    assert (outcome.pages[consulted].heat, outcome.pages[consulted].staleness) == (1.0, 0)
+
+
+def test_explore_under_a_handle_searches_that_subtree_only():
+    messages = history()
+    messages[20]["content"] = "The boiler code is E-117, reset it with the red button."
+    messages[200]["content"] = "The boiler code at the cabin is C-404, reset it by the fuse box."
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    leaf = next(p for p in index.leaves() if p.first_turn <= 200 <= p.last_turn)
+    late = index.parent(leaf.id)  # the topic group around turn 200
+    assert not index.get(late).first_turn <= 20 <= index.get(late).last_turn
+    explore = f'Explore("the cabin", "{late}", "boiler, code, reset")'
+    calls, outcome, _ = drive([WorkerReply(text=explore), WorkerReply(text="The fuse box.")], context(query="what now?"), messages)
+    shown = " ".join(doc(calls[1]).xpath("//Content/text()"))
+    assert "C-404" in shown and "E-117" not in shown  # the better-worded match outside the handle stays out
+    (step,) = outcome.trace
+    found = step.result.removeprefix("found ").split(", ")
+    assert found and all(index.get(p).first_turn >= index.get(late).first_turn for p in found)

@@ -17,14 +17,14 @@ import re
 import tempfile
 from typing import Any
 
-import httpx
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, completion, serve_in_thread
+from proxy.testing import FakeUpstream, completion
+
+from .conftest import RunningProxy
 
 WORD = re.compile(r"zq[a-z]{6}")
 
@@ -32,17 +32,16 @@ WORD = re.compile(r"zq[a-z]{6}")
 class Conversation(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.upstream = FakeUpstream(default=lambda recorded: completion("ok")).start()
+        self.upstream = FakeUpstream(default=lambda recorded: completion("ok"))
         self.data_dir = tempfile.TemporaryDirectory(prefix="pcp-forks-")
-        self.server = self._serve()
+        self.proxy = self._serve()
 
-    def _serve(self) -> Any:
+    def _serve(self) -> RunningProxy:
         fields = {"upstream_base_url": self.upstream.url, "data_dir": self.data_dir.name, "router_embeddings": False, "sentry_threshold": 300, "context_budget": 2048, "max_rounds": 1, "block_tokens": 400}
-        return serve_in_thread(create_app(Settings(**fields)))
+        return RunningProxy(Settings(**fields), self.upstream)
 
     def teardown(self) -> None:
-        self.server.stop()
-        self.upstream.stop()
+        self.proxy.stop()
         self.data_dir.cleanup()
 
     def word(self) -> str:
@@ -60,7 +59,7 @@ class Conversation(RuleBasedStateMachine):
         self.upstream.requests.clear()
         body = {"model": "m", "messages": [*self.messages, {"role": "user", "content": f"What about {self.word()}?"}]}
         headers = {"authorization": "Bearer k", **({"x-pcp-session": self.pinned} if self.pinned else {})}
-        response = httpx.post(f"{self.server.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+        response = self.proxy.http.post("/v1/chat/completions", json=body, headers=headers)
         assert response.status_code == 200, response.text
         sent = set(WORD.findall(json.dumps(body)))
         for recorded in self.upstream.chat_requests("worker"):
@@ -97,8 +96,8 @@ class Conversation(RuleBasedStateMachine):
 
     @rule()
     def restart(self) -> None:
-        self.server.stop()
-        self.server = self._serve()
+        self.proxy.stop()
+        self.proxy = self._serve()
         self.ask()
 
 

@@ -69,17 +69,17 @@ def model(recorded: Recorded) -> Reply:
 
 
 def ask(proxy, messages: list[dict], key: str = "sk-a") -> httpx.Response:
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"}, timeout=30)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"}, timeout=30)
     assert response.status_code == 200, response.text
     return response
 
 
 def summaries(proxy, state: str) -> int:
-    return metric_value(httpx.get(f"{proxy.url}/metrics").text, "pcp_summaries_total", state=state)
+    return metric_value(proxy.http.get("/metrics").text, "pcp_summaries_total", state=state)
 
 
 def wait_until_idle(proxy, timeout: float = 20.0) -> None:
-    wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_summaries_total", SUMMARY_DONE, timeout=timeout)
+    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_summaries_total", SUMMARY_DONE, timeout=timeout)
 
 
 @pytest.fixture
@@ -124,7 +124,7 @@ def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_pro
     ask(first, history)
     wait_until_idle(first)
     calls = len(upstream.chat_requests("consolidator"))
-    first.server.stop()
+    first.stop()
 
     restarted = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
     # Another caller's conversation: none of the first one's pages, but the same texts.

@@ -23,7 +23,7 @@ def test_request_and_response_bytes_are_forwarded_unchanged(proxy, upstream):
     body = b'{"model":"m",  "messages":[{"role":"user","content":"hi","x_note":1}],"x_vendor_flag":{"a":[1,2]}}'
     upstream.enqueue(Reply(body=b'{"id":"c1","choices":[],  "vendor_extra":true}', headers={"content-type": "application/json", "x-request-id": "req-7"}))
 
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json", "authorization": "Bearer sk-client"})
+    response = proxy.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json", "authorization": "Bearer sk-client"})
 
     assert upstream.requests[-1].body == body
     assert upstream.requests[-1].path == "/v1/chat/completions"
@@ -84,7 +84,7 @@ def test_models_pass_through(proxy, upstream):
 
 
 def test_healthz(proxy):
-    response = httpx.get(f"{proxy.url}/healthz")
+    response = proxy.http.get("/healthz")
     assert response.status_code == 200 and response.json()["status"] == "ok"
 
 
@@ -100,7 +100,8 @@ def test_stream_is_relayed_as_the_same_events(proxy, upstream):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_first_chunk_arrives_before_the_upstream_finishes(proxy, upstream):
+def test_first_chunk_arrives_before_the_upstream_finishes(start_proxy, upstream):
+    proxy = start_proxy(sockets=True)  # the test client buffers what a server relays as it comes
     gate = threading.Event()
     events = sse_chunks(["first", " second"])
     # The upstream sends two events, then waits for the test before finishing.
@@ -120,11 +121,12 @@ def test_first_chunk_arrives_before_the_upstream_finishes(proxy, upstream):
     assert "".join(c.choices[0].delta.content or "" for c in received if c.choices) == "first second"
 
 
-def test_client_disconnect_cancels_the_upstream_stream(proxy, upstream):
+def test_client_disconnect_cancels_the_upstream_stream(start_proxy, upstream):
+    proxy = start_proxy(sockets=True)
     events = sse_chunks(["a"] * 3)
     upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[*events[:2], 8.0, *events[2:]]))
 
-    with httpx.stream("POST", f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
+    with proxy.http.stream("POST", "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
         next(response.iter_raw())
 
     deadline = time.monotonic() + 5
@@ -134,11 +136,12 @@ def test_client_disconnect_cancels_the_upstream_stream(proxy, upstream):
     assert upstream.finished_streams == 0
 
 
-def test_client_disconnect_cancels_a_non_streaming_request(proxy, upstream):
+def test_client_disconnect_cancels_a_non_streaming_request(start_proxy, upstream):
+    proxy = start_proxy(sockets=True)
     upstream.enqueue(Reply(chunks=[b'{"id":', 8.0, b'"late"}']))
 
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=0.5)
+        proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=0.5)
 
     deadline = time.monotonic() + 5
     while upstream.disconnects == 0 and time.monotonic() < deadline:
@@ -172,7 +175,7 @@ def test_unreachable_upstream_is_502(start_proxy):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dead = start_proxy(upstream_base_url=f"http://127.0.0.1:{port}/v1")
-    response = httpx.post(f"{dead.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    response = dead.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert response.status_code == 502
     error = _envelope(response)
     assert error["code"] == "upstream_unreachable" and f"127.0.0.1:{port}" in error["message"]
@@ -183,16 +186,16 @@ def test_credentials_in_the_upstream_url_are_never_shown_to_clients(start_proxy)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     dead = start_proxy(upstream_base_url=f"http://user:s3cret@127.0.0.1:{port}/v1?api-key=k3y")
-    health = httpx.get(f"{dead.url}/healthz").json()
-    error = httpx.post(f"{dead.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES}).text
+    health = dead.http.get("/healthz").json()
+    error = dead.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES}).text
     assert health["upstream"] == f"http://127.0.0.1:{port}/v1"
     assert f"127.0.0.1:{port}" in error and "s3cret" not in error and "k3y" not in error
 
 
-def test_slow_upstream_is_504(start_proxy, upstream):
-    proxy = start_proxy(upstream_read_timeout=0.3)
-    upstream.enqueue(Reply(body=b"{}", delay=2.0))
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+def test_slow_upstream_is_504(start_proxy, served_upstream):
+    proxy = start_proxy(upstream_base_url=served_upstream.url, upstream_read_timeout=0.3)  # timeouts are the network's
+    served_upstream.enqueue(Reply(body=b"{}", delay=2.0))
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert response.status_code == 504
     assert _envelope(response)["code"] == "upstream_timeout"
 
@@ -215,7 +218,7 @@ def test_slow_upstream_is_504(start_proxy, upstream):
     ],
 )
 def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, fragment):
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    response = proxy.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 400
     error = _envelope(response)
     assert error["type"] == "invalid_request_error"
@@ -227,16 +230,16 @@ def test_bad_requests_are_400_in_the_envelope(proxy, upstream, body, param, frag
 def test_a_body_over_the_limit_is_a_413_that_names_the_setting(start_proxy, upstream):
     proxy = start_proxy(max_body_mb=1)
     message = {"role": "user", "content": "x " * 300_000}  # 600 kB: within the limit
-    assert httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [message]}, timeout=30).status_code == 200
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [message, message]}, timeout=30)
+    assert proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [message]}, timeout=30).status_code == 200
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [message, message]}, timeout=30)
     assert response.status_code == 413
     assert "max_body_mb" in _envelope(response)["message"]
     assert len(upstream.requests) == 1
 
 
 def test_unknown_route_and_method_use_the_envelope(proxy):
-    assert _envelope(httpx.get(f"{proxy.url}/v1/nope"))["type"] == "not_found_error"
-    response = httpx.get(f"{proxy.url}/v1/chat/completions")
+    assert _envelope(proxy.http.get("/v1/nope"))["type"] == "not_found_error"
+    response = proxy.http.get("/v1/chat/completions")
     assert response.status_code == 405
     _envelope(response)
 
@@ -246,10 +249,10 @@ def test_unknown_route_and_method_use_the_envelope(proxy):
 
 def test_proxy_keys(start_proxy, upstream):
     proxy = start_proxy(api_keys=["pk-alpha", "pk-beta"])
-    url = f"{proxy.url}/v1/chat/completions"
+    url = "/v1/chat/completions"
 
-    missing = httpx.post(url, json={"model": "m", "messages": MESSAGES})
-    wrong = httpx.post(url, json={"model": "m", "messages": MESSAGES}, headers={"authorization": "Bearer pk-gamma"})
+    missing = proxy.http.post(url, json={"model": "m", "messages": MESSAGES})
+    wrong = proxy.http.post(url, json={"model": "m", "messages": MESSAGES}, headers={"authorization": "Bearer pk-gamma"})
     assert (missing.status_code, wrong.status_code) == (401, 401)
     assert _envelope(missing)["code"] == "missing_api_key"
     assert _envelope(wrong)["code"] == "invalid_api_key"
@@ -272,14 +275,14 @@ def test_streamed_upstream_error_keeps_its_status(proxy, upstream):
 
 @pytest.mark.parametrize("model", ["fake-model", "org/fake-model", "llama3:8b"])
 def test_retrieve_model_passes_through(proxy, upstream, model):
-    httpx.get(f"{proxy.url}/v1/models/{model}")
+    proxy.http.get(f"/v1/models/{model}")
     assert upstream.requests[-1].path == f"/v1/models/{model}"
 
 
 @pytest.mark.parametrize("path", ["%2e%2e/files", "..%2ffiles", "org/%2E%2E/%2E%2E/files", "a%2f%2e%2e%2f%2e%2e%2ffiles"])
 def test_a_model_id_cannot_climb_out_of_models(proxy, upstream, path):
     """The id arrives decoded: forwarded as it was, ".." would reach any upstream path with the proxy's key."""
-    response = httpx.get(f"{proxy.url}/v1/models/{path}")
+    response = proxy.http.get(f"/v1/models/{path}")
     assert response.status_code == 400 and response.json()["error"]["param"] == "model"
     assert upstream.requests == []
 
@@ -327,7 +330,7 @@ def closing_upstream():
 def test_a_connection_closed_unanswered_is_tried_once_more(start_proxy, closing_upstream):
     upstream = closing_upstream(1)
     proxy = start_proxy(upstream_base_url=upstream.url)
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "still here"
     assert upstream.connections == 2
 
@@ -335,6 +338,6 @@ def test_a_connection_closed_unanswered_is_tried_once_more(start_proxy, closing_
 def test_an_upstream_that_keeps_closing_is_a_502_that_says_so(start_proxy, closing_upstream):
     upstream = closing_upstream(10)
     proxy = start_proxy(upstream_base_url=upstream.url)
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES})
     assert response.status_code == 502 and upstream.connections == 2
     assert "disconnected" in _envelope(response)["message"].lower()

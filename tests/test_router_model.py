@@ -33,7 +33,7 @@ def detail_ids(recorded: Recorded) -> set[str]:
 
 
 def ask(proxy) -> httpx.Response:
-    response = httpx.post(f"{proxy.url}/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30)
     assert response.status_code == 200, response.text
     return response
 
@@ -50,7 +50,7 @@ def test_the_router_models_pick_is_shown_to_the_worker(start_proxy, upstream):
     assert "Which orders ship to Oslo by sea?" in router.json["messages"][1]["content"]
     assert candidates(router)[-1] in detail_ids(worker)
     assert response.json()["usage"] == {"prompt_tokens": 1300, "completion_tokens": 13, "total_tokens": 1313}
-    assert 'pcp_upstream_calls_total{role="router"} 1' in httpx.get(f"{proxy.url}/metrics").text
+    assert 'pcp_upstream_calls_total{role="router"} 1' in proxy.http.get("/metrics").text
 
 
 def test_without_a_router_model_the_broad_match_decides(start_proxy, upstream):

@@ -400,8 +400,8 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
 
 
 def ask(proxy, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx.Response:
-    response = httpx.post(
-        f"{proxy.url}/v1/chat/completions",
+    response = proxy.http.post(
+        "/v1/chat/completions",
         json={"model": "m", "messages": messages},
         headers={"authorization": f"Bearer {key}", **headers},
         timeout=30,
@@ -412,7 +412,7 @@ def ask(proxy, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx
 
 def paged(proxy) -> int:
     """How many messages the proxy has paged so far, from its /metrics."""
-    text = httpx.get(f"{proxy.url}/metrics").text
+    text = proxy.http.get("/metrics").text
     return sum(int(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("pcp_turns_paged_total "))
 
 
@@ -483,8 +483,8 @@ def test_a_pinned_session_is_namespaced_by_the_callers_key(session_proxy):
 
 
 def test_a_bad_session_id_is_a_clear_400(session_proxy):
-    response = httpx.post(
-        f"{session_proxy.url}/v1/chat/completions",
+    response = session_proxy.http.post(
+        "/v1/chat/completions",
         json={"model": "m", "messages": [*conversation(160), {"role": "user", "content": "Q?"}]},
         headers={"x-pcp-session": "no spaces allowed"},
         timeout=30,
@@ -501,7 +501,7 @@ def test_a_restart_loses_nothing(start_proxy, upstream, tmp_path):
     first = ask(proxy, history)
     history = [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q2?"}]
     second = ask(proxy, history)  # a follow-up: linked on from the session's chain
-    proxy.server.stop()
+    proxy.stop()
 
     restarted = start_proxy(sentry_threshold=500, context_budget=1024)
     third = ask(restarted, [*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Q3?"}])
@@ -539,7 +539,7 @@ def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_st
         answers = list(pool.map(lambda messages: ask(session_proxy, messages), follow_ups))
     assert {a.headers["x-pcp-session"] for a in answers} == {first.headers["x-pcp-session"]}
 
-    session_proxy.server.stop()  # every write is finished and the store closed
+    session_proxy.stop()  # every write is finished and the store closed
     store = SessionStore(tmp_path / "data" / "sessions")
     namespace = short_hash("Bearer sk-a")  # how the proxy names the caller's namespace
     found, reused = lookup(store, follow_ups[0][:-1], namespace)
