@@ -65,15 +65,18 @@ def start_proxy(upstream: str, port: int, env: dict[str, str]) -> subprocess.Pop
 
 
 def start_servers(data_dir: str) -> tuple[dict[str, int], list[subprocess.Popen]]:
-    ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port()}
+    """The upstream, the bare forwarder and pcp-proxy twice: as configured by default (dense recall on), and with BM25 alone."""
+    ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port(), "pcp-proxy, BM25 only": free_port()}
     upstream = f"http://127.0.0.1:{ports['direct']}/v1"
     env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
     procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(ports["direct"])], env=env)]
     wait_until_up(ports["direct"], "/v1/models")
     procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare_forwarder:app", "--app-dir", str(HERE), "--port", str(ports["bare forwarder"]), "--log-level", "warning", "--no-access-log"], env=env))
     procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
-    wait_until_up(ports["bare forwarder"], "/v1/models")
-    wait_until_up(ports["pcp-proxy"], "/healthz")
+    bm25_only = proxy_env(data_dir=f"{data_dir}/bm25", log_level="warning", router_embeddings=False)
+    procs.append(start_proxy(upstream, ports["pcp-proxy, BM25 only"], bm25_only))
+    for name in ports:
+        wait_until_up(ports[name], "/healthz" if name.startswith("pcp") else "/v1/models")
     return ports, procs
 
 

@@ -40,7 +40,6 @@ class DenseRecall(Protocol):
     def prefetch(self, text: str) -> None: ...
     async def similarities_when_ready(self, query: str, texts: list[str]) -> Any: ...
     def serving(self) -> Any: ...
-    def load(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -99,7 +98,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             base_url = await services.local_model.start()
         services.sessions = SessionStore(settings.data_path / "sessions")
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
-        loading = _start_embedder(services, embedder)
+        services.embedder = embedder or _embedder(settings, services.metrics)
         if settings.consolidator == "llm":
             services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
             services.summariser.start()
@@ -107,7 +106,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         try:
             yield
         finally:
-            await _stop(services, loading)
+            await _stop(services)
 
     return Litestar(
         route_handlers=ROUTES,
@@ -120,22 +119,18 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
     )
 
 
-def _start_embedder(services: Services, embedder: DenseRecall | None) -> asyncio.Future[None] | None:
-    """The embedder, loading in a thread: loading takes seconds, and passthrough traffic need not wait for it."""
-    settings = services.settings
-    if embedder is None and settings.router_embeddings:
-        if not embeddings_available():
-            log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
-            return None
-        on_encoded = lambda state, n: services.metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
-        embedder = Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
-    services.embedder = embedder
-    return asyncio.get_running_loop().run_in_executor(None, embedder.load) if embedder is not None else None
+def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
+    """The embedder ``router_embeddings`` asks for; it loads its model when the first request wants it."""
+    if not settings.router_embeddings:
+        return None
+    if not embeddings_available():
+        log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
+        return None
+    on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
+    return Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
 
 
-async def _stop(services: Services, loading: asyncio.Future[None] | None) -> None:
-    if loading is not None:
-        await loading
+async def _stop(services: Services) -> None:
     if services.embedder is not None:
         await asyncio.to_thread(services.embedder.close)
     if services.summariser is not None:

@@ -29,7 +29,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -227,6 +227,7 @@ class Embedder:
         self._queue_lock = threading.Lock()  # requests and the background thread share ``_pending``
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-embed")
         self._pending: set[str] = set()  # queued for the background, not in memory yet
+        self._loading: Future[None] | None = None
 
     def close(self) -> None:
         self._background.shutdown(wait=True, cancel_futures=True)
@@ -234,8 +235,29 @@ class Embedder:
             self.disk.close()
 
     def load(self) -> None:
+        """Load the model (both instances) now; blocking, seconds."""
         for role in ROLES:
             self._model(role)
+
+    @property
+    def ready(self) -> bool:
+        return all(role in self._models for role in ROLES)
+
+    def warm_up(self) -> None:
+        """Load the model in the background, once: the first request that wants dense recall asks.
+
+        A proxy that only forwards never loads it, and no request waits for it:
+        until it is loaded, pages are ranked by BM25 alone.
+        """
+        with self._queue_lock:
+            if self._loading is None:
+                self._loading = self._background.submit(self._load_quietly)
+
+    def _load_quietly(self) -> None:
+        try:
+            self.load()
+        except Exception:  # dense recall is lost, never a request
+            log.exception("the embedding model did not load: pages are ranked by BM25 alone")
 
     def _model(self, role: str) -> Any:
         with self._locks[role]:
@@ -285,7 +307,8 @@ class Embedder:
 
     def prefetch(self, text: str) -> None:
         """Encode ``text`` (a query) if it is not cached, so a request's paging and encoding overlap."""
-        self.embed_sync([text])
+        if self.ready:
+            self.embed_sync([text])
 
     def embed_sync(self, texts: Sequence[str]) -> Any:
         found = self.cache.found(texts)
@@ -298,6 +321,10 @@ class Embedder:
         return np.vstack([found[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        if not self.ready:
+            self.warm_up()
+            self._queue(list(dict.fromkeys(texts)))  # encoded once the model is in
+            return None
         cosines = self.cache.cosines(texts, self.embed_sync([query])[0])
         missing = np.isnan(cosines)
         self._queue(list(dict.fromkeys(texts[i] for i in np.flatnonzero(missing))))

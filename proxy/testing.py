@@ -320,9 +320,6 @@ class StandInEmbedder:
         finally:
             self.requests_served -= 1
 
-    def load(self) -> None:
-        pass
-
     def close(self) -> None:
         pass
 

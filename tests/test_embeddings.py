@@ -132,3 +132,17 @@ def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch
     expected = model.encode([QUERIES[2]], normalize_embeddings=True, convert_to_numpy=True)[0]
     np.testing.assert_allclose(embedder.embed_sync([QUERIES[2]])[0], expected, atol=1e-6)
     embedder.close()
+
+
+def test_the_model_loads_when_a_request_first_wants_dense_recall_and_never_for_passthrough(start_proxy):
+    from proxy.testing import EMBEDDING_DONE, metric_value, wait_for_background
+
+    proxy = start_proxy(router_embeddings=True, sentry_threshold=500, context_budget=1024)
+    embedder = proxy.services.embedder
+    proxy.client().chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello!"}])
+    assert not embedder.ready  # forwarded: the model is not loaded for it
+
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the allotment, seedlings and rain."} for i in range(160)]
+    proxy.client().chat.completions.create(model="m", messages=[*history, {"role": "user", "content": "What did we plant?"}])
+    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=120)
+    assert embedder.ready and metric_value(proxy.http.get("/metrics").text, "pcp_texts_embedded_total", state="encoded") > 0
