@@ -26,23 +26,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime, time
 
 import msgspec
 from lxml import etree
 
 from .index import PageIndex
-from .pages import ConsolidatedPage, Page, View
+from .pages import ConsolidatedPage, Origin, Page, View
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize", "xml_safe"]
+__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "node_lines", "node_type", "node_view", "synthesize", "xml_safe"]
 
 PROTOCOL_VERSION = "0.1.0-alpha"
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 SYSTEM_INSTRUCTIONS = """
 You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), oldest first; Background_Context lists folded ones by id.
-- Original: verbatim turns. Consolidated: a summary of the pages inside it.
-- view="Summary": gist; "Detail": full text; "Unpacked": the pages inside, nested.
+- A Node is an Original page (verbatim turns) unless type="Consolidated" (a summary of the pages inside it).
+- view="Summary": gist; "Detail", or a Node holding <Content>: full text; "Unpacked": the pages inside, nested.
 If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
 Consult("reason", "id") opens a page one level; Shelve("reason", "id") folds it; Explore("reason", "history or id", "keyword, keyword") searches pages.
 Otherwise answer the Query as the assistant, in plain text, never mentioning pages, ids or this document.
@@ -195,7 +196,7 @@ class _Builder:
     def _cost(self, page_id: str, view: View, nested: bool) -> int:
         key = (page_id, view, nested)
         if key not in self.costs:
-            self.costs[key] = self.count(_own_lines(self.index.get(page_id), view, nested))
+            self.costs[key] = self.count(node_lines(self.index.get(page_id), view, nested))
         return self.costs[key]
 
     def _line_cost(self, root: str) -> int:
@@ -255,18 +256,28 @@ class _Builder:
 
 
 def _node(page: Page, view: View, nested: bool) -> etree._Element:
-    attrs = {
-        "id": page.id,
-        "type": "Consolidated" if isinstance(page, ConsolidatedPage) else "Original",
-        "view": view.value,
-        "depth": str(page.depth),
-        "origin": page.origin.value,
-    }
-    # An Original page in Detail shows its words themselves; index keys would only
-    # repeat them (§9.3, example 2), and every token of the budget is evidence space.
-    if page.keywords and not (view == D and not isinstance(page, ConsolidatedPage)):
+    """A page's Node with only what the worker needs to read and address it.
+
+    Left out, as carrying nothing (§9.3's own examples leave some out too):
+    ``type`` for an Original page, the common case; ``origin`` for a page of
+    the History; ``depth``, which the nesting shows; ``view`` on an Original
+    page in Detail, which holds its ``<Content>`` and cannot open further, so
+    the attribute would decide nothing; index keys on a page in Detail, whose
+    words are before the worker. A Detail page's markup is paid on every page
+    the budget shows, so each token of it is evidence space.
+    """
+    container = isinstance(page, ConsolidatedPage)
+    attrs = {"id": page.id}
+    if container:
+        attrs["type"] = "Consolidated"
+    if container or view != D:
+        attrs["view"] = view.value
+    if page.origin != Origin.HISTORY:
+        attrs["origin"] = page.origin.value
+    if page.keywords and view != D:
         attrs["keywords"] = xml_safe(", ".join(page.keywords))
-    attrs["timestamp"] = page.timestamp
+    if page.timestamp:
+        attrs["timestamp"] = shown_time(page.timestamp)
     element = etree.Element("Node", attrs)
     if view == D:
         etree.SubElement(element, "Content").text = xml_safe(page.content or page.summary)
@@ -276,7 +287,31 @@ def _node(page: Page, view: View, nested: bool) -> etree._Element:
     return element
 
 
-def _own_lines(page: Page, view: View, nested: bool) -> str:
+def node_type(node: etree._Element) -> str:
+    """The type of a Node of the document, as the worker reads it: Original unless it says otherwise."""
+    return node.get("type", "Original")
+
+
+def node_view(node: etree._Element) -> str:
+    """The view of a Node of the document, as the worker reads it: a Node without one is an Original in Detail."""
+    return node.get("view", View.DETAIL.value)
+
+
+def shown_time(timestamp: str) -> str:
+    """A timestamp to the minute, or to the day when it states no time of day: seconds tell the worker nothing.
+
+    Its own offset, if it has one, is kept: the worker reads times as they were said.
+    """
+    try:
+        when = datetime.fromisoformat(timestamp)
+    except ValueError:
+        return xml_safe(timestamp)
+    if when.time() == time() and when.tzinfo is None:
+        return when.date().isoformat()
+    return when.isoformat(timespec="minutes")
+
+
+def node_lines(page: Page, view: View, nested: bool = False) -> str:
     """The lines a node adds to the document, as the document lays them out, those of its children aside.
 
     Every line opens with a tag. A tokenizer that never joins a line break
@@ -294,7 +329,7 @@ def _own_lines(page: Page, view: View, nested: bool) -> str:
 
 def _background_line(page: Page) -> str:
     keywords = ", ".join(page.keywords[:5])
-    return xml_safe(f"{page.timestamp} [{page.id}] {keywords}")
+    return xml_safe(f"{shown_time(page.timestamp)} [{page.id}] {keywords}")
 
 
 def _newlines(element: etree._Element) -> None:
@@ -305,6 +340,8 @@ def _newlines(element: etree._Element) -> None:
         for child in children:
             child.tail = "\n"
             _newlines(child)
+        if element.tag == "Node" and children[-1].tag in ("Content", "Summary"):
+            children[-1].tail = ""  # "…</Content></Node>": a node's text closes it on its own line
 
 
 def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
