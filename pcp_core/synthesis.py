@@ -13,10 +13,15 @@ greedily, cheapest guarantee first:
    within its share of the budget, the first root always —, the other Hot
    pages, the most recent turns). A page zoomed
    into by Consult is shown nested in its Unpacked ancestors, and costs their
-   unfolding; a page the Router injected stands alone in the flow, in time
-   order after its container. A page that does not fit stays at Summary —
-   that is the Detail → Summary dehydration;
+   unfolding; a page the Router injected stands alone in the flow. A page
+   that does not fit stays at Summary — that is the Detail → Summary
+   dehydration;
 4. remaining roots are unfolded to Summary nodes while they fit, newest first.
+
+The document is laid out what changes least first (``_Builder._document``):
+providers reuse a prompt prefix byte-identical to a recent prompt's, so the
+instructions lead, a round's new pages follow those it keeps, and the trace,
+the Query and the time close it.
 
 Costs are counted per element and summed; the exact count of the final
 messages is checked and the last admission undone while it is over budget.
@@ -41,7 +46,7 @@ PROTOCOL_VERSION = "0.1.0-alpha"
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 SYSTEM_INSTRUCTIONS = """
-You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), oldest first; Background_Context lists folded ones by id.
+You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), each with the time it was said; Background_Context lists folded ones by id.
 - A Node is an Original page (verbatim turns) unless type="Consolidated" (a summary of the pages inside it).
 - view="Summary": gist; "Detail", or a Node holding <Content>: full text; "Unpacked": the pages inside, nested.
 If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
@@ -95,6 +100,7 @@ class Synthesis(msgspec.Struct):
     standalone: list[str]  # pages shown outside their container (injected by the Router)
     folded: list[str]  # roots folded into Background_Context
     dehydrated: list[str]  # raised pages shown below their wanted view
+    layout: list[str] = []  # the Linear_Flow's top-level nodes, in document order
 
 
 def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
@@ -157,7 +163,8 @@ class _Builder:
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
         folded = [r for r in self.index.roots if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
-        return Synthesis(messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone, folded=folded, dehydrated=dehydrated)
+        shown_all = {**{r: S for r in unfolded}, **shown}
+        return Synthesis(messages=messages, tokens=tokens, shown=shown_all, standalone=standalone, folded=folded, dehydrated=dehydrated, layout=self._layout(shown, unfolded))
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -217,34 +224,75 @@ class _Builder:
 
     # -- rendering -----------------------------------------------------------------
     def _messages(self, document: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": document}, {"role": "user", "content": USER_LINE}]
+        line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
+        return [{"role": "system", "content": document}, {"role": "user", "content": line}]
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
+        """The document, what changes least first, so that a call shares the longest prefix with the one before it.
+
+        Providers reuse a prompt's prefix that is byte-identical to a recent
+        one's. The instructions and the client's head come first; then the
+        Linear_Flow (see ``_layout``) and the roots folded into
+        Background_Context, which change as the flow's roots do; then what
+        is new with every call: the trace, the Query and the time it is
+        asked at (to the minute), and whether this is the final round.
+        """
         request = self.request
         root = etree.Element("PagedContext", version=PROTOCOL_VERSION)
         registry = etree.SubElement(root, "Static_Registry")
-        etree.SubElement(registry, "ST-Node", id="CURRENT_TIME", value=request.current_time)
-        if request.final:
-            etree.SubElement(registry, "ST-Node", id="FINAL_ROUND", value="true")
-        instructions = etree.SubElement(registry, "System_Instructions")
-        instructions.text = SYSTEM_INSTRUCTIONS + ("\n" + FINAL_ROUND_INSTRUCTION if request.final else "")
+        etree.SubElement(registry, "System_Instructions").text = SYSTEM_INSTRUCTIONS
         if head:
             etree.SubElement(registry, "Head").text = xml_safe(head)
-        etree.SubElement(root, "Query").text = xml_safe(query)
-        trace = etree.SubElement(root, "Reasoning_Trace")
-        for step in request.trace:
-            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
-            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
+        flow = etree.SubElement(root, "Linear_Flow")
+        for page_id in self._layout(shown, unfolded):
+            flow.append(self._subtree(page_id, shown, nested=False))
         folded = [r for r in self.index.roots if r not in unfolded]
         if folded:
             background = etree.SubElement(root, "Background_Context")
             background.text = "\n" + "\n".join(_background_line(self.index.get(r)) for r in folded) + "\n"
-        flow = etree.SubElement(root, "Linear_Flow")
-        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
-        for page_id in sorted(tops, key=lambda p: (self.index.get(p).first_turn, self.index.get(p).depth)):
-            flow.append(self._subtree(page_id, shown, nested=False))
+        trace = etree.SubElement(root, "Reasoning_Trace")
+        for step in request.trace:
+            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
+            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
+        etree.SubElement(root, "Query").text = xml_safe(query)
+        etree.SubElement(root, "ST-Node", id="CURRENT_TIME", value=shown_time(request.current_time))
+        if request.final:
+            etree.SubElement(root, "ST-Node", id="FINAL_ROUND", value="true")
         _newlines(root)
         return etree.tostring(root, encoding="unicode")
+
+    def _layout(self, shown: dict[str, View], unfolded: set[str]) -> list[str]:
+        """The Linear_Flow's top-level nodes, in the order that changes least from one call to the next.
+
+        First the nodes the views raised, by when they last changed (a
+        subtree by the latest change inside it: a page Consulted inside an
+        Unpacked container moves it), so a round's new pages come after those
+        it kept, and what Overflow Governance drops for them is the tail of
+        the Router's order; then the roots shown by their Summary (the
+        overview), in time order, after the pages because a root the worker
+        Consults leaves them; last the Router's Indexed pages, in its order.
+        Each node carries its timestamp, so time order is still there to read.
+        """
+        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
+        changed = {page_id: n for n, page_id in enumerate(self.wanted)}
+        indexed = {page_id: n for n, page_id in enumerate(self.request.indexed)}
+
+        def place(page_id: str) -> tuple[int, int]:
+            latest = self._latest_change(page_id, shown, changed)
+            if latest >= 0:
+                return 0, latest
+            if page_id in indexed and page_id not in self.index.roots:
+                return 2, indexed[page_id]
+            return 1, self.index.get(page_id).first_turn
+
+        return sorted(tops, key=place)
+
+    def _latest_change(self, page_id: str, shown: dict[str, View], changed: dict[str, int]) -> int:
+        latest = changed.get(page_id, -1)
+        if shown.get(page_id) == U:
+            for child in self.index.children(page_id):
+                latest = max(latest, self._latest_change(child.id, shown, changed))
+        return latest
 
     def _subtree(self, page_id: str, shown: dict[str, View], nested: bool) -> etree._Element:
         view = shown.get(page_id, S)

@@ -123,7 +123,7 @@ def test_the_last_round_forbids_directives_and_answers():
     looping = WorkerReply(text='Consult("more", "nope-not-an-id-0")')
     calls, outcome, _ = drive([WorkerReply(text="Consult(a, b)"), looping, looping, looping], context(max_rounds=3))
     assert len(calls) <= 3
-    assert doc(calls[-1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert doc(calls[-1]).find("ST-Node[@id='FINAL_ROUND']") is not None
     assert outcome.text == NO_ANSWER  # the final reply had nothing but a directive
 
 
@@ -132,7 +132,7 @@ def test_a_bus_fault_is_explained_once_then_the_worker_must_answer():
     assert len(calls) == 2
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert step.get("action") == "BusFault" and step.get("reason")
-    assert doc(calls[1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert doc(calls[1]).find("ST-Node[@id='FINAL_ROUND']") is not None
     assert outcome.text == "Biscuit, I think."
 
 

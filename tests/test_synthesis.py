@@ -42,8 +42,10 @@ def test_document_has_the_spec_frame():
     doc = _doc(synthesis)
 
     assert doc.tag == "PagedContext" and doc.get("version") == "0.1.0-alpha"
+    # What changes least comes first: a provider can reuse the prefix two calls share.
+    assert [e.tag for e in doc] == ["Static_Registry", "Linear_Flow", "Reasoning_Trace", "Query", "ST-Node"]
     registry = doc.find("Static_Registry")
-    assert registry.find("ST-Node[@id='CURRENT_TIME']").get("value") == "2026-11-22T10:00:00"
+    assert doc.find("ST-Node[@id='CURRENT_TIME']").get("value") == "2026-11-22T10:00"  # to the minute
     assert "Consult(" in registry.findtext("System_Instructions")
     assert registry.findtext("Head") == "You are terse."
     assert doc.findtext("Query") == "What happened?"
@@ -57,9 +59,11 @@ def test_document_has_the_spec_frame():
 
 def test_final_round_is_marked():
     index, _ = two_level_tree()
-    doc = _doc(synthesize(index, {}, _request(final=True), COUNT))
-    assert doc.find("Static_Registry/ST-Node[@id='FINAL_ROUND']").get("value") == "true"
-    assert "final round" in doc.findtext("Static_Registry/System_Instructions")
+    synthesis = synthesize(index, {}, _request(final=True), COUNT)
+    assert [(e.tag, e.get("id")) for e in _doc(synthesis)][-2:] == [("ST-Node", "CURRENT_TIME"), ("ST-Node", "FINAL_ROUND")]
+    assert _doc(synthesis).find("ST-Node[@id='FINAL_ROUND']").get("value") == "true"
+    assert "final round" in synthesis.messages[1]["content"]  # the last words of the prompt, not its first
+    assert synthesis.messages[0]["content"].startswith(synthesize(index, {}, _request(), COUNT).messages[0]["content"].split("<Query>")[0])
 
 
 def test_unpacked_nests_children_and_detail_shows_content():
@@ -142,13 +146,46 @@ def test_an_oversized_query_is_clipped_to_the_budget():
     assert text.startswith("start") and text.endswith("end") and "[…]" in text
 
 
-def test_injected_pages_stand_alone_after_their_container():
+def test_injected_pages_stand_alone_before_the_overview():
     index, ids = two_level_tree()
     views = ViewState(index)
     views.raise_to(ids["a2"], View.DETAIL, unfold=False)
     doc = _doc(synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT))
     flow = doc.find("Linear_Flow")
-    assert [(n.get("id"), node_view(n)) for n in flow] == [(ids["A"], "Summary"), (ids["a2"], "Detail"), (ids["B"], "Summary")]
+    assert [(n.get("id"), node_view(n)) for n in flow] == [(ids["a2"], "Detail"), (ids["A"], "Summary"), (ids["B"], "Summary")]
+
+
+def _flow(synthesis) -> list[str]:
+    return [n.get("id") for n in _doc(synthesis).find("Linear_Flow")]
+
+
+def test_a_round_lays_out_what_it_adds_after_what_it_keeps():
+    index = _history(60)
+    leaves = [leaf.id for leaf in index.leaves()]
+    views = ViewState(index)
+    for page_id in (leaves[9], leaves[2], leaves[5]):  # the Router's order, not time's
+        views.raise_to(page_id, View.DETAIL, unfold=False)
+    first = synthesize(index, views.raised(), _request(priorities=[leaves[9], leaves[2], leaves[5]]), COUNT)
+    views.consult(leaves[0], 1, unfold=False)  # earlier in time than all of them
+    trace = [Step("Consult", leaves[0], "more")]
+    second = synthesize(index, views.raised(), _request(priorities=[leaves[0], leaves[9], leaves[2], leaves[5]], trace=trace), COUNT)
+
+    assert _flow(first)[:3] == [leaves[9], leaves[2], leaves[5]]
+    assert _flow(second)[:4] == [leaves[9], leaves[2], leaves[5], leaves[0]]
+    before, after = first.messages[0]["content"], second.messages[0]["content"]
+    kept = before[: before.index(f'<Node id="{index.roots[0]}"')]  # up to the overview, which follows the pages
+    assert after.startswith(kept) and len(kept) > len(before) * 0.5
+
+
+def test_a_container_changed_inside_moves_after_what_did_not_change():
+    index, ids = two_level_tree()
+    views = ViewState(index)
+    views.consult(ids["a2"], 0)  # A Unpacked around a2
+    views.raise_to(ids["b1"], View.DETAIL, unfold=False)
+    wanted = _request(priorities=[ids["a2"], ids["a1"], ids["b1"]])
+    assert _flow(synthesize(index, views.raised(), wanted, COUNT)) == [ids["A"], ids["b1"], ids["B"]]
+    views.consult(ids["a1"], 1)  # inside A: A's subtree changed
+    assert _flow(synthesize(index, views.raised(), wanted, COUNT)) == [ids["b1"], ids["A"], ids["B"]]
 
 
 def test_an_original_in_detail_carries_its_words_not_its_index_keys():
