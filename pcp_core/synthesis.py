@@ -38,6 +38,7 @@ from lxml import etree
 
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, Page, View
+from .timeline import moment
 from .tokens import CountText, prompt_tokens
 
 __all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "node_lines", "node_type", "node_view", "synthesize", "xml_safe"]
@@ -349,11 +350,14 @@ def shown_time(timestamp: str) -> str:
     """A timestamp to the minute, or to the day when it states no time of day: seconds tell the worker nothing.
 
     Its own offset, if it has one, is kept: the worker reads times as they were said.
+    A message's own timestamp in another form is shown in ISO 8601, in UTC.
     """
     try:
         when = datetime.fromisoformat(timestamp)
     except ValueError:
-        return xml_safe(timestamp)
+        when = moment(timestamp)
+        if when is None:
+            return xml_safe(timestamp)
     if when.time() == time() and when.tzinfo is None:
         return when.date().isoformat()
     return when.isoformat(timespec="minutes")

@@ -280,4 +280,5 @@ def test_times_are_shown_to_the_minute_or_the_day():
     assert shown_time("2023-05-08T13:56:41") == "2023-05-08T13:56"
     assert shown_time("2023-05-08T00:00:00") == "2023-05-08"  # a date stated without a time of day
     assert shown_time("2024-03-05T10:00:30+02:00") == "2024-03-05T10:00+02:00"  # as it was said
+    assert shown_time("Tue, 05 Mar 2024 10:15:00 GMT") == "2024-03-05T10:15"  # a client's own form, in ISO
     assert shown_time("sometime") == "sometime"
