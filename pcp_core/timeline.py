@@ -1,14 +1,22 @@
 """The Timeline (§IV): every page carries an absolute timestamp.
 
 A turn's time is, in order of preference: the message's own ``timestamp``
-field; the date a dated header in the conversation states for it — a message
-that opens with a bracketed line holding a date ("[Session 3 - 1:56 pm on 8 May,
-2023]", "[2024-03-05 10:00]") dates itself and the turns after it, up to the
-next header; else the time the proxy first saw the message.
+field (``moment`` reads the forms clients write); the date the conversation
+states for it — a message that opens with a bracketed line holding a date
+("[Session 3 - 1:56 pm on 8 May, 2023]", "[2024-03-05 10:00]"), or with its
+own date and time as chat apps export messages ("[05.03.24, 10:15:22] Alice:"),
+dates itself and the turns after it, up to the next; else the time the proxy
+first saw the message.
 
-The other way round, a query can name a time ("on 13 October, 2023", "in
-July 2023", "in June", "yesterday"): ``mentioned_periods`` reads those periods,
-so the Router can address pages by when they were said.
+The other way round, a query can name a time ("on 13 October, 2023", "on
+5.3.2024", "in July 2023", "in June", "yesterday", "last Tuesday"):
+``mentioned_periods`` reads those periods, so the Router can address pages by
+when they were said.
+
+Dates are read in the forms people write them, whatever the locale's order
+would be: names of months in either order, the year first with any
+separator, day first with dots and month first with slashes. The order of a
+numeric date is a convention, not a certainty: "05/03/2024" is read as 3 May.
 """
 
 from __future__ import annotations
