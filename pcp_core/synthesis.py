@@ -164,8 +164,10 @@ class _Builder:
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
         folded = [r for r in self.index.roots if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
-        shown_all = {**{r: S for r in unfolded}, **shown}
-        return Synthesis(messages=messages, tokens=tokens, shown=shown_all, standalone=standalone, folded=folded, dehydrated=dehydrated, layout=self._layout(shown, unfolded))
+        return Synthesis(
+            messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
+            folded=folded, dehydrated=dehydrated, layout=self._layout(shown, unfolded),
+        )  # fmt: skip
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -393,7 +395,7 @@ def _newlines(element: etree._Element) -> None:
             child.tail = "\n"
             _newlines(child)
         if element.tag == "Node" and children[-1].tag in ("Content", "Summary"):
-            children[-1].tail = ""  # "…</Content></Node>": a node's text closes it on its own line
+            children[-1].tail = ""  # "…</Content></Node>": a node closes on the last line of its text
 
 
 def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:

@@ -112,7 +112,7 @@ class ViewState:
 
     def _set(self, page_id: str, view: View, round_no: int) -> Transition:
         before = self.view(page_id)
-        if view == S or view != before:
+        if view != before:
             self.views.pop(page_id, None)  # a page that changes goes to the end of the order
         if view != S:
             self.views[page_id] = view
