@@ -7,7 +7,7 @@ are in before T tokens are spent. No structure, overview or instructions are
 paid for, so this is an upper bound for any prompt built on that ranking:
 
 * turns cost what they cost as chat messages (``pcp_core.tokens.message_tokens``);
-* pages are the proxy's own Original pages (``pcp_core.sentry.page_history``),
+* pages are the proxy's own Original pages (``pcp_core.paging.page_history``),
   costing their content plus the XML of a Detail node in the ``<PagedContext>``.
 
 Rankers: the proxy's Router itself (``pcp_core.router.broad_match``: pages
@@ -36,11 +36,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
-from pcp_core.pages import Origin, OriginalPage  # noqa: E402
+from pcp_core.pages import Origin, OriginalPage, View  # noqa: E402
 
 from pcp_core.bm25 import Bm25  # noqa: E402
 from pcp_core.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
 from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
+from pcp_core.synthesis import node_lines  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -51,8 +52,8 @@ Scores = dict[int, float]
 
 
 def detail_node(page: OriginalPage) -> str:
-    """A page as the proxy shows it in Detail (the shape of ``pcp_core.synthesis``)."""
-    return f'<Node id="{page.id}" type="Original" view="Detail" depth="{page.depth}" origin="History" timestamp="{page.timestamp}">\n<Content>{page.content}</Content>\n</Node>\n'
+    """A page as the proxy shows it in Detail, standing alone in the Linear_Flow."""
+    return node_lines(page, View.DETAIL)
 
 
 def tokens_until_all_in(units: Sequence[tuple[set[int], int]], evidence: set[int]) -> float:

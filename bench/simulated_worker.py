@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
+from pcp_core.synthesis import node_type, node_view
 from proxy.testing import Recorded, Reply, completion, stream_reply
 
 __all__ = [
@@ -117,14 +118,14 @@ class ParsedPrompt:
 
 def _own_text(node: etree._Element) -> str:
     """What a node says about itself: its Summary, or a Consolidated node's Detail text."""
-    if node.get("type") == "Consolidated" and node.get("view") == "Detail":
+    if node_type(node) == "Consolidated" and node_view(node) == "Detail":
         return node.findtext("Content") or ""
     return node.findtext("Summary") or ""
 
 
 def _flow_nodes(root: etree._Element) -> list[Candidate]:
     return [
-        Candidate(node.get("id", ""), node.get("type", ""), node.get("view", ""), f"{_own_text(node)} {node.get('keywords', '')}")
+        Candidate(node.get("id", ""), node_type(node), node_view(node), f"{_own_text(node)} {node.get('keywords', '')}")
         for flow in root.iter("Linear_Flow")
         for node in flow.iter("Node")
     ]

@@ -13,10 +13,15 @@ greedily, cheapest guarantee first:
    within its share of the budget, the first root always —, the other Hot
    pages, the most recent turns). A page zoomed
    into by Consult is shown nested in its Unpacked ancestors, and costs their
-   unfolding; a page the Router injected stands alone in the flow, in time
-   order after its container. A page that does not fit stays at Summary —
-   that is the Detail → Summary dehydration;
+   unfolding; a page the Router injected stands alone in the flow. A page
+   that does not fit stays at Summary — that is the Detail → Summary
+   dehydration;
 4. remaining roots are unfolded to Summary nodes while they fit, newest first.
+
+The document is laid out what changes least first (``_Builder._document``):
+providers reuse a prompt prefix byte-identical to a recent prompt's, so the
+instructions lead, a round's new pages follow those it keeps, and the trace,
+the Query and the time close it.
 
 Costs are counted per element and summed; the exact count of the final
 messages is checked and the last admission undone while it is over budget.
@@ -26,23 +31,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from datetime import datetime, time
 
 import msgspec
 from lxml import etree
 
 from .index import PageIndex
-from .pages import ConsolidatedPage, Page, View
+from .pages import ConsolidatedPage, Origin, Page, View
+from .timeline import moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize", "xml_safe"]
+__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "node_lines", "node_type", "node_view", "synthesize", "xml_safe"]
 
 PROTOCOL_VERSION = "0.1.0-alpha"
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 SYSTEM_INSTRUCTIONS = """
-You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), oldest first; Background_Context lists folded ones by id.
-- Original: verbatim turns. Consolidated: a summary of the pages inside it.
-- view="Summary": gist; "Detail": full text; "Unpacked": the pages inside, nested.
+You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), each with the time it was said; Background_Context lists folded ones by id.
+- A Node is an Original page (verbatim turns) unless type="Consolidated" (a summary of the pages inside it).
+- view="Summary": gist; "Detail", or a Node holding <Content>: full text; "Unpacked": the pages inside, nested.
 If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
 Consult("reason", "id") opens a page one level; Shelve("reason", "id") folds it; Explore("reason", "history or id", "keyword, keyword") searches pages.
 Otherwise answer the Query as the assistant, in plain text, never mentioning pages, ids or this document.
@@ -94,6 +101,7 @@ class Synthesis(msgspec.Struct):
     standalone: list[str]  # pages shown outside their container (injected by the Router)
     folded: list[str]  # roots folded into Background_Context
     dehydrated: list[str]  # raised pages shown below their wanted view
+    layout: list[str] = []  # the Linear_Flow's top-level nodes, in document order
 
 
 def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
@@ -156,7 +164,10 @@ class _Builder:
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
         folded = [r for r in self.index.roots if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
-        return Synthesis(messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone, folded=folded, dehydrated=dehydrated)
+        return Synthesis(
+            messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
+            folded=folded, dehydrated=dehydrated, layout=self._layout(shown, unfolded),
+        )  # fmt: skip
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -195,7 +206,7 @@ class _Builder:
     def _cost(self, page_id: str, view: View, nested: bool) -> int:
         key = (page_id, view, nested)
         if key not in self.costs:
-            self.costs[key] = self.count(_own_lines(self.index.get(page_id), view, nested))
+            self.costs[key] = self.count(node_lines(self.index.get(page_id), view, nested))
         return self.costs[key]
 
     def _line_cost(self, root: str) -> int:
@@ -216,34 +227,75 @@ class _Builder:
 
     # -- rendering -----------------------------------------------------------------
     def _messages(self, document: str) -> list[dict[str, str]]:
-        return [{"role": "system", "content": document}, {"role": "user", "content": USER_LINE}]
+        line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
+        return [{"role": "system", "content": document}, {"role": "user", "content": line}]
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
+        """The document, what changes least first, so that a call shares the longest prefix with the one before it.
+
+        Providers reuse a prompt's prefix that is byte-identical to a recent
+        one's. The instructions and the client's head come first; then the
+        Linear_Flow (see ``_layout``) and the roots folded into
+        Background_Context, which change as the flow's roots do; then what
+        is new with every call: the trace, the Query and the time it is
+        asked at (to the minute), and whether this is the final round.
+        """
         request = self.request
         root = etree.Element("PagedContext", version=PROTOCOL_VERSION)
         registry = etree.SubElement(root, "Static_Registry")
-        etree.SubElement(registry, "ST-Node", id="CURRENT_TIME", value=request.current_time)
-        if request.final:
-            etree.SubElement(registry, "ST-Node", id="FINAL_ROUND", value="true")
-        instructions = etree.SubElement(registry, "System_Instructions")
-        instructions.text = SYSTEM_INSTRUCTIONS + ("\n" + FINAL_ROUND_INSTRUCTION if request.final else "")
+        etree.SubElement(registry, "System_Instructions").text = SYSTEM_INSTRUCTIONS
         if head:
             etree.SubElement(registry, "Head").text = xml_safe(head)
-        etree.SubElement(root, "Query").text = xml_safe(query)
-        trace = etree.SubElement(root, "Reasoning_Trace")
-        for step in request.trace:
-            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
-            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
+        flow = etree.SubElement(root, "Linear_Flow")
+        for page_id in self._layout(shown, unfolded):
+            flow.append(self._subtree(page_id, shown, nested=False))
         folded = [r for r in self.index.roots if r not in unfolded]
         if folded:
             background = etree.SubElement(root, "Background_Context")
             background.text = "\n" + "\n".join(_background_line(self.index.get(r)) for r in folded) + "\n"
-        flow = etree.SubElement(root, "Linear_Flow")
-        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
-        for page_id in sorted(tops, key=lambda p: (self.index.get(p).first_turn, self.index.get(p).depth)):
-            flow.append(self._subtree(page_id, shown, nested=False))
+        trace = etree.SubElement(root, "Reasoning_Trace")
+        for step in request.trace:
+            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
+            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
+        etree.SubElement(root, "Query").text = xml_safe(query)
+        etree.SubElement(root, "ST-Node", id="CURRENT_TIME", value=shown_time(request.current_time))
+        if request.final:
+            etree.SubElement(root, "ST-Node", id="FINAL_ROUND", value="true")
         _newlines(root)
         return etree.tostring(root, encoding="unicode")
+
+    def _layout(self, shown: dict[str, View], unfolded: set[str]) -> list[str]:
+        """The Linear_Flow's top-level nodes, in the order that changes least from one call to the next.
+
+        First the nodes the views raised, by when they last changed (a
+        subtree by the latest change inside it: a page Consulted inside an
+        Unpacked container moves it), so a round's new pages come after those
+        it kept, and what Overflow Governance drops for them is the tail of
+        the Router's order; then the roots shown by their Summary (the
+        overview), in time order, after the pages because a root the worker
+        Consults leaves them; last the Router's Indexed pages, in its order.
+        Each node carries its timestamp, so time order is still there to read.
+        """
+        tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
+        changed = {page_id: n for n, page_id in enumerate(self.wanted)}
+        indexed = {page_id: n for n, page_id in enumerate(self.request.indexed)}
+
+        def place(page_id: str) -> tuple[int, int]:
+            latest = self._latest_change(page_id, shown, changed)
+            if latest >= 0:
+                return 0, latest
+            if page_id in indexed and page_id not in self.index.roots:
+                return 2, indexed[page_id]
+            return 1, self.index.get(page_id).first_turn
+
+        return sorted(tops, key=place)
+
+    def _latest_change(self, page_id: str, shown: dict[str, View], changed: dict[str, int]) -> int:
+        latest = changed.get(page_id, -1)
+        if shown.get(page_id) == U:
+            for child in self.index.children(page_id):
+                latest = max(latest, self._latest_change(child.id, shown, changed))
+        return latest
 
     def _subtree(self, page_id: str, shown: dict[str, View], nested: bool) -> etree._Element:
         view = shown.get(page_id, S)
@@ -255,18 +307,28 @@ class _Builder:
 
 
 def _node(page: Page, view: View, nested: bool) -> etree._Element:
-    attrs = {
-        "id": page.id,
-        "type": "Consolidated" if isinstance(page, ConsolidatedPage) else "Original",
-        "view": view.value,
-        "depth": str(page.depth),
-        "origin": page.origin.value,
-    }
-    # An Original page in Detail shows its words themselves; index keys would only
-    # repeat them (§9.3, example 2), and every token of the budget is evidence space.
-    if page.keywords and not (view == D and not isinstance(page, ConsolidatedPage)):
+    """A page's Node with only what the worker needs to read and address it.
+
+    Left out, as carrying nothing (§9.3's own examples leave some out too):
+    ``type`` for an Original page, the common case; ``origin`` for a page of
+    the History; ``depth``, which the nesting shows; ``view`` on an Original
+    page in Detail, which holds its ``<Content>`` and cannot open further, so
+    the attribute would decide nothing; index keys on a page in Detail, whose
+    words are before the worker. A Detail page's markup is paid on every page
+    the budget shows, so each token of it is evidence space.
+    """
+    container = isinstance(page, ConsolidatedPage)
+    attrs = {"id": page.id}
+    if container:
+        attrs["type"] = "Consolidated"
+    if container or view != D:
+        attrs["view"] = view.value
+    if page.origin != Origin.HISTORY:
+        attrs["origin"] = page.origin.value
+    if page.keywords and view != D:
         attrs["keywords"] = xml_safe(", ".join(page.keywords))
-    attrs["timestamp"] = page.timestamp
+    if page.timestamp:
+        attrs["timestamp"] = shown_time(page.timestamp)
     element = etree.Element("Node", attrs)
     if view == D:
         etree.SubElement(element, "Content").text = xml_safe(page.content or page.summary)
@@ -276,7 +338,34 @@ def _node(page: Page, view: View, nested: bool) -> etree._Element:
     return element
 
 
-def _own_lines(page: Page, view: View, nested: bool) -> str:
+def node_type(node: etree._Element) -> str:
+    """The type of a Node of the document, as the worker reads it: Original unless it says otherwise."""
+    return node.get("type", "Original")
+
+
+def node_view(node: etree._Element) -> str:
+    """The view of a Node of the document, as the worker reads it: a Node without one is an Original in Detail."""
+    return node.get("view", View.DETAIL.value)
+
+
+def shown_time(timestamp: str) -> str:
+    """A timestamp to the minute, or to the day when it states no time of day: seconds tell the worker nothing.
+
+    Its own offset, if it has one, is kept: the worker reads times as they were said.
+    A message's own timestamp in another form is shown in ISO 8601, in UTC.
+    """
+    try:
+        when = datetime.fromisoformat(timestamp)
+    except ValueError:
+        when = moment(timestamp)
+        if when is None:
+            return xml_safe(timestamp)
+    if when.time() == time() and when.tzinfo is None:
+        return when.date().isoformat()
+    return when.isoformat(timespec="minutes")
+
+
+def node_lines(page: Page, view: View, nested: bool = False) -> str:
     """The lines a node adds to the document, as the document lays them out, those of its children aside.
 
     Every line opens with a tag. A tokenizer that never joins a line break
@@ -294,7 +383,7 @@ def _own_lines(page: Page, view: View, nested: bool) -> str:
 
 def _background_line(page: Page) -> str:
     keywords = ", ".join(page.keywords[:5])
-    return xml_safe(f"{page.timestamp} [{page.id}] {keywords}")
+    return xml_safe(f"{shown_time(page.timestamp)} [{page.id}] {keywords}")
 
 
 def _newlines(element: etree._Element) -> None:
@@ -305,6 +394,8 @@ def _newlines(element: etree._Element) -> None:
         for child in children:
             child.tail = "\n"
             _newlines(child)
+        if element.tag == "Node" and children[-1].tag in ("Content", "Summary"):
+            children[-1].tail = ""  # "…</Content></Node>": a node closes on the last line of its text
 
 
 def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:

@@ -66,7 +66,7 @@ class ViewState:
         return self.views.get(page_id, S)
 
     def raised(self) -> dict[str, View]:
-        """Pages above Summary."""
+        """Pages above Summary, in the order their views last changed (synthesis lays a round's changes out after what it keeps)."""
         return dict(self.views)
 
     def consult(self, page_id: str, round_no: int = 0, *, unfold: bool = True) -> list[Transition]:
@@ -112,9 +112,9 @@ class ViewState:
 
     def _set(self, page_id: str, view: View, round_no: int) -> Transition:
         before = self.view(page_id)
-        if view == S:
-            self.views.pop(page_id, None)
-        else:
+        if view != before:
+            self.views.pop(page_id, None)  # a page that changes goes to the end of the order
+        if view != S:
             self.views[page_id] = view
         if view == U and before != U:
             self.unpacked_in[page_id] = round_no

@@ -14,6 +14,7 @@ from pcp_core.engine import RoundContext, RoundPolicy, _diffuse, _priorities, ru
 from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
 from pcp_core.views import ViewState
 from pcp_core.paging import retroactive_paging, turns_from_messages
+from pcp_core.synthesis import node_type, node_view
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 
@@ -63,7 +64,7 @@ def doc(call):
 
 
 def summary_node_ids(call):
-    return [n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary"]
+    return [n.get("id") for n in doc(call).iter("Node") if node_view(n) == "Summary"]
 
 
 def test_a_plain_answer_ends_the_loop_in_one_round():
@@ -86,7 +87,7 @@ def test_consult_changes_the_view_and_is_traced():
     target = summary_node_ids(calls[0])[0]
     assert len(calls) == 2 and outcome.rounds == 2
     node = doc(calls[1]).xpath(f"//Node[@id='{target}']")[0]
-    assert node.get("view") == "Detail"
+    assert node_view(node) == "Detail"
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert (step.get("action"), step.get("target"), step.get("reason")) == ("Consult", target, "need it")
     assert outcome.text == "Biscuit."
@@ -94,12 +95,12 @@ def test_consult_changes_the_view_and_is_traced():
 
 def test_shelve_folds_a_page_back():
     def shelve_injected(call):
-        detail = [n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Detail"][0]
+        detail = [n.get("id") for n in doc(call).iter("Node") if node_view(n) == "Detail"][0]
         return WorkerReply(text=f"Shelve(not needed, {detail})")
 
     calls, _, _ = drive([shelve_injected, WorkerReply(text="ok")])
     shelved = doc(calls[1]).find("Reasoning_Trace/Step").get("target")
-    assert not doc(calls[1]).xpath(f"//Node[@id='{shelved}' and @view='Detail']")
+    assert not [n for n in doc(calls[1]).xpath(f"//Node[@id='{shelved}']") if node_view(n) == "Detail"]
 
 
 def test_explore_injects_matching_pages():
@@ -129,7 +130,7 @@ def test_the_last_round_forbids_directives_and_answers():
     looping = WorkerReply(text='Consult("more", "nope-not-an-id-0")')
     calls, outcome, _ = drive([WorkerReply(text="Consult(a, b)"), looping, looping, looping], context(max_rounds=3))
     assert len(calls) <= 3
-    assert doc(calls[-1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert doc(calls[-1]).find("ST-Node[@id='FINAL_ROUND']") is not None
     assert outcome.text == NO_ANSWER  # the final reply had nothing but a directive
 
 
@@ -138,7 +139,7 @@ def test_a_bus_fault_is_explained_once_then_the_worker_must_answer():
     assert len(calls) == 2
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert step.get("action") == "BusFault" and step.get("reason")
-    assert doc(calls[1]).find("Static_Registry/ST-Node[@id='FINAL_ROUND']") is not None
+    assert doc(calls[1]).find("ST-Node[@id='FINAL_ROUND']") is not None
     assert outcome.text == "Biscuit, I think."
 
 
@@ -251,7 +252,7 @@ def test_a_consult_on_a_container_brings_in_its_best_pages():
     loop = run_rounds(context(budget=1100, query="What tricks did Biscuit the greyhound learn?"), index, COUNT)
 
     def details(call):
-        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if n.get("view") == "Detail"}
+        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if node_view(n) == "Detail"}
 
     first = next(loop)
     second = loop.send(WorkerReply(f'Consult("more", "{root}")'))
@@ -285,7 +286,7 @@ def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
     loop = run_rounds(context(budget=2048, query="What did we say about the garden and the weather?"), index, COUNT)
 
     def nodes(call, view, kind=("Original", "Consolidated")):
-        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if n.get("view") == view and n.get("type") in kind}
+        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if node_view(n) == view and node_type(n) in kind}
 
     first = next(loop)
     target = sorted(nodes(first, "Summary"))[0]
@@ -302,7 +303,7 @@ def test_a_router_model_picks_among_the_best_ranked_pages():
     routed = context(query="Small talk about the garden and the weather", budget=900, router=True)
 
     def detail_ids(call):
-        return {n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Detail"}
+        return {n.get("id") for n in doc(call).iter("Node") if node_view(n) == "Detail"}
 
     loop = run_rounds(routed, index, COUNT)
     effect = next(loop)

@@ -14,6 +14,7 @@ from lxml import etree
 from pcp_core.engine import NO_ANSWER
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.paging import page_history, turns_from_messages
+from pcp_core.synthesis import node_view
 from pcp_core.tokens import prompt_tokens
 from proxy.testing import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
@@ -43,7 +44,7 @@ def xml(recorded: Recorded) -> etree._Element:
 
 
 def summary_ids(recorded: Recorded) -> list[str]:
-    return [n.get("id") for n in xml(recorded).iter("Node") if n.get("view") == "Summary"]
+    return [n.get("id") for n in xml(recorded).iter("Node") if node_view(n) == "Summary"]
 
 
 def consult_first(recorded: Recorded) -> Reply:
@@ -65,7 +66,7 @@ def dated_sessions() -> list[dict]:
 
 
 def detail_text(recorded: Recorded) -> str:
-    return "\n".join(n.findtext("Content") or "" for n in xml(recorded).iter("Node") if n.get("view") == "Detail")
+    return "\n".join(n.findtext("Content") or "" for n in xml(recorded).iter("Node") if node_view(n) == "Detail")
 
 
 def test_a_question_that_names_a_date_reaches_the_pages_said_then(protocol_proxy, upstream):
@@ -102,7 +103,7 @@ def test_consult_then_answer(protocol_proxy, upstream):
     first, second = upstream.chat_requests("worker")
     assert first.json["model"] == "m"
     target = summary_ids(first)[0]
-    assert xml(second).xpath(f"//Node[@id='{target}']")[0].get("view") == "Detail"
+    assert node_view(xml(second).xpath(f"//Node[@id='{target}']")[0]) == "Detail"
     assert xml(second).find("Reasoning_Trace/Step").get("target") == target
     assert xml(first).find("Static_Registry/Head").text == "You are a friendly assistant."
     for recorded in (first, second):

@@ -7,6 +7,7 @@ import re
 import httpx
 from lxml import etree
 
+from pcp_core.synthesis import node_view
 from proxy.testing import Recorded, Reply, by_role, completion
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
@@ -29,7 +30,7 @@ def picks_the_last_candidate(recorded: Recorded) -> Reply:
 
 def detail_ids(recorded: Recorded) -> set[str]:
     document = etree.fromstring(recorded.json["messages"][0]["content"].encode())
-    return {node.get("id") for node in document.iter("Node") if node.get("view") == "Detail"}
+    return {node.get("id") for node in document.iter("Node") if node_view(node) == "Detail"}
 
 
 def ask(proxy) -> httpx.Response:

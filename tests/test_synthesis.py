@@ -6,9 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from pcp_core.pages import View
+import msgspec
+
+from pcp_core.pages import Origin, View
 from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.synthesis import Step, SynthesisRequest, synthesize
+from pcp_core.synthesis import Step, SynthesisRequest, node_type, node_view, shown_time, synthesize
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
 from proxy.tokenizer import Tokenizer
@@ -40,8 +42,10 @@ def test_document_has_the_spec_frame():
     doc = _doc(synthesis)
 
     assert doc.tag == "PagedContext" and doc.get("version") == "0.1.0-alpha"
+    # What changes least comes first: a provider can reuse the prefix two calls share.
+    assert [e.tag for e in doc] == ["Static_Registry", "Linear_Flow", "Reasoning_Trace", "Query", "ST-Node"]
     registry = doc.find("Static_Registry")
-    assert registry.find("ST-Node[@id='CURRENT_TIME']").get("value") == "2026-11-22T10:00:00"
+    assert doc.find("ST-Node[@id='CURRENT_TIME']").get("value") == "2026-11-22T10:00"  # to the minute
     assert "Consult(" in registry.findtext("System_Instructions")
     assert registry.findtext("Head") == "You are terse."
     assert doc.findtext("Query") == "What happened?"
@@ -55,9 +59,11 @@ def test_document_has_the_spec_frame():
 
 def test_final_round_is_marked():
     index, _ = two_level_tree()
-    doc = _doc(synthesize(index, {}, _request(final=True), COUNT))
-    assert doc.find("Static_Registry/ST-Node[@id='FINAL_ROUND']").get("value") == "true"
-    assert "final round" in doc.findtext("Static_Registry/System_Instructions")
+    synthesis = synthesize(index, {}, _request(final=True), COUNT)
+    assert [(e.tag, e.get("id")) for e in _doc(synthesis)][-2:] == [("ST-Node", "CURRENT_TIME"), ("ST-Node", "FINAL_ROUND")]
+    assert _doc(synthesis).find("ST-Node[@id='FINAL_ROUND']").get("value") == "true"
+    assert "final round" in synthesis.messages[1]["content"]  # the last words of the prompt, not its first
+    assert synthesis.messages[0]["content"].startswith(synthesize(index, {}, _request(), COUNT).messages[0]["content"].split("<Query>")[0])
 
 
 def test_unpacked_nests_children_and_detail_shows_content():
@@ -71,7 +77,7 @@ def test_unpacked_nests_children_and_detail_shows_content():
     children = container.findall("Node")
     assert [c.get("id") for c in children] == [ids["a1"], ids["a2"]]
     assert children[0].get("view") == "Summary" and len(children[0]) == 0  # addressed by keywords only
-    assert children[1].get("view") == "Detail" and children[1].findtext("Content") == "page a2 text"
+    assert node_view(children[1]) == "Detail" and children[1].findtext("Content") == "page a2 text"
 
 
 def test_user_text_cannot_forge_tags():
@@ -140,13 +146,46 @@ def test_an_oversized_query_is_clipped_to_the_budget():
     assert text.startswith("start") and text.endswith("end") and "[…]" in text
 
 
-def test_injected_pages_stand_alone_after_their_container():
+def test_injected_pages_stand_alone_before_the_overview():
     index, ids = two_level_tree()
     views = ViewState(index)
     views.raise_to(ids["a2"], View.DETAIL, unfold=False)
     doc = _doc(synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT))
     flow = doc.find("Linear_Flow")
-    assert [(n.get("id"), n.get("view")) for n in flow] == [(ids["A"], "Summary"), (ids["a2"], "Detail"), (ids["B"], "Summary")]
+    assert [(n.get("id"), node_view(n)) for n in flow] == [(ids["a2"], "Detail"), (ids["A"], "Summary"), (ids["B"], "Summary")]
+
+
+def _flow(synthesis) -> list[str]:
+    return [n.get("id") for n in _doc(synthesis).find("Linear_Flow")]
+
+
+def test_a_round_lays_out_what_it_adds_after_what_it_keeps():
+    index = _history(60)
+    leaves = [leaf.id for leaf in index.leaves()]
+    views = ViewState(index)
+    for page_id in (leaves[9], leaves[2], leaves[5]):  # the Router's order, not time's
+        views.raise_to(page_id, View.DETAIL, unfold=False)
+    first = synthesize(index, views.raised(), _request(priorities=[leaves[9], leaves[2], leaves[5]]), COUNT)
+    views.consult(leaves[0], 1, unfold=False)  # earlier in time than all of them
+    trace = [Step("Consult", leaves[0], "more")]
+    second = synthesize(index, views.raised(), _request(priorities=[leaves[0], leaves[9], leaves[2], leaves[5]], trace=trace), COUNT)
+
+    assert _flow(first)[:3] == [leaves[9], leaves[2], leaves[5]]
+    assert _flow(second)[:4] == [leaves[9], leaves[2], leaves[5], leaves[0]]
+    before, after = first.messages[0]["content"], second.messages[0]["content"]
+    kept = before[: before.index(f'<Node id="{index.roots[0]}"')]  # up to the overview, which follows the pages
+    assert after.startswith(kept) and len(kept) > len(before) * 0.5
+
+
+def test_a_container_changed_inside_moves_after_what_did_not_change():
+    index, ids = two_level_tree()
+    views = ViewState(index)
+    views.consult(ids["a2"], 0)  # A Unpacked around a2
+    views.raise_to(ids["b1"], View.DETAIL, unfold=False)
+    wanted = _request(priorities=[ids["a2"], ids["a1"], ids["b1"]])
+    assert _flow(synthesize(index, views.raised(), wanted, COUNT)) == [ids["A"], ids["b1"], ids["B"]]
+    views.consult(ids["a1"], 1)  # inside A: A's subtree changed
+    assert _flow(synthesize(index, views.raised(), wanted, COUNT)) == [ids["b1"], ids["A"], ids["B"]]
 
 
 def test_an_original_in_detail_carries_its_words_not_its_index_keys():
@@ -156,7 +195,7 @@ def test_an_original_in_detail_carries_its_words_not_its_index_keys():
     views.raise_to(leaves[3].id, View.DETAIL, unfold=False)
     doc = _doc(synthesize(index, views.raised(), _request(priorities=[leaves[3].id]), COUNT))
     detail = doc.find(f".//Node[@id='{leaves[3].id}']")
-    assert detail.get("view") == "Detail" and leaves[3].keywords and detail.get("keywords") is None
+    assert node_view(detail) == "Detail" and leaves[3].keywords and detail.get("keywords") is None
     assert all(n.get("keywords") for n in doc.iter("Node") if n.get("view") == "Summary")
 
 
@@ -204,3 +243,42 @@ def test_roots_past_the_share_still_unfold_when_room_is_left_at_the_end():
     roots = list(reversed(index.roots))
     synthesis = synthesize(index, {}, _request(budget=60_000, priorities=roots, overview_budget=1), COUNT)
     assert set(_roots_shown(synthesis)) == set(roots) and synthesis.folded == []
+
+
+def test_a_node_carries_only_what_the_worker_needs_to_read_and_address_it():
+    index, ids = two_level_tree()
+    stored = msgspec.structs.replace(index.get(ids["b1"]), origin=Origin.STORAGE)
+    index.pages[stored.id] = stored
+    views = ViewState(index)
+    views.consult(ids["a2"])  # A Unpacked, a2 in Detail inside it
+    views.consult(ids["B"])  # B in Detail
+    views.raise_to(ids["b1"], View.DETAIL, unfold=False)
+    doc = _doc(synthesize(index, views.raised(), _request(priorities=[ids["a2"], ids["B"], ids["b1"]]), COUNT))
+    nodes = {n.get("id"): n for n in doc.iter("Node")}
+
+    # An Original in Detail: its id and time, and the Content that shows its view.
+    assert dict(nodes[ids["a2"]].attrib) == {"id": ids["a2"], "timestamp": "2026-01-01T00:00"}
+    assert (node_type(nodes[ids["a2"]]), node_view(nodes[ids["a2"]])) == ("Original", "Detail")
+    # A container says what it is and how far it is open; a page from Storage says so.
+    assert (nodes[ids["A"]].get("type"), nodes[ids["A"]].get("view")) == ("Consolidated", "Unpacked")
+    assert (nodes[ids["B"]].get("type"), nodes[ids["B"]].get("view")) == ("Consolidated", "Detail")
+    assert nodes[ids["b1"]].get("origin") == "Storage"
+    assert nodes[ids["a1"]].get("view") == "Summary" and node_type(nodes[ids["a1"]]) == "Original"
+    assert not [n for n in doc.iter("Node") if n.get("depth") or n.get("origin") == "History" or n.get("type") == "Original"]
+
+
+def test_a_nodes_text_closes_it_on_its_line():
+    index, ids = two_level_tree()
+    views = ViewState(index)
+    views.raise_to(ids["a2"], View.DETAIL, unfold=False)
+    document = synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT).messages[0]["content"]
+    assert "<Content>page a2 text</Content></Node>\n" in document
+    assert "</Summary></Node>\n" in document
+
+
+def test_times_are_shown_to_the_minute_or_the_day():
+    assert shown_time("2023-05-08T13:56:41") == "2023-05-08T13:56"
+    assert shown_time("2023-05-08T00:00:00") == "2023-05-08"  # a date stated without a time of day
+    assert shown_time("2024-03-05T10:00:30+02:00") == "2024-03-05T10:00+02:00"  # as it was said
+    assert shown_time("Tue, 05 Mar 2024 10:15:00 GMT") == "2024-03-05T10:15"  # a client's own form, in ISO
+    assert shown_time("sometime") == "sometime"

@@ -115,3 +115,86 @@ def test_page_timestamps_read_as_naive_utc():
     assert moment("2023-05-08T13:56:00+02:00") == datetime(2023, 5, 8, 11, 56)
     assert moment("2023-05-08T13:56:00Z") == datetime(2023, 5, 8, 13, 56)
     assert moment("last tuesday") is None
+
+
+# -- the forms people write dates in --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "time"),
+    [
+        # Day first with dots, month first with slashes, year first with any of - / .
+        ("[05.03.2024 10:15]\nstandup", "2024-03-05T10:15:00"),
+        ("[Tuesday, 3/5/2024]\nstandup", "2024-03-05T00:00:00"),
+        ("[2024/03/05]\nstandup", "2024-03-05T00:00:00"),
+        ("[25/12/2023 9:00]\nparty", "2023-12-25T09:00:00"),  # 25 cannot be a month
+        # A message's own date and time, as chat apps export messages.
+        ("[05.03.24, 10:15:22] Alice: the keys are under the mat", "2024-03-05T10:15:22"),
+        ("3/5/24, 10:15 PM - Alice: see you", "2024-03-05T22:15:00"),
+        ("[10:15, 05/03/2024] Alice: hi", "2024-05-03T10:15:00"),  # slashes: month first
+        ("2024-03-05 10:15 <alice> hi", "2024-03-05T10:15:00"),
+        ("2024-03-05T10:15:00Z bob: deployed", "2024-03-05T10:15:00"),
+        ("05.03.24 10:15 amazing news", "2024-03-05T10:15:00"),  # "am" of "amazing" is no half of the day
+        # Not a stamp: no time of day, not at the start, not a date.
+        ("1.2.30 is out", None),
+        ("12/25 we meet", None),
+        ("192.168.1.10 is down again", None),
+        ("Alice: on 05.03.24, 10:15 we met", None),
+    ],
+)
+def test_dates_in_the_forms_people_write_them(text, time):
+    assert stated_time(text) == time
+
+
+def test_a_message_stamp_dates_its_message_but_is_no_header():
+    assert stated_time("[05.03.24, 10:15:22] Alice: hi") and not opens_with_date("[05.03.24, 10:15:22] Alice: hi")
+
+
+@pytest.mark.parametrize(
+    ("timestamp", "expected"),
+    [
+        ("05.03.2024 10:15", datetime(2024, 3, 5, 10, 15)),
+        ("3/5/2024 10:15 PM", datetime(2024, 3, 5, 22, 15)),
+        ("Tue, 05 Mar 2024 10:15:00 GMT", datetime(2024, 3, 5, 10, 15)),
+        ("Tue, 05 Mar 2024 11:15:00 +0100", datetime(2024, 3, 5, 10, 15)),
+        ("1709633700", datetime(2024, 3, 5, 10, 15)),  # seconds since 1970
+        ("1709633700000", datetime(2024, 3, 5, 10, 15)),  # milliseconds
+        ("tomorrow", None),
+        ("12345", None),
+    ],
+)
+def test_a_messages_own_timestamp_field_in_other_forms(timestamp, expected):
+    assert moment(timestamp) == expected
+
+
+def test_a_message_dated_by_its_stamp_or_its_field_dates_its_page():
+    messages = [
+        {"role": "user", "content": "[05.03.24, 10:15:22] Alice: where are the keys?"},
+        {"role": "assistant", "content": "Under the mat."},
+        {"role": "user", "content": "thanks", "timestamp": "Wed, 06 Mar 2024 08:00:00 GMT"},
+    ]
+    times = [t.timestamp for t in turns_from_messages(messages, "2026-11-23T09:00:00")]
+    assert times[:2] == ["2024-03-05T10:15:22", "2024-03-05T10:15:22"]
+    assert moment(times[2]) == datetime(2024, 3, 6, 8, 0)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [  # NOW is Monday 23 November 2026
+        ("on 5.3.2024?", [("2024-03-05", "2024-03-06")]),
+        ("on 3/5/24?", [("2024-03-05", "2024-03-06")]),
+        ("What did I say on Monday?", [("2026-11-16", "2026-11-17")]),  # the latest Monday before today
+        ("What did we eat on Saturday?", [("2026-11-21", "2026-11-22")]),
+        ("What did I say last Tuesday?", [("2026-11-17", "2026-11-18"), ("2026-11-10", "2026-11-11")]),  # either reading
+        ("What do we do on Tuesdays?", []),  # a habit, not a day
+        ("the day before yesterday", [("2026-11-21", "2026-11-22")]),
+        ("what did you say 2 days ago", [("2026-11-21", "2026-11-22")]),
+        ("three weeks ago", [("2026-10-30", "2026-11-06")]),  # the week around that day
+        ("a month ago", [("2026-10-01", "2026-11-01")]),
+        ("last weekend", [("2026-11-21", "2026-11-23")]),
+        ("last year", [("2025-01-01", "2026-01-01")]),
+        ("version 1.2.3.4", []),
+    ],
+)
+def test_periods_in_the_forms_people_write_them(text, expected):
+    assert [(s[:10], e[:10]) for s, e in spans(text)] == expected

@@ -42,7 +42,7 @@ def test_a_prompt_counts_exactly_and_the_next_one_costs_only_its_new_lines():
     request = SynthesisRequest(current_time="2026-11-22T10:00:01", query="What about invoice INV-7?", budget=4096, priorities=shown)
     prompt = synthesize(index, views.raised(), request, TOKENIZER.count_built).messages[0]["content"]
     assert prompt.count("\n<") > 50
-    later = prompt.replace("2026-11-22T10:00:01", "2026-11-22T10:00:02")  # the next round's: a new CURRENT_TIME
+    later = prompt.replace('value="2026-11-22T10:00"', 'value="2026-11-22T10:01"')  # the next request's: a new CURRENT_TIME
 
     before = TOKENIZER.lines.cache_info()
     assert TOKENIZER.count_built(later) == TOKENIZER.count(later) == whole(later)

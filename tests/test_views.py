@@ -164,3 +164,17 @@ def test_injected_pages_leave_their_path_folded(tree):
     views, ids = tree
     views.raise_to(ids["b1"], D, unfold=False)
     assert views.raised() == {ids["b1"]: D}
+
+
+def test_raised_pages_are_listed_in_the_order_their_views_last_changed():
+    index, ids = two_level_tree()
+    views = ViewState(index)
+    views.raise_to(ids["b1"], View.DETAIL, unfold=False)
+    views.raise_to(ids["a1"], View.DETAIL, unfold=False)
+    views.raise_to(ids["b1"], View.DETAIL, unfold=False)  # no change: it keeps its place
+    assert list(views.raised()) == [ids["b1"], ids["a1"]]
+    views.consult(ids["B"])  # Summary -> Detail: new, last
+    views.consult(ids["B"])  # Detail -> Unpacked: changed again, still last
+    views.shelve(ids["a1"])
+    views.raise_to(ids["a1"], View.DETAIL, unfold=False)  # back after a Shelve: new again
+    assert list(views.raised()) == [ids["b1"], ids["B"], ids["a1"]]
