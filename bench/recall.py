@@ -239,7 +239,7 @@ def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, *
 
 
 def evidence_texts(question: Question, messages: Sequence[Message]) -> list[str]:
-    from pcp_core.synthesis import xml_safe  # the proxy drops characters XML cannot carry
+    from pcp_core.markup import xml_safe  # the proxy drops characters XML cannot carry
 
     return [xml_safe(messages[i]["content"]) for i in question.evidence]
 

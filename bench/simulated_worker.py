@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from pcp_core.synthesis import node_type, node_view
+from pcp_core.markup import node_type, node_view
 from proxy.testing import Recorded, Reply, completion, stream_reply
 
 __all__ = [

@@ -22,6 +22,8 @@ import re
 
 import msgspec
 
+from .markup import TAGS
+
 __all__ = [
     "MAX_DIRECTIVE_CHARS",
     "BusFault",
@@ -80,8 +82,7 @@ Event = Text | Consult | Explore | Shelve | BusFault | Markup
 _KINDS = {"Consult": Consult, "Explore": Explore, "Shelve": Shelve}
 _NAME_START = re.compile("[CES<]")  # first letters of NAMES, and a tag's "<": the only places text can be held
 _PREFIXES = frozenset(name[:i] for name in NAMES for i in range(1, len(name) + 1))
-# The document's tags (pcp_core.synthesis), opening or closing: "<Node", "</Content".
-TAGS = ("PagedContext", "Static_Registry", "ST-Node", "System_Instructions", "Head", "Query", "Reasoning_Trace", "Step", "Background_Context", "Linear_Flow", "Node", "Content", "Summary")
+# The document's tags, opening or closing: "<Node", "</Content".
 _TAG_NAMES = frozenset(opening + tag for tag in TAGS for opening in ("<", "</"))
 _TAG_PREFIXES = frozenset(name[:i] for name in _TAG_NAMES for i in range(1, len(name) + 1))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")

@@ -14,7 +14,7 @@ from pcp_core.engine import RoundContext, RoundPolicy, _diffuse, _priorities, ru
 from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
 from pcp_core.views import ViewState
 from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.synthesis import node_type, node_view
+from pcp_core.markup import node_type, node_view
 from pcp_core.tokens import prompt_tokens
 from proxy.tokenizer import Tokenizer
 

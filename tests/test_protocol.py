@@ -14,7 +14,7 @@ from lxml import etree
 from pcp_core.engine import NO_ANSWER
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.paging import page_history, turns_from_messages
-from pcp_core.synthesis import node_view
+from pcp_core.markup import node_view
 from pcp_core.tokens import prompt_tokens
 from proxy.testing import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer

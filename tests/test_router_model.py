@@ -7,7 +7,7 @@ import re
 import httpx
 from lxml import etree
 
-from pcp_core.synthesis import node_view
+from pcp_core.markup import node_view
 from proxy.testing import Recorded, Reply, by_role, completion
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]

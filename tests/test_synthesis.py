@@ -10,7 +10,8 @@ import msgspec
 
 from pcp_core.pages import Origin, View
 from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.synthesis import Step, SynthesisRequest, node_type, node_view, shown_time, synthesize
+from pcp_core.markup import node_type, node_view, shown_time
+from pcp_core.synthesis import Step, SynthesisRequest, synthesize
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
 from proxy.tokenizer import Tokenizer
@@ -282,3 +283,14 @@ def test_times_are_shown_to_the_minute_or_the_day():
     assert shown_time("2024-03-05T10:00:30+02:00") == "2024-03-05T10:00+02:00"  # as it was said
     assert shown_time("Tue, 05 Mar 2024 10:15:00 GMT") == "2024-03-05T10:15"  # a client's own form, in ISO
     assert shown_time("sometime") == "sometime"
+
+
+def test_every_tag_the_document_uses_is_one_the_directive_parser_takes_out():
+    from pcp_core.markup import TAGS
+
+    index = retroactive_paging(turns_from_messages([{"role": "user", "content": f"Turn {i}: about the garden."} for i in range(80)], "2026-01-01T00:00:00"), COUNT)
+    views = {root: View.UNPACKED for root in index.roots[:1]} | {index.roots[1]: View.DETAIL}
+    request = SynthesisRequest(current_time="2026-01-01T00:00:00", query="Q?", head="Be brief.", trace=[Step("Consult", "x", "why")], final=True, budget=4096, priorities=list(index.roots))
+    document = etree.fromstring(synthesize(index, views, request, COUNT).messages[0]["content"])
+    assert {element.tag for element in document.iter()} <= set(TAGS)
+    assert {"Node", "Content", "Summary", "Step", "Head", "Background_Context"} & {element.tag for element in document.iter()}
