@@ -50,6 +50,9 @@ _CLOCK = re.compile(r"\b" + _TIME_OF_DAY, re.I)
 # What may stand before a message's own date ("[", its time of day first) and join the date to its time.
 _BEFORE_STAMP = re.compile(r"\[?\s*(?:" + _TIME_OF_DAY + r"[,\s]+)?", re.I)
 _STAMP_CLOCK = re.compile(r"(?:,?\s+|T)" + _TIME_OF_DAY, re.I)
+# How a message that opens with its own stamp starts: a digit, or a month's name and a day, maybe
+# bracketed. Read first: most messages fail it at once, and the date forms are not searched for.
+_STAMP_START = re.compile(r"\s*\[?\s*(?:\d|" + _MONTH + r"\s+\d)", re.I)
 _EPOCH = re.compile(r"(?P<seconds>\d{9,10})(?:\.\d+)?|(?P<milliseconds>\d{12,13})")
 
 
@@ -92,6 +95,8 @@ def _iso(date: tuple[int, int, int, str], clock: re.Match[str] | None) -> str | 
 
 def _stamp_time(text: str) -> str | None:
     """The time of a date and a time of day that open ``text`` (a message's own stamp), if they do."""
+    if _STAMP_START.match(text) is None:
+        return None
     found = _first_date(text)
     if found is None:
         return None
