@@ -1,0 +1,37 @@
+"""Hybrid v3 mode (docs/spec/context-protocol-hybrid-v3.md): a computable state snapshot that rides every answer.
+
+The rules only: the snapshot's shape and how a model's snapshot is read
+(``snapshot``), where the answer ends and the snapshot begins (``separator``),
+how the snapshot lives between rounds (``lifecycle``), and what the model is
+told (``prompt``).
+"""
+
+from .lifecycle import Aging, TodoItem, age, fit, rehydrate, render, system_snapshot
+from .prompt import context_prompt, with_system_text
+from .separator import SEPARATOR, SeparatorGate, split_answer
+from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, read_snapshot
+
+__all__ = [
+    "SEPARATOR",
+    "TIERS",
+    "Aging",
+    "Block",
+    "Cursor",
+    "Limits",
+    "Memory",
+    "Reading",
+    "Runtime",
+    "SeparatorGate",
+    "Snapshot",
+    "Todo",
+    "TodoItem",
+    "age",
+    "context_prompt",
+    "fit",
+    "read_snapshot",
+    "rehydrate",
+    "render",
+    "split_answer",
+    "system_snapshot",
+    "with_system_text",
+]
