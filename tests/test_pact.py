@@ -180,12 +180,12 @@ def test_components_render_beside_their_message_and_at_system_level():
 def test_in_protocol_mode_a_component_rides_in_its_messages_page():
     messages = chat(12)
     pages = page_history(turns_from_messages(messages, "2026-01-01T00:00:00"), COUNT)
-    tree = request(Tree(), 13, spec("d9,1,0", "about message 3"), spec("d0,1,0", "about the query"))
+    tree = request(Tree(), 13, spec("d7,1,0", "about message 5"), spec("d0,1,0", "about the query"))
     placed, n = onto_pages(pages, placement(tree), history=12)
     assert n == 1
-    [leaf] = [p for p in placed.leaves if "about message 3" in p.content]
-    assert leaf.first_turn <= 3 <= leaf.last_turn and leaf.id == pages.leaves[placed.leaves.index(leaf)].id
-    assert leaf.content.endswith("\n[component] about message 3")
+    [leaf] = [p for p in placed.leaves if "about message 5" in p.content]
+    assert leaf.first_turn < 5 < leaf.last_turn and leaf.id == pages.leaves[placed.leaves.index(leaf)].id
+    assert leaf.content.endswith("\n[component] about message 5")
     assert sum("[component]" in p.content for p in placed.leaves) == 1
 
 
