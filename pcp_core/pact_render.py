@@ -30,7 +30,7 @@ from .paging import PagedHistory
 __all__ = ["COMPONENT_MARKER", "Placement", "around", "onto_messages", "onto_pages", "placement"]
 
 COMPONENT_MARKER = "[component]"  # a page's line that is a component, not a turn
-_LAST_TURN = attrgetter("last_turn")
+_FIRST_TURN = attrgetter("first_turn")
 
 Message = dict[str, Any]
 
@@ -97,7 +97,7 @@ def onto_pages(pages: PagedHistory, placed: Placement, history: int) -> tuple[Pa
     """
     lines: dict[int, list[str]] = {}
     for i, components in placed.messages.items():
-        leaf = bisect.bisect_right(pages.leaves, i, key=_LAST_TURN) - 1
+        leaf = bisect.bisect_right(pages.leaves, i, key=_FIRST_TURN) - 1  # the last page the message is in
         if i < history and leaf >= 0 and pages.leaves[leaf].first_turn <= i <= pages.leaves[leaf].last_turn:
             lines.setdefault(leaf, []).extend(f"{COMPONENT_MARKER} {c.content}" for c in components)
     if not lines:
