@@ -41,6 +41,10 @@ class Placement(msgspec.Struct, frozen=True):
     system: list[Component] = []
     messages: dict[int, list[Component]] = {}  # by the message's place in the conversation (after its head), in order
 
+    @property
+    def count(self) -> int:
+        return len(self.system) + sum(map(len, self.messages.values()))
+
 
 def placement(tree: Tree) -> Placement:
     """Where each component live in the tree's turn renders; those whose depth is beyond the conversation do not."""

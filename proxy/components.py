@@ -191,9 +191,8 @@ class Components:
         else:
             tree = await asyncio.to_thread(self.store.change, namespace, pinned, step)
         placed = placement(tree)
-        rendered = len(placed.system) + sum(map(len, placed.messages.values()))
-        pcp_headers["x-pcp-components"] = str(rendered)
-        if not rendered and chat.pcp_components is None:
+        pcp_headers["x-pcp-components"] = str(placed.count)
+        if not placed.count and chat.pcp_components is None:
             return body
         fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came
         fields.pop("pcp_components", None)
@@ -205,11 +204,11 @@ class Components:
         Blocking (the store may read the disk): called where the request is prepared, in a thread.
         """
         source = resolution.pinned or (resolution.found.id if resolution.found is not None else None)
+        links = conversation_links(conversation, resolution.links)  # the chain's links and one hash: its messages are not kept
         if not inline and (source is None or not self.store.holds(namespace, source)):
-            self.store.saw(namespace, prepared.session.id, lambda: conversation_links(conversation, resolution.links))
+            self.store.saw(namespace, prepared.session.id, lambda: links)
             return prepared
         specs = msgspec.convert(inline, list[ComponentSpec]) if inline else []  # checked when the request was read
-        links = conversation_links(conversation, resolution.links)
         tree = self.store.change(namespace, prepared.session.id, _step(links, specs), base=source)
         return with_components(prepared, conversation, tree)
 

@@ -227,3 +227,16 @@ def test_the_api_asks_for_the_proxys_key_when_it_has_one(start_proxy):
     guarded = start_proxy(api_keys=["sk-proxy"])
     assert guarded.http.get(f"{API}/components").status_code == 401
     assert guarded.http.get(f"{API}/tree", headers={"authorization": "Bearer sk-proxy"}).status_code == 200
+
+
+def test_a_recognised_session_takes_components_by_the_id_it_answered_with(protocol_proxy, upstream):
+    history = [*long_chat(), {"role": "user", "content": "hello"}]
+    upstream.enqueue(completion("hi"), completion("ok"))
+    first = protocol_proxy.http.post("/v1/chat/completions", headers=KEY, json={"model": "m", "messages": history})
+    path = f"/v1/pcp/sessions/{first.headers['x-pcp-session']}"
+    assert "x-pcp-components" not in first.headers
+    assert post(protocol_proxy, "d0,1,0", "said with a smile", path=path).json()["parent_id"] is not None  # d0 is "hello"
+    follow_up = [*history, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "how are you?"}]
+    response = protocol_proxy.http.post("/v1/chat/completions", headers=KEY, json={"model": "m", "messages": follow_up})
+    assert response.headers["x-pcp-session"] == first.headers["x-pcp-session"] and response.headers["x-pcp-components"] == "1"
+    assert listed(protocol_proxy, path=path) == {"said with a smile": "d2,1,0"}
