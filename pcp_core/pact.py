@@ -284,11 +284,19 @@ def on_request(tree: Tree, links: Sequence[str], inline: Sequence[ComponentSpec]
     """The tree as one request leaves it: advanced to its conversation, with the components it carried inline."""
     tree = advance(tree, links)
     for i, spec in enumerate(inline):
+        if any(_carried(c, spec, tree.turn) for c in tree.components):
+            continue  # a retry carries its components again: they are there already
         try:
             tree, _ = insert(tree, spec, now_ns, rendered_now=True)
         except PactError as error:
             raise PactError(f"pcp_components[{i}]: {error}", param=f"pcp_components.[{i}]") from None
     return tree
+
+
+def _carried(component: Component, spec: ComponentSpec, turn: int) -> bool:
+    """Whether ``component`` is the one ``spec`` asked for in a request of this turn."""
+    same = (component.content, component.key, str(coordinates(component))) == (spec.content, spec.key, str(parse_coordinates(spec.at)))
+    return same and component.born == turn and component.cad == spec.cadence
 
 
 def conversation_links(conversation: Conversation, chained: Sequence[str]) -> list[str]:

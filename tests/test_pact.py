@@ -104,6 +104,13 @@ def test_a_retry_is_not_a_turn():
     assert rendered(request(tree, 5)) == {}
 
 
+def test_a_retry_does_not_attach_its_components_twice():
+    tree = request(Tree(), 3, spec("d0,1,0", "typed on a phone"))
+    assert request(tree, 3, spec("d0,1,0", "typed on a phone")) == tree
+    again = request(request(tree, 5), 5, spec("d0,1,0", "typed on a phone"))  # a new turn: a new component, on message 4
+    assert [(c.content, c.depth) for c in select(again)] == [("typed on a phone", 2), ("typed on a phone", 0)]
+
+
 def test_ttl_counts_turns_and_a_temporary_component_keeps_its_depth():
     tree = request(Tree(), 1, spec("d0,1,0", "for two turns", ttl=2))
     assert rendered(tree) == {0: ["for two turns"]}
