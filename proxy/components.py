@@ -114,10 +114,11 @@ class ComponentStore:
         with self.lock:
             tree = self._get(_key(namespace, base) if base is not None else key)
             if tree is None:
-                links = self.seen.pop(key, None)
+                links = self.seen.get(key)
                 tree = Tree(count=len(chain), chain=chain) if links is not None and (chain := links()) is not None else Tree()
-            changed = step(tree)
+            changed = step(tree)  # may refuse (a ClientError): then nothing is kept, nor forgotten
             if changed is not tree:
+                self.seen.pop(key, None)
                 self._put(key, changed)
         return changed
 

@@ -240,3 +240,12 @@ def test_a_recognised_session_takes_components_by_the_id_it_answered_with(protoc
     response = protocol_proxy.http.post("/v1/chat/completions", headers=KEY, json={"model": "m", "messages": follow_up})
     assert response.headers["x-pcp-session"] == first.headers["x-pcp-session"] and response.headers["x-pcp-components"] == "1"
     assert listed(protocol_proxy, path=path) == {"said with a smile": "d2,1,0"}
+
+
+def test_a_refused_change_leaves_the_session_as_it_was(proxy, upstream):
+    send(proxy, upstream, turns(3))
+    assert proxy.http.delete(f"{API}/components/nothing", headers=KEY).status_code == 404
+    assert post(proxy, "d5,1,0", "too deep").status_code == 400
+    assert post(proxy, "d2,1,0", "on the first message").json()["coordinates"] == "d2,1,0"
+    _, sent = send(proxy, upstream, turns(3))
+    assert sent[0]["content"] == "message 0\n\non the first message"
