@@ -7,7 +7,7 @@ import json
 import pytest
 from lxml import etree
 
-from proxy.testing import completion
+from proxy.testing import completion, stream_reply
 
 KEY = {"authorization": "Bearer sk-one"}
 PINNED = {**KEY, "x-pcp-session": "chat-1"}
@@ -133,6 +133,18 @@ def test_an_edit_forks_the_components_with_the_conversation(proxy, upstream):
     _, sent = send(proxy, upstream, turns(7, edit=2))  # message 2 rewritten: what was said about it goes with it
     assert sent[0]["content"] == "message 0\n\non message 0" and sent[2]["content"] == "message 2 (edited)"
     assert listed(proxy) == {"on message 0": "d6,1,0"}
+
+
+def test_a_streamed_request_carries_its_components_both_ways(start_proxy, upstream, tmp_path):
+    for proxy in (start_proxy(), start_proxy(data_dir=str(tmp_path / "protocol"), sentry_threshold=400, context_budget=900, max_rounds=2)):
+        messages = [*long_chat(), {"role": "user", "content": "What did we plant?"}] if proxy.settings.sentry_threshold == 400 else turns(3)
+        upstream.enqueue(stream_reply(["We planted ", "seedlings."]))
+        body = {"model": "m", "messages": messages, "stream": True, "pcp_components": [{"at": "d0,1,0", "content": "(asked in the garden)"}]}
+        with proxy.http.stream("POST", "/v1/chat/completions", json=body, headers=PINNED) as response:
+            text = response.read().decode()
+        assert response.headers["x-pcp-components"] == "1" and "seedlings" in text
+        sent = upstream.requests[-1].json
+        assert "pcp_components" not in sent and "(asked in the garden)" in json.dumps(sent["messages"])
 
 
 @pytest.fixture
