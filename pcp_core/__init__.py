@@ -6,18 +6,22 @@ ask the Sentry (``engaged``); look the session up in the host's store (a
 ``Resolution``); ``prepare`` the request; drive its ``rounds``, fulfilling their
 effects (``Similarity``, ``CallRouter``, ``CallWorker``, answered by a
 ``WorkerReply``); let an ``AnswerGate`` decide what of a streamed round reaches
-the client; ``settle`` the session the store keeps.
+the client; ``settle`` the session the store keeps. A session's PACT
+components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
+``with_components`` in protocol mode, ``onto_messages`` below the threshold.
 """
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
 from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
+from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
+from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
-from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle
+from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
 from .tokens import CountText, prompt_tokens
@@ -29,6 +33,7 @@ __all__ = [
     "Bm25Cache",
     "CallRouter",
     "CallWorker",
+    "ComponentSpec",
     "ConsolidatedPage",
     "Conversation",
     "CountText",
@@ -36,6 +41,7 @@ __all__ = [
     "Facts",
     "OriginalPage",
     "Outcome",
+    "PactError",
     "Page",
     "Paged",
     "PagedHistory",
@@ -47,21 +53,33 @@ __all__ = [
     "Scan",
     "Session",
     "Similarity",
+    "Tree",
     "WorkerReply",
     "asked",
     "begins_with",
     "calls_client_tool",
     "chain_links",
     "common_prefix",
+    "conversation_links",
+    "delete",
     "engaged",
+    "insert",
     "message_text",
     "model_summary",
+    "node",
+    "on_request",
+    "onto_messages",
+    "parse_selector",
+    "placement",
     "prepare",
     "prompt_tokens",
     "rounds",
+    "select",
     "settle",
     "short_hash",
+    "snapshot",
     "spoken",
     "summary_prompt",
     "transcript",
+    "with_components",
 ]

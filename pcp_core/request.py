@@ -9,6 +9,10 @@ every decision is made here::
         prepared = prepare(conversation, resolution, policy, facts, count)
         outcome = ...     # the host drives rounds(prepared, count, cache), fulfilling its effects
         session = settle(prepared, outcome)  # what the store keeps
+
+A session with PACT components (``pact``) has them placed after ``prepare``:
+``with_components(prepared, conversation, tree)``, the tree as the host's
+store keeps it, advanced to this request (``pact.on_request``).
 """
 
 from __future__ import annotations
@@ -22,15 +26,17 @@ from typing import Any
 import msgspec
 
 from .bm25 import Bm25Cache
-from .conversation import Conversation
+from .conversation import Conversation, message_text
 from .engine import Effect, Outcome, RoundContext, RoundPolicy, run_rounds
+from .pact import Tree
+from .pact_render import Placement, around, onto_messages, onto_pages, placement
 from .pages import Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import CountText
 
-__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle"]
+__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle", "with_components"]
 
 _ID = attrgetter("id")
 
@@ -82,6 +88,9 @@ class Prepared(msgspec.Struct, frozen=True):
     new_links: int  # the last ``new_links`` links of its chain are new: what saving it writes
     paged: Paged
     context: RoundContext
+    # The pages the rounds read, when PACT components ride on some (``with_components``); else the session's.
+    pages: PagedHistory | None = None
+    components: int | None = None  # live components rendered; None: the session has none
 
 
 def query_line(conversation: Conversation, policy: PagingPolicy, count: CountText) -> str:
@@ -118,12 +127,29 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
 
 def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
     """The request's rounds (``engine.run_rounds``) over its session's pages."""
-    return run_rounds(prepared.context, prepared.session.pages.index(), count, cache)
+    pages = prepared.pages if prepared.pages is not None else prepared.session.pages
+    return run_rounds(prepared.context, pages.index(), count, cache)
 
 
 def settle(prepared: Prepared, outcome: Outcome) -> Session:
     """The session as the request leaves it: keeping the pages its drafts were solidified into (§VI.5)."""
     return solidified(prepared.session, outcome.solidified)
+
+
+def with_components(prepared: Prepared, conversation: Conversation, tree: Tree) -> Prepared:
+    """``prepared`` with the live components of ``tree`` where they render (``pact_render``).
+
+    A history message's components ride in its page (the pages the rounds
+    read; the session keeps its own, unchanged), the current message's join
+    the Query, system-level ones the head.
+    """
+    placed = placement(tree)
+    history = len(conversation.history)
+    pages, on_pages = onto_pages(prepared.session.pages, placed, history)
+    current = placed.messages.get(history, []) if conversation.query is not None else []
+    head = "\n\n".join(message_text(m) for m in onto_messages(conversation.head, Placement(system=placed.system))) if placed.system else prepared.context.head
+    context = msgspec.structs.replace(prepared.context, head=head, query=around(prepared.context.query, current))
+    return msgspec.structs.replace(prepared, pages=pages, context=context, components=len(placed.system) + on_pages + len(current))
 
 
 def _query_turn(conversation: Conversation, now: str) -> Turn:

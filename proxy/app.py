@@ -18,10 +18,12 @@ from litestar.exceptions import HTTPException
 
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 
+from .components import Components
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
 from .local_model import LocalModel
 from .metrics import Metrics
+from .pcp_api import PCP_ROUTES
 from .routes import ROUTES
 from .sessions import SessionStore
 from .settings import Settings
@@ -59,6 +61,7 @@ class Services:
     policy: Policy
     upstream: Upstream = field(init=False)
     sessions: SessionStore = field(init=False)
+    components: Components = field(init=False)
     bm25: Bm25Cache = field(default_factory=Bm25Cache)
     local_model: LocalModel | None = None
     embedder: DenseRecall | None = None
@@ -97,6 +100,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
         services.sessions = SessionStore(settings.data_path / "sessions")
+        services.components = Components(settings.data_path / "components")
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
         if settings.consolidator == "llm":
@@ -109,7 +113,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=ROUTES,
+        route_handlers=[*ROUTES, *PCP_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
@@ -137,6 +141,7 @@ async def _stop(services: Services) -> None:
         await services.summariser.stop()
     await services.upstream.aclose()
     await asyncio.to_thread(services.sessions.close)
+    await asyncio.to_thread(services.components.close)
     if services.local_model is not None:
         await services.local_model.stop()
 

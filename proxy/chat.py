@@ -14,11 +14,11 @@ from typing import Annotated, Any
 
 import msgspec
 
-from pcp_core import CallWorker, Outcome, WorkerReply, spoken
+from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, spoken
 
 from .errors import ClientError
 
-__all__ = ["ChatCodec", "ChatRequest", "Usage", "parse_chat_request", "sse_event"]
+__all__ = ["ChatCodec", "ChatRequest", "Usage", "error_param", "parse_chat_request", "sse_event"]
 
 
 class ToolFunction(msgspec.Struct):
@@ -44,6 +44,8 @@ class ChatRequest(msgspec.Struct):
     tools: list[Tool] | None = None
     stream_options: dict[str, Any] | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # PACT components the request attaches to its session (``proxy.components``): the proxy's, never forwarded.
+    pcp_components: list[ComponentSpec] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatRequest)
@@ -54,7 +56,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
         request = _DECODER.decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        raise ClientError(f"invalid chat request: {text}", param=_param(text)) from None
+        raise ClientError(f"invalid chat request: {text}", param=error_param(text)) from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"request body is not valid JSON: {exc}") from None
     for i, message in enumerate(request.messages):
@@ -68,7 +70,7 @@ _AT = re.compile(r"at `\$\.([^`]*)`$")
 _MISSING = re.compile(r"missing required field `([^`]*)`")
 
 
-def _param(message: str) -> str | None:
+def error_param(message: str) -> str | None:
     """The field a validation error is about, written as OpenAI writes ``param`` (``messages.[0].role``)."""
     at = _AT.search(message) or _MISSING.search(message)
     return at.group(1).replace("[", ".[") if at else None
@@ -87,7 +89,7 @@ class Usage(msgspec.Struct):
 
 
 # Fields of the client's request that the proxy sets itself on worker calls.
-OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice")
+OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice", "pcp_components")
 
 
 class ChatCodec:

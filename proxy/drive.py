@@ -68,7 +68,10 @@ class ProtocolRequest:
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         session = self.prepared.session.id if self.prepared is not None else ""
-        return {"x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
+        headers = {"x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
+        if self.prepared is not None and self.prepared.components is not None:
+            headers["x-pcp-components"] = str(self.prepared.components)
+        return headers
 
     # -- before round 0 ----------------------------------------------------------------
     async def start(self) -> Rounds:
@@ -99,7 +102,9 @@ class ProtocolRequest:
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
         )
-        return prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count)
+        prepared = prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count)
+        # The session's PACT components, placed in its pages (``proxy.components``).
+        return services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
 
     def _count_paging(self, prepared: Prepared) -> None:
         metrics, paged = self.services.metrics, prepared.paged

@@ -9,9 +9,10 @@ from urllib.parse import quote
 import msgspec
 from litestar import Request, Response, get, post
 
-from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens, short_hash
+from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
 from .chat import ChatRequest, parse_chat_request
+from .components import caller_namespace
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves
@@ -32,7 +33,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    namespace = short_hash(request.headers.get("authorization", "anonymous"))
+    namespace = caller_namespace(request.headers)
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
     if engaged(tokens, services.policy) and chat.messages:
@@ -45,6 +46,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         return response
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
+    # PACT components: the session's live ones in place; a request without any goes as it came.
+    body = await services.components.passthrough(request.headers, namespace, chat, body, pcp_headers)
     return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
 
 

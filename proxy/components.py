@@ -1,0 +1,230 @@
+"""PACT components on sessions: where the host keeps them, and where a request meets them.
+
+A session's components are one ``pcp_core.Tree``, kept in
+``PCP_DATA_DIR/components`` (diskcache) under the caller's namespace and the
+session's id, beside the sessions; the recent ones stay decoded in memory.
+Every tree on disk is known by its key from the start, so a request learns
+that its session has none from a set, without reading the disk.
+
+A request meets its session's components in one of two places:
+
+* below the threshold (``passthrough``), only when it names its session in
+  ``x-pcp-session`` or carries components inline (``pcp_components``): a
+  request that does neither is forwarded as it came, with no lookup and no
+  copy; one whose session has no live component to render, byte for byte;
+* in protocol mode (``attach``), the session the store resolved (pinned or
+  recognised) is the one whose components it renders; a fork starts from
+  its parent's and leaves the parent's as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import diskcache
+import msgspec
+
+from pcp_core import (
+    ComponentSpec,
+    Conversation,
+    PactError,
+    Prepared,
+    Resolution,
+    Tree,
+    chain_links,
+    conversation_links,
+    on_request,
+    onto_messages,
+    placement,
+    short_hash,
+    with_components,
+)
+from pcp_core.conversation import conversation_start
+
+from .chat import ChatRequest
+from .errors import ClientError
+
+__all__ = ["ComponentStore", "Components", "caller_namespace"]
+
+log = logging.getLogger("pcp.components")
+
+RECENT = 256  # trees kept decoded in memory
+SEEN = 64  # sessions without components whose last conversation is remembered
+_SEPARATOR = "\x1f"
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Tree)
+
+
+def caller_namespace(headers: Mapping[str, str]) -> str:
+    """The namespace of the caller's sessions: a hash of its key, so that one key never meets another's, and no key is stored."""
+    return short_hash(headers.get("authorization", "anonymous"))
+
+
+class ComponentStore:
+    """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
+
+    def __init__(self, directory: Path, recent: int = RECENT):
+        directory.mkdir(parents=True, exist_ok=True)
+        self.cache = diskcache.Cache(str(directory))
+        self.known: set[str] = set(self.cache.iterkeys())  # the keys of every tree on disk, or about to be
+        self.recent: OrderedDict[str, Tree] = OrderedDict()
+        self.recent_size = recent
+        self.lock = threading.Lock()  # a change reads and writes a tree as one step: a request and a route may meet
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-components")
+        # The last conversation of each recent session that has no components yet, as a function giving its
+        # hash chain (computed only if asked): a component the API attaches to it then knows which message d0 is.
+        self.seen: OrderedDict[str, Callable[[], list[str]]] = OrderedDict()
+
+    def saw(self, namespace: str, session_id: str, links: Callable[[], list[str]]) -> None:
+        """Remember the conversation of a request of a session without components (memory only, the ``SEEN`` latest)."""
+        key = _key(namespace, session_id)
+        with self.lock:
+            self.seen[key] = links
+            self.seen.move_to_end(key)
+            if len(self.seen) > SEEN:
+                self.seen.popitem(last=False)
+
+    def holds(self, namespace: str, session_id: str) -> bool:
+        return _key(namespace, session_id) in self.known
+
+    def in_memory(self, namespace: str, session_id: str) -> bool:
+        return _key(namespace, session_id) in self.recent
+
+    def get(self, namespace: str, session_id: str) -> Tree | None:
+        """The session's tree (may read the disk: call from a thread unless ``in_memory``)."""
+        with self.lock:
+            return self._get(_key(namespace, session_id))
+
+    def change(self, namespace: str, session_id: str, step: Callable[[Tree], Tree], base: str | None = None) -> Tree:
+        """Keep ``step(tree)`` as the session's tree, and return it.
+
+        ``tree`` is ``base``'s when given (a fork's parent), else the session's
+        own; a new one is placed in the conversation the session was last seen
+        with (``saw``), if it is remembered.
+        """
+        key = _key(namespace, session_id)
+        with self.lock:
+            tree = self._get(_key(namespace, base) if base is not None else key)
+            if tree is None:
+                links = self.seen.get(key)
+                tree = Tree(count=len(chain), chain=chain) if links is not None and (chain := links()) is not None else Tree()
+            changed = step(tree)  # may refuse (a ClientError): then nothing is kept, nor forgotten
+            if changed is not tree:
+                self.seen.pop(key, None)
+                self._put(key, changed)
+        return changed
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=True)
+        self.cache.close()
+
+    def _get(self, key: str) -> Tree | None:
+        tree = self.recent.get(key)
+        if tree is None and key in self.known:
+            raw = self.cache.get(key)
+            try:
+                tree = _decoder.decode(raw) if raw is not None else None
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.warning("the components of a session could not be read back; it starts with none")
+            if tree is not None:
+                self._remember(key, tree)
+        return tree
+
+    def _put(self, key: str, tree: Tree) -> None:
+        self._remember(key, tree)
+        self.known.add(key)
+        self.writer.submit(self._write, key, tree)
+
+    def _remember(self, key: str, tree: Tree) -> None:
+        self.recent[key] = tree
+        self.recent.move_to_end(key)
+        while len(self.recent) > self.recent_size:
+            self.recent.popitem(last=False)
+
+    def _write(self, key: str, tree: Tree) -> None:
+        try:
+            self.cache.set(key, _encoder.encode(tree))
+        except Exception:  # a full disk costs the components' survival of a restart, not the request
+            log.exception("the components of a session were not saved")
+
+
+def _key(namespace: str, session_id: str) -> str:
+    return f"{namespace}{_SEPARATOR}{session_id}"
+
+
+class Components:
+    """The two places a request meets its session's components."""
+
+    def __init__(self, directory: Path):
+        self.store = ComponentStore(directory)
+
+    async def passthrough(self, headers: Mapping[str, str], namespace: str, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+        """The body to forward below the threshold: with the session's live components in place.
+
+        As it came, without a lookup, when the request neither names a session
+        nor carries components; byte for byte when there is nothing to render.
+        ``pcp_headers`` gains ``x-pcp-components`` when the session has components.
+        """
+        if chat.pcp_components is None and "x-pcp-session" not in headers:
+            return body
+        from .routes import pinned_session  # the one reading of x-pcp-session (routes imports this module)
+
+        pinned = pinned_session(headers)
+        messages = chat.messages
+        if chat.pcp_components is None and (pinned is None or not self.store.holds(namespace, pinned)):
+            if pinned is not None:
+                self.store.saw(namespace, pinned, lambda: chain_links(messages[conversation_start(messages) :]))
+            return body
+        links = chain_links(messages[conversation_start(messages) :])
+        step = _step(links, chat.pcp_components or [])
+        if pinned is None:  # no session to keep them in: they render in this request alone
+            tree = step(Tree())
+        elif self.store.in_memory(namespace, pinned):
+            tree = self.store.change(namespace, pinned, step)
+        else:
+            tree = await asyncio.to_thread(self.store.change, namespace, pinned, step)
+        placed = placement(tree)
+        pcp_headers["x-pcp-components"] = str(placed.count)
+        if not placed.count and chat.pcp_components is None:
+            return body
+        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came
+        fields.pop("pcp_components", None)
+        return msgspec.json.encode({**fields, "messages": onto_messages(chat.messages, placed)})
+
+    def attach(self, namespace: str, conversation: Conversation, resolution: Resolution, prepared: Prepared, inline: Sequence[Any] | None) -> Prepared:
+        """``prepared`` with its session's live components where they render, the session's tree advanced to this request.
+
+        Blocking (the store may read the disk): called where the request is prepared, in a thread.
+        """
+        source = resolution.pinned or (resolution.found.id if resolution.found is not None else None)
+        links = conversation_links(conversation, resolution.links)  # the chain's links and one hash: its messages are not kept
+        if not inline and (source is None or not self.store.holds(namespace, source)):
+            self.store.saw(namespace, prepared.session.id, lambda: links)
+            return prepared
+        specs = msgspec.convert(inline, list[ComponentSpec]) if inline else []  # checked when the request was read
+        tree = self.store.change(namespace, prepared.session.id, _step(links, specs), base=source)
+        return with_components(prepared, conversation, tree)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _step(links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree], Tree]:
+    """The change one request makes to its session's tree; a component it carries that the rules refuse is the client's 400."""
+
+    def step(tree: Tree) -> Tree:
+        try:
+            return on_request(tree, links, inline, time.time_ns())
+        except PactError as error:
+            raise ClientError(str(error), param=error.param, code="invalid_component") from None
+
+    return step
+
