@@ -35,7 +35,7 @@ import uvicorn
 
 from pcp_core.session import Session, chain_links, page_on, resume
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -81,6 +81,13 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
     return Reply(body=json.dumps(body).encode())
 
 
+def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedding") -> Reply:
+    """An embeddings answer: ``count`` vectors of ``dimensions`` numbers."""
+    data = [{"object": "embedding", "index": i, "embedding": [round(0.1 * (i + 1) * (d + 1), 3) for d in range(dimensions)]} for i in range(count)]
+    body = {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}
+    return Reply(body=json.dumps(body).encode())
+
+
 def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None) -> list[bytes]:
     """The SSE events of a streamed completion that says ``pieces`` in order."""
     cid = f"chatcmpl-fake{next(_ids)}"
@@ -103,6 +110,15 @@ def stream_reply(pieces: Iterable[str], **kwargs: Any) -> Reply:
 def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
     """A script that answers each ``x-pcp-role`` (worker, router, consolidator) with its own reply."""
     return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
+
+
+def _inputs(body: bytes) -> int:
+    """How many texts an embeddings request asks for."""
+    try:
+        given = json.loads(body).get("input")
+    except (ValueError, AttributeError):
+        return 1
+    return len(given) if isinstance(given, list) and given and not isinstance(given[0], int) else 1
 
 
 class FakeUpstream:
@@ -128,6 +144,8 @@ class FakeUpstream:
         self.requests.append(recorded)
         if recorded.path.endswith("/models"):
             return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
+        if recorded.path.endswith("/embeddings") and not self.script:
+            return embeddings(_inputs(recorded.body))
         scripted = self.script.popleft() if self.script else self.default
         return scripted(recorded) if callable(scripted) else scripted
 
