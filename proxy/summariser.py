@@ -112,7 +112,7 @@ class Summariser:
         self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
         body = {"model": job.model, "messages": summary_prompt(job.text), "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
         headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
-        data = await self.upstream.complete(json.dumps(body).encode(), headers)
+        data, _ = await self.upstream.complete(json.dumps(body).encode(), headers)
         return model_summary(data["choices"][0]["message"].get("content") or "", self.max_chars)
 
 

@@ -64,7 +64,7 @@ class Reply:
     delay: float = 0.0
 
 
-def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1) -> Reply:
+def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1, finish: str | None = None, headers: dict[str, str] | None = None) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
@@ -74,11 +74,11 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": i, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"} for i in range(n)
+            {"index": i, "message": message, "finish_reason": finish or ("tool_calls" if tool_calls else "stop")} for i in range(n)
         ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     }
-    return Reply(body=json.dumps(body).encode())
+    return Reply(body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
 
 
 def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedding") -> Reply:
@@ -88,8 +88,9 @@ def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedd
     return Reply(body=json.dumps(body).encode())
 
 
-def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None) -> list[bytes]:
-    """The SSE events of a streamed completion that says ``pieces`` in order."""
+def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
+    """The SSE events of a streamed completion that says ``pieces`` in order, ending for ``finish``;
+    ``usage`` comes in an event of its own, as OpenAI sends it when asked (``stream_options.include_usage``)."""
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -98,13 +99,16 @@ def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[
 
     events = [event({"role": "assistant", "content": ""})]
     events += [event({"content": piece}) for piece in pieces]
-    events.append(event({}, "stop", **({"usage": usage} if usage else {})))
+    events.append(event({}, finish))
+    if usage:
+        chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+        events.append(f"data: {json.dumps(chunk)}\n\n".encode())
     events.append(b"data: [DONE]\n\n")
     return events
 
 
-def stream_reply(pieces: Iterable[str], **kwargs: Any) -> Reply:
-    return Reply(headers={"content-type": "text/event-stream"}, chunks=list(sse_chunks(pieces, **kwargs)))
+def stream_reply(pieces: Iterable[str], *, headers: dict[str, str] | None = None, **kwargs: Any) -> Reply:
+    return Reply(headers={"content-type": "text/event-stream", **(headers or {})}, chunks=list(sse_chunks(pieces, **kwargs)))
 
 
 def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
