@@ -11,7 +11,7 @@ the client; ``settle`` the session the store keeps.
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
-from .conversation import Conversation, message_text
+from .conversation import Conversation, fold_system, message_text
 from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
 from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
 from .paging import PagedHistory, PagingPolicy
@@ -54,6 +54,7 @@ __all__ = [
     "chain_links",
     "common_prefix",
     "engaged",
+    "fold_system",
     "message_text",
     "model_summary",
     "prepare",

@@ -47,7 +47,7 @@ class DenseRecall(Protocol):
 def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
-    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model))
+    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model), context_role=settings.context_role)
     return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
 
 
@@ -101,7 +101,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
         loading = _start_embedder(services, embedder)
         if settings.consolidator == "llm":
-            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
+            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars, fold_system=settings.context_role == "user")
             services.summariser.start()
         log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
         try:
