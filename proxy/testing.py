@@ -17,6 +17,7 @@ lets a test play a model that reads its prompt (see ``bench/`` for a simulated w
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
@@ -83,9 +84,14 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
 
 def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedding") -> Reply:
     """An embeddings answer: ``count`` vectors of ``dimensions`` numbers."""
+    return Reply(body=_embeddings_body(count, dimensions, model))
+
+
+@functools.lru_cache(maxsize=32)
+def _embeddings_body(count: int, dimensions: int, model: str) -> bytes:
+    """Made once: a benchmark measures the proxy, not the fake's JSON encoder."""
     data = [{"object": "embedding", "index": i, "embedding": [round(0.1 * (i + 1) * (d + 1), 3) for d in range(dimensions)]} for i in range(count)]
-    body = {"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}
-    return Reply(body=json.dumps(body).encode())
+    return json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}).encode()
 
 
 def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
@@ -116,13 +122,14 @@ def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], R
     return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
 
 
-def _inputs(body: bytes) -> int:
-    """How many texts an embeddings request asks for."""
+def _inputs(body: bytes) -> tuple[int, int]:
+    """How many texts an embeddings request asks vectors for, and of how many dimensions (8 unless it says)."""
     try:
-        given = json.loads(body).get("input")
-    except (ValueError, AttributeError):
-        return 1
-    return len(given) if isinstance(given, list) and given and not isinstance(given[0], int) else 1
+        asked = json.loads(body)
+        given, dimensions = asked.get("input"), int(asked.get("dimensions") or 8)
+    except (ValueError, TypeError, AttributeError):
+        return 1, 8
+    return (len(given) if isinstance(given, list) and given and not isinstance(given[0], int) else 1), dimensions
 
 
 class FakeUpstream:
@@ -149,7 +156,8 @@ class FakeUpstream:
         if recorded.path.endswith("/models"):
             return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
         if recorded.path.endswith("/embeddings") and not self.script:
-            return embeddings(_inputs(recorded.body))
+            count, dimensions = _inputs(recorded.body)
+            return embeddings(count, dimensions=dimensions)
         scripted = self.script.popleft() if self.script else self.default
         return scripted(recorded) if callable(scripted) else scripted
 
