@@ -82,16 +82,11 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
     return Reply(body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
 
 
+@functools.lru_cache(maxsize=32)  # made once: a benchmark measures the proxy, not the fake's JSON encoder
 def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedding") -> Reply:
     """An embeddings answer: ``count`` vectors of ``dimensions`` numbers."""
-    return Reply(body=_embeddings_body(count, dimensions, model))
-
-
-@functools.lru_cache(maxsize=32)
-def _embeddings_body(count: int, dimensions: int, model: str) -> bytes:
-    """Made once: a benchmark measures the proxy, not the fake's JSON encoder."""
     data = [{"object": "embedding", "index": i, "embedding": [round(0.1 * (i + 1) * (d + 1), 3) for d in range(dimensions)]} for i in range(count)]
-    return json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}).encode()
+    return Reply(body=json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}).encode())
 
 
 def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
@@ -122,14 +117,11 @@ def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], R
     return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
 
 
-def _inputs(body: bytes) -> tuple[int, int]:
-    """How many texts an embeddings request asks vectors for, and of how many dimensions (8 unless it says)."""
-    try:
-        asked = json.loads(body)
-        given, dimensions = asked.get("input"), int(asked.get("dimensions") or 8)
-    except (ValueError, TypeError, AttributeError):
-        return 1, 8
-    return (len(given) if isinstance(given, list) and given and not isinstance(given[0], int) else 1), dimensions
+def _embeddings_asked(body: bytes) -> Reply:
+    """The answer to an embeddings request: a vector for each text, of the dimensions it asks (8 unless it says)."""
+    asked = json.loads(body)
+    texts = asked["input"] if isinstance(asked["input"], list) and isinstance(asked["input"][0], str) else [asked["input"]]
+    return embeddings(len(texts), dimensions=int(asked.get("dimensions") or 8))
 
 
 class FakeUpstream:
@@ -156,8 +148,7 @@ class FakeUpstream:
         if recorded.path.endswith("/models"):
             return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
         if recorded.path.endswith("/embeddings") and not self.script:
-            count, dimensions = _inputs(recorded.body)
-            return embeddings(count, dimensions=dimensions)
+            return _embeddings_asked(recorded.body)
         scripted = self.script.popleft() if self.script else self.default
         return scripted(recorded) if callable(scripted) else scripted
 
