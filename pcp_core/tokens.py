@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["PART_TOKENS", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words"]
+__all__ = ["LOW_DETAIL_TOKENS", "PART_TOKENS", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words"]
 
 CountText = Callable[[str], int]
 
@@ -30,9 +30,9 @@ def part_text(part: Any) -> str | None:
     if not isinstance(part, Mapping):
         return None
     kind = part.get("type", "text")
-    text = part.get("refusal" if kind == "refusal" else "text")
     if kind not in ("text", "refusal"):
         return None
+    text = part.get(kind)  # {"type": "text", "text": …}, {"type": "refusal", "refusal": …}
     return text if isinstance(text, str) else ""
 
 
