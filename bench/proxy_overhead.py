@@ -6,12 +6,16 @@ front of it, and, as a reference point, a bare 30-line httpx forwarder
 interleaved in rounds so that machine noise hits them alike:
 
 * one client, sequential requests: p50/p95 latency, and what each adds over direct;
-* 16 concurrent clients: p50/p95 and throughput relative to direct.
+* 16 concurrent clients: p50/p95 and throughput relative to direct;
+* one client, a chat completion (read, measured, forwarded) against a forwarded
+  ``/v1/embeddings`` call (the same texts as input, 1,536-dimension vectors back):
+  what each adds over direct, and the difference of the two at p50.
 
 Each request carries a realistic history (default ~2k tokens) whose last user
 message is new every time, as in a live conversation.
 
     python bench/proxy_overhead.py [--requests 2000] [--history-tokens 2000]
+    python bench/proxy_overhead.py --endpoints-only   # the third table alone
 """
 
 from __future__ import annotations
@@ -92,6 +96,8 @@ def history(tokens: int) -> list[dict[str, str]]:
 class Body:
     """A request body whose last user message is new on every call."""
 
+    path = "/v1/chat/completions"
+
     def __init__(self, history_tokens: int):
         self.messages = history(history_tokens)
         self.n = 0
@@ -102,6 +108,23 @@ class Body:
         return json.dumps({"model": "fake-model", "messages": messages, "temperature": 0}).encode()
 
 
+class EmbeddingsBody(Body):
+    """An embeddings request: the history's messages and a new question, one input each (``batch``), as a
+    RAG app indexes a conversation; or the new question alone, as it embeds a query."""
+
+    path = "/v1/embeddings"
+
+    def __init__(self, history_tokens: int, batch: bool = True):
+        super().__init__(history_tokens)
+        self.batch = batch
+
+    def __call__(self) -> bytes:
+        self.n += 1
+        texts = [m["content"] for m in self.messages] if self.batch else []
+        texts.append(f"Question {self.n}: what moved the release?")
+        return json.dumps({"model": "text-embedding-3-small", "input": texts, "dimensions": 1536}).encode()
+
+
 def sequential(port: int, body: Body, count: int) -> list[float]:
     conn = http.client.HTTPConnection("127.0.0.1", port)
     headers = {"content-type": "application/json", "authorization": "Bearer sk-bench"}
@@ -109,7 +132,7 @@ def sequential(port: int, body: Body, count: int) -> list[float]:
     for _ in range(count):
         payload = body()
         start = time.perf_counter()
-        conn.request("POST", "/v1/chat/completions", payload, headers)
+        conn.request("POST", body.path, payload, headers)
         response = conn.getresponse()
         response.read()
         times.append(time.perf_counter() - start)
@@ -153,12 +176,46 @@ def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) > 1 else values[0] * 1000
 
 
+def endpoints(ports: dict[str, int], args: argparse.Namespace) -> dict[tuple[str, str], list[float]]:
+    """Sequential latency of a chat completion and of forwarded embeddings calls, direct and through each forwarder, interleaved."""
+    bodies = {
+        "chat completion": Body(args.history_tokens),
+        "embeddings, one text (forwarded)": EmbeddingsBody(args.history_tokens, batch=False),
+        f"embeddings, {len(Body(args.history_tokens).messages) + 1} texts (forwarded)": EmbeddingsBody(args.history_tokens),
+    }
+    targets = dict(ports)
+    times: dict[tuple[str, str], list[float]] = {(kind, name): [] for kind in bodies for name in targets}
+    per_round = max(args.requests // args.rounds, 1)
+    for _ in range(args.rounds):
+        for kind, body in bodies.items():
+            for name, port in targets.items():
+                times[kind, name] += sequential(port, body, per_round)
+    return times
+
+
+def print_endpoints(times: dict[tuple[str, str], list[float]]) -> None:
+    kinds = list(dict.fromkeys(kind for kind, _ in times))
+    print(f"\nChat completion (passthrough) against forwarded /v1/embeddings calls (1,536-dimension vectors back), one client, {len(times[kinds[0], 'direct'])} sequential requests of each per target\n")
+    print("| request | direct p50 ms | pcp-proxy p50 ms | added p50 ms | added p95 ms | bare forwarder: added p50 ms |")
+    print("|---|---|---|---|---|---|")
+    added = {}
+    for kind in kinds:
+        direct, proxied, bare = times[kind, "direct"], times[kind, "pcp-proxy"], times[kind, "bare forwarder"]
+        added[kind] = pct(proxied, 50) - pct(direct, 50)
+        print(f"| {kind} | {pct(direct, 50):.2f} | {pct(proxied, 50):.2f} | {added[kind]:+.2f} | {pct(proxied, 95) - pct(direct, 95):+.2f} | {pct(bare, 50) - pct(direct, 50):+.2f} |")
+    chat, *forwarded = kinds
+    for kind in forwarded:
+        print(f"\n{kind}: {added[kind] - added[chat]:+.2f} ms at p50 against a chat completion.", end="")
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=2000, help="sequential requests per target")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--history-tokens", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--endpoints-only", action="store_true", help="only compare a chat completion with a forwarded embeddings call")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -167,6 +224,10 @@ def main() -> None:
             body = Body(args.history_tokens)
             for port in ports.values():
                 sequential(port, body, 200)  # warm-up: connections, caches, JIT-free but lazy imports
+                sequential(port, EmbeddingsBody(args.history_tokens), 50)
+            if args.endpoints_only:
+                print_endpoints(endpoints(ports, args))
+                return
             seq: dict[str, list[float]] = {name: [] for name in ports}
             conc: dict[str, list[float]] = {name: [] for name in ports}
             rps: dict[str, list[float]] = {name: [] for name in ports}
@@ -180,6 +241,7 @@ def main() -> None:
                     times, throughput = asyncio.run(concurrent(port, body, concurrent_per_round, args.clients))
                     conc[name] += times
                     rps[name].append(throughput)
+            by_endpoint = endpoints(ports, args)
         finally:
             for proc in procs:
                 proc.terminate()
@@ -196,6 +258,7 @@ def main() -> None:
         ratio = statistics.median(rps[name]) / base["rps"]
         added = lambda v, k: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
         print(f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |")
+    print_endpoints(by_endpoint)
 
 
 if __name__ == "__main__":

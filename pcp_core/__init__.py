@@ -13,7 +13,7 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
-from .conversation import Conversation, message_text
+from .conversation import Conversation, fold_system, message_text
 from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
@@ -63,6 +63,7 @@ __all__ = [
     "conversation_links",
     "delete",
     "engaged",
+    "fold_system",
     "insert",
     "message_text",
     "model_summary",

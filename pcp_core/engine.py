@@ -26,7 +26,7 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -34,6 +34,7 @@ import msgspec
 
 from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
+from .conversation import fold_system
 from .directives import Consult, Directive, Explore, Shelve
 from .index import Activation, PageIndex, PageState, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
@@ -65,6 +66,8 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     recent_pages: int = 2  # the latest Original pages, kept verbatim while they fit
     explore_hits: int = 3
     diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
+    # Where the PagedContext goes: the system message, or the user message, for upstreams that ignore system messages.
+    context_role: Literal["system", "user"] = "system"
 
 
 _DEFAULT = RoundPolicy()
@@ -82,6 +85,10 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     reserved_tokens: int = 0
     # Ask the host for embeddings and fuse dense recall with BM25.
     dense: bool = False
+    # Parts that are not text (images, audio, files): the query's, sent with every worker call;
+    # the history's by handle, sent again with the pages the worker asks for.
+    query_parts: list[Any] = []
+    parts: Mapping[str, Any] = {}
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -103,11 +110,11 @@ class Similarity(msgspec.Struct, frozen=True):
 class CallRouter(msgspec.Struct, frozen=True):
     """Ask the host's router model; the host sends back its reply text, or None if the call failed."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
 
 
 class CallWorker(msgspec.Struct, frozen=True):
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     round: int
     final: bool
     tools: list[dict[str, Any]]
@@ -169,7 +176,8 @@ def _address(context: RoundContext, index: PageIndex, count: CountText, cache: B
     ranked = broad_match(intent, leaves, lexical, dense)
     if context.policy.router and ranked:
         candidates = ranked[:ROUTER_CANDIDATES]
-        reply = yield CallRouter(router_prompt(intent, [index.get(p) for p in candidates], context.policy.budget, count))
+        prompt = router_prompt(intent, [index.get(p) for p in candidates], context.policy.budget, count)
+        reply = yield CallRouter(fold_system(prompt) if context.policy.context_role == "user" else prompt)
         if reply is not None:
             ranked = precision_selection(ranked, reply, candidates)
     return _Addressed(intent=intent, leaves=leaves, texts=texts, ranked=ranked, now=now)
@@ -215,6 +223,10 @@ class _Loop:
             indexed=self.indexed,
             reserved_tokens=context.reserved_tokens,
             overview_budget=int(policy.overview_share * policy.budget),
+            query_parts=context.query_parts,
+            parts=context.parts,
+            consulted=self.consulted,
+            context_role=policy.context_role,
         )
         synthesis = synthesize(self.index, self.views.raised(), request, self.count)
         self.standalone = set(synthesis.standalone)

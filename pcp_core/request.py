@@ -158,7 +158,10 @@ def _query_turn(conversation: Conversation, now: str) -> Turn:
 
 
 def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
-    context = RoundContext(query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now, policy=policy.rounds, client_tools=facts.client_tools, dense=facts.dense)
+    context = RoundContext(
+        query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now, policy=policy.rounds,
+        client_tools=facts.client_tools, dense=facts.dense, query_parts=conversation.query_parts, parts=conversation.history_parts(),
+    )  # fmt: skip
     tools = context.tools
     return msgspec.structs.replace(context, reserved_tokens=count(json.dumps(tools)) if tools else 0)
 

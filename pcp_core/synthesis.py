@@ -29,15 +29,17 @@ messages is checked and the last admission undone while it is over budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import msgspec
 from lxml import etree
 
+from .conversation import PLACEHOLDER, attached, fold_system, placeholder
 from .index import PageIndex
 from .markup import background_line, newlines, node, node_lines, shown_time, xml_safe
 from .pages import ConsolidatedPage, Page, View
-from .tokens import CountText, prompt_tokens
+from .tokens import CountText, part_tokens, prompt_tokens
 
 __all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
@@ -54,6 +56,7 @@ Otherwise answer the Query as the assistant, in plain text, never mentioning pag
 """.strip()
 
 FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
+PARTS_INSTRUCTION = "A [image_url …], [input_audio …] or [file …] in a page stands for what that message attached: Consult the page to be shown it."
 USER_LINE = "Respond to the Query of the PagedContext."
 
 class Step(msgspec.Struct, frozen=True):
@@ -82,10 +85,18 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     # Most tokens the roots listed in ``priorities`` may take as Summary nodes (None: no cap);
     # the first always shows. The rest stay folded in Background_Context, unless room is left at the end.
     overview_budget: int | None = None
+    # Parts that are not text: the query's go to the worker with the user message (while they fit);
+    # the history's, by handle, with it too in the rounds where a page the worker asked for
+    # (``consulted``) shows their placeholders in Detail. Each counts ``tokens.part_tokens``.
+    query_parts: Sequence[Any] = ()
+    parts: Mapping[str, Any] = {}
+    consulted: Sequence[str] = ()
+    # Where the document goes: the system message, or the user message for upstreams that ignore system messages.
+    context_role: Literal["system", "user"] = "system"
 
 
 class Synthesis(msgspec.Struct):
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     tokens: int
     shown: dict[str, View]  # pages in the Linear_Flow and their materialized view
     standalone: list[str]  # pages shown outside their container (injected by the Router)
@@ -102,6 +113,8 @@ class _Builder:
     def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
         self.index, self.wanted, self.request, self.count = index, views, request, count
         self.costs: dict[tuple[str, View, bool], int] = {}
+        self.consulted = set(request.consulted)
+        self.query_parts = self._fit_query_parts()
 
     # -- the plan ---------------------------------------------------------------
     def build(self) -> Synthesis:
@@ -143,7 +156,7 @@ class _Builder:
 
         while True:
             document = self._document(head, query, shown, unfolded)
-            messages = self._messages(document)
+            messages = self._messages(document, self._attached(shown))
             tokens = prompt_tokens(messages, self.count) + request.reserved_tokens
             if tokens <= request.budget or not admissions:
                 break
@@ -194,16 +207,39 @@ class _Builder:
 
     # -- costs -------------------------------------------------------------------
     def _cost(self, page_id: str, view: View, nested: bool) -> int:
+        """A node's lines, and the parts it brings to the user message."""
         key = (page_id, view, nested)
         if key not in self.costs:
-            self.costs[key] = self.count(node_lines(self.index.get(page_id), view, nested))
+            parts = self._page_parts(page_id) if view == D else []
+            self.costs[key] = self.count(node_lines(self.index.get(page_id), view, nested)) + sum(self.count(placeholder(p)) + part_tokens(p) for p in parts)
         return self.costs[key]
+
+    def _page_parts(self, page_id: str) -> list[Any]:
+        """The parts a page shown in Detail brings: those its placeholders name, once the worker asked for the page."""
+        if page_id not in self.consulted or not self.request.parts:
+            return []
+        page = self.index.get(page_id)
+        handles = PLACEHOLDER.findall(page.content or page.summary)
+        return [self.request.parts[h] for h in dict.fromkeys(handles) if h in self.request.parts]
+
+    def _attached(self, shown: dict[str, View]) -> list[Any]:
+        pages = [part for page_id, view in shown.items() if view == D for part in self._page_parts(page_id)]
+        return [*self.query_parts, *{placeholder(p): p for p in pages if p not in self.query_parts}.values()]
+
+    def _fit_query_parts(self) -> list[Any]:
+        """The query's parts, in order, as many as fit in the budget with the frame and the query's text:
+        they are the query's as its text is, and the history gets what they leave."""
+        parts, request = list(self.request.query_parts), self.request
+        frame = self._document("", request.query, {}, set())
+        while parts and prompt_tokens(self._messages(frame, parts), self.count) + request.reserved_tokens > request.budget:
+            parts.pop()
+        return parts
 
     def _line_cost(self, root: str) -> int:
         return self.count(background_line(self.index.get(root))) + 1
 
     def _exact(self, document: str) -> int:
-        return prompt_tokens(self._messages(document), self.count) + self.request.reserved_tokens
+        return prompt_tokens(self._messages(document, self.query_parts), self.count) + self.request.reserved_tokens
 
     def _fit_frame(self) -> tuple[str, str]:
         """Clip the client's head, then the query, if the frame alone would not fit."""
@@ -216,9 +252,10 @@ class _Builder:
         return head, _clip_tokens(query, max(spare - self.count(head), 0), self.count)
 
     # -- rendering -----------------------------------------------------------------
-    def _messages(self, document: str) -> list[dict[str, str]]:
+    def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
-        return [{"role": "system", "content": document}, {"role": "user", "content": line}]
+        messages = [{"role": "system", "content": document}, {"role": "user", "content": attached(line, parts)}]
+        return fold_system(messages) if self.request.context_role == "user" else messages
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
         """The document, what changes least first, so that a call shares the longest prefix with the one before it.
@@ -233,7 +270,7 @@ class _Builder:
         request = self.request
         root = etree.Element("PagedContext", version=PROTOCOL_VERSION)
         registry = etree.SubElement(root, "Static_Registry")
-        etree.SubElement(registry, "System_Instructions").text = SYSTEM_INSTRUCTIONS
+        etree.SubElement(registry, "System_Instructions").text = "\n".join([SYSTEM_INSTRUCTIONS, *([PARTS_INSTRUCTION] if request.parts else [])])
         if head:
             etree.SubElement(registry, "Head").text = xml_safe(head)
         flow = etree.SubElement(root, "Linear_Flow")

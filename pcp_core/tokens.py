@@ -10,15 +10,36 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["CountText", "function_calls", "message_tokens", "prompt_tokens", "split_words", "IMAGE_PART_TOKENS"]
+__all__ = ["LOW_DETAIL_TOKENS", "PART_TOKENS", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words"]
 
 CountText = Callable[[str], int]
 
 PER_MESSAGE = 3
 PER_NAME = 1
 REPLY_PRIMING = 3
-# An image part costs what the upstream decides; the low-detail price is a fair floor.
-IMAGE_PART_TOKENS = 85
+# What a part that is not text (an image, audio, a file) costs is the upstream's to decide: an
+# image by its size and detail, audio by its length. The proxy cannot see either without decoding
+# them, so it counts a fixed price: OpenAI's for a 1024×1024 image at high detail (85 + 4 × 170),
+# and its low-detail price for an image sent with ``detail: "low"``.
+PART_TOKENS = 765
+LOW_DETAIL_TOKENS = 85
+
+
+def part_text(part: Any) -> str | None:
+    """A content part's text (a refusal's too); None for a part that is not text."""
+    if not isinstance(part, Mapping):
+        return None
+    kind = part.get("type", "text")
+    if kind not in ("text", "refusal"):
+        return None
+    text = part.get(kind)  # {"type": "text", "text": …}, {"type": "refusal", "refusal": …}
+    return text if isinstance(text, str) else ""
+
+
+def part_tokens(part: Any) -> int:
+    """The tokens a part that is not text is counted for (``PART_TOKENS``)."""
+    image = part.get("image_url") if isinstance(part, Mapping) else None
+    return LOW_DETAIL_TOKENS if isinstance(image, Mapping) and image.get("detail") == "low" else PART_TOKENS
 
 
 def message_tokens(message: Mapping[str, Any], count: CountText) -> int:
@@ -30,10 +51,8 @@ def message_tokens(message: Mapping[str, Any], count: CountText) -> int:
             return tokens
     elif isinstance(content, list):
         for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                tokens += count(part["text"])
-            else:
-                tokens += IMAGE_PART_TOKENS
+            text = part_text(part)
+            tokens += part_tokens(part) if text is None else count(text)
     if message.get("name"):
         tokens += PER_NAME + count(str(message["name"]))
     for name, arguments in function_calls(message):

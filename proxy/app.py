@@ -24,7 +24,7 @@ from .errors import ClientError, PcpError, ProxyFault
 from .local_model import LocalModel
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
-from .routes import ROUTES
+from .routes import ROUTES, not_the_proxys
 from .sessions import SessionStore
 from .settings import Settings
 from .summariser import Summariser
@@ -48,7 +48,7 @@ class DenseRecall(Protocol):
 def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
-    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model))
+    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model), context_role=settings.context_role)
     return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
 
 
@@ -104,7 +104,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
         if settings.consolidator == "llm":
-            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
+            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars, fold_system=settings.context_role == "user")
             services.summariser.start()
         log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
         try:
@@ -159,8 +159,10 @@ def _on_pcp_error(_: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
     return error_response(exc)
 
 
-def _on_http_exception(_: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
     status = exc.status_code
+    if status == 404 and (request.url.path + "/").startswith("/v1/pcp/"):  # beside one of its routes, the router answers itself
+        return error_response(not_the_proxys(request.url.path))
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     detail = f"{exc.detail}: the body is larger than this proxy accepts (setting max_body_mb)" if status == 413 else exc.detail
     return error_response(PcpError(detail, status=status, type=kind), headers=exc.headers)

@@ -18,7 +18,7 @@ from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, spoken
 
 from .errors import ClientError
 
-__all__ = ["ChatCodec", "ChatRequest", "Usage", "error_param", "parse_chat_request", "sse_event"]
+__all__ = ["ChatCodec", "ChatRequest", "Usage", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
 
 
 class ToolFunction(msgspec.Struct):
@@ -155,6 +155,11 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+def relayed_finish(finish: str | None) -> str:
+    """The finish reason of the round that answered, as the client gets it: its own (``length``,
+    ``content_filter``), but "stop" where the round's tool calls were directives, taken out of the answer."""
+    return "stop" if finish in (None, "tool_calls") else finish
+
+
 def _answer(choice: dict[str, Any], index: int, text: str) -> dict[str, Any]:
-    finish = choice.get("finish_reason")
-    return {**choice, "index": index, "message": {"role": "assistant", "content": text}, "finish_reason": "stop" if finish in (None, "tool_calls") else finish}
+    return {**choice, "index": index, "message": {"role": "assistant", "content": text}, "finish_reason": relayed_finish(choice.get("finish_reason"))}

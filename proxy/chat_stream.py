@@ -9,8 +9,10 @@ in directives is never seen by the client.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
+
+import msgspec
 
 from pcp_core import AnswerGate, CallWorker, WorkerReply, calls_client_tool, short_hash
 
@@ -30,6 +32,7 @@ class StreamedRound:
         self.events: list[dict[str, Any]] = []
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.ended = False  # the upstream's stream is over
+        self.finish_reason: str | None = None  # why the upstream says the round ended
         self.meta = {"id": f"chatcmpl-pcp{short_hash(str(time.time_ns()))}", "model": model, "created": int(time.time())}
         self._iterator: AsyncIterator[str] = self._texts()
 
@@ -40,6 +43,7 @@ class StreamedRound:
             self.usage.add(event.get("usage"))
             self.meta.update({k: event[k] for k in ("id", "model", "created") if k in event})
             for choice in event.get("choices") or ():
+                self.finish_reason = choice.get("finish_reason") or self.finish_reason
                 delta = choice.get("delta") or {}
                 self._collect_tool_calls(delta.get("tool_calls") or ())
                 if delta.get("content"):
@@ -77,9 +81,18 @@ class StreamedRound:
     def reply(self, delivered: bool) -> WorkerReply:
         return WorkerReply(text=self.gate.raw_text, tool_calls=list(self.tool_calls.values()), delivered=delivered)
 
-    async def replay(self) -> AsyncIterator[bytes]:
+    async def replay(self, include_usage: bool) -> AsyncIterator[bytes]:
+        """The round as the upstream sent it, but for the usage the proxy asked it for (``ending`` tells the sum)."""
         for event in self.events:
-            yield self.event(event)
+            if event.get("choices") or not event.get("usage"):
+                yield self.event({k: v for k, v in event.items() if k != "usage"})
+        for event in self.ending(include_usage):
+            yield event
+
+    def ending(self, include_usage: bool) -> Iterator[bytes]:
+        """What follows an answer's last chunk: the usage of every upstream call, when the client asked for it; [DONE]."""
+        if include_usage:
+            yield self.event({"choices": [], "usage": msgspec.to_builtins(self.usage)})
         yield DONE
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:

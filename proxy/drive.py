@@ -19,15 +19,15 @@ from collections.abc import AsyncIterator, Awaitable, Generator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from litestar import Response
 from litestar.response import Stream
 
 from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
 
-from .chat import DONE, ChatCodec, Usage
+from .chat import ChatCodec, Usage, relayed_finish
 from .chat_stream import StreamedRound
 from .errors import PcpError, UpstreamError
+from .upstream import passed_back
 
 if TYPE_CHECKING:
     from .app import Services
@@ -65,10 +65,12 @@ class ProtocolRequest:
         self.prepared: Prepared | None = None
         self.unsaved = True
         self.usage = Usage()
+        self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
 
     def response_headers(self, rounds: int) -> dict[str, str]:
+        """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
         session = self.prepared.session.id if self.prepared is not None else ""
-        headers = {"x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
+        headers = {**self.answered, "x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
         if self.prepared is not None and self.prepared.components is not None:
             headers["x-pcp-components"] = str(self.prepared.components)
         return headers
@@ -142,7 +144,7 @@ class ProtocolRequest:
         self.services.metrics.inc("pcp_upstream_calls_total", role="router")
         body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
         try:
-            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
+            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
@@ -184,7 +186,7 @@ class ProtocolRequest:
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        data = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers)
+        data, self.answered = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers)
         self.usage.add(data.get("usage"))
         return data
 
@@ -203,7 +205,7 @@ class ProtocolRequest:
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
         # A call of the client's own tools goes back as the upstream sent it.
-        body = round_.replay() if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
+        body = round_.replay(codec.include_usage) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
 
     async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
@@ -212,6 +214,7 @@ class ProtocolRequest:
         response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
+        self.answered = passed_back(response.headers)
         return upstream.sse_events(response)
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
@@ -226,10 +229,9 @@ class ProtocolRequest:
             except PcpError as error:
                 yield b"data: " + error.envelope() + b"\n\n"
                 return
-        yield round_.chunk({}, finish_reason="stop")
-        if self.codec.include_usage:
-            yield round_.event({"choices": [], "usage": msgspec.to_builtins(self.usage)})
-        yield DONE
+        yield round_.chunk({}, finish_reason=relayed_finish(round_.finish_reason))
+        for event in round_.ending(self.codec.include_usage):
+            yield event
         if loop is not None:
             await self.advance(loop, round_.reply(delivered=True))
 

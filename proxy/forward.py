@@ -1,24 +1,32 @@
 """Passthrough: a request forwarded upstream as it came, and its answer relayed as it comes.
 
-A client that disconnects cancels the upstream request, streaming or not.
+Every ``/v1`` path the proxy does not page is forwarded so: method, path,
+query string, headers and body as the client sent them. A client that
+disconnects cancels the upstream request, streaming or not.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+import re
+from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import httpx
 from litestar import Request, Response
 from litestar.response import Stream
 
-from .errors import ClientClosed
+from .errors import ClientClosed, ClientError
 from .upstream import Upstream, forwardable
 
-__all__ = ["forward", "unless_client_leaves"]
+__all__ = ["forward", "upstream_target", "unless_client_leaves"]
 
 T = TypeVar("T")
+
+# An answer longer than this, or of unknown length, is relayed as it arrives rather than read whole first.
+WHOLE_BYTES = 1 << 20
+_SEPARATORS = re.compile(r"[/\\]")
 
 
 async def forward(
@@ -30,20 +38,33 @@ async def forward(
     headers: dict[str, str],
     pcp_headers: dict[str, str],
     *,
-    stream: bool = False,
+    stream: bool | None = False,
 ) -> Response[Any]:
+    """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
+    when it is an event stream, of unknown length or large, else read whole (a cheaper response)."""
     if stream:
         response = await upstream.open(method, path, content=body, headers=headers)
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
         return Stream(upstream.relay(response), **_relayed(response, pcp_headers))
 
-    async def exchange() -> tuple[httpx.Response, bytes]:
+    async def exchange() -> tuple[httpx.Response, bytes | None]:
         response = await upstream.open(method, path, content=body, headers=headers)
+        if stream is None and _relayed_as_it_comes(response):
+            return response, None
         return response, await upstream.read(response)
 
     response, content = await unless_client_leaves(request, exchange())
+    if content is None:
+        length = response.headers.get("content-length")
+        return Stream(upstream.relay(response), **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
     return Response(content, **_relayed(response, pcp_headers))
+
+
+def _relayed_as_it_comes(response: httpx.Response) -> bool:
+    length = response.headers.get("content-length")
+    event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+    return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
 
 
 def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
@@ -51,6 +72,25 @@ def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str,
     media_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
     headers.update(pcp_headers)
     return {"status_code": response.status_code, "headers": headers, "media_type": media_type}
+
+
+def upstream_target(scope: Mapping[str, Any], prefix: bytes = b"/v1") -> str:
+    """The path and query string the client asked for, below ``prefix``, as it sent them (still percent-encoded).
+
+    A segment that is, once decoded, "." or ".." ("%2e%2e", "..%2f..") would
+    climb out of the upstream's base URL to any path of its host, with the
+    proxy's upstream key; an empty one ("//host") would name another host.
+    Either is refused.
+    """
+    raw, _, query = bytes(scope.get("raw_path") or scope["path"].encode()).partition(b"?")
+    query = query or scope.get("query_string") or b""
+    path = raw[len(prefix) :].decode("latin-1")
+    segments = path.split("/")[1:]
+    for i, segment in enumerate(segments):
+        decoded = unquote(segment)
+        if (segment == "" and i < len(segments) - 1) or any(piece in (".", "..") for piece in _SEPARATORS.split(decoded)):
+            raise ClientError(f"invalid path {path!r}: a segment is empty, '.' or '..'", param="path")
+    return path + ("?" + query.decode("latin-1") if query else "")
 
 
 # Most answers come sooner: they never pay for a watcher (a task, ~15 us a request).

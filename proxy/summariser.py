@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import diskcache
 
-from pcp_core import ConsolidatedPage, Page, PagedHistory, model_summary, short_hash, summary_prompt
+from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
 
 from .metrics import Metrics
 from .upstream import Upstream
@@ -41,12 +41,13 @@ class Job(NamedTuple):
 
 
 class Summariser:
-    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int):
+    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int, *, fold_system: bool = False):
         directory.mkdir(parents=True, exist_ok=True)
         self.cache = diskcache.Cache(str(directory))
         self.upstream = upstream
         self.metrics = metrics
         self.max_chars = max_chars
+        self.fold_system = fold_system  # the upstream ignores system messages: the instructions open the user's
         self.landed: dict[str, str] = {}  # page id → the model's summary
         self.queued: set[str] = set()
         self.failed: set[str] = set()  # not asked again by this process: no retry storms
@@ -110,9 +111,10 @@ class Summariser:
 
     async def _ask(self, job: Job) -> str | None:
         self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
-        body = {"model": job.model, "messages": summary_prompt(job.text), "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
+        messages = summary_prompt(job.text)
+        body = {"model": job.model, "messages": fold_system(messages) if self.fold_system else messages, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
         headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
-        data = await self.upstream.complete(json.dumps(body).encode(), headers)
+        data, _ = await self.upstream.complete(json.dumps(body).encode(), headers)
         return model_summary(data["choices"][0]["message"].get("content") or "", self.max_chars)
 
 

@@ -17,6 +17,7 @@ lets a test play a model that reads its prompt (see ``bench/`` for a simulated w
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import itertools
 import json
@@ -35,7 +36,7 @@ import uvicorn
 
 from pcp_core.session import Session, chain_links, page_on, resume
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -64,7 +65,7 @@ class Reply:
     delay: float = 0.0
 
 
-def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1) -> Reply:
+def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1, finish: str | None = None, headers: dict[str, str] | None = None) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
@@ -74,15 +75,23 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": i, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"} for i in range(n)
+            {"index": i, "message": message, "finish_reason": finish or ("tool_calls" if tool_calls else "stop")} for i in range(n)
         ],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     }
-    return Reply(body=json.dumps(body).encode())
+    return Reply(body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
 
 
-def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None) -> list[bytes]:
-    """The SSE events of a streamed completion that says ``pieces`` in order."""
+@functools.lru_cache(maxsize=32)  # made once: a benchmark measures the proxy, not the fake's JSON encoder
+def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedding") -> Reply:
+    """An embeddings answer: ``count`` vectors of ``dimensions`` numbers."""
+    data = [{"object": "embedding", "index": i, "embedding": [round(0.1 * (i + 1) * (d + 1), 3) for d in range(dimensions)]} for i in range(count)]
+    return Reply(body=json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}).encode())
+
+
+def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
+    """The SSE events of a streamed completion that says ``pieces`` in order, ending for ``finish``;
+    ``usage`` comes in an event of its own, as OpenAI sends it when asked (``stream_options.include_usage``)."""
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -91,18 +100,28 @@ def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[
 
     events = [event({"role": "assistant", "content": ""})]
     events += [event({"content": piece}) for piece in pieces]
-    events.append(event({}, "stop", **({"usage": usage} if usage else {})))
+    events.append(event({}, finish))
+    if usage:
+        chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": [], "usage": usage}
+        events.append(f"data: {json.dumps(chunk)}\n\n".encode())
     events.append(b"data: [DONE]\n\n")
     return events
 
 
-def stream_reply(pieces: Iterable[str], **kwargs: Any) -> Reply:
-    return Reply(headers={"content-type": "text/event-stream"}, chunks=list(sse_chunks(pieces, **kwargs)))
+def stream_reply(pieces: Iterable[str], *, headers: dict[str, str] | None = None, **kwargs: Any) -> Reply:
+    return Reply(headers={"content-type": "text/event-stream", **(headers or {})}, chunks=list(sse_chunks(pieces, **kwargs)))
 
 
 def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
     """A script that answers each ``x-pcp-role`` (worker, router, consolidator) with its own reply."""
     return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
+
+
+def _embeddings_asked(body: bytes) -> Reply:
+    """The answer to an embeddings request: a vector for each text, of the dimensions it asks (8 unless it says)."""
+    asked = json.loads(body)
+    texts = asked["input"] if isinstance(asked["input"], list) and isinstance(asked["input"][0], str) else [asked["input"]]
+    return embeddings(len(texts), dimensions=int(asked.get("dimensions") or 8))
 
 
 class FakeUpstream:
@@ -128,6 +147,8 @@ class FakeUpstream:
         self.requests.append(recorded)
         if recorded.path.endswith("/models"):
             return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
+        if recorded.path.endswith("/embeddings") and not self.script:
+            return _embeddings_asked(recorded.body)
         scripted = self.script.popleft() if self.script else self.default
         return scripted(recorded) if callable(scripted) else scripted
 

@@ -11,7 +11,7 @@ import msgspec
 
 from .errors import UpstreamError
 
-__all__ = ["Upstream", "HOP_BY_HOP", "forwardable"]
+__all__ = ["Upstream", "HOP_BY_HOP", "forwardable", "passed_back"]
 
 # Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
 # the ones each side computes for itself.
@@ -91,6 +91,16 @@ def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+# What an answer the proxy rewrites (protocol mode) cannot keep of the upstream's: it has a body of its own.
+_REWRITTEN = HOP_BY_HOP | {"content-type", "content-encoding", "etag", "content-md5", "digest"}
+
+
+def passed_back(headers: httpx.Headers) -> dict[str, str]:
+    """The upstream's headers for a client that gets the proxy's rewrite of its answer: the request id,
+    rate limits, processing time; not those that describe the body, nor the proxy's own ``x-pcp-*``."""
+    return {k: v for k, v in headers.items() if k.lower() not in _REWRITTEN and not k.lower().startswith("x-pcp-")}
+
+
 class Upstream:
     """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in)."""
 
@@ -127,13 +137,14 @@ class Upstream:
                 raise _as_upstream_error(exc, self.shown_url) from None
         raise AssertionError("unreachable")
 
-    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> dict[str, Any]:
-        """POST a non-streamed chat completion and decode it; an error status raises as the upstream sent it."""
+    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """POST a non-streamed chat completion and decode it, with the headers of its answer to pass back
+        (``passed_back``); an error status raises as the upstream sent it."""
         response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout)
         body = await self.read(response)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
-        return _checked(body, _Completion, "a chat completion", "upstream_bad_response")
+        return _checked(body, _Completion, "a chat completion", "upstream_bad_response"), passed_back(response.headers)
 
     async def read(self, response: httpx.Response) -> bytes:
         try:

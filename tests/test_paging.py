@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pcp_core.conversation import message_text
+from pcp_core.conversation import message_text, part_handle
 from pcp_core.request import Policy, engaged
 from pcp_core.summaries import extractive_summary
 from pcp_core.terms import terms
@@ -88,7 +88,7 @@ def test_oversized_turn_is_split_across_pages():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        ({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]}, "look [image_url]"),
+        ({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]}, f"look [image_url {part_handle({'type': 'image_url', 'image_url': {'url': 'x'}})}]"),
         ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}, "\n(calls f({}))"),
         ({"role": "user", "name": "bob", "content": "hi"}, "bob: hi"),
     ],

@@ -1,0 +1,120 @@
+"""Images, audio and files in protocol mode: the query's reach the worker as parts, older ones stay
+one Consult away, and none of them takes a prompt over the budget."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from lxml import etree
+
+from pcp_core.conversation import part_handle
+from pcp_core.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
+from proxy.testing import Recorded, Reply, completion
+
+from .test_protocol import COUNT, long_history, xml
+
+BUDGET = 2048  # an image is counted 765 tokens: room for two beside the frame, not for six
+
+PIXEL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode()
+IMAGE = {"type": "image_url", "image_url": {"url": PIXEL, "detail": "high"}}
+AUDIO = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF" + bytes(256)).decode(), "format": "wav"}}
+FILE = {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64," + base64.b64encode(b"%PDF-1.7" + bytes(128)).decode()}}
+
+
+@pytest.fixture
+def protocol_proxy(start_proxy):
+    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
+
+
+def asking(*parts: dict, text: str = "What is in this picture of my gym locker?") -> list[dict]:
+    return [*long_history()[:-1], {"role": "user", "content": [{"type": "text", "text": text}, *parts]}]
+
+
+def user_parts(recorded: Recorded) -> list[dict]:
+    content = recorded.json["messages"][-1]["content"]
+    return [part for part in content if part.get("type") != "text"] if isinstance(content, list) else []
+
+
+@pytest.mark.parametrize("part", [IMAGE, AUDIO, FILE], ids=["image", "audio", "file"])
+def test_the_querys_parts_reach_the_worker_as_parts(protocol_proxy, upstream, part):
+    upstream.enqueue(completion("A blue locker."))
+
+    answer = protocol_proxy.client().chat.completions.create(model="m", messages=asking(part))
+
+    (worker,) = upstream.chat_requests("worker")
+    assert user_parts(worker) == [part]
+    placeholder = f"[{part['type']} {part_handle(part)}]"
+    assert placeholder in xml(worker).findtext("Query")  # the Query names the part its message carries
+    assert {"type": "text", "text": placeholder} in worker.json["messages"][-1]["content"]
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+    assert answer.choices[0].message.content == "A blue locker."
+
+
+def test_a_part_of_an_older_turn_is_sent_again_when_its_page_is_consulted(protocol_proxy, upstream):
+    messages = long_history()
+    messages[41] = {"role": "user", "content": [{"type": "text", "text": "Turn 40: here is a photo of my gym locker, code 5521."}, IMAGE]}
+    placeholder = f"[image_url {part_handle(IMAGE)}]"
+
+    def consult_the_photo(recorded: Recorded) -> Reply:
+        page = next(n for n in xml(recorded).iter("Node") if placeholder in (n.findtext("Content") or "") + (n.findtext("Summary") or ""))
+        return completion(f'Consult("see the photo", "{page.get("id")}")')
+
+    upstream.enqueue(consult_the_photo, completion("The locker in the photo is blue."))
+    messages[-1] = {"role": "user", "content": "What colour is my gym locker in the photo?"}
+
+    answer = protocol_proxy.client().chat.completions.create(model="m", messages=messages)
+
+    first, second = upstream.chat_requests("worker")
+    assert user_parts(first) == []  # a placeholder until the worker asks for its page
+    assert user_parts(second) == [IMAGE]
+    assert "Consult the page" in xml(first).findtext("Static_Registry/System_Instructions")
+    for recorded in (first, second):
+        assert prompt_tokens(recorded.json["messages"], COUNT) <= BUDGET
+    assert answer.choices[0].message.content == "The locker in the photo is blue."
+
+
+def test_parts_never_take_a_prompt_over_the_budget(protocol_proxy, upstream):
+    images = [{"type": "image_url", "image_url": {"url": f"{PIXEL}#{i}"}} for i in range(6)]  # 6 × 765 tokens: over the budget
+    upstream.enqueue(completion("Six photos."))
+
+    protocol_proxy.client().chat.completions.create(model="m", messages=asking(*images, text="Which of these is my locker?"))
+
+    (worker,) = upstream.chat_requests("worker")
+    sent = user_parts(worker)
+    assert sent == images[: len(sent)] and 0 < len(sent) < len(images)
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+    query = xml(worker).findtext("Query")
+    assert all(f"[image_url {part_handle(image)}]" in query for image in images)  # those left out stay named
+
+
+def test_parts_are_counted_at_a_fixed_price():
+    low = {"type": "image_url", "image_url": {"url": PIXEL, "detail": "low"}}
+    text = {"role": "user", "content": [{"type": "text", "text": "look"}]}
+    base = prompt_tokens([text], COUNT)
+    for part, price in ((IMAGE, PART_TOKENS), (low, LOW_DETAIL_TOKENS), (AUDIO, PART_TOKENS), (FILE, PART_TOKENS)):
+        assert prompt_tokens([{"role": "user", "content": [*text["content"], part]}], COUNT) == base + price
+
+
+@pytest.mark.parametrize("parts", [[], [IMAGE]], ids=["text", "image"])
+def test_the_paged_context_can_go_in_the_user_message(start_proxy, upstream, parts):
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, context_role="user")
+    upstream.enqueue(completion("5521"))
+
+    proxy.client().chat.completions.create(model="m", messages=asking(*parts, text="What is my gym locker code?"))
+
+    (worker,) = upstream.chat_requests("worker")
+    (message,) = worker.json["messages"]
+    content = message["content"]
+    document = content if isinstance(content, str) else content[0]["text"]
+    assert message["role"] == "user" and document.startswith("<PagedContext")
+    assert etree.fromstring(document[: document.index("</PagedContext>") + len("</PagedContext>")]).findtext("Static_Registry/Head") == "You are a friendly assistant."
+    assert user_parts(worker) == parts
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+
+
+def test_with_the_context_in_the_user_message_no_call_of_the_proxys_has_a_system_message(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, context_role="user", router_model="router-m")
+    proxy.client().chat.completions.create(model="m", messages=long_history())
+    roles = {r.headers["x-pcp-role"]: [m["role"] for m in r.json["messages"]] for r in upstream.chat_requests()}
+    assert roles == {"router": ["user"], "worker": ["user"]}
