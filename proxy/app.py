@@ -69,6 +69,9 @@ class Services:
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
         headers = forwardable(client_headers)
+        for name, value in headers.items():
+            if not value.isascii():  # httpx sends ASCII only; a proxy that re-encoded it would be guessing
+                raise ClientError(f"header {name} holds characters that are not ASCII: encode its value (RFC 8187, or percent-encoding)", param=str(name), code="invalid_header")
         if self.settings.api_keys:
             self._check_proxy_key(client_headers.get("authorization", ""))
             # A proxy key is ours: it never travels upstream.

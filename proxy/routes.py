@@ -11,7 +11,7 @@ from litestar import Request, Response, get, post
 
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens, short_hash
 
-from .chat import ChatRequest, parse_chat_request
+from .chat import ChatRequest, decode_json, parse_chat_request
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves
@@ -56,10 +56,16 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     return pinned
 
 
+# The fields protocol mode reads; every other one goes upstream as the bytes the client sent
+# (msgspec.Raw), so what the proxy does not read (a number past a double's range, text
+# that is not UTF-8) is the upstream's to judge, as it is in passthrough.
+_READ = frozenset({"stream", "model", "tools", "stream_options", "n"})
+
+
 def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
     """Every field of the request, the messages already decoded once reused."""
     fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # values stay undecoded bytes
-    return {key: chat.messages if key == "messages" else msgspec.json.decode(raw) for key, raw in fields.items()}
+    return {key: chat.messages if key == "messages" else decode_json(raw, msgspec.json.decode) if key in _READ else raw for key, raw in fields.items()}
 
 
 @get("/v1/models")

@@ -80,9 +80,9 @@ class _Chunk(msgspec.Struct):
 def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
     """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
     try:
-        data = json.loads(text)
+        data = msgspec.json.decode(text)  # strict JSON: no NaN, no number past a double's range
         msgspec.convert(data, shape)
-    except (ValueError, msgspec.ValidationError) as exc:
+    except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
         raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
     return data
 
