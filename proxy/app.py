@@ -101,7 +101,9 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
         services.sessions = SessionStore(settings.data_path / "sessions")
-        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
+        # A passthrough request is one upstream call: the request's deadline is the call's.
+        total = min(settings.upstream_total_timeout, settings.request_timeout)
+        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, total_timeout=total, transport=transport)
         loading = _start_embedder(services, embedder)
         if settings.consolidator == "llm":
             services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)

@@ -46,7 +46,11 @@ async def serve_protocol(services: Services, body: dict[str, Any], conversation:
     request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
-        return await (request.stream() if body.get("stream") else request.complete())
+        try:  # until the response starts; a stream relayed after it keeps to the same deadline
+            async with asyncio.timeout(services.settings.request_timeout):
+                return await (request.stream() if body.get("stream") else request.complete())
+        except TimeoutError:
+            raise PcpError(f"the request took longer than request_timeout allows ({services.settings.request_timeout:g} s)", status=504, type="timeout", code="request_timeout") from None
 
 
 class ProtocolRequest:
@@ -65,6 +69,7 @@ class ProtocolRequest:
         self.prepared: Prepared | None = None
         self.unsaved = True
         self.usage = Usage()
+        self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         session = self.prepared.session.id if self.prepared is not None else ""
@@ -137,7 +142,7 @@ class ProtocolRequest:
         self.services.metrics.inc("pcp_upstream_calls_total", role="router")
         body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
         try:
-            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
+            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
@@ -179,7 +184,7 @@ class ProtocolRequest:
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        data = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers)
+        data = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers, deadline=self.deadline)
         self.usage.add(data.get("usage"))
         return data
 
@@ -204,7 +209,7 @@ class ProtocolRequest:
     async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
         upstream = self.services.upstream
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers)
+        response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         return upstream.sse_events(response)

@@ -6,7 +6,7 @@ A client that disconnects cancels the upstream request, streaming or not.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import httpx
@@ -33,10 +33,11 @@ async def forward(
     stream: bool = False,
 ) -> Response[Any]:
     if stream:
-        response = await upstream.open(method, path, content=body, headers=headers)
+        # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
-        return Stream(upstream.relay(response), **_relayed(response, pcp_headers))
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers))
+        return Stream(chunks, **_relayed(response, pcp_headers))
 
     async def exchange() -> tuple[httpx.Response, bytes]:
         response = await upstream.open(method, path, content=body, headers=headers)
@@ -44,6 +45,11 @@ async def forward(
 
     response, content = await unless_client_leaves(request, exchange())
     return Response(content, **_relayed(response, pcp_headers))
+
+
+async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    response = await upstream.open(method, path, content=body, headers=headers)
+    return response, await upstream.started(response)
 
 
 def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:

@@ -33,6 +33,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Seconds to wait for the upstream to connect / send a byte before a 504.
     upstream_connect_timeout: float = 10.0
     upstream_read_timeout: float = 600.0
+    # Seconds an upstream call may take in all, from its request to its answer's last
+    # byte, and a client's request in all (protocol mode: paging and every round).
+    upstream_total_timeout: float = 1800.0
+    request_timeout: float = 1800.0
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str = "~/.local/share/pcp-proxy"
@@ -72,6 +76,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
+        for name in ("upstream_total_timeout", "request_timeout"):
+            _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
 
     @property
     def data_path(self) -> Path:
