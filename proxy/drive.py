@@ -23,11 +23,12 @@ import msgspec
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
 
 from .chat import DONE, ChatCodec, Usage
 from .chat_stream import StreamedRound
-from .errors import PcpError, UpstreamError
+from .errors import ClientError, PcpError, UpstreamError
+from .interrupt import Interrupt, Stopped
 
 if TYPE_CHECKING:
     from .app import Services
@@ -86,14 +87,26 @@ class ProtocolRequest:
             # not in a task: a task would start only once paging had.
             text = asked(self.conversation, services.policy.paging, services.tokenizer.count)
             self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
-        self.prepared = prepared = await asyncio.to_thread(self._prepare)
+        self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         summariser = services.summariser
         if summariser is not None:
             await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
         return rounds(prepared, services.tokenizer.count_built, services.bm25)
 
-    def _prepare(self) -> Prepared:
+    async def _paged(self) -> Prepared:
+        """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""
+        interrupt = Interrupt(self.services.settings.paging_timeout)
+        try:
+            return await interrupt.run(lambda: self._prepare(interrupt))
+        except Stopped:
+            self.services.metrics.inc("pcp_paging_stopped_total", reason="paging_timeout")
+            raise ClientError(f"paging this history ({len(self.conversation.history):,} messages) took longer than paging_timeout allows ({self.services.settings.paging_timeout:g} s): send a shorter history, or raise PCP_PAGING_TIMEOUT", status=413, code="paging_timeout") from None
+        except asyncio.CancelledError:
+            self.services.metrics.inc("pcp_paging_stopped_total", reason="cancelled")
+            raise
+
+    def _prepare(self, checkpoint: Checkpoint) -> Prepared:
         """Find the session (the store may read the disk), then page what it does not hold."""
         services = self.services
         resolution = services.sessions.resolve(self.namespace, self.conversation, self.pinned)
@@ -104,7 +117,7 @@ class ProtocolRequest:
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
         )
-        return prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count)
+        return prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count, checkpoint)
 
     def _count_paging(self, prepared: Prepared) -> None:
         metrics, paged = self.services.metrics, prepared.paged

@@ -37,6 +37,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # byte, and a client's request in all (protocol mode: paging and every round).
     upstream_total_timeout: float = 1800.0
     request_timeout: float = 1800.0
+    # Seconds paging a history may take before the request is refused (413).
+    paging_timeout: float = 60.0
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str = "~/.local/share/pcp-proxy"
@@ -76,7 +78,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
-        for name in ("upstream_total_timeout", "request_timeout"):
+        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
 
     @property
