@@ -9,7 +9,7 @@ from urllib.parse import quote
 import msgspec
 from litestar import Request, Response, get, post
 
-from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens, short_hash
+from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
 from .chat import ChatRequest, decode_json, parse_chat_request
 from .drive import serve_protocol
@@ -32,12 +32,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    namespace = short_hash(request.headers.get("authorization", "anonymous"))
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
     if engaged(tokens, services.policy) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
         conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
+        namespace = services.namespaces.of(request.headers)
         work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await unless_client_leaves(request, work)
@@ -96,12 +96,16 @@ def _model_path(model_id: str) -> str:
 
 @get("/healthz")
 async def healthz(request: Request[Any, Any, Any]) -> dict[str, str]:
-    return {"status": "ok", "upstream": _services(request).upstream.shown_url}
+    """Liveness for anyone; what the proxy fronts only for a proxy key, when it has keys."""
+    services = _services(request)
+    return {"status": "ok", "upstream": services.upstream.shown_url} if services.shows_details(request.headers) else {"status": "ok"}
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any]) -> str:
-    return _services(request).metrics.exposition()
+    services = _services(request)
+    services.check_metrics_key(request.headers)
+    return services.metrics.exposition()
 
 
 ROUTES = [chat_completions, list_models, retrieve_model, healthz, metrics]

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .sealing import data_key
+
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
 ENV_PREFIX = "PCP_"
@@ -47,6 +49,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     max_body_mb: int = 64
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
+    # The key that opens /metrics (Authorization: Bearer <key>); empty: any proxy key
+    # does, or, with no proxy keys, nothing is needed.
+    metrics_key: str = ""
+    # Encrypts the text the proxy stores (sessions, model summaries) with AES-256-GCM:
+    # 32 bytes in base64 or hex (needs the `encryption` extra).
+    data_key: str = ""
     # Prompt tokens above which protocol mode engages.
     sentry_threshold: int = 8192
     # Most prompt tokens the proxy sends upstream per call in protocol mode.
@@ -78,6 +86,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
+        if self.data_key:
+            try:
+                data_key(self.data_key)
+            except ValueError as exc:
+                raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
 
