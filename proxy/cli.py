@@ -60,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import create_app
     from .local_model import INSTALL_HINT, local_extra_missing
+    from .server import server_options
 
     if not settings.upstream_base_url and local_extra_missing():
         print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_process(settings)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False, **server_options(settings))
     return 0
 
 

@@ -47,6 +47,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
     # images inline as base64 take more.
     max_body_mb: int = 64
+    # Largest request head (request line and headers), in KiB: a larger one is a 431.
+    max_header_kb: int = 64
+    # Seconds a client has, from its request's first byte, to send all of it: then a 408.
+    client_timeout: float = 60.0
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
     # The key that opens /metrics (Authorization: Bearer <key>); empty: any proxy key
@@ -86,12 +90,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
+        _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
         if self.data_key:
             try:
                 data_key(self.data_key)
             except ValueError as exc:
                 raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
-        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout"):
+        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
 
     @property
