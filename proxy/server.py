@@ -5,7 +5,8 @@ ever: an 8 MB header was read and forwarded upstream, and a client that
 announced 1,000 bytes and sent 10 held its connection until it closed it.
 ``GuardedHttpTools`` refuses a head over ``max_header_kb`` (431) and a request
 not whole within ``client_timeout`` of its first byte (408), in the
-envelope, and closes the connection. An idle kept-alive connection is
+envelope, and closes the connection; what httptools cannot parse is a 400
+in the envelope too. An idle kept-alive connection is
 uvicorn's to close (``timeout_keep_alive``). Without httptools, h11 bounds
 the head (``h11_max_incomplete_event_size``) but not the time.
 """
@@ -86,13 +87,17 @@ class _Guard:
             return
         self._refuse(ClientError(f"the request did not arrive whole within {self.client_timeout:g} s (setting client_timeout)", status=408, code="client_timeout"))
 
+    def send_400_response(self, msg: str) -> None:
+        """httptools could not parse the request (a control byte in a header, a bad chunk size): said in the envelope too."""
+        self._refuse(ClientError(f"the request is not valid HTTP/1.1: {msg}", code="invalid_http"))
+
     def _refuse(self, error: ClientError) -> None:
         """Answer ``error`` in the envelope and close: the rest of this connection cannot be read."""
         self._stop_clock()
         if self.transport.is_closing():
             return
         body = error.envelope()
-        reason = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(error.status, b"Error")
+        reason = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(error.status, b"Error")
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % (error.status, reason, len(body))
         self.transport.write(head + body)
         self.transport.close()
