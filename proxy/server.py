@@ -5,7 +5,8 @@ ever: an 8 MB header was read and forwarded upstream, and a client that
 announced 1,000 bytes and sent 10 held its connection until it closed it.
 ``GuardedHttpTools`` refuses a head over ``max_header_kb`` (431) and a request
 not whole within ``client_timeout`` of its first byte (408), in the
-envelope, and closes the connection; what httptools cannot parse is a 400
+envelope, and closes the connection (one that sends nothing at all is
+closed after ``client_timeout``); what httptools cannot parse is a 400
 in the envelope too. An idle kept-alive connection is
 uvicorn's to close (``timeout_keep_alive``). Without httptools, h11 bounds
 the head (``h11_max_incomplete_event_size``) but not the time.
@@ -48,7 +49,8 @@ class _Guard:
         super().connection_made(transport)  # type: ignore[misc]
         self._head = 0  # bytes of the head read so far; -1 once it is whole
         self._tail = b""  # the last bytes of the head so far, where its end may have begun
-        self._arriving: asyncio.TimerHandle | None = None
+        # A connection that sends nothing is timed from its start: it would otherwise be held for ever.
+        self._arriving: asyncio.TimerHandle | None = self.loop.call_later(self.client_timeout, self._too_slow)
 
     def data_received(self, data: bytes) -> None:
         if self._arriving is None:  # a request's first byte
@@ -82,7 +84,7 @@ class _Guard:
 
     def _too_slow(self) -> None:
         self._arriving = None
-        if self.cycle is not None and self.cycle.response_started:  # answered already: nothing more to say
+        if self._head == 0 or self.cycle is not None and self.cycle.response_started:  # nothing asked, or answered already
             self.transport.close()
             return
         self._refuse(ClientError(f"the request did not arrive whole within {self.client_timeout:g} s (setting client_timeout)", status=408, code="client_timeout"))

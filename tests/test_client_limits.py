@@ -84,6 +84,13 @@ def test_a_head_that_trickles_in_is_a_408(limited):
     assert status == 408 and time.monotonic() - started < 3
 
 
+def test_a_connection_that_sends_nothing_is_closed_after_client_timeout(limited):
+    with connect(limited) as sock:
+        started = time.monotonic()
+        assert sock.recv(1) == b""
+        assert time.monotonic() - started < 3
+
+
 def test_a_large_body_sent_in_time_and_a_kept_alive_connection_are_served(limited):
     big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "word " * 400_000}]}).encode()  # 2 MB, far over the head limit
     with connect(limited) as sock:
