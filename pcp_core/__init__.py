@@ -24,7 +24,7 @@ from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
-from .tokens import CountText, prompt_tokens
+from .tokens import Checkpoint, CountText, prompt_tokens
 
 __all__ = [
     "NO_ANSWER",
@@ -33,6 +33,7 @@ __all__ = [
     "Bm25Cache",
     "CallRouter",
     "CallWorker",
+    "Checkpoint",
     "ComponentSpec",
     "ConsolidatedPage",
     "Conversation",

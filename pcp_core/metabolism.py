@@ -23,7 +23,7 @@ that grows keeps its tree; only its latest groups change.
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 
 import msgspec
@@ -37,6 +37,11 @@ __all__ = ["Metabolism", "assign_topics", "branches", "horizontal_merge", "signa
 class Metabolism(msgspec.Struct, frozen=True):
     signature_terms: int = 24  # terms kept to describe a topic group
     same_topic: float = 0.2  # signature similarity at which a group continues an earlier topic
+    # A group is compared with the latest groups holding each of its terms, at most this many
+    # a term: a term most groups share (a name, a greeting) would otherwise make every group
+    # meet every earlier one, and paging a long history cost the square of its length.
+    # A rare term still reaches back to the first group that said it.
+    term_reach: int = 128
     near_field: int = 6  # the latest topic groups, never merged: their topic may go on
     merge_max: int = 10  # most pages in a horizontally merged group: an Unpacked view must stay affordable
     branch_max: int = 6  # most groups under one branch; a longer thread gets several
@@ -61,7 +66,7 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
     # Only the terms of groups still to decide are ever looked up: a follow-up decides
     # one or two groups, and need not index every term of the history's hundreds.
     wanted = {term for mine, decided in zip(signatures, known) if decided is None for term in mine}
-    holding: dict[str, list[int]] = {}  # wanted term -> the earlier groups whose signature has it
+    holding: dict[str, deque[int]] = {}  # wanted term -> the latest earlier groups whose signature has it
     weight = _IdfSquared(stats)
     norms: dict[int, float] = {}
 
@@ -82,7 +87,8 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
         topics.append(decided)
         for term in wanted.intersection(mine):
-            holding.setdefault(term, []).append(i)
+            held = holding.setdefault(term, deque(maxlen=policy.term_reach))
+            held.append(i)
     return topics
 
 

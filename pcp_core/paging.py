@@ -20,7 +20,7 @@ from .pblock import PBlock, Scan, block_handle, handle_line, scan
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
 from .timeline import moment, opens_with_date, stated_time
 from .conversation import message_text
-from .tokens import CountText, split_words
+from .tokens import Checkpoint, CountText, split_words, unchecked
 
 __all__ = ["PagedHistory", "PagingPolicy", "page_history", "reopened_from", "retroactive_paging", "segment_turns", "topic_groups", "turns_from_messages"]
 
@@ -104,13 +104,13 @@ def retroactive_paging(turns: Sequence[Turn], count: CountText, policy: PagingPo
     return page_history(turns, count, policy).index()
 
 
-def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy(), known: PagedHistory | None = None, reused: int = 0) -> PagedHistory:
+def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy(), known: PagedHistory | None = None, reused: int = 0, checkpoint: Checkpoint = unchecked) -> PagedHistory:
     """Pages for the conversation ``turns`` (``turn.index`` is its position, from 0).
 
     ``known`` pages of the first ``reused`` turns are kept; only the rest is paged.
     The last kept page is reopened, so a follow-up's turns join it rather than
     leave a trail of small pages behind; the containers whose children did not
-    change are reused as they are.
+    change are reused as they are. ``checkpoint`` is called between pages.
     """
     known = known or PagedHistory()
     start = reopened_from(known, reused)
@@ -118,22 +118,25 @@ def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy =
     df = dict(known.df)
     for leaf in known.leaves[len(kept) :]:
         _count_terms(df, leaf.content, -1)
-    blocks, fresh_turns = _physical_blocks([t for t in turns if t.index >= start], count, policy.blocks, known.blocks)
+    blocks, fresh_turns = _physical_blocks([t for t in turns if t.index >= start], count, policy.blocks, known.blocks, checkpoint)
     groups = _split_oversized(fresh_turns, count, policy)
     contents = ["\n".join(t.line() for t in group) for group in groups]
     for content in contents:
         _count_terms(df, content, +1)
     stats = TermStats.from_counts(len(kept) + len(groups), df)
     used = {leaf.id for leaf in kept}
-    fresh = [_unique(_original(group, content, stats, policy), used) for group, content in zip(groups, contents)]
-    paged = _consolidate_levels([*kept, *fresh], df, policy, known, used, start)
+    fresh = []
+    for group, content in zip(groups, contents):
+        checkpoint()
+        fresh.append(_unique(_original(group, content, stats, policy), used))
+    paged = _consolidate_levels([*kept, *fresh], df, policy, known, used, start, checkpoint)
     kept_blocks = [*(b for b in known.blocks if b.turn < start), *blocks]
     # Solidified pages go with their block, whose drafts' ids hash its message and place.
     drafts = {page.id for block in kept_blocks for page in block.drafts}
     return msgspec.structs.replace(paged, blocks=kept_blocks, storage=[page for page in known.storage if page.id in drafts])
 
 
-def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: Sequence[PBlock]) -> tuple[list[PBlock], list[Turn]]:
+def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: Sequence[PBlock], checkpoint: Checkpoint) -> tuple[list[PBlock], list[Turn]]:
     """The PBlocks of the messages too large to page as turns, and the turns with their handles in their place.
 
     A block already scanned (the same message at the same place) is not scanned again.
@@ -142,7 +145,7 @@ def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: S
     blocks, out = [], []
     for turn in turns:
         if policy.is_block(turn.text, count):
-            block = scanned.get(block_handle(turn)) or scan(turn, count, policy)
+            block = scanned.get(block_handle(turn)) or scan(turn, count, policy, checkpoint)
             blocks.append(block)
             turn = msgspec.structs.replace(turn, text=handle_line(block.handle, block.tokens, turn.text, policy))
         out.append(turn)
@@ -169,7 +172,7 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int) -> PagedHistory:
+def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int, checkpoint: Checkpoint) -> PagedHistory:
     """The leaves and the tree of containers above them, every page at its final depth.
 
     The first containers follow the topics (topic groups, merged and branched
@@ -184,11 +187,13 @@ def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: 
 
     def signed(key: tuple[str, ...], group: Sequence[Page]) -> tuple[str, ...]:
         if key not in signatures:
+            checkpoint()
             mine = reusable.get(key)
             signatures[key] = (known.signatures.get(mine.id) if mine else None) or signature(group, stats, policy.metabolism.signature_terms)
         return signatures[key]
 
     def container(key: tuple[str, ...], group: Sequence[Page]) -> ConsolidatedPage:
+        checkpoint()
         return reusable.get(key) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)  # type: ignore[return-value]
 
     groups = _first_level(leaves, df, policy, known.containers)
@@ -314,10 +319,13 @@ def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
 def _unique(page: Page, used: set[str]) -> Page:
     """The page with an id no other page of the history has (a short hash can collide)."""
     if page.id in used:
-        length = len(page.id)
-        while short_hash(page.id, page.content, length=length + 2) in used:
-            length += 2
-        page = msgspec.structs.replace(page, id=short_hash(page.id, page.content, length=length + 2))
+        # Pages of equal text at one place (the pieces of a long message that repeats
+        # itself) hash alike: a counter tells them apart, where lengthening the hash
+        # alone would run out of digits and loop for ever.
+        n = 0
+        while short_hash(page.id, page.content, str(n)) in used:
+            n += 1
+        page = msgspec.structs.replace(page, id=short_hash(page.id, page.content, str(n)))
     used.add(page.id)
     return page
 

@@ -40,7 +40,7 @@ from .terms import TermStats, top_keywords
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
 from .timeline import time_in
-from .tokens import CountText, split_words
+from .tokens import Checkpoint, CountText, split_words, unchecked
 
 __all__ = ["BLOCK_KIND", "PBlock", "Scan", "around_handle", "block_handle", "handle_line", "scan", "solidify"]
 
@@ -90,11 +90,11 @@ class _Section(msgspec.Struct, frozen=True):
     timestamp: str
 
 
-def scan(turn: Turn, count: CountText, policy: Scan = Scan()) -> PBlock:
-    """The PBlock of the message ``turn``, with its Draft pages."""
+def scan(turn: Turn, count: CountText, policy: Scan = Scan(), checkpoint: Checkpoint = unchecked) -> PBlock:
+    """The PBlock of the message ``turn``, with its Draft pages (``checkpoint`` is called between sections)."""
     handle = block_handle(turn)
     sections = _sections(turn.text, turn.timestamp)
-    chunked = [_chunks(section.text, count, policy.page_tokens) for section in sections]
+    chunked = [(checkpoint(), _chunks(section.text, count, policy.page_tokens))[1] for section in sections]
     stats = TermStats([chunk for chunks in chunked for chunk in chunks])  # the block is its own corpus
     drafts: list[Page] = []
 
@@ -106,6 +106,7 @@ def scan(turn: Turn, count: CountText, policy: Scan = Scan()) -> PBlock:
 
     tops: list[Page] = []
     for n, (section, chunks) in enumerate(zip(sections, chunked)):
+        checkpoint()
         leaves = [_draft(handle, f"{n}.{i}", turn.index, chunk, section.timestamp, stats, policy) for i, chunk in enumerate(chunks)]
         drafts += leaves
         level = _fanned(leaves, policy.fanout, contain)

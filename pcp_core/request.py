@@ -34,7 +34,7 @@ from .pages import Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
-from .tokens import CountText
+from .tokens import Checkpoint, CountText, unchecked
 
 __all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle", "with_components"]
 
@@ -107,20 +107,23 @@ def asked(conversation: Conversation, policy: PagingPolicy, count: CountText) ->
     return around_handle(query_line(conversation, policy, count))[1]
 
 
-def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, facts: Facts, count: CountText) -> Prepared:
-    """The request's session, paged on from what its store held, and its rounds' context."""
+def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, facts: Facts, count: CountText, checkpoint: Checkpoint = unchecked) -> Prepared:
+    """The request's session, paged on from what its store held, and its rounds' context.
+
+    ``checkpoint`` is called between the steps of paging: the host's may raise to stop it.
+    """
     history, pinned = conversation.history, resolution.pinned
     now = iso_timestamp(facts.now_ns / 1e9)
     chain = resolution.links[: len(history)]
     fresh = new_session_id(facts.namespace, chain, facts.now_ns)
     found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None)
     how = continuation(resolution.found, resolution.reused, pinned=pinned is not None)
-    session = page_on(found, history, resolution.reused, count, policy.paging)
+    session = page_on(found, history, resolution.reused, count, policy.paging, checkpoint)
     paged = _paged(how, found.pages, session.pages, resolution.reused)
     session = msgspec.structs.replace(session, pages=session.pages.with_summaries(facts.summaries))
     if conversation.query_is_block:
         turn = _query_turn(conversation, now)
-        session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks))
+        session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
     return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count))
 

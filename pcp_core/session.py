@@ -24,7 +24,7 @@ import msgspec
 from .pages import Page, Turn, short_hash
 from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
 from .pblock import PBlock
-from .tokens import CountText
+from .tokens import Checkpoint, CountText, unchecked
 from .timeline import stated_time
 
 __all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "resume", "solidified", "transcript", "turns_to_page"]
@@ -123,10 +123,10 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates)
 
 
-def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy()) -> Session:
+def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy(), checkpoint: Checkpoint = unchecked) -> Session:
     """``session`` with the pages of ``messages``, paged on from the ``reused`` messages it holds (its pages are kept as they are)."""
     turns, dates = turns_to_page(session, messages, reused)
-    pages = page_history(turns, count, policy, session.pages, reused)
+    pages = page_history(turns, count, policy, session.pages, reused, checkpoint)
     return msgspec.structs.replace(session, pages=pages, dates=dates)
 
 

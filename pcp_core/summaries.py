@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 
 from .pages import ConsolidatedPage, Page, short_hash, without_turn_markers
-from .terms import TermStats, TermWeights, consensus_keywords, terms
+from .terms import TermStats, TermWeights, consensus_keywords, terms, words_of
 
 __all__ = ["consolidate", "extractive_summary", "model_summary", "summary_prompt"]
 
@@ -30,7 +30,7 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
         return ""
     scored = sorted(
         range(len(sentences)),
-        key=lambda i: -sum(weights.get(t, 0.0) for t in set(terms(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
+        key=lambda i: -sum(weights.get(t, 0.0) for t in set(words_of(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
     )
     chosen: list[int] = []
     used = 0

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-__all__ = ["STOPWORDS", "TermStats", "TermWeights", "consensus_keywords", "terms", "top_keywords"]
+__all__ = ["STOPWORDS", "TermStats", "TermWeights", "consensus_keywords", "terms", "top_keywords", "words_of"]
 
 # Common English function words; they carry no addressing signal.
 STOPWORDS = frozenset(
@@ -35,12 +35,8 @@ MONTHS = frozenset("january february march april may june july august september 
 TermWeights = dict[str, float]
 
 
-@lru_cache(maxsize=65536)
-def terms(text: str) -> tuple[str, ...]:
-    """Lower-cased content words of ``text``, possessives dropped.
-
-    Cached: a page's text is read by paging, the summary and the Router alike.
-    """
+def words_of(text: str) -> tuple[str, ...]:
+    """Lower-cased content words of ``text``, possessives dropped (``terms``, not cached)."""
     out = []
     for word in _WORD.findall(text):
         word = word.lower().removesuffix("'s").strip(".'-/:")
@@ -49,6 +45,12 @@ def terms(text: str) -> tuple[str, ...]:
         if len(word) > 1 and word not in STOPWORDS or word.isdigit():
             out.append(word)
     return tuple(out)
+
+
+# Cached: a page's text is read by paging, the summary and the Router alike. Texts read
+# once (a summary's candidate sentences) go to ``words_of``: in the cache they would push
+# out the pages, and a long history's paging would read every page's terms anew each time.
+terms = lru_cache(maxsize=65536)(words_of)
 
 
 def _anchor_boost(term: str, original: str) -> float:

@@ -10,9 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["LOW_DETAIL_TOKENS", "PART_TOKENS", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words"]
+__all__ = ["LOW_DETAIL_TOKENS", "PART_TOKENS", "Checkpoint", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words", "unchecked"]
 
 CountText = Callable[[str], int]
+# Called between the steps of long work (paging a history, scanning a block): the
+# host's may raise to stop it — a client that left, a deadline passed. The rules
+# keep nothing half done: what they return is a new value, and an exception returns none.
+Checkpoint = Callable[[], None]
+
+
+def unchecked() -> None:
+    """A checkpoint that never stops anything."""
 
 PER_MESSAGE = 3
 PER_NAME = 1

@@ -19,12 +19,14 @@ from litestar.exceptions import HTTPException
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 
 from .components import Components
+from .datadir import Namespaces, install_secret, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
 from .local_model import LocalModel
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
 from .routes import ROUTES, not_the_proxys
+from .sealing import Sealer, data_key
 from .sessions import SessionStore
 from .settings import Settings
 from .summariser import Summariser
@@ -67,25 +69,45 @@ class Services:
     embedder: DenseRecall | None = None
     metrics: Metrics = field(default_factory=Metrics)
     summariser: Summariser | None = None
+    namespaces: Namespaces = field(init=False)
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
         headers = forwardable(client_headers)
+        for name, value in headers.items():
+            if not value.isascii():  # httpx sends ASCII only; a proxy that re-encoded it would be guessing
+                raise ClientError(f"header {name} holds characters that are not ASCII: encode its value (RFC 8187, or percent-encoding)", param=str(name), code="invalid_header")
         if self.settings.api_keys:
-            self._check_proxy_key(client_headers.get("authorization", ""))
+            _check_key(client_headers.get("authorization", ""), self.settings.api_keys)
             # A proxy key is ours: it never travels upstream.
             headers.pop("authorization", None)
         if self.settings.upstream_api_key:
             headers["authorization"] = f"Bearer {self.settings.upstream_api_key}"
         return headers
 
-    def _check_proxy_key(self, authorization: str) -> None:
-        scheme, _, key = authorization.partition(" ")
-        presented = key.strip().encode() if scheme.lower() == "bearer" else b""
-        if not presented:
-            raise ClientError("this proxy requires an API key: send 'Authorization: Bearer <key>'", status=401, code="missing_api_key")
-        if not any(hmac.compare_digest(presented, k.encode()) for k in self.settings.api_keys):
-            raise ClientError("the API key presented is not valid for this proxy", status=401, code="invalid_api_key")
+    def check_metrics_key(self, client_headers: Mapping[str, str]) -> None:
+        """/metrics is open to the metrics key if there is one, else to any proxy key, else to all."""
+        keys = [self.settings.metrics_key] if self.settings.metrics_key else self.settings.api_keys
+        if keys:
+            _check_key(client_headers.get("authorization", ""), keys)
+
+    def shows_details(self, client_headers: Mapping[str, str]) -> bool:
+        """Whether /healthz may say more than that the proxy is alive: to a proxy key, when there are keys."""
+        try:
+            if self.settings.api_keys:
+                _check_key(client_headers.get("authorization", ""), self.settings.api_keys)
+        except ClientError:
+            return False
+        return True
+
+
+def _check_key(authorization: str, keys: list[str]) -> None:
+    scheme, _, key = authorization.partition(" ")
+    presented = key.strip().encode() if scheme.lower() == "bearer" else b""
+    if not presented:
+        raise ClientError("this proxy requires an API key: send 'Authorization: Bearer <key>'", status=401, code="missing_api_key")
+    if not any(hmac.compare_digest(presented, k.encode()) for k in keys):
+        raise ClientError("the API key presented is not valid for this proxy", status=401, code="invalid_api_key")
 
 
 def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> Litestar:
@@ -99,12 +121,18 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         if not base_url:
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
-        services.sessions = SessionStore(settings.data_path / "sessions")
-        services.components = Components(settings.data_path / "components")
-        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
+        data = private_tree(settings.data_path)
+        services.namespaces = Namespaces(install_secret(data))
+        sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
+        services.sessions = SessionStore(data / "sessions", sealer=sealer)
+        services.components = Components(data / "components", sealer)
+        # A passthrough request is one upstream call: the request's deadline is the call's.
+        total = min(settings.upstream_total_timeout, settings.request_timeout)
+        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, total_timeout=total, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
         if settings.consolidator == "llm":
-            services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars, fold_system=settings.context_role == "user")
+            summary_chars = PagingPolicy().summary_chars
+            services.summariser = Summariser(data / "summaries", services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
             services.summariser.start()
         log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
         try:

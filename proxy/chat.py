@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -18,7 +18,9 @@ from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, spoken
 
 from .errors import ClientError
 
-__all__ = ["ChatCodec", "ChatRequest", "Usage", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
+__all__ = ["ChatCodec", "ChatRequest", "Usage", "decode_json", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
+
+T = TypeVar("T")
 
 
 class ToolFunction(msgspec.Struct):
@@ -52,17 +54,39 @@ _DECODER = msgspec.json.Decoder(ChatRequest)
 
 
 def parse_chat_request(body: bytes) -> ChatRequest:
+    request: ChatRequest = decode_json(body, _DECODER.decode)
+    for i, message in enumerate(request.messages):
+        if not isinstance(message.get("role"), str):
+            raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
+    return request
+
+
+def decode_json(body: bytes, decode: Callable[[bytes], T]) -> T:
+    """``decode(body)``, or the 400 that says what is wrong with the body.
+
+    Besides what is not JSON or not of the API's shape, msgspec refuses text
+    that is not UTF-8 and raises RecursionError past some thousand levels of
+    nesting: both are the request's fault, not the proxy's.
+    """
     try:
-        request = _DECODER.decode(body)
+        return decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
         raise ClientError(f"invalid chat request: {text}", param=error_param(text)) from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"request body is not valid JSON: {exc}") from None
-    for i, message in enumerate(request.messages):
-        if not isinstance(message.get("role"), str):
-            raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
-    return request
+    except UnicodeDecodeError:
+        raise ClientError(f"request body is not valid UTF-8 ({_bad_utf8(body)})", code="invalid_encoding") from None
+    except RecursionError:
+        raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+
+
+def _bad_utf8(body: bytes) -> str:
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        return f"byte 0x{body[exc.start]:02x} at offset {exc.start}"
+    return "in a string"  # not reached: msgspec found what Python finds
 
 
 # msgspec ends a message with where it failed: "… - at `$.messages[0].role`".
@@ -117,7 +141,7 @@ class ChatCodec:
             body["stream_options"] = {"include_usage": True}
         elif self.choices > 1:
             body["n"] = self.choices  # choice 0 leads the rounds; the others answer with it (``final``)
-        return json.dumps(body).encode()
+        return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
 
     @staticmethod
     def reply(completion: dict[str, Any]) -> WorkerReply:
@@ -149,6 +173,7 @@ class ChatCodec:
 
 
 DONE = b"data: [DONE]\n\n"
+_ENCODER = msgspec.json.Encoder()
 
 
 def sse_event(payload: dict[str, Any]) -> bytes:

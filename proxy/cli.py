@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from .settings import Settings, SettingsError, load_settings
@@ -28,7 +29,7 @@ YOUNG_GENERATION = 20_000  # see tune_process
 def tune_process(settings: Settings) -> None:
     """What this process does differently for serving the proxy.
 
-    The young generation is collected once 20,000 more objects live than at
+    Files it makes are private to its user (umask 077). The young generation is collected once 20,000 more objects live than at
     the last collection, not 700: a follow-up on a long history makes and
     drops tens of thousands of objects, which reference counting frees; at
     700 the collector ran ~8 times a request (~1.8 ms at 200k tokens) and
@@ -40,6 +41,8 @@ def tune_process(settings: Settings) -> None:
     from .embeddings import embeddings_available, prepare_process
 
     gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
+    # Whatever the proxy writes (sessions, caches, the local model's log) is its user's alone.
+    os.umask(0o077)
     if settings.router_embeddings and embeddings_available():
         prepare_process()
 
@@ -57,13 +60,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import create_app
     from .local_model import INSTALL_HINT, local_extra_missing
+    from .server import server_options
 
     if not settings.upstream_base_url and local_extra_missing():
         print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     tune_process(settings)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False, **server_options(settings))
     return 0
 
 

@@ -44,15 +44,16 @@ from pcp_core import (
     on_request,
     onto_messages,
     placement,
-    short_hash,
     with_components,
 )
 from pcp_core.conversation import conversation_start
 
 from .chat import ChatRequest
+from .datadir import private_tree
 from .errors import ClientError
+from .sealing import Sealer
 
-__all__ = ["ComponentStore", "Components", "caller_namespace"]
+__all__ = ["ComponentStore", "Components"]
 
 log = logging.getLogger("pcp.components")
 
@@ -63,17 +64,12 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Tree)
 
 
-def caller_namespace(headers: Mapping[str, str]) -> str:
-    """The namespace of the caller's sessions: a hash of its key, so that one key never meets another's, and no key is stored."""
-    return short_hash(headers.get("authorization", "anonymous"))
-
-
 class ComponentStore:
     """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
 
-    def __init__(self, directory: Path, recent: int = RECENT):
-        directory.mkdir(parents=True, exist_ok=True)
-        self.cache = diskcache.Cache(str(directory))
+    def __init__(self, directory: Path, sealer: Sealer | None = None, recent: int = RECENT):
+        self.cache = diskcache.Cache(str(private_tree(directory)))
+        self.sealer = sealer or Sealer()  # components are the client's text
         self.known: set[str] = set(self.cache.iterkeys())  # the keys of every tree on disk, or about to be
         self.recent: OrderedDict[str, Tree] = OrderedDict()
         self.recent_size = recent
@@ -129,7 +125,8 @@ class ComponentStore:
     def _get(self, key: str) -> Tree | None:
         tree = self.recent.get(key)
         if tree is None and key in self.known:
-            raw = self.cache.get(key)
+            stored = self.cache.get(key)
+            raw = self.sealer.open(stored, key) if isinstance(stored, bytes) else None
             try:
                 tree = _decoder.decode(raw) if raw is not None else None
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -151,7 +148,7 @@ class ComponentStore:
 
     def _write(self, key: str, tree: Tree) -> None:
         try:
-            self.cache.set(key, _encoder.encode(tree))
+            self.cache.set(key, self.sealer.seal(_encoder.encode(tree), key))
         except Exception:  # a full disk costs the components' survival of a restart, not the request
             log.exception("the components of a session were not saved")
 
@@ -163,8 +160,8 @@ def _key(namespace: str, session_id: str) -> str:
 class Components:
     """The two places a request meets its session's components."""
 
-    def __init__(self, directory: Path):
-        self.store = ComponentStore(directory)
+    def __init__(self, directory: Path, sealer: Sealer | None = None):
+        self.store = ComponentStore(directory, sealer)
 
     async def passthrough(self, headers: Mapping[str, str], namespace: str, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
 
 from .chat import ChatCodec, Usage, relayed_finish
 from .chat_stream import StreamedRound
-from .errors import PcpError, UpstreamError
+from .errors import ClientError, PcpError, UpstreamError
+from .interrupt import Interrupt, Stopped
 from .upstream import passed_back
 
 if TYPE_CHECKING:
@@ -46,7 +47,11 @@ async def serve_protocol(services: Services, body: dict[str, Any], conversation:
     request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
-        return await (request.stream() if body.get("stream") else request.complete())
+        try:  # until the response starts; a stream relayed after it keeps to the same deadline
+            async with asyncio.timeout(services.settings.request_timeout):
+                return await (request.stream() if body.get("stream") else request.complete())
+        except TimeoutError:
+            raise PcpError(f"the request took longer than request_timeout allows ({services.settings.request_timeout:g} s)", status=504, type="timeout", code="request_timeout") from None
 
 
 class ProtocolRequest:
@@ -66,6 +71,7 @@ class ProtocolRequest:
         self.unsaved = True
         self.usage = Usage()
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
+        self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
@@ -86,14 +92,26 @@ class ProtocolRequest:
             # not in a task: a task would start only once paging had.
             text = asked(self.conversation, services.policy.paging, services.tokenizer.count)
             self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
-        self.prepared = prepared = await asyncio.to_thread(self._prepare)
+        self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         summariser = services.summariser
         if summariser is not None:
             await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
         return rounds(prepared, services.tokenizer.count_built, services.bm25)
 
-    def _prepare(self) -> Prepared:
+    async def _paged(self) -> Prepared:
+        """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""
+        interrupt = Interrupt(self.services.settings.paging_timeout)
+        try:
+            return await interrupt.run(lambda: self._prepare(interrupt))
+        except Stopped:
+            self.services.metrics.inc("pcp_paging_stopped_total", reason="paging_timeout")
+            raise ClientError(f"paging this history ({len(self.conversation.history):,} messages) took longer than paging_timeout allows ({self.services.settings.paging_timeout:g} s): send a shorter history, or raise PCP_PAGING_TIMEOUT", status=413, code="paging_timeout") from None
+        except asyncio.CancelledError:
+            self.services.metrics.inc("pcp_paging_stopped_total", reason="cancelled")
+            raise
+
+    def _prepare(self, checkpoint: Checkpoint) -> Prepared:
         """Find the session (the store may read the disk), then page what it does not hold."""
         services = self.services
         resolution = services.sessions.resolve(self.namespace, self.conversation, self.pinned)
@@ -104,7 +122,7 @@ class ProtocolRequest:
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
         )
-        prepared = prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count)
+        prepared = prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
         return services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
 
@@ -144,7 +162,7 @@ class ProtocolRequest:
         self.services.metrics.inc("pcp_upstream_calls_total", role="router")
         body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
         try:
-            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
+            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
@@ -186,7 +204,7 @@ class ProtocolRequest:
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        data, self.answered = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers)
+        data, self.answered = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers, deadline=self.deadline)
         self.usage.add(data.get("usage"))
         return data
 
@@ -211,7 +229,7 @@ class ProtocolRequest:
     async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
         upstream = self.services.upstream
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers)
+        response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         self.answered = passed_back(response.headers)

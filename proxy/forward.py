@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import unquote
 
@@ -43,21 +43,22 @@ async def forward(
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
     when it is an event stream, of unknown length or large, else read whole (a cheaper response)."""
     if stream:
-        response = await upstream.open(method, path, content=body, headers=headers)
+        # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
-        return Stream(upstream.relay(response), **_relayed(response, pcp_headers))
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers))
+        return Stream(chunks, **_relayed(response, pcp_headers))
 
-    async def exchange() -> tuple[httpx.Response, bytes | None]:
+    async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
         response = await upstream.open(method, path, content=body, headers=headers)
         if stream is None and _relayed_as_it_comes(response):
-            return response, None
+            return response, await upstream.started(response)  # until its first chunk, a failure is a status
         return response, await upstream.read(response)
 
     response, content = await unless_client_leaves(request, exchange())
-    if content is None:
+    if not isinstance(content, bytes):
         length = response.headers.get("content-length")
-        return Stream(upstream.relay(response), **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
+        return Stream(content, **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
     return Response(content, **_relayed(response, pcp_headers))
 
 
@@ -65,6 +66,11 @@ def _relayed_as_it_comes(response: httpx.Response) -> bool:
     length = response.headers.get("content-length")
     event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
     return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
+
+
+async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    response = await upstream.open(method, path, content=body, headers=headers)
+    return response, await upstream.started(response)
 
 
 def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ HELP = {
     "pcp_summaries_total": "Model summaries of pages (PCP_CONSOLIDATOR=llm) by state: queued, then landed or failed; cached when the disk had it.",
     "pcp_pages_solidified_total": "Draft pages of PBlocks (large messages) the worker read, solidified into pages the session keeps (§VI.5).",
     "pcp_upstream_calls_total": "Calls the proxy made upstream on its own behalf, by x-pcp-role.",
+    "pcp_paging_stopped_total": "Pagings stopped before their end, by reason: paging_timeout (a 413), or cancelled (the client left, or request_timeout passed).",
     "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from disk) or failed.",
 }
 

@@ -23,7 +23,6 @@ from pcp_core import SESSION_ID, ComponentSpec, PactError, Tree, insert, node, p
 from pcp_core import delete as detach
 
 from .chat import error_param
-from .components import caller_namespace
 from .errors import ClientError
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ def _caller(request: Request[Any, Any, Any]) -> tuple[Services, str, str]:
     services.upstream_headers(request.headers)  # checks the proxy's key, as a chat request does
     if not SESSION_ID.match(session_id):
         raise ClientError("a session id is 1 to 128 letters, digits or . _ : -", param="session_id", code="invalid_session")
-    return services, caller_namespace(request.headers), session_id
+    return services, services.namespaces.of(request.headers), session_id
 
 
 async def _tree(services: Services, namespace: str, session_id: str) -> Tree:

@@ -10,8 +10,7 @@ from litestar import HttpMethod, Request, Response, get, route
 
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
-from .chat import ChatRequest, parse_chat_request
-from .components import caller_namespace
+from .chat import ChatRequest, decode_json, parse_chat_request
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves, upstream_target
@@ -39,7 +38,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    namespace = caller_namespace(request.headers)
+    namespace = services.namespaces.of(request.headers)
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
     if engaged(tokens, services.policy) and chat.messages:
@@ -65,10 +64,16 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     return pinned
 
 
+# The fields protocol mode reads; every other one goes upstream as the bytes the client sent
+# (msgspec.Raw), so what the proxy does not read (a number past a double's range, text
+# that is not UTF-8) is the upstream's to judge, as it is in passthrough.
+_READ = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
+
+
 def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
     """Every field of the request, the messages already decoded once reused."""
     fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # values stay undecoded bytes
-    return {key: chat.messages if key == "messages" else msgspec.json.decode(raw) for key, raw in fields.items()}
+    return {key: chat.messages if key == "messages" else decode_json(raw, msgspec.json.decode) if key in _READ else raw for key, raw in fields.items()}
 
 
 @route("/v1/{path:path}", http_method=METHODS, status_code=200)
@@ -101,12 +106,16 @@ def not_the_proxys(path: str) -> ClientError:
 
 @get("/healthz")
 async def healthz(request: Request[Any, Any, Any]) -> dict[str, str]:
-    return {"status": "ok", "upstream": _services(request).upstream.shown_url}
+    """Liveness for anyone; what the proxy fronts only for a proxy key, when it has keys."""
+    services = _services(request)
+    return {"status": "ok", "upstream": services.upstream.shown_url} if services.shows_details(request.headers) else {"status": "ok"}
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any]) -> str:
-    return _services(request).metrics.exposition()
+    services = _services(request)
+    services.check_metrics_key(request.headers)
+    return services.metrics.exposition()
 
 
 ROUTES = [chat_completions, forward_v1, pcp_api, healthz, metrics]

@@ -40,6 +40,9 @@ import msgspec
 
 from pcp_core import Conversation, PagedHistory, Resolution, Session, begins_with, chain_links, common_prefix, transcript
 
+from .datadir import private_tree
+from .sealing import Sealer
+
 __all__ = ["SessionStore"]
 
 log = logging.getLogger("pcp.sessions")
@@ -102,8 +105,9 @@ _decoder = msgspec.msgpack.Decoder(_Record)
 
 
 class SessionStore:
-    def __init__(self, directory: Path, recent: int = RECENT):
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, recent: int = RECENT, sealer: Sealer | None = None):
+        private_tree(directory)
+        self.sealer = sealer or Sealer()  # records and parts hold the conversation's text
         self.cache = diskcache.Cache(str(directory), disk=_StringKeys, cull_limit=0)
         self.recent: OrderedDict[tuple[str, str], Session] = OrderedDict()
         # The transcript of a recent session's messages, with the last link of the
@@ -147,7 +151,7 @@ class SessionStore:
             session = self.recent.get((namespace, session_id))
         if session is not None:
             return session
-        raw = self.cache.get(("session", namespace, session_id))
+        raw = self._get(("session", namespace, session_id))
         if raw is None:
             return None
         try:
@@ -168,7 +172,7 @@ class SessionStore:
             items: list[object] = []
             for n, digest in enumerate(digests):
                 key = ("part", namespace, record.session.id, name, n)
-                raw = self.cache.get(key)
+                raw = self._get(key)
                 if raw is None or _digest(raw) != digest:
                     return None
                 part = decoder.decode(raw)
@@ -239,13 +243,14 @@ class SessionStore:
             bare = _with_lists(session, pages, {name: [] for name in lists})
             with self.cache.transact():
                 for key, (_, raw, _) in new.items():
-                    self.cache.set(key, raw)
+                    self.cache.set(key, self.sealer.seal(raw, _context(key)))
                 for name in lists:  # a session rebuilt shorter leaves no parts behind
                     stale: PartKey = ("part", namespace, session.id, name, len(digests[name]))
                     while self.cache.delete(stale):
                         self.parts.forget(stale)
                         stale = (*stale[:4], stale[4] + 1)
-                self.cache.set(("session", namespace, session.id), _encoder.encode(_Record(session=bare, parts=digests)))
+                record_key = ("session", namespace, session.id)
+                self.cache.set(record_key, self.sealer.seal(_encoder.encode(_Record(session=bare, parts=digests)), _context(record_key)))
                 for i in _stored(n - new_links, n):
                     self.cache.set(("link", namespace, session.chain[i]), session.id)
             for key, (part, _, digest) in new.items():  # on disk now
@@ -262,6 +267,11 @@ class SessionStore:
         raw = _encoder.encode(part)
         new[key] = (part, raw, _digest(raw))
         return new[key][2]
+
+    def _get(self, key: tuple[str | int, ...]) -> bytes | None:
+        """The value stored at ``key``, opened; None when there is none or it does not open (``Sealer``)."""
+        raw = self.cache.get(key)
+        return None if raw is None else self.sealer.open(raw, _context(key))
 
     def flush(self) -> None:
         """Wait for the writes submitted so far."""
@@ -334,6 +344,11 @@ def _with_lists(session: Session, pages: PagedHistory, lists: dict[str, list[obj
     own = {name: items for name, items in lists.items() if name in SESSION_PARTED}
     paged = {name: items for name, items in lists.items() if name in PAGES_PARTED}
     return msgspec.structs.replace(session, **own, pages=msgspec.structs.replace(pages, **paged))
+
+
+def _context(key: tuple[str | int, ...]) -> str:
+    """What a sealed value is bound to: its key, so it opens nowhere else."""
+    return _SEPARATOR.join(map(str, key))
 
 
 def _digest(raw: bytes) -> str:

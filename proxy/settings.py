@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .sealing import data_key
+
 __all__ = ["Settings", "SettingsError", "load_settings"]
 
 ENV_PREFIX = "PCP_"
@@ -33,14 +35,30 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Seconds to wait for the upstream to connect / send a byte before a 504.
     upstream_connect_timeout: float = 10.0
     upstream_read_timeout: float = 600.0
+    # Seconds an upstream call may take in all, from its request to its answer's last
+    # byte, and a client's request in all (protocol mode: paging and every round).
+    upstream_total_timeout: float = 1800.0
+    request_timeout: float = 1800.0
+    # Seconds paging a history may take before the request is refused (413).
+    paging_timeout: float = 60.0
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: str = "~/.local/share/pcp-proxy"
     # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
     # images inline as base64 take more.
     max_body_mb: int = 64
+    # Largest request head (request line and headers), in KiB: a larger one is a 431.
+    max_header_kb: int = 64
+    # Seconds a client has, from its request's first byte, to send all of it: then a 408.
+    client_timeout: float = 60.0
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
+    # The key that opens /metrics (Authorization: Bearer <key>); empty: any proxy key
+    # does, or, with no proxy keys, nothing is needed.
+    metrics_key: str = ""
+    # Encrypts the text the proxy stores (sessions, model summaries) with AES-256-GCM:
+    # 32 bytes in base64 or hex (needs the `encryption` extra).
+    data_key: str = ""
     # Prompt tokens above which protocol mode engages.
     sentry_threshold: int = 8192
     # Most prompt tokens the proxy sends upstream per call in protocol mode.
@@ -75,6 +93,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
+        _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
+        if self.data_key:
+            try:
+                data_key(self.data_key)
+            except ValueError as exc:
+                raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
+        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
+            _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
 
     @property
     def data_path(self) -> Path:

@@ -21,7 +21,9 @@ import diskcache
 
 from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
 
+from .datadir import private_tree
 from .metrics import Metrics
+from .sealing import Sealer
 from .upstream import Upstream
 
 __all__ = ["Summariser", "closed_pages"]
@@ -41,9 +43,10 @@ class Job(NamedTuple):
 
 
 class Summariser:
-    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int, *, fold_system: bool = False):
-        directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int, sealer: Sealer | None = None, *, fold_system: bool = False):
+        private_tree(directory)
         self.cache = diskcache.Cache(str(directory))
+        self.sealer = sealer or Sealer()  # summaries are the conversation's text, retold
         self.upstream = upstream
         self.metrics = metrics
         self.max_chars = max_chars
@@ -71,7 +74,7 @@ class Summariser:
             return
         summaries = {p.id: p.summary for p in (*pages.leaves, *pages.containers)}
         jobs = [self._job(p, summaries, model, headers) for p in wanted]
-        cached = await asyncio.to_thread(lambda: {job.key: self.cache.get(job.key) for job in jobs})
+        cached = await asyncio.to_thread(lambda: {job.key: self._cached(job.key) for job in jobs})
         for job in jobs:
             if cached[job.key] is not None:
                 self.landed[job.page_id] = cached[job.key]
@@ -80,6 +83,13 @@ class Summariser:
                 self.queued.add(job.page_id)
                 self.queue.put_nowait(job)
                 self.metrics.inc("pcp_summaries_total", state="queued")
+
+    def _cached(self, key: str) -> str | None:
+        stored = self.cache.get(key)
+        if isinstance(stored, str):  # stored as text by an earlier version
+            return stored
+        opened = self.sealer.open(stored, key) if isinstance(stored, bytes) else None
+        return opened.decode() if opened is not None else None
 
     # -- the background worker -----------------------------------------------------------
     def _job(self, page: Page, summaries: Mapping[str, str], model: str, headers: Mapping[str, str]) -> Job:
@@ -94,7 +104,7 @@ class Summariser:
             try:
                 summary = await self._ask(job)
                 if summary is not None:
-                    await asyncio.to_thread(self.cache.set, job.key, summary)
+                    await asyncio.to_thread(self.cache.set, job.key, self.sealer.seal(summary.encode(), job.key))
                     self.landed[job.page_id] = summary
                     state = "landed"
                 else:

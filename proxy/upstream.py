@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import json
+import logging
+import math
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Annotated, Any
 
@@ -10,8 +12,11 @@ import httpx
 import msgspec
 
 from .errors import UpstreamError
+from .sse import ChatStreamReader, error_event, event_end, is_event_stream
 
 __all__ = ["Upstream", "HOP_BY_HOP", "forwardable", "passed_back"]
+
+log = logging.getLogger("pcp.upstream")
 
 # Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus
 # the ones each side computes for itself.
@@ -80,9 +85,9 @@ class _Chunk(msgspec.Struct):
 def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
     """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
     try:
-        data = json.loads(text)
+        data = msgspec.json.decode(text)  # strict JSON: no NaN, no number past a double's range
         msgspec.convert(data, shape)
-    except (ValueError, msgspec.ValidationError) as exc:
+    except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
         raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
     return data
 
@@ -102,15 +107,27 @@ def passed_back(headers: httpx.Headers) -> dict[str, str]:
 
 
 class Upstream:
-    """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in)."""
+    """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in).
 
-    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float, transport: httpx.AsyncBaseTransport | None = None):
-        self.base_url = base_url.rstrip("/")
-        # How the upstream is named to clients (errors, /healthz): without credentials
-        # the URL may carry (https://user:key@host/v1, ?api-key=…).
-        self.shown_url = str(httpx.URL(self.base_url).copy_with(username=None, password=None, query=None))
+    ``total_timeout``: seconds an upstream call may take from its request to the
+    last byte of its answer, however steadily the bytes trickle in (the read
+    timeout bounds only the silence between two of them).
+    """
+
+    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float, total_timeout: float = math.inf, transport: httpx.AsyncBaseTransport | None = None):
+        url = httpx.URL(base_url)
+        # Credentials in the URL become the client's auth and its query the params of every
+        # call, so that neither is in the URL httpx logs, and the query stays after the path
+        # (".../v1?api-version=1" + "/chat/completions" would put it inside the path).
+        base = url.copy_with(username=None, password=None, query=None, fragment=None)
+        self.base_url = str(base).rstrip("/")
+        # How the upstream is named to clients (errors, /healthz) and in the log.
+        self.shown_url = self.base_url
+        self.read_timeout, self.connect_timeout, self.total_timeout = read_timeout, connect_timeout, total_timeout
         self.client = httpx.AsyncClient(
             base_url=self.base_url,
+            auth=httpx.BasicAuth(url.username, url.password) if url.userinfo else None,
+            params=url.params,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             # Many concurrent long generations are normal for a proxy.
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
@@ -118,62 +135,121 @@ class Upstream:
             headers={"accept-encoding": "identity"},
             transport=transport,
         )
+        logging.getLogger("httpx").addFilter(REDACTED_URLS)
 
-    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None) -> httpx.Response:
+    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
         A connection the upstream closed or reset without a word (typically a
         pooled one its keep-alive timeout had just ended) is tried once more.
-        ``timeout`` (seconds) overrides the configured connect and read timeouts.
+        ``timeout`` (seconds) overrides the configured connect and read timeouts;
+        ``deadline`` (``time.monotonic()``) is the request's, when it has one:
+        the call's own total timeout counts from now.
         """
+        deadline = min(deadline or math.inf, time.monotonic() + self.total_timeout)
         for attempt in range(2):
-            request = self.client.build_request(method, path, content=content, headers=headers, timeout=httpx.USE_CLIENT_DEFAULT if timeout is None else timeout)
+            request = self.client.build_request(method, path, content=content, headers=headers, timeout=self._timeout(timeout, deadline))
             try:
-                return await self.client.send(request, stream=True)
+                response = await self.client.send(request, stream=True)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
                 if attempt:
                     raise _as_upstream_error(exc, self.shown_url) from None
             except httpx.HTTPError as exc:
                 raise _as_upstream_error(exc, self.shown_url) from None
+            else:
+                response.extensions[_DEADLINE] = deadline
+                return response
         raise AssertionError("unreachable")
 
-    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    def _timeout(self, timeout: float | None, deadline: float) -> Any:
+        """The call's connect and read timeouts, none of them past ``deadline``."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise self._late()
+        if timeout is None and left >= self.read_timeout:
+            return httpx.USE_CLIENT_DEFAULT
+        return httpx.Timeout(min(timeout or self.read_timeout, left), connect=min(self.connect_timeout, left))
+
+    def _late(self) -> UpstreamError:
+        return UpstreamError(f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)", status=504, type="upstream_timeout", code="upstream_timeout")
+
+    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
         """POST a non-streamed chat completion and decode it, with the headers of its answer to pass back
         (``passed_back``); an error status raises as the upstream sent it."""
-        response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout)
+        response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout, deadline=deadline)
         body = await self.read(response)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
         return _checked(body, _Completion, "a chat completion", "upstream_bad_response"), passed_back(response.headers)
 
+    async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The raw body as it arrives, until the call's deadline; a failure on the way is an UpstreamError."""
+        deadline = response.extensions.get(_DEADLINE, math.inf)
+        try:
+            async for chunk in response.aiter_raw():
+                if time.monotonic() > deadline:  # the read timeout bounds the wait for a chunk
+                    raise self._late()
+                yield chunk
+        except httpx.HTTPError as exc:
+            raise _as_upstream_error(exc, self.shown_url, midway=True) from None
+
     async def read(self, response: httpx.Response) -> bytes:
         try:
-            return b"".join([chunk async for chunk in response.aiter_raw()])
-        except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, self.shown_url) from None
+            return b"".join([chunk async for chunk in self._chunks(response)])
         finally:
             await response.aclose()
 
     async def relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """Yield the raw body as it arrives; closing the iterator closes the upstream stream."""
+        """Yield the raw body as it arrives; closing the iterator closes the upstream stream.
+
+        An event stream is relayed a whole event at a time, so that if the
+        upstream fails midway the client's stream ends in an error event, not
+        in half an event. A failure before the first chunk raises (``started``
+        turns it into a status); in another body, after it, it raises too and
+        the connection is cut: a body that stops short of its end is the one
+        sign of a failure such a client can read.
+        """
+        sse = is_event_stream(response.headers.get("content-type"))
+        held, sent = b"", False
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in self._chunks(response):
+                if sse:
+                    held += chunk
+                    end = event_end(held)
+                    if not end:
+                        continue
+                    chunk, held = held[:end], held[end:]
+                sent = True
                 yield chunk
+            if held:
+                yield held
+        except UpstreamError as error:
+            if not (sse and sent):
+                raise
+            log.warning("an upstream stream failed midway; the client gets an error event: %s", error)
+            yield error_event(error)
         finally:
             await response.aclose()
 
-    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict]:
-        """Decode an SSE chat stream into its JSON chunks; closes the response at the end."""
+    async def started(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """``relay(response)`` once its first chunk is in: a failure before it raises here, while the client can still get a status."""
+        chunks = self.relay(response)
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                yield _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
-        except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, self.shown_url) from None
+            first = await anext(chunks)
+        except StopAsyncIteration:
+            return _relayed(b"", chunks)
+        return _relayed(first, chunks)
+
+    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict]:
+        """Decode an SSE chat stream into its JSON chunks, checked whole (``ChatStreamReader``); closes the response at the end."""
+        try:
+            content_type = response.headers.get("content-type")
+            if content_type and not is_event_stream(content_type):
+                body = await self.read(response)
+                raise UpstreamError(f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}", code="upstream_bad_stream")
+            reader = ChatStreamReader(lambda data: _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream"), self.shown_url)
+            async for chunk in reader.chunks(self._chunks(response)):
+                yield chunk
         finally:
             await response.aclose()
 
@@ -181,7 +257,36 @@ class Upstream:
         await self.client.aclose()
 
 
-def _as_upstream_error(exc: httpx.HTTPError, base_url: str) -> UpstreamError:
+async def _relayed(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    if first:
+        yield first
+    async for chunk in rest:
+        yield chunk
+
+
+_DEADLINE = "pcp.deadline"  # in a response's extensions: the monotonic time its call must end by
+
+
+class _RedactedUrls(logging.Filter):
+    """httpx logs every call's URL at INFO: shown without credentials, and a query's values hidden."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and any(isinstance(arg, httpx.URL) for arg in record.args):
+            record.args = tuple(_redacted(arg) if isinstance(arg, httpx.URL) else arg for arg in record.args)
+        return True
+
+
+def _redacted(url: httpx.URL) -> str:
+    query = "&".join(f"{key}=…" for key in url.params)
+    return str(url.copy_with(username=None, password=None, query=None)) + (f"?{query}" if query else "")
+
+
+REDACTED_URLS = _RedactedUrls()
+
+
+def _as_upstream_error(exc: httpx.HTTPError, base_url: str, midway: bool = False) -> UpstreamError:
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamError(f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", status=504, type="upstream_timeout", code="upstream_timeout")
+    if midway:
+        return UpstreamError(f"the upstream at {base_url} broke off its answer: {str(exc) or type(exc).__name__}", code="upstream_cut")
     return UpstreamError(f"the upstream at {base_url} could not be reached: {str(exc) or type(exc).__name__}", code="upstream_unreachable")

@@ -10,6 +10,7 @@ import pytest
 from litestar.testing import TestClient
 
 from proxy.app import create_app
+from proxy.server import server_options
 from proxy.settings import Settings
 from proxy.testing import FakeUpstream, serve_in_thread
 
@@ -40,7 +41,7 @@ class RunningProxy:
         app = create_app(settings, transport=upstream.transport() if upstream is not None else None, embedder=embedder)
         self.services = app.state.services
         if sockets:
-            self.server = serve_in_thread(app)
+            self.server = serve_in_thread(app, **server_options(settings))
             self.url = self.server.url
             self.http: httpx.Client = httpx.Client(base_url=self.url, timeout=30)
         else:

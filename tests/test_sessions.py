@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pcp_core.pages import short_hash
 from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
 from pcp_core.conversation import Conversation
+from proxy.datadir import Namespaces, install_secret
 from proxy.sessions import SessionStore
 from proxy import testing
 from proxy.testing import completion
@@ -541,7 +541,7 @@ def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_st
 
     session_proxy.stop()  # every write is finished and the store closed
     store = SessionStore(tmp_path / "data" / "sessions")
-    namespace = short_hash("Bearer sk-a")  # how the proxy names the caller's namespace
+    namespace = Namespaces(install_secret(tmp_path / "data")).of({"authorization": "Bearer sk-a"})  # how the proxy names the caller's namespace
     found, reused = lookup(store, follow_ups[0][:-1], namespace)
     assert found is not None and found.id == first.headers["x-pcp-session"] and reused == len(follow_ups[0]) - 1
     store.close()

@@ -1,0 +1,86 @@
+"""The data dir: private to the proxy's user, and the install's own secret in it, which names the callers' namespaces.
+
+Sessions are kept per caller, in a *namespace*: a keyed hash (HMAC-SHA-256,
+128 bits shown) of the caller's normalised credential, under a secret made
+once per install (``PCP_DATA_DIR/install-secret``, 32 random bytes, 0600).
+Without the secret a namespace cannot be tied to a key, even by one who holds
+both the key and the data dir's listing; and two ways of writing one key
+(``bearer K``, ``Bearer  K``) are one namespace.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["Namespaces", "install_secret", "normalised_credential", "private_dir", "private_tree"]
+
+SECRET_FILE = "install-secret"
+SECRET_BYTES = 32
+NAMESPACE_HEX = 32  # 128 bits: no two of billions of keys meet
+
+
+def private_dir(path: Path) -> Path:
+    """``path``, made if need be, readable and writable by this user alone (0700)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)  # made by an older version, or by hand
+    return path
+
+
+def private_tree(path: Path) -> Path:
+    """``path`` (made if need be) and everything under it private to this user: directories 0700, files 0600.
+
+    For what a store made with the process's umask (SQLite's files, diskcache's
+    value files) or an older version left open. ``pcp-proxy serve`` also sets
+    the umask to 077, so what is made later is private from the start.
+    """
+    private_dir(path)
+    for root, dirs, files in os.walk(path):
+        for name, mode in [*((d, 0o700) for d in dirs), *((f, 0o600) for f in files)]:
+            entry = Path(root, name)
+            if not entry.is_symlink() and entry.stat().st_mode & 0o077:
+                entry.chmod(mode)
+    return path
+
+
+def install_secret(data_dir: Path) -> bytes:
+    """The install's secret: read from the data dir, or made there the first time (0600, made once even by two processes)."""
+    path = private_dir(data_dir) / SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        secret = path.read_bytes()
+        if len(secret) != SECRET_BYTES:
+            raise RuntimeError(f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)") from None
+        return secret
+    secret = os.urandom(SECRET_BYTES)
+    with os.fdopen(fd, "wb") as file:
+        file.write(secret)
+    return secret
+
+
+def normalised_credential(headers: Mapping[str, str]) -> str:
+    """The caller's credential, one way however it is written: ``Authorization`` (its scheme in
+    lower case, spaces around the token dropped), else an ``api-key`` or ``x-api-key`` header; else none."""
+    authorization = headers.get("authorization", "").split(None, 1)
+    if authorization:
+        return " ".join([authorization[0].lower(), *(part.strip() for part in authorization[1:])])
+    for name in ("api-key", "x-api-key"):
+        value = headers.get(name, "").strip()
+        if value:
+            return f"{name} {value}"
+    return ""
+
+
+class Namespaces:
+    def __init__(self, secret: bytes):
+        self.secret = secret
+
+    def of(self, headers: Mapping[str, str]) -> str:
+        """The namespace of the caller who sent ``headers``."""
+        credential = normalised_credential(headers).encode()
+        return hmac.new(self.secret, credential, hashlib.sha256).hexdigest()[:NAMESPACE_HEX]
