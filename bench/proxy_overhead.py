@@ -63,13 +63,14 @@ def proxy_env(**settings: Any) -> dict[str, str]:
     return env
 
 
-def start_proxy(upstream: str, port: int, env: dict[str, str]) -> subprocess.Popen:
-    """``pcp-proxy serve`` in a process of its own, as in production."""
-    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env)
+def start_proxy(upstream: str, port: int, env: dict[str, str], checkout: Path | None = None) -> subprocess.Popen:
+    """``pcp-proxy serve`` in a process of its own, as in production; ``checkout``: another copy of the code (its packages are imported first)."""
+    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env, cwd=checkout)
 
 
-def start_servers(data_dir: str) -> tuple[dict[str, int], list[subprocess.Popen]]:
-    """The upstream, the bare forwarder and pcp-proxy twice: as configured by default (dense recall on), and with BM25 alone."""
+def start_servers(data_dir: str, others: dict[str, Path] | None = None) -> tuple[dict[str, int], list[subprocess.Popen]]:
+    """The upstream, the bare forwarder and pcp-proxy twice: as configured by default (dense recall on), and with BM25 alone;
+    ``others``: pcp-proxy from other checkouts, by name (a change measured against the code before it, in one run)."""
     ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port(), "pcp-proxy, BM25 only": free_port()}
     upstream = f"http://127.0.0.1:{ports['direct']}/v1"
     env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
@@ -79,6 +80,9 @@ def start_servers(data_dir: str) -> tuple[dict[str, int], list[subprocess.Popen]
     procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
     bm25_only = proxy_env(data_dir=f"{data_dir}/bm25", log_level="warning", router_embeddings=False)
     procs.append(start_proxy(upstream, ports["pcp-proxy, BM25 only"], bm25_only))
+    for name, checkout in (others or {}).items():
+        ports[name] = free_port()
+        procs.append(start_proxy(upstream, ports[name], proxy_env(data_dir=f"{data_dir}/{len(ports)}", log_level="warning"), checkout))
     for name in ports:
         wait_until_up(ports[name], "/healthz" if name.startswith("pcp") else "/v1/models")
     return ports, procs
@@ -172,6 +176,12 @@ async def concurrent(port: int, body: Body, count: int, clients: int) -> tuple[l
     return times, len(times) / (time.perf_counter() - start)
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time the process has used (user + system), from /proc: what it costs whatever else the machine does."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] * 1000 if len(values) > 1 else values[0] * 1000
 
@@ -216,10 +226,11 @@ def main() -> None:
     parser.add_argument("--history-tokens", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--endpoints-only", action="store_true", help="only compare a chat completion with a forwarded embeddings call")
+    parser.add_argument("--also", action="append", default=[], metavar="NAME=DIR", help="also measure pcp-proxy from another checkout (the code before a change, say)")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
-        ports, procs = start_servers(data_dir)
+        ports, procs = start_servers(data_dir, dict((name, Path(path).resolve()) for name, _, path in (a.partition("=") for a in args.also)))
         try:
             body = Body(args.history_tokens)
             for port in ports.values():
@@ -228,6 +239,8 @@ def main() -> None:
             if args.endpoints_only:
                 print_endpoints(endpoints(ports, args))
                 return
+            pids = dict(zip(ports, (proc.pid for proc in procs)))
+            cpu: dict[str, float] = dict.fromkeys(ports, 0.0)  # each server's CPU seconds over its sequential requests
             seq: dict[str, list[float]] = {name: [] for name in ports}
             conc: dict[str, list[float]] = {name: [] for name in ports}
             rps: dict[str, list[float]] = {name: [] for name in ports}
@@ -236,7 +249,9 @@ def main() -> None:
             concurrent_per_round = max(per_round * 2, args.clients)
             for _ in range(args.rounds):
                 for name, port in ports.items():
+                    before = cpu_seconds(pids[name])
                     seq[name] += sequential(port, body, per_round)
+                    cpu[name] += cpu_seconds(pids[name]) - before
                 for name, port in ports.items():
                     times, throughput = asyncio.run(concurrent(port, body, concurrent_per_round, args.clients))
                     conc[name] += times
@@ -250,14 +265,17 @@ def main() -> None:
 
     tokens = args.history_tokens
     print(f"\nPassthrough overhead, one run, {len(seq['direct'])} sequential + {len(conc['direct'])} concurrent requests per target, ~{tokens}-token history, new last message each request\n")
-    print("| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | its own CPU µs a request | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     base = {"s50": pct(seq["direct"], 50), "s95": pct(seq["direct"], 95), "c50": pct(conc["direct"], 50), "rps": statistics.median(rps["direct"])}
     for name in ports:
         s50, s95, c50, c95 = pct(seq[name], 50), pct(seq[name], 95), pct(conc[name], 50), pct(conc[name], 95)
         ratio = statistics.median(rps[name]) / base["rps"]
         added = lambda v, k: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
-        print(f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |")
+        own = cpu[name] / len(seq[name]) * 1e6
+        print(f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {own:.0f} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |")
+    print("\nIts own CPU: what each server process used over its sequential requests, per request (for direct, the fake upstream's):"
+          " unlike latency, it does not grow with what else the machine runs.")
     print_endpoints(by_endpoint)
 
 

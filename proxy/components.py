@@ -49,7 +49,7 @@ from pcp_core import (
 from pcp_core.conversation import conversation_start
 
 from .chat import ChatRequest
-from .datadir import private_tree
+from .datadir import Namespaces, private_tree
 from .errors import ClientError
 from .sealing import Sealer
 
@@ -163,7 +163,7 @@ class Components:
     def __init__(self, directory: Path, sealer: Sealer | None = None):
         self.store = ComponentStore(directory, sealer)
 
-    async def passthrough(self, headers: Mapping[str, str], namespace: str, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+    async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.
 
         As it came, without a lookup, when the request neither names a session
@@ -175,6 +175,7 @@ class Components:
         from .routes import pinned_session  # the one reading of x-pcp-session (routes imports this module)
 
         pinned = pinned_session(headers)
+        namespace = namespaces.of(headers)  # a keyed hash: only for a request that may have components
         messages = chat.messages
         if chat.pcp_components is None and (pinned is None or not self.store.holds(namespace, pinned)):
             if pinned is not None:

@@ -38,12 +38,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    namespace = services.namespaces.of(request.headers)
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
     if engaged(tokens, services.policy) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
         conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
+        namespace = services.namespaces.of(request.headers)
         work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await unless_client_leaves(request, work)
@@ -52,7 +52,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     # PACT components: the session's live ones in place; a request without any goes as it came.
-    body = await services.components.passthrough(request.headers, namespace, chat, body, pcp_headers)
+    body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
     return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
 
 

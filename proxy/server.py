@@ -56,10 +56,11 @@ class _Guard:
         if self._arriving is None:  # a request's first byte
             self._arriving = self.loop.call_later(self.client_timeout, self._too_slow)
         if self._head >= 0:
-            seen = self._tail + data
-            end = seen.find(_HEAD_END)
-            self._head += len(data) if end < 0 else end + len(_HEAD_END) - len(self._tail)
-            self._tail = seen[-3:]
+            # Where the head ends: in ``data``, or across the end of the last chunk (not copying ``data``, a body's worth).
+            end = (self._tail + data[:3]).find(_HEAD_END)
+            end = end - len(self._tail) if end >= 0 else data.find(_HEAD_END)
+            self._head += len(data) if end < 0 else end + len(_HEAD_END)
+            self._tail = (self._tail + data)[-3:] if len(data) < 3 else data[-3:]
             if self._head > self.max_head:
                 return self._refuse(ClientError(f"the request's head (request line and headers) is larger than this proxy accepts ({self.max_head // 1024} KiB, setting max_header_kb)", status=431, code="header_too_large"))
         super().data_received(data)  # type: ignore[misc]
