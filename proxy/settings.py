@@ -18,13 +18,29 @@ import msgspec
 
 from .sealing import data_key
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["ModelSettings", "Settings", "SettingsError", "load_settings"]
 
 ENV_PREFIX = "PCP_"
 
 
 class SettingsError(ValueError):
     """A setting is missing, unknown or of the wrong type; the message names it."""
+
+
+class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[models."NAME"]`` in the TOML: what differs for the models a name (or a glob) matches.
+
+    A 128k-token model and an 8k one want different thresholds; unset keys keep the global value.
+    """
+
+    sentry_threshold: int | None = None
+    context_budget: int | None = None
+    max_rounds: int | None = None
+
+    def __post_init__(self) -> None:
+        _require(self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "sentry_threshold", "must be positive")
+        _require(self.context_budget, self.context_budget is None or self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
+        _require(self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "max_rounds", "must be at least 1")
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -84,6 +100,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Context window of the embedded local model.
     local_n_ctx: int = 8192
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "json": one JSON object a line, with the trace id of the request it is about (x-pcp-trace).
+    log_format: Literal["text", "json"] = "text"
+    # Per model, by exact name or glob ("gpt-4o*"): an exact name first, else the first glob
+    # that matches in file order. TOML only: ``[models."gpt-4o-mini"] sentry_threshold = 16000``.
+    models: dict[str, ModelSettings] = {}
 
     def __post_init__(self) -> None:
         _require(self.port, 0 <= self.port <= 65535, "port", "must be between 0 and 65535")
