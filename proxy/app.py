@@ -23,6 +23,7 @@ from .control import Controls
 from .datadir import Namespaces, install_secret, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
+from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
@@ -148,7 +149,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=[*ROUTES, *PCP_ROUTES],
+        route_handlers=[*ROUTES, *PCP_ROUTES, *INSPECTOR_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
