@@ -37,10 +37,16 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     context_budget: int | None = None
     max_rounds: int | None = None
 
-    def __post_init__(self) -> None:
-        _require(self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "sentry_threshold", "must be positive")
-        _require(self.context_budget, self.context_budget is None or self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
-        _require(self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "max_rounds", "must be at least 1")
+    def problem(self) -> str | None:
+        """What is wrong with these values, if anything (checked by ``Settings``, which knows the model's name)."""
+        for name, value, ok, what in (
+            ("sentry_threshold", self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "must be positive"),
+            ("context_budget", self.context_budget, self.context_budget is None or self.context_budget >= 512, "must be at least 512 tokens"),
+            ("max_rounds", self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "must be at least 1"),
+        ):
+            if not ok:
+                return f"{name} {what}, got {value!r}"
+        return None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -122,6 +128,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
                 raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
+        for model, spec in self.models.items():
+            problem = spec.problem()
+            if problem:
+                raise msgspec.ValidationError(f'[models."{model}"] {problem} - at `$.models`')
 
     @property
     def data_path(self) -> Path:
@@ -180,6 +190,8 @@ def _explain(message: str) -> str:
     if "- at `$." in message:
         what, _, where = message.rpartition(" - at `$.")
         name = where.rstrip("`").split(".")[0].split("[")[0]
+        if name == "models":  # a table of the TOML, not an environment variable
+            return f'setting models ([models."NAME"] in the config file): {what}'
         return f"setting {name} (env {ENV_PREFIX}{name.upper()}): {what}"
     if "unknown field" in message.lower():
         return f"unknown setting in config: {message}"
