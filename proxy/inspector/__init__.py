@@ -13,7 +13,9 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.resources import files
 
-from litestar import Response, get
+from typing import Any
+
+from litestar import Request, Response, get
 
 from .api import INSPECTOR_API
 
@@ -39,7 +41,8 @@ async def inspector_page() -> Response[bytes]:
 
 
 @get("/inspect/{name:str}")
-async def inspector_asset(name: str) -> Response[bytes]:
+async def inspector_asset(request: Request[Any, Any, Any]) -> Response[bytes]:
+    name = request.path_params["name"]
     media_type = ASSETS.get(name)
     if media_type is None:  # only the files named above: no path reaches the disk
         return Response(b"not found", status_code=404, media_type="text/plain", headers=SECURITY)
