@@ -11,11 +11,13 @@ TOPICS = ["the allotment and its seedlings", "the choir's spring concert", "a le
 
 
 def conversation(turns: int = 160, question: str = "What is my gym locker code?") -> list[dict]:
-    """A long chat over several topics, with one fact (the locker code) said once, and a question."""
+    """A long chat over several topics, a day for each two (a dated line opens it), with one fact (the locker code) said once, and a question."""
     messages = [{"role": "system", "content": "You are a friendly assistant."}]
     for i in range(turns):
         topic = TOPICS[(i // 12) % len(TOPICS)]
         text = f"Turn {i}: more about {topic}, remark {i % 7} of many."
+        if i % 24 == 0:
+            text = f"[2024-03-{1 + i // 24:02} 10:00]\n{text}"
         if i == 40:
             text = "Turn 40: my locker code at the gym is 5521, don't tell anyone."
         messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})

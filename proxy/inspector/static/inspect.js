@@ -110,7 +110,7 @@ function drawRounds(request) {
     return el("tr", {}, el("td", { text: r.round }), el("td", { text: n(r.tokens) }), el("td", { text: detail }), el("td", { text: views.length - detail }),
       el("td", { text: r.folded.length }), el("td", { text: r.dehydrated.length }), el("td", { text: r.seconds.toFixed(3) }), directives);
   });
-  box.append(el("p", { class: "hint", text: `Request ${request.id}: ${n(request.prompt_tokens)} history tokens, threshold ${n(request.threshold)}, budget ${n(request.budget)}, mode ${request.mode}; Hot pages: ${request.hot.join(", ") || "none"}.` }),
+  box.append(el("p", { class: "hint", text: `Request ${request.id}: ${n(request.prompt_tokens)} history tokens, threshold ${n(request.threshold)}, budget ${n(request.budget)}, mode ${request.mode}; Hot pages (${request.hot.length}): ${request.hot.slice(0, 8).join(", ") || "none"}${request.hot.length > 8 ? ", …" : ""}.` }),
     el("table", {}, el("thead", {}, el("tr", {}, ...["round", "tokens sent", "in detail", "by summary", "roots folded", "dehydrated", "seconds", "directives after it"].map((h) => el("th", { text: h })))), el("tbody", {}, ...rows)));
 }
 
@@ -150,7 +150,9 @@ function drawTree(data, request) {
     for (const kid of kids) walk(kid, d + 1);
   };
   data.roots.forEach((root) => walk(root, 0));
-  const dx = 14, dy = 46, pad = 16, x = {};
+  // As wide as the figure allows, within readable bounds; a long history scrolls sideways.
+  const dx = Math.max(7, Math.min(28, (box.clientWidth - 40) / Math.max(leaves.length, 1))), dy = 56, pad = 16, x = {};
+  const r = Math.min(5, dx / 2 - 0.5);
   leaves.forEach((id, i) => { x[id] = pad + i * dx; });
   const place = (id) => {
     const kids = pages[id].children;
@@ -165,12 +167,15 @@ function drawTree(data, request) {
   const views = request ? request.rounds[request.rounds.length - 1].views : {};
   const folded = new Set(request ? request.rounds[request.rounds.length - 1].folded : []);
   const consulted = new Set(request ? request.consulted : []);
+  // The tree is the session as it is now; a page an older request saw may since have been merged or rebuilt.
+  const gone = [...new Set([...Object.keys(views), ...folded, ...consulted])].filter((id) => !pages[id]).length;
+  if (gone) $("tree-request").textContent += ` — ${gone} of the pages it saw have since been rebuilt`;
   for (const p of data.pages) {
     const view = views[p.id];
     const kind = view === "Detail" ? "detail" : view ? "summary" : folded.has(p.id) ? "folded" : "hidden";
     const shape = p.type === "Consolidated"
       ? el("svg:rect", { x: x[p.id] - 6, y: y(p.id) - 6, width: 12, height: 12, rx: 3 })
-      : el("svg:circle", { cx: x[p.id], cy: y(p.id), r: 5 });
+      : el("svg:circle", { cx: x[p.id], cy: y(p.id), r });
     shape.setAttribute("class", `node ${kind}${consulted.has(p.id) ? " consulted" : ""}`);
     shape.setAttribute("data-page", p.id);
     shape.append(el("svg:title", { text: `${p.type} ${p.id} · ${when(p.timestamp)} · ${n(p.tokens)} tokens${view ? ` · shown: ${view}` : ""}\n${p.summary}` }));
