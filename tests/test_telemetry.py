@@ -188,3 +188,41 @@ def test_json_log_line_outside_a_request_has_no_trace_and_keeps_the_exception():
         log.removeHandler(handler)
     line = json.loads(buffer.getvalue())
     assert line["message"] == "it failed: badly" and "trace" not in line and "ValueError: boom" in line["exception"]
+
+
+def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, tmp_path):
+    """`pcp-proxy serve` as a user runs it, PCP_LOG_FORMAT=json: every line on stderr is JSON, uvicorn's too."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PCP_")}
+    env.update(PCP_DATA_DIR=str(tmp_path), PCP_LOG_FORMAT="json", PCP_ROUTER_EMBEDDINGS="false", PCP_SENTRY_THRESHOLD="500", PCP_CONTEXT_BUDGET="1024")
+    served_upstream.enqueue(completion("5521"))
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert process.poll() is None and time.monotonic() < deadline, "pcp-proxy did not start"
+                time.sleep(0.1)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=KEY, timeout=30)
+        assert response.headers["x-pcp-mode"] == "protocol"
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=15)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any(line["logger"].startswith("uvicorn") for line in lines)
+    ended = [line for line in lines if line.get("trace") == response.headers["x-pcp-trace"]]
+    assert ended and ended[-1]["logger"] == "pcp.requests" and ended[-1]["tokens_saved"] == int(response.headers["x-pcp-tokens-saved"])
