@@ -62,7 +62,7 @@ class ProtocolRequest:
     def __init__(self, services: Services, codec: ChatCodec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None):
         self.services = services
         self.policy = policy or services.policy
-        self.telemetry = telemetry or RequestTelemetry(services.traces, services.metrics, namespace, codec.model, prompt_tokens([*conversation.head, *conversation.history, *([conversation.query] if conversation.query else [])], services.tokenizer.count), services.controls.default)
+        self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
         self.conversation = conversation
         self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
@@ -259,6 +259,12 @@ class ProtocolRequest:
             yield event
         if loop is not None:
             await self.advance(loop, round_.reply(delivered=True))
+
+
+def _telemetry(services: Services, conversation: Conversation, namespace: str, model: str | None) -> RequestTelemetry:
+    """The telemetry of a request whose caller brings none: under the settings' policy."""
+    said = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
+    return RequestTelemetry(services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said))
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:
