@@ -17,13 +17,14 @@ from .conversation import Conversation, fold_system, message_text
 from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
-from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
+from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
+from .synthesis import Step, Synthesis
 from .tokens import Checkpoint, CountText, prompt_tokens
 
 __all__ = [
@@ -54,7 +55,10 @@ __all__ = [
     "Scan",
     "Session",
     "Similarity",
+    "Step",
+    "Synthesis",
     "Tree",
+    "View",
     "WorkerReply",
     "asked",
     "begins_with",

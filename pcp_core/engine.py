@@ -119,6 +119,8 @@ class CallWorker(msgspec.Struct, frozen=True):
     final: bool
     tools: list[dict[str, Any]]
     synthesis: Synthesis
+    # The directives carried out before this call, in order (what its Reasoning_Trace shows).
+    trace: list[Step] = []
 
 
 class Outcome(msgspec.Struct, frozen=True):
@@ -233,7 +235,7 @@ class _Loop:
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
-        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis)
+        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis, trace=list(self.trace))
 
     def outcome(self, reply: WorkerReply, round_no: int) -> Outcome | None:
         """How the request ends with ``reply``; None when its directives were carried out and another round follows."""

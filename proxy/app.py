@@ -19,9 +19,11 @@ from litestar.exceptions import HTTPException
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 
 from .components import Components
+from .control import Controls
 from .datadir import Namespaces, install_secret, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
+from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
@@ -30,6 +32,7 @@ from .sealing import Sealer, data_key
 from .sessions import SessionStore
 from .settings import Settings
 from .summariser import Summariser
+from .telemetry import Traces
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
 
@@ -70,6 +73,11 @@ class Services:
     metrics: Metrics = field(default_factory=Metrics)
     summariser: Summariser | None = None
     namespaces: Namespaces = field(init=False)
+    controls: Controls = field(init=False)  # each request's mode and policy (``proxy.control``)
+    traces: Traces = field(default_factory=Traces)  # protocol-mode requests, per session (``proxy.telemetry``)
+
+    def __post_init__(self) -> None:
+        self.controls = Controls(self.settings, self.policy)
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
@@ -141,7 +149,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=[*ROUTES, *PCP_ROUTES],
+        route_handlers=[*ROUTES, *PCP_ROUTES, *INSPECTOR_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,

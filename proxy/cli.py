@@ -1,12 +1,12 @@
-"""``pcp-proxy serve``: load settings, build the app, run it under uvicorn."""
+"""``pcp-proxy serve``: load settings, build the app, run it under uvicorn. ``pcp-proxy sessions list|show ID``: look inside the store."""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
+from .logs import configure_logging
 from .settings import Settings, SettingsError, load_settings
 
 __all__ = ["main"]
@@ -20,6 +20,14 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="port to listen on (PCP_PORT)")
     serve.add_argument("--upstream", dest="upstream_base_url", metavar="URL", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (PCP_UPSTREAM_BASE_URL); omit to run the embedded local model")
     serve.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
+    sessions = commands.add_parser("sessions", help="look inside the stored sessions (PCP_DATA_DIR)")
+    looks = sessions.add_subparsers(dest="look", required=True)
+    listed = looks.add_parser("list", help="every session, latest first")
+    shown = looks.add_parser("show", help="one session: its size, its dates and its page tree")
+    shown.add_argument("session_id", metavar="ID")
+    for look in (listed, shown):
+        look.add_argument("--namespace", default="", metavar="PREFIX", help="only the namespace(s) whose hash starts so, as listed")
+        look.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
     return parser
 
 
@@ -49,12 +57,16 @@ def tune_process(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    overrides = {k: v for k, v in vars(args).items() if k in ("host", "port", "upstream_base_url")}
     try:
         settings = load_settings(args.config, overrides=overrides)
     except SettingsError as exc:
         print(f"pcp-proxy: {exc}", file=sys.stderr)
         return 2
+    if args.command == "sessions":
+        from .sessions_cli import list_sessions, show_session
+
+        return list_sessions(settings, args.namespace) if args.look == "list" else show_session(settings, args.session_id, args.namespace)
 
     import uvicorn
 
@@ -65,9 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.upstream_base_url and local_extra_missing():
         print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     tune_process(settings)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False, **server_options(settings))
+    # In JSON, uvicorn's own lines go through the root handler too: one format a line.
+    own_log = {"log_config": None} if settings.log_format == "json" else {}
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False, **own_log, **server_options(settings))
     return 0
 
 

@@ -22,12 +22,13 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, Outcome, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, rounds, settle
 
 from .chat import ChatCodec, Usage, relayed_finish
 from .chat_stream import StreamedRound
 from .errors import ClientError, PcpError, UpstreamError
 from .interrupt import Interrupt, Stopped
+from .telemetry import RequestTelemetry
 from .upstream import passed_back
 
 if TYPE_CHECKING:
@@ -43,8 +44,9 @@ ROUTER_MAX_TOKENS = 80
 log = logging.getLogger("pcp.drive")
 
 
-async def serve_protocol(services: Services, body: dict[str, Any], conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None) -> Response[Any]:
-    request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned)
+async def serve_protocol(services: Services, body: dict[str, Any], conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, *, policy: Policy | None = None, telemetry: RequestTelemetry | None = None) -> Response[Any]:
+    """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``)."""
+    request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned, policy, telemetry)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
@@ -57,8 +59,10 @@ async def serve_protocol(services: Services, body: dict[str, Any], conversation:
 class ProtocolRequest:
     """One client request in protocol mode: its session, its rounds and its worker calls."""
 
-    def __init__(self, services: Services, codec: ChatCodec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None):
+    def __init__(self, services: Services, codec: ChatCodec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None):
         self.services = services
+        self.policy = policy or services.policy
+        self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
         self.conversation = conversation
         self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
@@ -79,6 +83,7 @@ class ProtocolRequest:
         headers = {**self.answered, "x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
         if self.prepared is not None and self.prepared.components is not None:
             headers["x-pcp-components"] = str(self.prepared.components)
+        headers.update(self.telemetry.headers())  # x-pcp-tokens-saved, x-pcp-pages, x-pcp-consulted, x-pcp-trace
         return headers
 
     # -- before round 0 ----------------------------------------------------------------
@@ -90,14 +95,15 @@ class ProtocolRequest:
             # Encoded while the history is paged and scored by BM25 (torch leaves the interpreter
             # while it computes); dense recall waits for it (``fulfil``). Handed to a thread now,
             # not in a task: a task would start only once paging had.
-            text = asked(self.conversation, services.policy.paging, services.tokenizer.count)
+            text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
             self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         summariser = services.summariser
         if summariser is not None:
             await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
-        return rounds(prepared, services.tokenizer.count_built, services.bm25)
+        # Each worker call's synthesis is recorded, each upstream call timed.
+        return self.telemetry.watch(prepared, rounds(prepared, services.tokenizer.count_built, services.bm25))
 
     async def _paged(self) -> Prepared:
         """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""
@@ -122,7 +128,7 @@ class ProtocolRequest:
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
         )
-        prepared = prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count, checkpoint)
+        prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
         return services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
 
@@ -142,6 +148,7 @@ class ProtocolRequest:
                 effect = loop.send(await self.fulfil(effect))
         except StopIteration as done:
             self._settle(done.value)
+            self.telemetry.ended(done.value, self.prepared)  # the request ends: its trace kept, counted, logged
             return done.value
         self._save_once()
         return effect
@@ -252,6 +259,12 @@ class ProtocolRequest:
             yield event
         if loop is not None:
             await self.advance(loop, round_.reply(delivered=True))
+
+
+def _telemetry(services: Services, conversation: Conversation, namespace: str, model: str | None) -> RequestTelemetry:
+    """The telemetry of a request whose caller brings none: under the settings' policy."""
+    said = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
+    return RequestTelemetry(services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said))
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:

@@ -1,10 +1,11 @@
-"""Counters of what the proxy did, served at ``GET /metrics`` in the Prometheus text format."""
+"""Counters and histograms of what the proxy did, served at ``GET /metrics`` in the Prometheus text format."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 
-__all__ = ["HELP", "Metrics"]
+__all__ = ["HELP", "HISTOGRAMS", "Metrics"]
 
 HELP = {
     "pcp_requests_total": "Requests under /v1, by mode: passthrough (forwarded as they came: every path, and chat completions below the threshold) | protocol (paged).",
@@ -18,14 +19,67 @@ HELP = {
     "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from disk) or failed.",
 }
 
+# Seconds: a loopback passthrough takes ~1 ms, a protocol-mode request with a real model minutes.
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "pcp_request_seconds": ("Seconds from a request's arrival until its response starts (a whole answer, or a stream's first event), by mode.", _SECONDS),
+    "pcp_rounds_per_request": ("Worker calls made for one protocol-mode request.", (1, 2, 3, 4, 5, 6, 8, 10, 16)),
+    "pcp_tokens_saved_per_request": (
+        "Protocol mode: the client's prompt tokens times the rounds, less the prompt tokens the rounds sent (x-pcp-tokens-saved; negative when a forced request pages a short conversation).",
+        (0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_000),
+    ),
+    "pcp_upstream_seconds": ("Seconds of one call the proxy made upstream on its own behalf, by x-pcp-role, until its answer's last byte.", _SECONDS),
+}
+
+Labels = tuple[tuple[str, str], ...]
+
+
+class _Histogram:
+    """One histogram series: counts per bucket (not cumulative until rendered), their sum and count."""
+
+    __slots__ = ("buckets", "counts", "sum", "count")
+
+    def __init__(self, buckets: tuple[float, ...]):
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)  # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.buckets, value)] += 1  # a value on a bound belongs to it (le)
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str, labels: Labels) -> list[str]:
+        shown = "".join(f'{k}="{v}",' for k, v in labels)
+        rows, total = [], 0
+        for bound, n in zip([*map(_number, self.buckets), "+Inf"], self.counts, strict=True):
+            total += n
+            rows.append(f'{name}_bucket{{{shown}le="{bound}"}} {total}')
+        plain = f"{{{shown.rstrip(',')}}}" if labels else ""
+        return [*rows, f"{name}_sum{plain} {_number(self.sum)}", f"{name}_count{plain} {self.count}"]
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
 
 class Metrics:
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
+        self.counts: Counter[tuple[str, Labels]] = Counter()
+        self.histograms: dict[tuple[str, Labels], _Histogram] = {}
 
     def inc(self, name: str, amount: int = 1, **labels: str) -> None:
         assert name in HELP, f"undeclared metric {name}"
         self.counts[(name, tuple(sorted(labels.items())))] += amount
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """Count ``value`` into the histogram ``name`` (one of ``HISTOGRAMS``) under ``labels``."""
+        key = (name, tuple(sorted(labels.items())))
+        series = self.histograms.get(key)
+        if series is None:
+            series = self.histograms[key] = _Histogram(HISTOGRAMS[name][1])
+        series.observe(value)
 
     def value(self, name: str, **labels: str) -> int:
         return self.counts[(name, tuple(sorted(labels.items())))]
@@ -38,4 +92,9 @@ class Metrics:
                 if metric == name:
                     rendered = ",".join(f'{k}="{v}"' for k, v in labels)
                     lines.append(f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}")
+        for name, (help_text, _) in HISTOGRAMS.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+            for (metric, labels), series in sorted(self.histograms.items(), key=lambda item: item[0]):
+                if metric == name:
+                    lines += series.lines(name, labels)
         return "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -14,6 +15,7 @@ from .chat import ChatRequest, decode_json, parse_chat_request
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves, upstream_target
+from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:
     from .app import Services
@@ -34,17 +36,21 @@ PASSTHROUGH = {"x-pcp-mode": "passthrough"}
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     if request.method != "POST":  # stored completions (list, retrieve, update, delete) are not paged
         return await forwarded(request)
+    started = perf_counter()
     services = _services(request)
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
+    # The request's mode and policy: its model's (``[models."…"]``), narrowed by its x-pcp-* headers.
+    control = services.controls.of(headers, chat.model)
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
-    if engaged(tokens, services.policy) and chat.messages:
+    if chat.messages and (control.mode == "force" or (control.mode == "auto" and engaged(tokens, control.policy))):
         services.metrics.inc("pcp_requests_total", mode="protocol")
-        conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
         namespace = services.namespaces.of(request.headers)
-        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
+        telemetry = RequestTelemetry(services.traces, services.metrics, namespace, chat.model, tokens, control, len(chat.messages))
+        conversation = Conversation.of(chat.messages, control.policy.paging.blocks, count)
+        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry)
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
@@ -53,7 +59,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
-    return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
+    return response
 
 
 def pinned_session(headers: Mapping[str, str]) -> str | None:
@@ -83,6 +91,7 @@ async def forward_v1(request: Request[Any, Any, Any]) -> Response[Any]:
 
 async def forwarded(request: Request[Any, Any, Any]) -> Response[Any]:
     """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body."""
+    started = perf_counter()
     services = _services(request)
     headers = services.upstream_headers(request.headers)
     target = upstream_target(request.scope)
@@ -90,7 +99,9 @@ async def forwarded(request: Request[Any, Any, Any]) -> Response[Any]:
     sent = "content-length" in request.headers or "transfer-encoding" in request.headers
     body = await request.body() if sent else None
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    return await forward(services.upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None)
+    response = await forward(services.upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None)
+    services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
+    return response
 
 
 @route(["/v1/pcp", "/v1/pcp/{path:path}"], http_method=METHODS)

@@ -146,7 +146,11 @@ class SessionStore:
         """(namespace, id) of every session on disk."""
         return [(key[1], key[2]) for key in self.cache.iterkeys() if key[0] == "session"]
 
-    def _load(self, namespace: str, session_id: str) -> Session | None:
+    def read(self, namespace: str, session_id: str) -> Session | None:
+        """The session, for a look inside (the inspector, the CLI): read without joining the recent ones."""
+        return self._load(namespace, session_id, remember=False)
+
+    def _load(self, namespace: str, session_id: str, remember: bool = True) -> Session | None:
         with self.lock:
             session = self.recent.get((namespace, session_id))
         if session is not None:
@@ -158,7 +162,7 @@ class SessionStore:
             session = self._assemble(namespace, _decoder.decode(raw))
         except (msgspec.DecodeError, msgspec.ValidationError):  # written by an incompatible version: page afresh
             return None
-        if session is not None:
+        if session is not None and remember:
             self._remember(namespace, session)
         return session
 

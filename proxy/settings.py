@@ -18,13 +18,35 @@ import msgspec
 
 from .sealing import data_key
 
-__all__ = ["Settings", "SettingsError", "load_settings"]
+__all__ = ["ModelSettings", "Settings", "SettingsError", "load_settings"]
 
 ENV_PREFIX = "PCP_"
 
 
 class SettingsError(ValueError):
     """A setting is missing, unknown or of the wrong type; the message names it."""
+
+
+class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """``[models."NAME"]`` in the TOML: what differs for the models a name (or a glob) matches.
+
+    A 128k-token model and an 8k one want different thresholds; unset keys keep the global value.
+    """
+
+    sentry_threshold: int | None = None
+    context_budget: int | None = None
+    max_rounds: int | None = None
+
+    def problem(self) -> str | None:
+        """What is wrong with these values, if anything (checked by ``Settings``, which knows the model's name)."""
+        for name, value, ok, what in (
+            ("sentry_threshold", self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "must be positive"),
+            ("context_budget", self.context_budget, self.context_budget is None or self.context_budget >= 512, "must be at least 512 tokens"),
+            ("max_rounds", self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "must be at least 1"),
+        ):
+            if not ok:
+                return f"{name} {what}, got {value!r}"
+        return None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -84,6 +106,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Context window of the embedded local model.
     local_n_ctx: int = 8192
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # "json": one JSON object a line, with the trace id of the request it is about (x-pcp-trace).
+    log_format: Literal["text", "json"] = "text"
+    # Per model, by exact name or glob ("gpt-4o*"): an exact name first, else the first glob
+    # that matches in file order. TOML only: ``[models."gpt-4o-mini"] sentry_threshold = 16000``.
+    models: dict[str, ModelSettings] = {}
 
     def __post_init__(self) -> None:
         _require(self.port, 0 <= self.port <= 65535, "port", "must be between 0 and 65535")
@@ -101,6 +128,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
                 raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
+        for model, spec in self.models.items():
+            problem = spec.problem()
+            if problem:
+                raise msgspec.ValidationError(f'[models."{model}"] {problem} - at `$.models`')
 
     @property
     def data_path(self) -> Path:
@@ -159,6 +190,8 @@ def _explain(message: str) -> str:
     if "- at `$." in message:
         what, _, where = message.rpartition(" - at `$.")
         name = where.rstrip("`").split(".")[0].split("[")[0]
+        if name == "models":  # a table of the TOML, not an environment variable
+            return f'setting models ([models."NAME"] in the config file): {what}'
         return f"setting {name} (env {ENV_PREFIX}{name.upper()}): {what}"
     if "unknown field" in message.lower():
         return f"unknown setting in config: {message}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -124,7 +125,9 @@ class Summariser:
         messages = summary_prompt(job.text)
         body = {"model": job.model, "messages": fold_system(messages) if self.fold_system else messages, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
         headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
+        started = time.perf_counter()
         data, _ = await self.upstream.complete(json.dumps(body).encode(), headers)
+        self.metrics.observe("pcp_upstream_seconds", time.perf_counter() - started, role="consolidator")
         return model_summary(data["choices"][0]["message"].get("content") or "", self.max_chars)
 
 

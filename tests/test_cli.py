@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.serving import free_port, wait_healthy
 
 
 def _clean_env(tmp_path, **extra: str) -> dict[str, str]:
@@ -33,19 +28,10 @@ def test_serve_fronts_the_upstream(command, served_upstream, tmp_path):
         # The console script is installed beside the interpreter running the tests.
         script = Path(sys.executable).parent / "pcp-proxy"
         command = [str(script) if script.exists() else shutil.which("pcp-proxy") or pytest.fail("console script pcp-proxy is not installed")]
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen([*command, "serve", "--upstream", served_upstream.url, "--port", str(port)], env=_clean_env(tmp_path, PCP_ROUTER_EMBEDDINGS="false"))
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert process.poll() is None, "pcp-proxy exited during start-up"
-            assert time.monotonic() < deadline, "pcp-proxy did not become healthy"
-            time.sleep(0.1)
+        wait_healthy(process, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
         answer = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         assert answer.choices[0].message.content == "ok"
@@ -60,3 +46,25 @@ def test_bad_setting_stops_start_up_with_its_name(tmp_path):
     assert result.returncode == 2
     assert "PCP_SENTRY_THRESHOLD" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, tmp_path):
+    """PCP_LOG_FORMAT=json: every line on stderr is one JSON object, uvicorn's too; a protocol-mode request's carry its trace."""
+    from proxy.testing import completion
+    from tests.telemetry_helpers import conversation
+
+    port = free_port()
+    env = _clean_env(tmp_path, PCP_LOG_FORMAT="json", PCP_ROUTER_EMBEDDINGS="false", PCP_SENTRY_THRESHOLD="500", PCP_CONTEXT_BUDGET="1024")
+    served_upstream.enqueue(completion("5521"))
+    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(process, port)
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers={"authorization": "Bearer sk-x"}, timeout=30)
+        assert response.headers["x-pcp-mode"] == "protocol"
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=15)
+    lines = [json.loads(line) for line in err.splitlines() if line.strip()]
+    assert any(line["logger"].startswith("uvicorn") for line in lines)
+    ended = [line for line in lines if line.get("trace") == response.headers["x-pcp-trace"]]
+    assert ended and ended[-1]["logger"] == "pcp.requests" and ended[-1]["tokens_saved"] == int(response.headers["x-pcp-tokens-saved"])

@@ -17,6 +17,7 @@ from proxy.datadir import Namespaces, install_secret, normalised_credential, pri
 from proxy.sealing import MAGIC, Sealer, data_key
 from proxy.settings import SettingsError, load_settings
 from proxy.testing import completion, metric_value
+from tests.serving import free_port, wait_healthy
 
 SECRET_WORD = "zanzibarquokka"
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the {SECRET_WORD} plan, step {i}, and the budget."} for i in range(80)]
@@ -71,11 +72,11 @@ def test_a_data_dir_left_open_is_closed_at_start(tmp_path):
 
 def test_served_proxy_keeps_its_data_dir_0700_and_its_files_0600(served_upstream, tmp_path):
     data = tmp_path / "data"
-    port = _free_port()
+    port = free_port()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, "PCP_DATA_DIR": str(data), "PCP_ROUTER_EMBEDDINGS": "false", "PCP_SENTRY_THRESHOLD": "300", "PCP_CONSOLIDATOR": "llm"}
     process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env)
     try:
-        _wait_healthy(port, process)
+        wait_healthy(process, port)
         for question in ("What was step 7?", "And step 8?"):
             response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]}, headers={"authorization": "Bearer k"}, timeout=30)
             assert response.status_code == 200
@@ -172,23 +173,3 @@ def test_without_proxy_keys_both_are_open(start_proxy):
     proxy = start_proxy()
     assert proxy.http.get("/metrics").status_code == 200
     assert "upstream" in proxy.http.get("/healthz").json()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(port: int, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "pcp-proxy did not become healthy"
-        time.sleep(0.1)
