@@ -10,7 +10,7 @@ list a client sets.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 
 import msgspec
@@ -19,7 +19,7 @@ from ..pages import short_hash
 from ..terms import terms
 from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "TodoItem", "age", "fit", "rehydrate", "render", "system_snapshot"]
+__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "fit", "held_payloads", "rehydrate", "render", "system_snapshot", "this_round"]
 
 
 class Aging(msgspec.Struct, frozen=True):
@@ -38,6 +38,40 @@ class TodoItem(msgspec.Struct, frozen=True):
     done: bool = False
 
 
+class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What the system knows of a round before the model answers."""
+
+    round: int  # the session's, this request's
+    workspace: str
+    now: datetime
+    startup_at: int  # the session's start, epoch milliseconds
+    todo: tuple[TodoItem, ...] = ()
+    query: str = ""  # what the request asks: placeholders whose tags it names come back
+
+
+def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Mapping[str, str], room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits()) -> tuple[Snapshot, dict[str, str]]:
+    """The snapshot the model is shown this round, and the cold payloads the session keeps beside it.
+
+    The previous snapshot ages to this round, takes the system's fields as
+    they are now, brings back the placeholders the query asks for, and sends
+    its weakest blocks cold until it fits in ``room`` tokens. Payloads no
+    placeholder names any more are let go.
+    """
+    task_done = bool(facts.todo) and all(item.done for item in facts.todo)
+    aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
+    snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
+    stamp = snapshot.runtime.datetime
+    snapshot = rehydrate(snapshot, facts.query, cold, stamp)
+    back = {block.id for _, block in snapshot.memory.blocks() if block.rehydrated_at == stamp}
+    snapshot, sent = fit(snapshot, room, count, keep=back)
+    return snapshot, held_payloads(snapshot, {**cold, **sent})
+
+
+def held_payloads(snapshot: Snapshot, cold: Mapping[str, str]) -> dict[str, str]:
+    """The payloads of ``snapshot``'s placeholders, of those in ``cold``."""
+    return {block.tag_id: cold[block.tag_id] for _, block in snapshot.memory.blocks() if block.tag_id is not None and block.tag_id in cold}
+
+
 def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now: datetime, startup_at: int, todo: Sequence[TodoItem]) -> Snapshot:
     """The snapshot with the system's fields as they are this round (the model's fields from ``previous``)."""
     runtime = Runtime(round=current, workspace=workspace, datetime=now.isoformat(timespec="milliseconds").replace("+00:00", "Z"), startup_at=startup_at)
@@ -52,23 +86,27 @@ def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now
 
 
 def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits = Limits(), task_done: bool = False) -> Snapshot:
-    """The snapshot a round later: decay rises by each tier's rate, expired and faded blocks go.
+    """The snapshot at round ``current``: decay risen by each tier's rate, expired and faded blocks gone.
 
-    Ephemeral blocks go ``ephemeral_rounds`` after they were written; working
-    blocks go when the task is done (the todo list complete); any block whose
-    decay passes ``limits.max_decay`` has faded.
+    Decay rises once per round since the snapshot was made (its
+    ``runtime.round``), never again for rounds already counted: the model is
+    shown the aged decay and writes it back, and a block that kept its old
+    ``round`` must not age from it twice. Ephemeral blocks go
+    ``ephemeral_rounds`` after the round they were written in; working blocks
+    go when the task is done (the todo list complete); any block whose decay
+    passes ``limits.max_decay`` has faded.
     """
+    elapsed = max(current - snapshot.runtime.round, 0)
     tiers: dict[str, tuple[Block, ...]] = {}
     for tier in TIERS:
         kept = []
         for block in snapshot.memory.tier(tier):
-            since = max(current - block.round, 0)
-            if tier == "ephemeral" and since >= aging.ephemeral_rounds or tier == "working" and task_done:
+            if tier == "ephemeral" and current - block.round >= aging.ephemeral_rounds or tier == "working" and task_done:
                 continue
-            decay = 1.0 - (1.0 - block.decay) * (1.0 - getattr(aging, tier)) ** since
+            decay = _rounded(1.0 - (1.0 - block.decay) * (1.0 - getattr(aging, tier)) ** elapsed) if elapsed else block.decay
             if decay <= limits.max_decay:
-                kept.append(msgspec.structs.replace(block, decay=_rounded(decay)))
-        tiers[tier] = tuple(kept)
+                kept.append(msgspec.structs.replace(block, decay=decay))
+        tiers[tier] = tuple(sorted(kept, key=lambda b: -b.quality))
     return msgspec.structs.replace(snapshot, memory=Memory(**tiers))
 
 
@@ -76,24 +114,32 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4f}")
 
 
-def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int]) -> tuple[Snapshot, dict[str, str]]:
+def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: Collection[str] = ()) -> tuple[Snapshot, dict[str, str]]:
     """The snapshot within ``max_tokens``, and the payloads of the blocks sent to cold storage, by ``tag_id``.
 
     The weakest active ``longterm`` and ``working`` blocks become placeholders
     first; core and ephemeral blocks are never sent cold (the one is the
-    identity, the other is gone soon anyway).
+    identity, the other is gone soon anyway), nor are the blocks in ``keep``
+    (those just brought back for the query). What still does not fit stays:
+    the snapshot is then over its share.
     """
     cold: dict[str, str] = {}
     while count(render(snapshot)) > max_tokens:
-        candidates = [(block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.content_state == "active"]
+        candidates = [(block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.content_state == "active" and block.id not in keep]
         if not candidates:
             break
         _, tier, weakest = min(candidates, key=lambda c: c[0])
         tag_id = "tag-" + short_hash(weakest.id, weakest.content, length=12)
         cold[tag_id] = weakest.content
-        placeholder = msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=weakest.content[:40])
+        placeholder = msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=_summary(weakest.content))
         snapshot = _replace_block(snapshot, tier, weakest, placeholder)
     return snapshot, cold
+
+
+def _summary(content: str, chars: int = 60) -> str:
+    """A placeholder's ``tag_summary``: the content's start, on one line."""
+    line = " ".join(content.split())
+    return line if len(line) <= chars else line[: chars - 1].rstrip() + "…"
 
 
 def rehydrate(snapshot: Snapshot, query: str, cold: Mapping[str, str], now: str) -> Snapshot:
