@@ -2,11 +2,13 @@
 
 The rules only: the snapshot's shape and how a model's snapshot is read
 (``snapshot``), where the answer ends and the snapshot begins (``separator``),
-how the snapshot lives between rounds (``lifecycle``), and what the model is
-told (``prompt``).
+how the snapshot lives between rounds (``lifecycle``), which session a request
+continues when it names none (``continuity``), and what the model is told
+(``prompt``).
 """
 
-from .lifecycle import Aging, RoundFacts, TodoItem, age, fit, held_payloads, rehydrate, render, system_snapshot, this_round
+from .continuity import continued_links, normal_workspace
+from .lifecycle import Aging, RoundFacts, TodoItem, age, fit, held_payloads, rehydrate, render, system_snapshot, this_round, todo_projection
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer
 from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot
@@ -30,8 +32,10 @@ __all__ = [
     "age",
     "check",
     "context_prompt",
+    "continued_links",
     "fit",
     "held_payloads",
+    "normal_workspace",
     "parse_context",
     "read_snapshot",
     "rehydrate",
@@ -39,5 +43,6 @@ __all__ = [
     "split_answer",
     "system_snapshot",
     "this_round",
+    "todo_projection",
     "with_system_text",
 ]

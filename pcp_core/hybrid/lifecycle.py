@@ -19,7 +19,7 @@ from ..pages import short_hash
 from ..terms import terms
 from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "fit", "held_payloads", "rehydrate", "render", "system_snapshot", "this_round"]
+__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "fit", "held_payloads", "rehydrate", "render", "system_snapshot", "this_round", "todo_projection"]
 
 
 class Aging(msgspec.Struct, frozen=True):
@@ -49,17 +49,23 @@ class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
     query: str = ""  # what the request asks: placeholders whose tags it names come back
 
 
-def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Mapping[str, str], room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits()) -> tuple[Snapshot, dict[str, str]]:
+def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Mapping[str, str], room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = ()) -> tuple[Snapshot, dict[str, str]]:
     """The snapshot the model is shown this round, and the cold payloads the session keeps beside it.
 
     The previous snapshot ages to this round, takes the system's fields as
-    they are now, brings back the placeholders the query asks for, and sends
-    its weakest blocks cold until it fits in ``room`` tokens. Payloads no
-    placeholder names any more are let go.
+    they are now (and ``shared_core``: the core blocks its memory scope keeps
+    across sessions, which win over the session's own by id), brings back the
+    placeholders the query asks for, and sends its weakest blocks cold until
+    it fits in ``room`` tokens. Payloads no placeholder names any more are let go.
     """
     task_done = bool(facts.todo) and all(item.done for item in facts.todo)
     aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
     snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
+    if shared_core:
+        shared = {block.id for block in shared_core}
+        core = sorted([*shared_core, *(b for b in snapshot.memory.core if b.id not in shared)], key=lambda b: -b.quality)
+        others = {tier: tuple(b for b in snapshot.memory.tier(tier) if b.id not in shared) for tier in TIERS if tier != "core"}
+        snapshot = msgspec.structs.replace(snapshot, memory=Memory(core=tuple(core[: limits.max_blocks]), **others))
     stamp = snapshot.runtime.datetime
     snapshot = rehydrate(snapshot, facts.query, cold, stamp)
     back = {block.id for _, block in snapshot.memory.blocks() if block.rehydrated_at == stamp}
@@ -75,14 +81,19 @@ def held_payloads(snapshot: Snapshot, cold: Mapping[str, str]) -> dict[str, str]
 def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now: datetime, startup_at: int, todo: Sequence[TodoItem]) -> Snapshot:
     """The snapshot with the system's fields as they are this round (the model's fields from ``previous``)."""
     runtime = Runtime(round=current, workspace=workspace, datetime=now.isoformat(timespec="milliseconds").replace("+00:00", "Z"), startup_at=startup_at)
-    done = sum(item.done for item in todo)
-    step = min(done + 1, len(todo)) if todo else 0
-    summary = "no todo" if not todo else ("done" if done == len(todo) else f"in progress {done}/{len(todo)} (step {step})")
     cursor = previous.todo.cursor if previous is not None else None
-    projection = Todo(summary=summary, total=len(todo), step=step, cursor=cursor)
+    projection = msgspec.structs.replace(todo_projection(todo), cursor=cursor)
     if previous is None:
         return Snapshot(runtime=runtime, todo=projection)
     return msgspec.structs.replace(previous, runtime=runtime, todo=projection)
+
+
+def todo_projection(todo: Sequence[TodoItem]) -> Todo:
+    """``todo.summary``, ``total`` and ``step``, as the system computes them from the list: the step is the first not done."""
+    done = sum(item.done for item in todo)
+    step = next((i for i, item in enumerate(todo, 1) if not item.done), len(todo))
+    summary = "no todo" if not todo else ("done" if done == len(todo) else f"in progress {done}/{len(todo)} (step {step})")
+    return Todo(summary=summary, total=len(todo), step=step)
 
 
 def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits = Limits(), task_done: bool = False) -> Snapshot:

