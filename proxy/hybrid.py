@@ -31,6 +31,7 @@ from pcp_core import Conversation, Prepared, Resolution, chain_links, conversati
 from pcp_core.conversation import conversation_start
 from pcp_core.hybrid import (
     Block,
+    Cold,
     Limits,
     RoundFacts,
     Runtime,
@@ -39,7 +40,7 @@ from pcp_core.hybrid import (
     check,
     context_prompt,
     continued_links,
-    held_payloads,
+    kept_cold,
     normal_workspace,
     parse_context,
     read_snapshot,
@@ -125,7 +126,7 @@ class ContextTurn:
         self.session_id = ""
         self.round = 0
         self.shown: Snapshot | None = None  # the snapshot the model is shown (None: the mode is disabled for this request)
-        self.cold: dict[str, str] = {}
+        self.cold = Cold()
         self.startup_at = 0
         self.link = ""  # the conversation's link, when the session is known by it
         self.written: tuple[str | None, int] = (None, 0)  # the latest section the model wrote, and how many separators
@@ -146,8 +147,8 @@ class ContextTurn:
         conversation's last round, below the threshold), if there is one.
         """
         store, namespace = self.hybrid.store, self.namespace
-        continued = [found for link in continued_links(messages, links) if (found := store.session_at(namespace, link)) is not None]
-        self.session_id = session_id or (continued[0] if continued else new_session_id(namespace, links, time.time_ns()))
+        continued = (found for link in continued_links(messages, links) if (found := store.session_at(namespace, link)) is not None)  # looked up only if need be
+        self.session_id = session_id or next(continued, None) or new_session_id(namespace, links, time.time_ns())
         state = store.get(namespace, self.session_id)
         if state is None:
             state = next((s for c in [*parents, *continued] if c != self.session_id and (s := store.get(namespace, c)) is not None), None)
@@ -162,14 +163,13 @@ class ContextTurn:
         shared = self.hybrid.memory.recall(self.namespace, self.scope) if self.hybrid.memory is not None and self.scope else ()
         hybrid = self.hybrid
         self.shown, self.cold = this_round(state.snapshot, facts, state.cold, hybrid.room, hybrid.count, limits=hybrid.limits, shared_core=shared)
-        self._count_cold(state.snapshot)
+        self._count_cold(state.cold)
 
-    def _count_cold(self, before: Snapshot | None) -> None:
-        was = {b.id: b.content_state for _, b in before.memory.blocks()} if before is not None else {}
+    def _count_cold(self, before: Cold) -> None:
         assert self.shown is not None
-        for _, block in self.shown.memory.blocks():
-            if block.content_state != was.get(block.id, "active"):
-                self.hybrid.metrics.inc("pcp_context_cold_total", event="sent" if block.content_state == "tag_ref" else "rehydrated")
+        metrics, stamp = self.hybrid.metrics, self.shown.runtime.datetime
+        metrics.inc("pcp_context_cold_total", len(self.cold.payloads.keys() - before.payloads.keys()), event="sent")
+        metrics.inc("pcp_context_cold_total", sum(block.rehydrated_at == stamp for _, block in self.shown.memory.blocks()), event="rehydrated")
 
     # -- below the threshold -----------------------------------------------------------------
     async def passthrough(self, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
@@ -254,7 +254,7 @@ class ContextTurn:
             todo = current.todo if current is not None else ()  # set by the API meanwhile: the client's
             link = self.link or (current.link if current is not None else "")
             rounds = max(self.round, current.round if current is not None else 0)
-            return HybridState(snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=held_payloads(snapshot, self.cold), link=link)
+            return HybridState(snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=kept_cold(snapshot, self.cold), link=link)
 
         self.hybrid.store.change(self.namespace, self.session_id, step)
         if self.hybrid.memory is not None and self.scope:

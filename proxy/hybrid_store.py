@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from pcp_core.hybrid import Snapshot, TodoItem
+from pcp_core.hybrid import Cold, Snapshot, TodoItem
 
 from .keyed_store import KeyedStore, store_key
 from .sealing import Sealer
@@ -32,7 +32,7 @@ class HybridState(msgspec.Struct, frozen=True, kw_only=True):
     round: int = 0  # the round the snapshot was made in; the next request's is one more
     startup_at: int = 0  # the session's first round, epoch milliseconds
     todo: tuple[TodoItem, ...] = ()
-    cold: dict[str, str] = {}  # the payloads of the snapshot's placeholders, by tag_id
+    cold: Cold = Cold()  # the payloads of its placeholders, and the placeholders that no longer fit
     link: str = ""  # the conversation's link at its last round, when the session was recognised by it
 
 

@@ -13,6 +13,7 @@ from pcp_core.hybrid import (
     SEPARATOR,
     Aging,
     Block,
+    Cold,
     Memory,
     SeparatorGate,
     Snapshot,
@@ -23,6 +24,7 @@ from pcp_core.hybrid import (
     check,
     context_prompt,
     fit,
+    kept_cold,
     parse_context,
     read_snapshot,
     rehydrate,
@@ -150,10 +152,10 @@ def test_a_snapshot_that_outgrows_its_room_sends_its_weakest_blocks_cold_and_a_q
     snapshot = msgspec.structs.replace(system(), memory=Memory(longterm=blocks))
     room = COUNT(render(snapshot)) * 2 // 3
     fitted, cold = fit(snapshot, room, COUNT)
-    assert COUNT(render(fitted)) <= room and cold
+    assert COUNT(render(fitted)) <= room and cold.payloads and not cold.shelved
     placeholders = [b for b in fitted.memory.longterm if b.content_state == "tag_ref"]
     assert placeholders and placeholders[0].id == "l0"  # the weakest first
-    assert all(b.tag_id in cold and b.content == "" for b in placeholders)
+    assert all(b.tag_id in cold.payloads and b.content == "" for b in placeholders)
     back = rehydrate(fitted, "What do we know about topic0?", cold, "2026-02-25T10:05:00Z")
     restored = next(b for b in back.memory.longterm if b.id == "l0")
     assert (restored.content_state, restored.content, restored.rehydrated_at) == ("active", blocks[0].content, "2026-02-25T10:05:00Z")
@@ -232,10 +234,22 @@ def test_a_round_ages_the_snapshot_brings_back_what_the_query_asks_and_fits_the_
     start = msgspec.structs.replace(system(round=1), memory=Memory(longterm=blocks))
     room = COUNT(render(start)) // 2
     facts = RoundFacts(round=2, workspace="/w/", now=NOW, startup_at=1, todo=(TodoItem(1, "a"),), query="hello")
-    shown, cold = this_round(start, facts, {}, room, COUNT)
-    assert shown.runtime.round == 2 and COUNT(render(shown)) <= room and cold and not check(shown)
+    shown, cold = this_round(start, facts, Cold(), room, COUNT)
+    assert shown.runtime.round == 2 and COUNT(render(shown)) <= room and cold.payloads and not check(shown)
     asked = msgspec.structs.replace(facts, round=3, query="and topic0?")
     again, cold_again = this_round(shown, asked, cold, room, COUNT)
     l0 = next(b for b in again.memory.longterm if b.id == "l0")
     assert l0.content_state == "active" and l0.rehydrated_at == again.runtime.datetime  # asked for: back, and kept warm this round
-    assert set(cold_again) == {b.tag_id for _, b in again.memory.blocks() if b.tag_id}
+    named = {b.tag_id for _, b in again.memory.blocks() if b.tag_id} | {s.block.tag_id for s in cold_again.shelved}
+    assert set(cold_again.payloads) == named and not check(again)
+
+
+def test_placeholders_that_do_not_fit_are_shelved_and_still_come_back():
+    blocks = tuple(Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"knowledge {i} " * 40) for i in range(12))
+    snapshot = msgspec.structs.replace(system(round=1), memory=Memory(longterm=blocks))
+    room = COUNT(render(system(round=1))) + 60  # room for a placeholder or so, not twelve
+    fitted, cold = fit(snapshot, room, COUNT)
+    assert COUNT(render(fitted)) <= room and len(cold.shelved) >= 10 and cold.shelved[0].block.id == "l0"
+    back = rehydrate(fitted, "topic0 please", cold, "now")
+    assert next(b for b in back.memory.longterm if b.id == "l0").content == blocks[0].content
+    assert all(s.block.id != "l0" for s in kept_cold(back, cold).shelved)

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lxml import etree
 
 from pcp_core.hybrid import SEPARATOR, Snapshot, check
 from proxy.testing import Recorded, Reply, completion, metric_value, stream_reply
@@ -222,3 +223,167 @@ def test_however_the_answer_is_chunked_the_client_never_sees_the_section_and_the
     text, _ = ask(proxy, "go", stream=stream)
     assert SEPARATOR not in text and text == answer.rstrip() and "memory" not in text
     stored(proxy)
+
+
+# -- which session ------------------------------------------------------------------------------
+
+
+def test_a_conversation_that_names_no_session_is_recognised_by_its_messages(hybrid, upstream):
+    upstream.enqueue(model("Hello!", with_memory(core=[block("name", content="Ada")])))
+    _, headers = ask(hybrid, "Hi, I am Ada.", KEY)
+    session = headers["x-pcp-session"]
+    upstream.enqueue(model("Ada.", stream=True))
+    _, again = ask(hybrid, [{"role": "user", "content": "Hi, I am Ada."}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Who am I?"}], KEY, stream=True)
+    assert again["x-pcp-session"] == session and again["x-pcp-context-round"] == "2"
+    assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["Ada"]
+    upstream.enqueue(model("New here?"))
+    _, other = ask(hybrid, "A different conversation.", KEY)
+    assert other["x-pcp-session"] != session and other["x-pcp-context-round"] == "1"
+    assert stored(hybrid, f"/v1/pcp/sessions/{session}").runtime.round == 2
+
+
+def test_sessions_are_the_callers_and_their_text_is_sealed_on_disk(start_proxy, upstream, tmp_path):
+    proxy = start_proxy(hybrid="enabled", data_key="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
+    upstream.enqueue(model("ok", with_memory(core=[block("secret", content="zanzibarquokka")])))
+    ask(proxy, "go")
+    assert proxy.http.get(f"{API}/context", headers={"authorization": "Bearer sk-two"}).json()["error"]["code"] == "context_not_found"
+    proxy.stop()
+    on_disk = b"".join(p.read_bytes() for p in (tmp_path / "data" / "context").rglob("*") if p.is_file())
+    assert on_disk and b"zanzibarquokka" not in on_disk
+
+
+# -- protocol mode ------------------------------------------------------------------------------
+
+BUDGET = 1024
+
+
+def long_history(n: int = 120) -> list[dict]:
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the allotment, seedlings and rain again."} for i in range(n)]
+    turns[40]["content"] = "Turn 40: my locker code at the gym is 5521."
+    return [{"role": "system", "content": "You are friendly."}, *turns, {"role": "user", "content": "What is my locker code?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_protocol_mode_the_snapshot_follows_the_paged_context_within_the_budget(start_proxy, upstream, stream):
+    from pcp_core import prompt_tokens
+
+    proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
+    upstream.enqueue(model("The code is 5521.", with_memory(working=[block("w", content="asked for the code")]), stream=stream))
+    text, headers = ask(proxy, long_history(), KEY, stream=stream)
+    assert text == "The code is 5521." and headers["x-pcp-mode"] == "protocol" and headers["x-pcp-context-round"] == "1"
+    worker = upstream.chat_requests("worker")[-1]
+    system = worker.json["messages"][0]["content"]
+    assert system.startswith("<PagedContext") and system.index("</PagedContext>") < system.index("Context Protocol, Hybrid mode")
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+    session = headers["x-pcp-session"]
+    assert [b.id for b in stored(proxy, f"/v1/pcp/sessions/{session}").memory.working] == ["w"]
+    upstream.enqueue(model("Sure.", stream=stream))
+    _, follow = ask(proxy, [*long_history(), {"role": "assistant", "content": text}, {"role": "user", "content": "Thanks!"}], KEY, stream=stream)
+    assert follow["x-pcp-session"] == session and shown(upstream.chat_requests("worker")[-1])["runtime"]["round"] == 2
+
+
+def test_a_section_written_in_a_round_of_directives_is_kept_when_the_answer_has_none(start_proxy, upstream):
+    proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
+
+    def consult(recorded: Recorded) -> Reply:
+        document = recorded.json["messages"][0]["content"].split("\n\nContext Protocol, Hybrid mode")[0]
+        page = next(node.get("id") for node in etree.fromstring(document).iter("Node"))
+        return completion(f'Consult("look closer", "{page}")\n{SEPARATOR}\n' + json.dumps({"memory": {"core": [block("from-round-0")]}}))
+
+    upstream.enqueue(consult, completion("It is 5521."))
+    text, headers = ask(proxy, long_history(), KEY)
+    assert text == "It is 5521." and headers["x-pcp-rounds"] == "2"
+    assert [b.id for b in stored(proxy, f"/v1/pcp/sessions/{headers['x-pcp-session']}").memory.core] == ["from-round-0"]
+    assert violations(proxy, "no_context") == 0
+
+
+def test_a_conversation_that_outgrows_the_threshold_keeps_its_snapshot(start_proxy, upstream):
+    proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
+    opening = long_history()[:16]  # below the threshold, ending with a user's turn
+    upstream.enqueue(model("Hi.", with_memory(core=[block("me", content="likes gardens")])))
+    _, below = ask(proxy, opening, KEY)
+    upstream.enqueue(model("Lovely."))
+    pasted = {"role": "user", "content": "My garden diary: " + "watered the beans, weeded the onions. " * 60}
+    _, above = ask(proxy, [*opening, {"role": "assistant", "content": "Hi."}, pasted], KEY)
+    assert (below["x-pcp-mode"], above["x-pcp-mode"], above["x-pcp-context-round"]) == ("passthrough", "protocol", "2")
+    assert [b["id"] for b in shown(upstream.chat_requests("worker")[-1])["memory"]["core"]] == ["me"]
+
+
+# -- the todo list, and the lifecycle -----------------------------------------------------------
+
+
+def test_the_todo_projection_is_the_systems_and_working_blocks_last_the_task(hybrid, upstream):
+    todo = {"items": [{"id": 1, "title": "plan", "done": True}, {"id": 2, "title": "build"}, {"id": 3, "title": "check"}]}
+    answer = hybrid.http.put(f"{API}/todo", json=todo, headers=KEY)
+    assert answer.status_code == 200 and (answer.json()["summary"], answer.json()["step"]) == ("in progress 1/3 (step 2)", 2)
+    cursor = {"v": 1, "phase": "doing", "next": "todo_complete", "targetId": 2, "note": "build it"}
+    upstream.enqueue(model("Building.", lambda s: {**with_memory(working=[block("w")])(s), "todo": {**s["todo"], "cursor": cursor}}))
+    ask(hybrid, "go")
+    assert shown(upstream.requests[-1])["todo"] == {"summary": "in progress 1/3 (step 2)", "total": 3, "step": 2}
+    assert stored(hybrid).todo.cursor.targetId == 2
+    hybrid.http.put(f"{API}/todo", json={"items": [{**item, "done": True} for item in todo["items"]]}, headers=KEY)
+    upstream.enqueue(model("All done."))
+    ask(hybrid, "and now?")
+    assert shown(upstream.requests[-1])["memory"]["working"] == [] and shown(upstream.requests[-1])["todo"]["summary"] == "done"
+    assert hybrid.http.get(f"{API}/todo", headers=KEY).json()["total"] == 3
+    for bad, param in (({"items": [{"id": 0, "title": "x"}]}, "items.[0].id"), ({"items": [{"id": 1, "title": "a"}, {"id": 1, "title": "b"}]}, "items"), ({"items": [{"id": 1, "title": "a", "why": 1}]}, "items.[0]")):
+        refused = hybrid.http.put(f"{API}/todo", json=bad, headers=KEY)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+
+
+def test_a_snapshot_over_its_share_keeps_its_weakest_blocks_cold_until_a_query_names_their_tags(start_proxy, upstream):
+    proxy = start_proxy(hybrid="enabled", context_budget=4096)
+    blocks = [block(f"l{i}", confidence=0.5 + i / 50, tags=[f"topic{i}"], content=f"reusable knowledge {i}: " + "compost and mulch " * 30) for i in range(12)]
+    upstream.enqueue(model("Noted.", with_memory(longterm=blocks)))
+    ask(proxy, "remember all this")
+    upstream.enqueue(model("Ok."))
+    ask(proxy, "anything else?")
+    longterm = {b["id"]: b for b in shown(upstream.requests[-1])["memory"]["longterm"]}
+    placeholders = [b for b in longterm.values() if b.get("content_state") == "tag_ref"]
+    assert placeholders and all(b["content"] == "" and b["tag_summary"].startswith("reusable knowledge") for b in placeholders)
+    assert "l0" not in longterm or longterm["l0"].get("content_state") == "tag_ref"  # the weakest went first (shelved, past the placeholders)
+    assert longterm["l11"]["content"] == blocks[11]["content"]  # the best stays
+    assert COUNT(upstream.requests[-1].json["messages"][0]["content"]) <= 4096 // 4 + 8
+    upstream.enqueue(model("Here it is."))
+    ask(proxy, "what do we know about topic0?")
+    l0 = next(b for b in shown(upstream.requests[-1])["memory"]["longterm"] if b["id"] == "l0")
+    assert l0["content"] == blocks[0]["content"] and l0.get("content_state", "active") == "active" and l0["rehydrated_at"]
+    exposition = proxy.http.get("/metrics").text
+    assert metric_value(exposition, "pcp_context_cold_total", event="sent") >= 1 and metric_value(exposition, "pcp_context_cold_total", event="rehydrated") == 1
+
+
+def test_violations_are_named_in_the_log_at_debug(hybrid, upstream, caplog):
+    upstream.enqueue(model("ok", with_memory(core=[block("hot", decay=1.5)])))
+    with caplog.at_level("DEBUG", logger="pcp.hybrid"):
+        ask(hybrid, "go")
+    assert any("memory.core[0]: decay 1.5 is outside [0, 1]" in r.getMessage() for r in caplog.records)
+    assert metric_value(hybrid.http.get("/metrics").text, "pcp_context_rounds_total", outcome="read") == 1
+
+
+# -- P-Mem's seam -------------------------------------------------------------------------------
+
+
+class ScopeMemory:
+    """What P-Mem will provide: memory.core by (namespace, scope)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[tuple[str, str], list] = {}
+
+    def recall(self, namespace, scope):
+        return self.kept.get((namespace, scope), [])
+
+    def keep(self, namespace, scope, blocks):
+        self.kept[(namespace, scope)] = list(blocks)
+
+
+def test_with_a_memory_scope_core_blocks_outlive_their_session(hybrid, upstream):
+    hybrid.services.hybrid.memory = ScopeMemory()
+    scoped = {**KEY, "x-pcp-memory": "team"}
+    upstream.enqueue(model("Noted.", with_memory(core=[block("pref", content="metric units")])))
+    ask(hybrid, "I use metric units.", {**scoped, "x-pcp-session": "one"})
+    upstream.enqueue(model("Hi."))
+    ask(hybrid, "Hello", {**scoped, "x-pcp-session": "two"})
+    assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["metric units"]
+    upstream.enqueue(model("Hi."))
+    ask(hybrid, "Hello", {**KEY, "x-pcp-session": "three"})  # no scope: a session of its own
+    assert shown(upstream.requests[-1])["memory"]["core"] == []

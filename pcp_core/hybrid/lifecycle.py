@@ -1,6 +1,6 @@
 """How a session's snapshot lives between rounds: blocks age, ephemeral ones expire, working ones
 last the task, and a snapshot that outgrows its room sends its weakest blocks to cold storage
-(``tag_ref`` placeholders), to be rehydrated when a query asks for their tags.
+(``cold``), to be rehydrated when a query asks for their tags.
 
 The system owns ``runtime`` and the todo projection (``system_snapshot``): the
 round counts the session's requests, the todo progress is computed from the
@@ -9,17 +9,15 @@ list a client sets.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import msgspec
 
-from ..pages import short_hash
-from ..terms import terms
+from .cold import Cold, fit, kept_cold, rehydrate
 from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "fit", "held_payloads", "rehydrate", "render", "system_snapshot", "this_round", "todo_projection"]
+__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "system_snapshot", "this_round", "todo_projection"]
 
 
 class Aging(msgspec.Struct, frozen=True):
@@ -49,14 +47,14 @@ class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
     query: str = ""  # what the request asks: placeholders whose tags it names come back
 
 
-def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Mapping[str, str], room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = ()) -> tuple[Snapshot, dict[str, str]]:
-    """The snapshot the model is shown this round, and the cold payloads the session keeps beside it.
+def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = ()) -> tuple[Snapshot, Cold]:
+    """The snapshot the model is shown this round, and what the session keeps cold beside it.
 
     The previous snapshot ages to this round, takes the system's fields as
     they are now (and ``shared_core``: the core blocks its memory scope keeps
     across sessions, which win over the session's own by id), brings back the
     placeholders the query asks for, and sends its weakest blocks cold until
-    it fits in ``room`` tokens. Payloads no placeholder names any more are let go.
+    it fits in ``room`` tokens.
     """
     task_done = bool(facts.todo) and all(item.done for item in facts.todo)
     aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
@@ -70,12 +68,7 @@ def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Mapping[str, 
     snapshot = rehydrate(snapshot, facts.query, cold, stamp)
     back = {block.id for _, block in snapshot.memory.blocks() if block.rehydrated_at == stamp}
     snapshot, sent = fit(snapshot, room, count, keep=back)
-    return snapshot, held_payloads(snapshot, {**cold, **sent})
-
-
-def held_payloads(snapshot: Snapshot, cold: Mapping[str, str]) -> dict[str, str]:
-    """The payloads of ``snapshot``'s placeholders, of those in ``cold``."""
-    return {block.tag_id: cold[block.tag_id] for _, block in snapshot.memory.blocks() if block.tag_id is not None and block.tag_id in cold}
+    return snapshot, kept_cold(snapshot, Cold({**cold.payloads, **sent.payloads}, (*cold.shelved, *sent.shelved)))
 
 
 def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now: datetime, startup_at: int, todo: Sequence[TodoItem]) -> Snapshot:
@@ -123,53 +116,3 @@ def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits
 
 def _rounded(value: float) -> float:
     return float(f"{value:.4f}")
-
-
-def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: Collection[str] = ()) -> tuple[Snapshot, dict[str, str]]:
-    """The snapshot within ``max_tokens``, and the payloads of the blocks sent to cold storage, by ``tag_id``.
-
-    The weakest active ``longterm`` and ``working`` blocks become placeholders
-    first; core and ephemeral blocks are never sent cold (the one is the
-    identity, the other is gone soon anyway), nor are the blocks in ``keep``
-    (those just brought back for the query). What still does not fit stays:
-    the snapshot is then over its share.
-    """
-    cold: dict[str, str] = {}
-    while count(render(snapshot)) > max_tokens:
-        candidates = [(block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.content_state == "active" and block.id not in keep]
-        if not candidates:
-            break
-        _, tier, weakest = min(candidates, key=lambda c: c[0])
-        tag_id = "tag-" + short_hash(weakest.id, weakest.content, length=12)
-        cold[tag_id] = weakest.content
-        placeholder = msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=_summary(weakest.content))
-        snapshot = _replace_block(snapshot, tier, weakest, placeholder)
-    return snapshot, cold
-
-
-def _summary(content: str, chars: int = 60) -> str:
-    """A placeholder's ``tag_summary``: the content's start, on one line."""
-    line = " ".join(content.split())
-    return line if len(line) <= chars else line[: chars - 1].rstrip() + "…"
-
-
-def rehydrate(snapshot: Snapshot, query: str, cold: Mapping[str, str], now: str) -> Snapshot:
-    """Placeholders whose tags the query names come back whole (``content_state: active``)."""
-    asked = set(terms(query))
-    for tier, block in list(snapshot.memory.blocks()):
-        if block.content_state != "tag_ref" or block.tag_id not in cold:
-            continue
-        if asked & {t for tag in block.tags for t in terms(tag)}:
-            restored = msgspec.structs.replace(block, content=cold[block.tag_id], content_state="active", rehydrated_at=now)
-            snapshot = _replace_block(snapshot, tier, block, restored)
-    return snapshot
-
-
-def render(snapshot: Snapshot) -> str:
-    """The snapshot as the model is shown it: JSON, one line."""
-    return json.dumps(msgspec.to_builtins(snapshot), ensure_ascii=False, separators=(",", ":"))
-
-
-def _replace_block(snapshot: Snapshot, tier: str, old: Block, new: Block) -> Snapshot:
-    blocks = tuple(new if b is old else b for b in snapshot.memory.tier(tier))
-    return msgspec.structs.replace(snapshot, memory=msgspec.structs.replace(snapshot.memory, **{tier: blocks}))

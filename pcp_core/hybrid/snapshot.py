@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["TIERS", "Block", "Cursor", "Limits", "Memory", "Reading", "Runtime", "Snapshot", "Todo", "Violation", "check", "parse_context", "read_snapshot"]
+__all__ = ["TIERS", "Block", "Cursor", "Limits", "Memory", "Reading", "Runtime", "Snapshot", "Todo", "Violation", "check", "parse_context", "read_snapshot", "render", "render_block"]
 
 TIERS = ("core", "working", "ephemeral", "longterm")
 REQUIRED = ("id", "type", "decay", "confidence", "round", "tags", "content")
@@ -118,6 +118,16 @@ class Reading(msgspec.Struct, frozen=True):
 
     snapshot: Snapshot
     violations: tuple[Violation, ...] = ()
+
+
+def render(snapshot: Snapshot) -> str:
+    """The snapshot as the model is shown it (and the API serves it): JSON, one line."""
+    return json.dumps(msgspec.to_builtins(snapshot), ensure_ascii=False, separators=(",", ":"))
+
+
+def render_block(block: Block) -> str:
+    """One block as it stands in ``render``'s text."""
+    return json.dumps(msgspec.to_builtins(block), ensure_ascii=False, separators=(",", ":"))
 
 
 def parse_context(text: str | None, separators: int = 1) -> tuple[Any, list[Violation]]:
