@@ -130,6 +130,7 @@ class ContextTurn:
         self.startup_at = 0
         self.link = ""  # the conversation's link, when the session is known by it
         self.written: tuple[str | None, int] = (None, 0)  # the latest section the model wrote, and how many separators
+        self.tool_calls = False  # the answer calls tools: a step of the client's, not a response that owes a section
 
     @property
     def prompt(self) -> str:
@@ -224,9 +225,10 @@ class ContextTurn:
         """The gates for one upstream answer; what its choice 0 writes after the separator is noted here."""
         return Sections(self._note)
 
-    def _note(self, context: str | None, separators: int) -> None:
+    def _note(self, context: str | None, separators: int, tool_calls: bool) -> None:
         if context is not None or self.written[0] is None:  # a later round without a section keeps an earlier one's
             self.written = (context, separators)
+        self.tool_calls = tool_calls  # the last round's: the answer's
 
     def finish(self) -> None:
         """Read what the model wrote by the rules, and keep it as the session's snapshot; else the one shown stands."""
@@ -236,6 +238,8 @@ class ContextTurn:
                 self._violated("context_while_disabled", "a context section while contextMode is disabled: taken out, not kept")
             return
         raw, problems = parse_context(context, separators)
+        if context is None and self.tool_calls:
+            problems = []  # a turn that only calls the client's tools leaves the snapshot as it was, rightly
         snapshot = self.shown
         if raw is not None:
             reading = read_snapshot(raw, self.shown, self.shown, self.hybrid.limits)

@@ -21,7 +21,8 @@ from pcp_core.hybrid import SeparatorGate, split_answer
 
 __all__ = ["Sections"]
 
-Note = Callable[[str | None, int], None]  # what a round's choice 0 wrote after the separator, and how many separators
+# What a round's choice 0 wrote after the separator (None: no separator), how many separators, and whether it called tools.
+Note = Callable[[str | None, int, bool], None]
 
 
 class Sections:
@@ -32,15 +33,19 @@ class Sections:
         self.gates: dict[int, SeparatorGate] = {}
         self.meta: dict[str, Any] = {}  # the last event's id, model, created: for an event of the proxy's own
         self.ended = False
+        self.tool_calls = False  # choice 0 called tools
 
     def completion(self, data: Any) -> None:
         """A whole chat completion, each choice's text cut at the separator (in place)."""
         for choice in _choices(data):
             message = choice.get("message")
-            if isinstance(message, dict) and isinstance(message.get("content"), str):
+            if not isinstance(message, dict):
+                continue
+            context, separators = None, 0
+            if isinstance(message.get("content"), str):
                 message["content"], context, separators = split_answer(message["content"])
-                if choice.get("index", 0) == 0:
-                    self.note(context, separators)
+            if choice.get("index", 0) == 0:
+                self.note(context, separators, bool(message.get("tool_calls")))
 
     def event(self, event: Any) -> bool:
         """One chunk of a stream, cut in place; whether it changed."""
@@ -49,6 +54,7 @@ class Sections:
         for choice in _choices(event):
             gate = self.gates.setdefault(choice.get("index", 0), SeparatorGate())
             delta = choice.get("delta")
+            self.tool_calls = self.tool_calls or choice.get("index", 0) == 0 and isinstance(delta, dict) and bool(delta.get("tool_calls"))
             if isinstance(delta, dict) and isinstance(delta.get("content"), str):
                 delta["content"] = gate.feed(delta["content"])
                 changed = True
@@ -66,7 +72,7 @@ class Sections:
         self.ended = True
         held = [{"index": i, "delta": {"content": text}, "finish_reason": None} for i, gate in sorted(self.gates.items()) if (text := gate.flush())]
         gate = self.gates.get(0)
-        self.note(gate.context if gate is not None else None, gate.separators if gate is not None else 0)
+        self.note(gate.context if gate is not None else None, gate.separators if gate is not None else 0, self.tool_calls)
         return {**self.meta, "choices": held} if held else None
 
     async def events(self, source: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
