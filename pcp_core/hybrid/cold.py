@@ -51,7 +51,7 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
     """
     payloads: dict[str, str] = {}
     shelved: list[Shelved] = []
-    while count(render(snapshot)) > max_tokens:
+    while _over(render(snapshot), max_tokens, count):
         candidates = sorted(((block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.id not in keep), key=lambda c: c[0])
         active = [(tier, block) for _, tier, block in candidates if block.content_state == "active"]
         placeholders = [(tier, block) for _, tier, block in candidates if block.content_state == "tag_ref"]
@@ -68,6 +68,11 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
         else:
             break
     return snapshot, Cold(payloads, tuple(shelved))
+
+
+def _over(text: str, max_tokens: int, count: Callable[[str], int]) -> bool:
+    # A token is at least a byte: a text of fewer bytes than the room fits without being counted.
+    return len(text.encode()) > max_tokens and count(text) > max_tokens
 
 
 def _summary(content: str, chars: int = 60) -> str:
