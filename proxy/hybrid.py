@@ -161,8 +161,8 @@ class ContextTurn:
         self.startup_at = state.startup_at or int(now.timestamp() * 1000)
         workspace = self.workspace if self.workspace is not None else state.snapshot.runtime.workspace if state.snapshot is not None else ""
         facts = RoundFacts(round=self.round, workspace=workspace, now=now, startup_at=self.startup_at, todo=state.todo, query=query)
-        shared = self.hybrid.memory.recall(self.namespace, self.scope) if self.hybrid.memory is not None and self.scope else ()
         hybrid = self.hybrid
+        shared = hybrid.memory.recall(self.namespace, self.scope) if hybrid.memory is not None and self.scope else ()
         self.shown, self.cold = this_round(state.snapshot, facts, state.cold, hybrid.room, hybrid.count, limits=hybrid.limits, shared_core=shared)
         self._count_cold(state.cold)
 

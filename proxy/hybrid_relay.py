@@ -56,13 +56,14 @@ class Sections:
             delta = choice.get("delta")
             self.tool_calls = self.tool_calls or choice.get("index", 0) == 0 and isinstance(delta, dict) and bool(delta.get("tool_calls"))
             if isinstance(delta, dict) and isinstance(delta.get("content"), str):
-                delta["content"] = gate.feed(delta["content"])
-                changed = True
+                text = delta["content"]
+                delta["content"] = gate.feed(text)
+                changed = changed or delta["content"] != text  # most events go through as they came
             if choice.get("finish_reason"):
                 held = gate.flush()
                 if held and isinstance(delta, dict):
                     delta["content"] = (delta.get("content") or "") + held
-                changed = True
+                    changed = True
         return changed
 
     def ending(self) -> dict[str, Any] | None:
