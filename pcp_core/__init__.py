@@ -21,7 +21,7 @@ from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
-from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_components
+from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_appendix, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
@@ -87,5 +87,6 @@ __all__ = [
     "spoken",
     "summary_prompt",
     "transcript",
+    "with_appendix",
     "with_components",
 ]

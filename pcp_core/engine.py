@@ -89,6 +89,9 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # the history's by handle, sent again with the pages the worker asks for.
     query_parts: list[Any] = []
     parts: Mapping[str, Any] = {}
+    # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
+    # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
+    appendix: str = ""
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -229,6 +232,7 @@ class _Loop:
             parts=context.parts,
             consulted=self.consulted,
             context_role=policy.context_role,
+            appendix=context.appendix,
         )
         synthesis = synthesize(self.index, self.views.raised(), request, self.count)
         self.standalone = set(synthesis.standalone)

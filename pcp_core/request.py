@@ -36,7 +36,7 @@ from .pblock import around_handle, block_handle, handle_line, scan
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import Checkpoint, CountText, unchecked
 
-__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle", "with_components"]
+__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle", "with_appendix", "with_components"]
 
 _ID = attrgetter("id")
 
@@ -153,6 +153,12 @@ def with_components(prepared: Prepared, conversation: Conversation, tree: Tree) 
     head = "\n\n".join(message_text(m) for m in onto_messages(conversation.head, Placement(system=placed.system))) if placed.system else prepared.context.head
     context = msgspec.structs.replace(prepared.context, head=head, query=around(prepared.context.query, current))
     return msgspec.structs.replace(prepared, pages=pages, context=context, components=len(placed.system) + on_pages + len(current))
+
+
+def with_appendix(prepared: Prepared, text: str) -> Prepared:
+    """``prepared`` with ``text`` after the PagedContext in every worker call's system message (Hybrid
+    mode's rules and snapshot), counted in the budget: the pages get what it leaves."""
+    return msgspec.structs.replace(prepared, context=msgspec.structs.replace(prepared.context, appendix=text))
 
 
 def _query_turn(conversation: Conversation, now: str) -> Turn:

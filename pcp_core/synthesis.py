@@ -93,6 +93,8 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     consulted: Sequence[str] = ()
     # Where the document goes: the system message, or the user message for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
+    # Text after the document in the system message (the host's: Hybrid mode's snapshot), counted in the budget.
+    appendix: str = ""
 
 
 class Synthesis(msgspec.Struct):
@@ -254,7 +256,8 @@ class _Builder:
     # -- rendering -----------------------------------------------------------------
     def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
-        messages = [{"role": "system", "content": document}, {"role": "user", "content": attached(line, parts)}]
+        system = f"{document}\n\n{self.request.appendix}" if self.request.appendix else document
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
         return fold_system(messages) if self.request.context_role == "user" else messages
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:

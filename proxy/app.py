@@ -23,6 +23,9 @@ from .control import Controls
 from .datadir import Namespaces, install_secret, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
+from .hybrid import Hybrid
+from .hybrid_api import HYBRID_ROUTES
+from .hybrid_store import HybridStore
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .metrics import Metrics
@@ -67,6 +70,7 @@ class Services:
     upstream: Upstream = field(init=False)
     sessions: SessionStore = field(init=False)
     components: Components = field(init=False)
+    hybrid: Hybrid = field(init=False)
     bm25: Bm25Cache = field(default_factory=Bm25Cache)
     local_model: LocalModel | None = None
     embedder: DenseRecall | None = None
@@ -134,6 +138,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
         services.sessions = SessionStore(data / "sessions", sealer=sealer)
         services.components = Components(data / "components", sealer)
+        services.hybrid = Hybrid(settings, HybridStore(data / "context", sealer), services.tokenizer.count, services.metrics)
         # A passthrough request is one upstream call: the request's deadline is the call's.
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, total_timeout=total, transport=transport)
@@ -149,7 +154,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=[*ROUTES, *PCP_ROUTES, *INSPECTOR_ROUTES],
+        route_handlers=[*ROUTES, *PCP_ROUTES, *HYBRID_ROUTES, *INSPECTOR_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
@@ -178,6 +183,7 @@ async def _stop(services: Services) -> None:
     await services.upstream.aclose()
     await asyncio.to_thread(services.sessions.close)
     await asyncio.to_thread(services.components.close)
+    await asyncio.to_thread(services.hybrid.close)
     if services.local_model is not None:
         await services.local_model.stop()
 

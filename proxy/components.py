@@ -20,16 +20,12 @@ A request meets its session's components in one of two places:
 from __future__ import annotations
 
 import asyncio
-import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import diskcache
 import msgspec
 
 from pcp_core import (
@@ -51,53 +47,31 @@ from pcp_core.conversation import conversation_start
 from .chat import ChatRequest
 from .datadir import Namespaces, private_tree
 from .errors import ClientError
+from .keyed_store import RECENT, KeyedStore, store_key
 from .sealing import Sealer
 
 __all__ = ["ComponentStore", "Components"]
 
-log = logging.getLogger("pcp.components")
-
-RECENT = 256  # trees kept decoded in memory
 SEEN = 64  # sessions without components whose last conversation is remembered
-_SEPARATOR = "\x1f"
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Tree)
 
 
-class ComponentStore:
+class ComponentStore(KeyedStore[Tree]):
     """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
 
     def __init__(self, directory: Path, sealer: Sealer | None = None, recent: int = RECENT):
-        self.cache = diskcache.Cache(str(private_tree(directory)))
-        self.sealer = sealer or Sealer()  # components are the client's text
-        self.known: set[str] = set(self.cache.iterkeys())  # the keys of every tree on disk, or about to be
-        self.recent: OrderedDict[str, Tree] = OrderedDict()
-        self.recent_size = recent
-        self.lock = threading.Lock()  # a change reads and writes a tree as one step: a request and a route may meet
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-components")
+        super().__init__(directory, Tree, "the components of a session", sealer, recent)
         # The last conversation of each recent session that has no components yet, as a function giving its
         # hash chain (computed only if asked): a component the API attaches to it then knows which message d0 is.
         self.seen: OrderedDict[str, Callable[[], list[str]]] = OrderedDict()
 
     def saw(self, namespace: str, session_id: str, links: Callable[[], list[str]]) -> None:
         """Remember the conversation of a request of a session without components (memory only, the ``SEEN`` latest)."""
-        key = _key(namespace, session_id)
+        key = store_key(namespace, session_id)
         with self.lock:
             self.seen[key] = links
             self.seen.move_to_end(key)
             if len(self.seen) > SEEN:
                 self.seen.popitem(last=False)
-
-    def holds(self, namespace: str, session_id: str) -> bool:
-        return _key(namespace, session_id) in self.known
-
-    def in_memory(self, namespace: str, session_id: str) -> bool:
-        return _key(namespace, session_id) in self.recent
-
-    def get(self, namespace: str, session_id: str) -> Tree | None:
-        """The session's tree (may read the disk: call from a thread unless ``in_memory``)."""
-        with self.lock:
-            return self._get(_key(namespace, session_id))
 
     def change(self, namespace: str, session_id: str, step: Callable[[Tree], Tree], base: str | None = None) -> Tree:
         """Keep ``step(tree)`` as the session's tree, and return it.
@@ -106,9 +80,9 @@ class ComponentStore:
         own; a new one is placed in the conversation the session was last seen
         with (``saw``), if it is remembered.
         """
-        key = _key(namespace, session_id)
+        key = store_key(namespace, session_id)
         with self.lock:
-            tree = self._get(_key(namespace, base) if base is not None else key)
+            tree = self._get(store_key(namespace, base) if base is not None else key)
             if tree is None:
                 links = self.seen.get(key)
                 tree = Tree(count=len(chain), chain=chain) if links is not None and (chain := links()) is not None else Tree()
@@ -117,44 +91,6 @@ class ComponentStore:
                 self.seen.pop(key, None)
                 self._put(key, changed)
         return changed
-
-    def close(self) -> None:
-        self.writer.shutdown(wait=True)
-        self.cache.close()
-
-    def _get(self, key: str) -> Tree | None:
-        tree = self.recent.get(key)
-        if tree is None and key in self.known:
-            stored = self.cache.get(key)
-            raw = self.sealer.open(stored, key) if isinstance(stored, bytes) else None
-            try:
-                tree = _decoder.decode(raw) if raw is not None else None
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                log.warning("the components of a session could not be read back; it starts with none")
-            if tree is not None:
-                self._remember(key, tree)
-        return tree
-
-    def _put(self, key: str, tree: Tree) -> None:
-        self._remember(key, tree)
-        self.known.add(key)
-        self.writer.submit(self._write, key, tree)
-
-    def _remember(self, key: str, tree: Tree) -> None:
-        self.recent[key] = tree
-        self.recent.move_to_end(key)
-        while len(self.recent) > self.recent_size:
-            self.recent.popitem(last=False)
-
-    def _write(self, key: str, tree: Tree) -> None:
-        try:
-            self.cache.set(key, self.sealer.seal(_encoder.encode(tree), key))
-        except Exception:  # a full disk costs the components' survival of a restart, not the request
-            log.exception("the components of a session were not saved")
-
-
-def _key(namespace: str, session_id: str) -> str:
-    return f"{namespace}{_SEPARATOR}{session_id}"
 
 
 class Components:

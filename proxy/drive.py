@@ -76,6 +76,7 @@ class ProtocolRequest:
         self.usage = Usage()
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
         self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
+        self.context = services.hybrid.begin(headers, namespace)  # Hybrid mode (``proxy.hybrid``): None unless it is on
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
@@ -84,6 +85,8 @@ class ProtocolRequest:
         if self.prepared is not None and self.prepared.components is not None:
             headers["x-pcp-components"] = str(self.prepared.components)
         headers.update(self.telemetry.headers())  # x-pcp-tokens-saved, x-pcp-pages, x-pcp-consulted, x-pcp-trace
+        if self.context is not None:
+            headers.update(self.context.response_headers())
         return headers
 
     # -- before round 0 ----------------------------------------------------------------
@@ -130,7 +133,9 @@ class ProtocolRequest:
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
-        return services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
+        prepared = services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
+        # Hybrid mode: the rules and the session's snapshot after the PagedContext, within the budget.
+        return self.context.protocol(self.conversation, resolution, prepared) if self.context is not None else prepared
 
     def _count_paging(self, prepared: Prepared) -> None:
         metrics, paged = self.services.metrics, prepared.paged
@@ -186,6 +191,8 @@ class ProtocolRequest:
 
     def _settle(self, outcome: Outcome) -> None:
         """Keep what the request leaves: the formal pages its drafts were solidified into (§VI.5)."""
+        if self.context is not None:
+            self.context.finish()  # the answer's snapshot, read and kept
         prepared = self.prepared
         if prepared is None:
             return
@@ -213,6 +220,8 @@ class ProtocolRequest:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
         data, self.answered = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers, deadline=self.deadline)
         self.usage.add(data.get("usage"))
+        if self.context is not None:
+            self.context.sections().completion(data)  # the context section out of every choice
         return data
 
     # -- streaming -----------------------------------------------------------------------
@@ -240,7 +249,8 @@ class ProtocolRequest:
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         self.answered = passed_back(response.headers)
-        return upstream.sse_events(response)
+        events = upstream.sse_events(response)
+        return self.context.sections().events(events) if self.context is not None else events
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
         """The answer as SSE: ``first``, then (with ``loop``) the rest of the round as it comes."""

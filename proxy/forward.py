@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import AsyncIterator, Awaitable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote
 
 import httpx
@@ -20,9 +20,17 @@ from litestar.response import Stream
 from .errors import ClientClosed, ClientError
 from .upstream import Upstream, forwardable
 
-__all__ = ["forward", "upstream_target", "unless_client_leaves"]
+__all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
 
 T = TypeVar("T")
+
+
+class Rewrite(Protocol):
+    """What changes a successful answer on its way to the client: read whole, or as a stream."""
+
+    async def whole(self, content: bytes) -> bytes: ...
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
 
 # An answer longer than this, or of unknown length, is relayed as it arrives rather than read whole first.
 WHOLE_BYTES = 1 << 20
@@ -39,14 +47,18 @@ async def forward(
     pcp_headers: dict[str, str],
     *,
     stream: bool | None = False,
+    rewrite: Rewrite | None = None,
 ) -> Response[Any]:
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
-    when it is an event stream, of unknown length or large, else read whole (a cheaper response)."""
+    when it is an event stream, of unknown length or large, else read whole (a cheaper response).
+    ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came."""
     if stream:
         # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
         response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers))
+        if rewrite is not None and response.status_code < 300:
+            chunks = rewrite.stream(chunks)
         return Stream(chunks, **_relayed(response, pcp_headers))
 
     async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
@@ -59,6 +71,8 @@ async def forward(
     if not isinstance(content, bytes):
         length = response.headers.get("content-length")
         return Stream(content, **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
+    if rewrite is not None and response.status_code < 300:
+        content = await rewrite.whole(content)
     return Response(content, **_relayed(response, pcp_headers))
 
 

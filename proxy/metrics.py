@@ -16,6 +16,9 @@ HELP = {
     "pcp_pages_solidified_total": "Draft pages of PBlocks (large messages) the worker read, solidified into pages the session keeps (§VI.5).",
     "pcp_upstream_calls_total": "Calls the proxy made upstream on its own behalf, by x-pcp-role.",
     "pcp_paging_stopped_total": "Pagings stopped before their end, by reason: paging_timeout (a 413), or cancelled (the client left, or request_timeout passed).",
+    "pcp_context_rounds_total": "Hybrid-mode rounds (requests with the mode enabled) by outcome: read (the answer's snapshot kept) | kept (none could be read: the previous one stands).",
+    "pcp_context_violations_total": "Hybrid-mode rules an answer broke, by rule (the proxy restored, repaired or dropped what broke them; the log names each at debug).",
+    "pcp_context_cold_total": "Hybrid-mode memory blocks by event: sent (kept aside as a tag_ref placeholder, the snapshot over its share) | rehydrated (brought back for a query naming their tags).",
     "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from disk) or failed.",
 }
 

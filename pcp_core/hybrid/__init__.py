@@ -2,36 +2,50 @@
 
 The rules only: the snapshot's shape and how a model's snapshot is read
 (``snapshot``), where the answer ends and the snapshot begins (``separator``),
-how the snapshot lives between rounds (``lifecycle``), and what the model is
-told (``prompt``).
+how the snapshot lives between rounds (``lifecycle``, ``cold``), which session a request
+continues when it names none (``continuity``), and what the model is told
+(``prompt``).
 """
 
-from .lifecycle import Aging, TodoItem, age, fit, rehydrate, render, system_snapshot
+from .continuity import continued_links, normal_workspace
+from .cold import Cold, Shelved, fit, kept_cold, rehydrate
+from .lifecycle import Aging, RoundFacts, TodoItem, age, system_snapshot, this_round, todo_projection
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer
-from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, read_snapshot
+from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot, render
 
 __all__ = [
     "SEPARATOR",
     "TIERS",
     "Aging",
     "Block",
+    "Cold",
     "Cursor",
     "Limits",
     "Memory",
     "Reading",
+    "RoundFacts",
     "Runtime",
     "SeparatorGate",
+    "Shelved",
     "Snapshot",
     "Todo",
     "TodoItem",
+    "Violation",
     "age",
+    "check",
     "context_prompt",
+    "continued_links",
     "fit",
+    "kept_cold",
+    "normal_workspace",
+    "parse_context",
     "read_snapshot",
     "rehydrate",
     "render",
     "split_answer",
     "system_snapshot",
+    "this_round",
+    "todo_projection",
     "with_system_text",
 ]

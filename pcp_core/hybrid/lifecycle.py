@@ -1,6 +1,6 @@
 """How a session's snapshot lives between rounds: blocks age, ephemeral ones expire, working ones
 last the task, and a snapshot that outgrows its room sends its weakest blocks to cold storage
-(``tag_ref`` placeholders), to be rehydrated when a query asks for their tags.
+(``cold``), to be rehydrated when a query asks for their tags.
 
 The system owns ``runtime`` and the todo projection (``system_snapshot``): the
 round counts the session's requests, the todo progress is computed from the
@@ -9,17 +9,15 @@ list a client sets.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import msgspec
 
-from ..pages import short_hash
-from ..terms import terms
+from .cold import Cold, fit, kept_cold, rehydrate
 from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "TodoItem", "age", "fit", "rehydrate", "render", "system_snapshot"]
+__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "system_snapshot", "this_round", "todo_projection"]
 
 
 class Aging(msgspec.Struct, frozen=True):
@@ -38,81 +36,83 @@ class TodoItem(msgspec.Struct, frozen=True):
     done: bool = False
 
 
+class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
+    """What the system knows of a round before the model answers."""
+
+    round: int  # the session's, this request's
+    workspace: str
+    now: datetime
+    startup_at: int  # the session's start, epoch milliseconds
+    todo: tuple[TodoItem, ...] = ()
+    query: str = ""  # what the request asks: placeholders whose tags it names come back
+
+
+def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = ()) -> tuple[Snapshot, Cold]:
+    """The snapshot the model is shown this round, and what the session keeps cold beside it.
+
+    The previous snapshot ages to this round, takes the system's fields as
+    they are now (and ``shared_core``: the core blocks its memory scope keeps
+    across sessions, which win over the session's own by id), brings back the
+    placeholders the query asks for, and sends its weakest blocks cold until
+    it fits in ``room`` tokens.
+    """
+    task_done = bool(facts.todo) and all(item.done for item in facts.todo)
+    aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
+    snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
+    if shared_core:
+        shared = {block.id for block in shared_core}
+        core = sorted([*shared_core, *(b for b in snapshot.memory.core if b.id not in shared)], key=lambda b: -b.quality)
+        others = {tier: tuple(b for b in snapshot.memory.tier(tier) if b.id not in shared) for tier in TIERS if tier != "core"}
+        snapshot = msgspec.structs.replace(snapshot, memory=Memory(core=tuple(core[: limits.max_blocks]), **others))
+    stamp = snapshot.runtime.datetime
+    snapshot = rehydrate(snapshot, facts.query, cold, stamp)
+    back = {block.id for _, block in snapshot.memory.blocks() if block.rehydrated_at == stamp}
+    snapshot, sent = fit(snapshot, room, count, keep=back)
+    return snapshot, kept_cold(snapshot, Cold({**cold.payloads, **sent.payloads}, (*cold.shelved, *sent.shelved)))
+
+
 def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now: datetime, startup_at: int, todo: Sequence[TodoItem]) -> Snapshot:
     """The snapshot with the system's fields as they are this round (the model's fields from ``previous``)."""
     runtime = Runtime(round=current, workspace=workspace, datetime=now.isoformat(timespec="milliseconds").replace("+00:00", "Z"), startup_at=startup_at)
-    done = sum(item.done for item in todo)
-    step = min(done + 1, len(todo)) if todo else 0
-    summary = "no todo" if not todo else ("done" if done == len(todo) else f"in progress {done}/{len(todo)} (step {step})")
     cursor = previous.todo.cursor if previous is not None else None
-    projection = Todo(summary=summary, total=len(todo), step=step, cursor=cursor)
+    projection = msgspec.structs.replace(todo_projection(todo), cursor=cursor)
     if previous is None:
         return Snapshot(runtime=runtime, todo=projection)
     return msgspec.structs.replace(previous, runtime=runtime, todo=projection)
 
 
-def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits = Limits(), task_done: bool = False) -> Snapshot:
-    """The snapshot a round later: decay rises by each tier's rate, expired and faded blocks go.
+def todo_projection(todo: Sequence[TodoItem]) -> Todo:
+    """``todo.summary``, ``total`` and ``step``, as the system computes them from the list: the step is the first not done."""
+    done = sum(item.done for item in todo)
+    step = next((i for i, item in enumerate(todo, 1) if not item.done), len(todo))
+    summary = "no todo" if not todo else ("done" if done == len(todo) else f"in progress {done}/{len(todo)} (step {step})")
+    return Todo(summary=summary, total=len(todo), step=step)
 
-    Ephemeral blocks go ``ephemeral_rounds`` after they were written; working
-    blocks go when the task is done (the todo list complete); any block whose
-    decay passes ``limits.max_decay`` has faded.
+
+def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits = Limits(), task_done: bool = False) -> Snapshot:
+    """The snapshot at round ``current``: decay risen by each tier's rate, expired and faded blocks gone.
+
+    Decay rises once per round since the snapshot was made (its
+    ``runtime.round``), never again for rounds already counted: the model is
+    shown the aged decay and writes it back, and a block that kept its old
+    ``round`` must not age from it twice. Ephemeral blocks go
+    ``ephemeral_rounds`` after the round they were written in; working blocks
+    go when the task is done (the todo list complete); any block whose decay
+    passes ``limits.max_decay`` has faded.
     """
+    elapsed = max(current - snapshot.runtime.round, 0)
     tiers: dict[str, tuple[Block, ...]] = {}
     for tier in TIERS:
         kept = []
         for block in snapshot.memory.tier(tier):
-            since = max(current - block.round, 0)
-            if tier == "ephemeral" and since >= aging.ephemeral_rounds or tier == "working" and task_done:
+            if tier == "ephemeral" and current - block.round >= aging.ephemeral_rounds or tier == "working" and task_done:
                 continue
-            decay = 1.0 - (1.0 - block.decay) * (1.0 - getattr(aging, tier)) ** since
+            decay = _rounded(1.0 - (1.0 - block.decay) * (1.0 - getattr(aging, tier)) ** elapsed) if elapsed else block.decay
             if decay <= limits.max_decay:
-                kept.append(msgspec.structs.replace(block, decay=_rounded(decay)))
-        tiers[tier] = tuple(kept)
+                kept.append(msgspec.structs.replace(block, decay=decay))
+        tiers[tier] = tuple(sorted(kept, key=lambda b: -b.quality))
     return msgspec.structs.replace(snapshot, memory=Memory(**tiers))
 
 
 def _rounded(value: float) -> float:
     return float(f"{value:.4f}")
-
-
-def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int]) -> tuple[Snapshot, dict[str, str]]:
-    """The snapshot within ``max_tokens``, and the payloads of the blocks sent to cold storage, by ``tag_id``.
-
-    The weakest active ``longterm`` and ``working`` blocks become placeholders
-    first; core and ephemeral blocks are never sent cold (the one is the
-    identity, the other is gone soon anyway).
-    """
-    cold: dict[str, str] = {}
-    while count(render(snapshot)) > max_tokens:
-        candidates = [(block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.content_state == "active"]
-        if not candidates:
-            break
-        _, tier, weakest = min(candidates, key=lambda c: c[0])
-        tag_id = "tag-" + short_hash(weakest.id, weakest.content, length=12)
-        cold[tag_id] = weakest.content
-        placeholder = msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=weakest.content[:40])
-        snapshot = _replace_block(snapshot, tier, weakest, placeholder)
-    return snapshot, cold
-
-
-def rehydrate(snapshot: Snapshot, query: str, cold: Mapping[str, str], now: str) -> Snapshot:
-    """Placeholders whose tags the query names come back whole (``content_state: active``)."""
-    asked = set(terms(query))
-    for tier, block in list(snapshot.memory.blocks()):
-        if block.content_state != "tag_ref" or block.tag_id not in cold:
-            continue
-        if asked & {t for tag in block.tags for t in terms(tag)}:
-            restored = msgspec.structs.replace(block, content=cold[block.tag_id], content_state="active", rehydrated_at=now)
-            snapshot = _replace_block(snapshot, tier, block, restored)
-    return snapshot
-
-
-def render(snapshot: Snapshot) -> str:
-    """The snapshot as the model is shown it: JSON, one line."""
-    return json.dumps(msgspec.to_builtins(snapshot), ensure_ascii=False, separators=(",", ":"))
-
-
-def _replace_block(snapshot: Snapshot, tier: str, old: Block, new: Block) -> Snapshot:
-    blocks = tuple(new if b is old else b for b in snapshot.memory.tier(tier))
-    return msgspec.structs.replace(snapshot, memory=msgspec.structs.replace(snapshot.memory, **{tier: blocks}))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .lifecycle import render
+from .snapshot import render
 from .separator import SEPARATOR
 from .snapshot import Snapshot
 
