@@ -12,7 +12,7 @@ the client; ``settle`` the session the store keeps.
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
-from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
+from .engine import CallRouter, CallWorker, Effect, LoadPages, Outcome, RoundPolicy, Similarity
 from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
@@ -34,6 +34,7 @@ __all__ = [
     "CountText",
     "Effect",
     "Facts",
+    "LoadPages",
     "OriginalPage",
     "Outcome",
     "Page",

@@ -17,10 +17,13 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
+from pcp_core.memory import MemoryPolicy
 
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault
 from .local_model import LocalModel
+from .memory import Memory, SqliteMemoryStore
+from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
 from .routes import ROUTES
 from .sessions import SessionStore
@@ -64,6 +67,7 @@ class Services:
     embedder: DenseRecall | None = None
     metrics: Metrics = field(default_factory=Metrics)
     summariser: Summariser | None = None
+    memory: Memory | None = None
 
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
@@ -99,6 +103,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.sessions = SessionStore(settings.data_path / "sessions")
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
+        services.memory = _memory(settings, services)
         if settings.consolidator == "llm":
             services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
             services.summariser.start()
@@ -109,7 +114,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=ROUTES,
+        route_handlers=[*ROUTES, *MEMORY_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
@@ -130,7 +135,17 @@ def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
     return Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
 
 
+def _memory(settings: Settings, services: Services) -> Memory:
+    """Memory across conversations, in PCP_DATA_DIR/memory: read and written only for requests that name a scope."""
+    directory = settings.data_path / "memory"
+    policy = MemoryPolicy(router=bool(settings.router_model))
+    store = SqliteMemoryStore(directory / "memory.db")
+    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=services.embedder, sessions=services.sessions, metrics=services.metrics)
+
+
 async def _stop(services: Services) -> None:
+    if services.memory is not None:
+        await asyncio.to_thread(services.memory.close)
     if services.embedder is not None:
         await asyncio.to_thread(services.embedder.close)
     if services.summariser is not None:

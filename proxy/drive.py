@@ -23,7 +23,7 @@ import msgspec
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
+from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, LoadPages, Outcome, Page, Prepared, Similarity, asked, prepare, rounds, settle
 
 from .chat import DONE, ChatCodec, Usage
 from .chat_stream import StreamedRound
@@ -31,6 +31,7 @@ from .errors import PcpError, UpstreamError
 
 if TYPE_CHECKING:
     from .app import Services
+    from .memory.scopes import Scope
 
 __all__ = ["serve_protocol"]
 
@@ -42,8 +43,9 @@ ROUTER_MAX_TOKENS = 80
 log = logging.getLogger("pcp.drive")
 
 
-async def serve_protocol(services: Services, body: dict[str, Any], conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None) -> Response[Any]:
+async def serve_protocol(services: Services, body: dict[str, Any], conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, memory: Scope | None = None) -> Response[Any]:
     request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned)
+    request.memory = memory
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         return await (request.stream() if body.get("stream") else request.complete())
@@ -65,6 +67,8 @@ class ProtocolRequest:
         self.prepared: Prepared | None = None
         self.unsaved = True
         self.usage = Usage()
+        self.memory: Scope | None = None  # the request's memory scope (``proxy.memory``)
+        self.recalled: list[Page] = []
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         session = self.prepared.session.id if self.prepared is not None else ""
@@ -81,6 +85,7 @@ class ProtocolRequest:
             # not in a task: a task would start only once paging had.
             text = asked(self.conversation, services.policy.paging, services.tokenizer.count)
             self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
+        self.recalled = await self._recall()
         self.prepared = prepared = await asyncio.to_thread(self._prepare)
         self._count_paging(prepared)
         summariser = services.summariser
@@ -98,6 +103,7 @@ class ProtocolRequest:
             client_tools=self.codec.client_tools,
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
+            memory=self.recalled,
         )
         return prepare(self.conversation, resolution, services.policy, facts, services.tokenizer.count)
 
@@ -121,9 +127,12 @@ class ProtocolRequest:
         self._save_once()
         return effect
 
-    async def fulfil(self, effect: Similarity | CallRouter) -> Any:
+    async def fulfil(self, effect: Similarity | CallRouter | LoadPages) -> Any:
         if isinstance(effect, CallRouter):
             return await self.ask_router(effect)
+        if isinstance(effect, LoadPages):  # a page fault: the memory container the worker opens
+            memory = self.services.memory
+            return await memory.load(self.memory.key, effect.ids) if memory is not None and self.memory is not None else []
         embedder = self.services.embedder
         if embedder is None:
             return None
@@ -131,18 +140,26 @@ class ProtocolRequest:
             await _quietly(self.prefetch)
         return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts))
 
-    async def ask_router(self, call: CallRouter) -> str | None:
+    async def ask_router(self, call: CallRouter, role: str = "router") -> str | None:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""
         model = self.services.settings.router_model
-        self.services.metrics.inc("pcp_upstream_calls_total", role="router")
+        self.services.metrics.inc("pcp_upstream_calls_total", role=role)
         body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
         try:
-            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT)
+            data = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": role}, timeout=ROUTER_TIMEOUT)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
         self.usage.add(data.get("usage"))
         return data["choices"][0]["message"].get("content") or ""
+
+    async def _recall(self) -> list[Page]:
+        """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
+        memory, scope = self.services.memory, self.memory
+        if memory is None or scope is None or not memory.has_pages(scope.key):
+            return []
+        ask = (lambda messages: self.ask_router(CallRouter(messages), role="memory-router")) if self.services.settings.router_model else None
+        return await memory.recall(scope.key, self.conversation, time.time_ns(), ask)
 
     def _save_once(self) -> None:
         """Send the session to the store, once: when the first worker call goes out, so that
@@ -159,6 +176,8 @@ class ProtocolRequest:
             return
         self._save_once()  # the session's first write goes first
         session = settle(prepared, outcome)
+        if self.memory is not None and self.services.memory is not None:  # written back in the background
+            self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns())
         if session is not prepared.session:
             self.services.sessions.save(self.namespace, session, 0)
             self.services.metrics.inc("pcp_pages_solidified_total", len(session.pages.storage) - len(prepared.session.pages.storage))

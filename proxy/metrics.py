@@ -15,6 +15,9 @@ HELP = {
     "pcp_pages_solidified_total": "Draft pages of PBlocks (large messages) the worker read, solidified into pages the session keeps (§VI.5).",
     "pcp_upstream_calls_total": "Calls the proxy made upstream on its own behalf, by x-pcp-role.",
     "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from disk) or failed.",
+    "pcp_memory_pages_written_total": "Pages written into memory (write-backs, merges, imports); a page memory held already is not counted.",
+    "pcp_memory_recalled_total": "Memory pages the Memory Router gave requests.",
+    "pcp_memory_merged_total": "Consolidated pages the Memory Consolidator made over alike pages of different conversations.",
 }
 
 

