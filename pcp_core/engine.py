@@ -197,10 +197,10 @@ class _Loop:
         self.views = ViewState(index)
         ranked = addressed.ranked
         self.hot, self.indexed = ranked[: policy.hot_pages], ranked[policy.hot_pages : policy.hot_pages + policy.indexed_pages]
-        # The overview is the conversation's (§7.2 Level 1); memory's pages come as the Router ranks them,
-        # and the containers it recalled are shown by their summary, one Consult away from their pages.
-        self.overview = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
-        self.indexed += [root for root in index.roots if index.get(root).origin != Origin.HISTORY and isinstance(index.get(root), ConsolidatedPage)]
+        # The overview (§7.2 Level 1): the conversation's roots, newest first, then the containers memory
+        # recalled (a Consult opens one, and brings in the best of its pages the worker has not read).
+        history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
+        self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
         for page_id in self.hot + self.recent:

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..bm25 import stem
 from ..conversation import Conversation, message_text
-from ..engine import CallRouter
+from ..engine import CallRouter, LoadPages
 from ..pages import ConsolidatedPage, Page
 from ..pblock import around_handle
 from ..request import Policy, query_line
@@ -40,7 +40,9 @@ class MemoryPolicy(msgspec.Struct, frozen=True):
 
     candidates: int = 200  # pages each first-stage match brings (keywords, vectors, time)
     pages: int = 40  # Original pages a request is given; its rounds rank them with the history's
-    containers: int = 3  # Consolidated pages given by their summary, a Consult away from their pages
+    # The containers of the best pages, brought with every page they hold: shown by their summary
+    # as the overview is, a Consult opens them and the best of their pages the worker has not read.
+    containers: int = 4
     lexical_weight: float = 0.5  # the keyword share of a score when vectors score too (as the session Router)
     neighbour_share: float = 0.3  # of the better neighbour's score, in its own conversation
     time_weight: float = 1.0  # standard deviations for a page said in a period the intent names
@@ -60,6 +62,7 @@ class Candidate(msgspec.Struct, frozen=True):
     dense: float = math.nan  # cosine with the intent's vector; NaN: not known
     recalls: int = 0  # requests it was given to before
     conversation: str = ""  # the conversation it was written back from: its neighbours are there
+    parent: str = ""  # the container that holds it in memory, if one does
 
 
 def memory_intent(conversation: Conversation, policy: Policy, now: datetime | None, count: CountText) -> Intent:
@@ -103,32 +106,42 @@ def ranked(intent: Intent, candidates: Sequence[Candidate], now: datetime | None
     return [int(i) for i in np.argsort(-score, kind="stable")]
 
 
-def selection(intent: Intent, candidates: Sequence[Candidate], now: datetime | None, count: CountText, policy: MemoryPolicy = MemoryPolicy()) -> Generator[CallRouter, str | None, list[Page]]:
-    """The pages a request is given: the best Originals and a few containers.
+def selection(intent: Intent, candidates: Sequence[Candidate], now: datetime | None, count: CountText, policy: MemoryPolicy = MemoryPolicy()) -> Generator[CallRouter | LoadPages, Any, list[Page]]:
+    """The pages a request is given: the best Originals, and the containers of the best with all they hold.
 
     With a router model, the best candidates are read by their summaries
     (``CallRouter``; the host sends back the reply, or None), and those it
-    chooses go first.
+    chooses go first. The containers' pages are asked of the host
+    (``LoadPages``; it sends back those it holds).
     """
-    order = [candidates[i].page for i in ranked(intent, candidates, now, policy)]
+    order = [candidates[i] for i in ranked(intent, candidates, now, policy)]
     if policy.router and order:
-        shown = order[:ROUTER_CANDIDATES]
+        shown = [c.page for c in order[:ROUTER_CANDIDATES]]
         reply = yield CallRouter(router_prompt(intent, shown, policy.router_budget, count))
         if reply is not None:
-            by_id = {page.id: page for page in order}
-            order = [by_id[p] for p in precision_selection([p.id for p in order], reply, [p.id for p in shown])]
-    leaves = [page for page in order if not isinstance(page, ConsolidatedPage)][: policy.pages]
-    containers = [page for page in order if isinstance(page, ConsolidatedPage)][: policy.containers]
-    conversations = {c.page.id: c.conversation for c in candidates}
-    return [*recalled_order(leaves, conversations), *containers]
+            by_id = {c.page.id: c for c in order}
+            order = [by_id[p] for p in precision_selection([c.page.id for c in order], reply, [p.id for p in shown])]
+    leaves = [c.page for c in order if not isinstance(c.page, ConsolidatedPage)][: policy.pages]
+    wanted = list(dict.fromkeys(c.parent or c.page.id for c in order if c.parent or isinstance(c.page, ConsolidatedPage)))[: policy.containers]
+    containers: list[Page] = (yield LoadPages(wanted)) or [] if wanted else []
+    held = {page.id for page in leaves}
+    inside = [child for child in (yield LoadPages([c for p in containers for c in getattr(p, "source_ids", ()) if c not in held])) or []] if containers else []
+    groups = {c.page.id: c.conversation for c in candidates}
+    groups.update((child, page.id) for page in containers for child in getattr(page, "source_ids", ()) if child not in groups)
+    return [*recalled_order([*leaves, *(p for p in inside if not isinstance(p, ConsolidatedPage))], groups), *containers, *(p for p in inside if isinstance(p, ConsolidatedPage))]
 
 
-def recalled_order(pages: Sequence[Page], conversations: dict[str, str]) -> list[Page]:
-    """Pages in the order the rounds read them in: by time, a conversation's pages together and in their order.
+def recalled_order(pages: Sequence[Page], groups: dict[str, str]) -> list[Page]:
+    """Pages in the order the rounds read them in: a conversation's pages together and in their order, conversations by time.
 
     The rounds lift a page by its neighbours in this order, as they do a history's.
+    ``groups``: each page's conversation (or, not known, its container).
     """
-    return sorted(pages, key=lambda p: (p.timestamp, conversations.get(p.id, ""), p.first_turn))
+    first: dict[str, str] = {}
+    for page in pages:
+        group = groups.get(page.id, page.id)
+        first[group] = min(first.get(group, page.timestamp), page.timestamp)
+    return sorted(pages, key=lambda p: (first[groups.get(p.id, p.id)], groups.get(p.id, p.id), p.first_turn))
 
 
 def _neighbours(candidates: Sequence[Candidate], score: Any) -> Any:

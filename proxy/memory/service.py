@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pcp_core import Conversation, Facts, OriginalPage, Page, Policy, Session, prepare, short_hash
+from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy, Session, prepare, short_hash
 from pcp_core.memory import Candidate, ConsolidatorPolicy, MemoryPolicy, Root, conversation_pages, horizontal_merges, index_weights, memory_intent, memory_pages, selection, vector_text
 from pcp_core.pages import iso_timestamp
 from pcp_core.router import Intent
@@ -72,11 +72,14 @@ class Memory:
         intent = memory_intent(conversation, self.policy, now, self.count)
         candidates = await asyncio.to_thread(self.broad_match, scope, intent)
         rules = selection(intent, candidates, now, self.count, self.memory)
-        reply: str | None = None
+        reply: Any = None
         try:
             while True:
-                call = rules.send(reply)
-                reply = await ask_model(call.messages) if ask_model is not None else None
+                effect = rules.send(reply)
+                if isinstance(effect, LoadPages):
+                    reply = await self.load(scope, effect.ids)
+                else:
+                    reply = await ask_model(effect.messages) if ask_model is not None else None
         except StopIteration as done:
             chosen: list[Page] = done.value
         self._inc("pcp_memory_recalled_total", len(chosen))
@@ -94,7 +97,8 @@ class Memory:
             for row in self.store.in_period(scope, period.start.isoformat(), period.end.isoformat(), per_period):
                 found.setdefault(row, (0.0, float("nan")))
         stored = self.store.stored(scope, list(found))
-        return [Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation) for s in stored]
+        parents = self.store.parents(scope, [s.page.id for s in stored])
+        return [Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored]
 
     async def load(self, scope: str, ids: Sequence[str]) -> list[Page]:
         """A page fault: the pages of ``ids`` the scope holds."""
