@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ class _Segment(msgspec.Struct):
     offsets: Any  # int64, one more than the terms it knows: term t's postings are [offsets[t], offsets[t+1])
     docs: Any  # int32 local document numbers
     impacts: Any  # float16 BM25 term-frequency part
+    name: str = ""  # its files' name once saved
 
 
 class LexicalIndex:
@@ -92,17 +94,10 @@ class LexicalIndex:
                 self.alive[local] = False
                 self.live -= 1
                 self.total_length -= float(self.lengths[local])
-                for tid in self.doc_terms.pop(local, None) or self._sealed_terms(local):
+                # A sealed document's terms are not looked up (a scan of every segment): its terms keep
+                # counting in their document frequencies, a slightly lower idf, until the index is built again.
+                for tid in self.doc_terms.pop(local, ()):
                     self.df[tid] -= 1
-
-    def _sealed_terms(self, local: int) -> list[int]:
-        """The terms of a sealed document (rare: a removal), found in the segments."""
-        found: set[int] = set()
-        for segment in self.segments:
-            hits = np.flatnonzero(segment.docs == local)
-            if len(hits):
-                found.update((np.searchsorted(segment.offsets, hits, side="right") - 1).tolist())
-        return sorted(found)
 
     def _grow(self, size: int) -> None:
         if size > len(self.rows):
@@ -200,31 +195,39 @@ class LexicalIndex:
 
     # -- on disk ---------------------------------------------------------------------------
     def save(self, directory: Path, row: int, seq: int) -> None:
-        """Write the index as of the store's (``row``, ``seq``): arrays, then the record that names them, atomically."""
+        """Write the index as of the store's (``row``, ``seq``); then the record that names its files, atomically.
+
+        A segment never changes once sealed: it is written once, under a name
+        of its own, and read back memory-mapped. Each save writes the new
+        segments and the small per-document arrays.
+        """
         self.seal()
         directory.mkdir(parents=True, exist_ok=True)
+        for segment in self.segments:
+            if not segment.name:
+                segment.name = f"segment-{uuid.uuid4().hex[:12]}"
+                for field in ("offsets", "docs", "impacts"):
+                    np.save(directory / f"{segment.name}.{field}.npy", getattr(segment, field))
         stamp = f"{row}-{seq}"
-        arrays = {"df": self.df, "rows": self.rows[: self.n], "lengths": self.lengths[: self.n], "alive": self.alive[: self.n]}
-        for i, segment in enumerate(self.segments):
-            arrays.update({f"s{i}_offsets": segment.offsets, f"s{i}_docs": segment.docs, f"s{i}_impacts": segment.impacts})
-        np.savez(directory / f"lexical-{stamp}.npz", **arrays)
+        np.savez(directory / f"documents-{stamp}.npz", df=self.df, rows=self.rows[: self.n], lengths=self.lengths[: self.n], alive=self.alive[: self.n])
         (directory / f"vocab-{stamp}.json").write_text(json.dumps(list(self.vocab)))
-        record = {"row": row, "seq": seq, "stamp": stamp, "segments": len(self.segments), "live": self.live, "total_length": self.total_length}
+        record = {"row": row, "seq": seq, "stamp": stamp, "segments": [s.name for s in self.segments], "live": self.live, "total_length": self.total_length}
         tmp = directory / "lexical.json.tmp"
         tmp.write_text(json.dumps(record))
         os.replace(tmp, directory / "lexical.json")
-        for old in directory.glob("*-*.*"):
-            if stamp not in old.name and old.name.startswith(("lexical-", "vocab-")):
+        kept = {stamp, *record["segments"]}
+        for old in directory.glob("*.*"):
+            if old.name.startswith(("documents-", "vocab-", "segment-")) and not any(k in old.name for k in kept):
                 old.unlink(missing_ok=True)
         self.saved_row, self.saved_seq = row, seq
 
     @classmethod
     def load(cls, directory: Path) -> LexicalIndex | None:
-        """The index saved in ``directory``, or None when there is none whole."""
+        """The index saved in ``directory`` (its segments memory-mapped), or None when there is none whole."""
         try:
             record = json.loads((directory / "lexical.json").read_text())
             stamp = record["stamp"]
-            arrays = np.load(directory / f"lexical-{stamp}.npz")
+            arrays = np.load(directory / f"documents-{stamp}.npz")
             vocab = json.loads((directory / f"vocab-{stamp}.json").read_text())
             index = cls()
             index.vocab = {term: i for i, term in enumerate(vocab)}
@@ -232,7 +235,7 @@ class LexicalIndex:
             index.rows, index.lengths, index.alive = arrays["rows"].copy(), arrays["lengths"].copy(), arrays["alive"].copy()
             index.n = len(index.rows)
             index.live, index.total_length = int(record["live"]), float(record["total_length"])
-            index.segments = [_Segment(arrays[f"s{i}_offsets"], arrays[f"s{i}_docs"], arrays[f"s{i}_impacts"]) for i in range(record["segments"])]
+            index.segments = [_Segment(*(np.load(directory / f"{name}.{f}.npy", mmap_mode="r") for f in ("offsets", "docs", "impacts")), name=name) for name in record["segments"]]
             index.saved_row, index.saved_seq = int(record["row"]), int(record["seq"])
             return index
         except (OSError, ValueError, KeyError):

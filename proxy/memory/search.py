@@ -29,7 +29,7 @@ __all__ = ["ScopeIndex"]
 
 log = logging.getLogger("pcp.memory")
 
-SAVE_AFTER_CHANGES = 20_000
+SAVE_AFTER_CHANGES = 100_000
 SAVE_AFTER_SECONDS = 120.0
 _BATCH = 4096
 

@@ -233,8 +233,10 @@ class SqliteMemoryStore:
         """The pages at ``rows`` that are still there, in the order asked."""
         found: dict[int, Stored] = {}
         for chunk in _chunks(list(rows)):
-            query = f"SELECT row, body, conversation, recalls, vector FROM pages WHERE scope=? AND row IN ({_marks(chunk)})"
-            found.update((row, Stored(row, _decode(body), conv, recalls, vector)) for row, body, conv, recalls, vector in self._db().execute(query, (scope, *chunk)))
+            # By row alone (the primary key): with the scope in the condition SQLite may walk the scope's index instead.
+            query = f"SELECT row, scope, body, conversation, recalls, vector FROM pages WHERE row IN ({_marks(chunk)})"
+            rows_found = self._db().execute(query, chunk)
+            found.update((row, Stored(row, _decode(body), conv, recalls, vector)) for row, held, body, conv, recalls, vector in rows_found if held == scope)
         return [found[row] for row in rows if row in found]
 
     def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
