@@ -177,3 +177,20 @@ def test_the_indexes_are_built_again_when_their_files_are_gone(start_proxy, tmp_
     again = start_proxy(embedder=StandInEmbedder())
     found = again.http.get("/v1/pcp/memory/alice/pages", params={"query": "cello Lisbon"}, headers={"authorization": "Bearer sk-client"}).json()["data"]
     assert any("Lisbon" in p.get("content", "") for p in found)
+
+
+def test_the_memory_api_wants_the_proxy_key_when_one_is_set(start_proxy):
+    proxy = start_proxy(api_keys=["sk-proxy"])
+    assert proxy.http.get("/v1/pcp/memory/alice").json()["error"]["code"] == "missing_api_key"
+    assert proxy.http.get("/v1/pcp/memory/alice", headers={"authorization": "Bearer sk-proxy"}).json()["pages"] == 0
+
+
+def test_a_router_model_reads_memory_candidates_as_the_memory_router(start_proxy, upstream):
+    proxy = start_proxy(router_model="picker")
+    ask(proxy, TOLD)
+    remembered(proxy)
+    ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}])
+    roles = [r.headers.get("x-pcp-role") for r in upstream.requests]
+    assert "memory-router" in roles
+    asked = next(r for r in upstream.requests if r.headers.get("x-pcp-role") == "memory-router")
+    assert asked.json["model"] == "picker" and "Beatrix" in asked.json["messages"][-1]["content"]
