@@ -61,8 +61,7 @@ class Memory:
     # -- on a request's path ---------------------------------------------------------------
     def has_pages(self, scope: str) -> bool:
         if scope not in self.known:
-            counts = self.store.counts(scope)
-            self.known[scope] = bool(counts["originals"] + counts["consolidated"])
+            self.known[scope] = self.store.holds(scope)
         return self.known[scope]
 
     async def recall(self, scope: str, conversation: Conversation, now_ns: int, ask_model: AskModel | None = None) -> list[Page]:
