@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, DenseRanker, ProxyStats, Row, baseline_outcome, category_counts, evidence_texts, fit_in_order, load_data, markdown_table, proxy_outcomes, running_proxy  # noqa: E402
+from bench.recall import DEFAULT_DATA, ENCODING, DenseRanker, ProxyStats, Row, baseline_outcome, category_counts, evidence_texts, fit_in_order, load_data, markdown_table, proxy_outcomes, recall, running_proxy  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -85,7 +85,9 @@ def run(conversations: dict[str, list[Message]], questions: Sequence[Any], budge
     stats.seconds = time.perf_counter() - started
     over = sum(o.max_prompt > budget for o in rows[1].outcomes)
     pages = sum(s["pages"] for s in status.values())
+    exact = ", ".join(f"{row.method}: {recall(row.outcomes) or 0:.3f}" for row in rows)
     note = (
+        f"{exact}\n"
         f"memory: {sum(n for n, _ in ingest)} sessions sent as conversations in {sum(t for _, t in ingest):.0f} s, "
         f"{pages} pages ({sum(s['originals'] for s in status.values())} Originals) in {len(status)} scopes\n" + stats.summary(budget, over)
     )
