@@ -14,7 +14,7 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
 from .conversation import Conversation, fold_system, message_text
-from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
+from .engine import CallRouter, CallWorker, Effect, LoadPages, Outcome, RoundPolicy, Similarity
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
@@ -41,6 +41,7 @@ __all__ = [
     "CountText",
     "Effect",
     "Facts",
+    "LoadPages",
     "OriginalPage",
     "Outcome",
     "PactError",

@@ -46,7 +46,7 @@ from .timeline import moment
 from .tokens import CountText
 from .views import ViewState
 
-__all__ = ["CallRouter", "CallWorker", "Effect", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "run_rounds"]
+__all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "run_rounds"]
 
 class RoundPolicy(msgspec.Struct, frozen=True):
     """How a request's rounds run (§VI); built once from the settings."""
@@ -116,6 +116,16 @@ class CallRouter(msgspec.Struct, frozen=True):
     messages: list[dict[str, Any]]
 
 
+class LoadPages(msgspec.Struct, frozen=True):
+    """A page fault: the worker opens a memory container whose pages the request does not hold yet.
+
+    The host sends back the pages of ``ids`` it has (a list; None or fewer
+    if some are gone), which join the request's pages.
+    """
+
+    ids: list[str]
+
+
 class CallWorker(msgspec.Struct, frozen=True):
     messages: list[dict[str, Any]]
     round: int
@@ -138,7 +148,7 @@ class Outcome(msgspec.Struct, frozen=True):
     pages: dict[str, PageState] = {}
 
 
-Effect = Similarity | CallRouter | CallWorker
+Effect = Similarity | CallRouter | LoadPages | CallWorker
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
@@ -146,6 +156,9 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache:
     loop = _Loop(context, index, addressed, count, cache)
     for round_no in range(context.policy.max_rounds):
         reply = yield loop.call(round_no)
+        faulted = loop.unloaded(reply)
+        if faulted:
+            loop.load((yield LoadPages(faulted)) or [])
         outcome = loop.outcome(reply, round_no)
         if outcome is not None:
             return outcome
@@ -197,7 +210,10 @@ class _Loop:
         self.views = ViewState(index)
         ranked = addressed.ranked
         self.hot, self.indexed = ranked[: policy.hot_pages], ranked[policy.hot_pages : policy.hot_pages + policy.indexed_pages]
-        self.overview = list(reversed(index.roots))
+        # The overview (§7.2 Level 1): the conversation's roots, newest first, then the containers memory
+        # recalled (a Consult opens one, and brings in the best of its pages the worker has not read).
+        history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
+        self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
         for page_id in self.hot + self.recent:
@@ -240,6 +256,22 @@ class _Loop:
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
         return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis, trace=list(self.trace))
+
+    def unloaded(self, reply: WorkerReply) -> list[str]:
+        """The pages a memory container the reply Consults holds that the request has not loaded (a page fault)."""
+        _, directives, _ = read_reply(reply)
+        wanted: list[str] = []
+        for directive in directives:
+            page = self.index.pages.get(directive.id) if isinstance(directive, Consult) else None
+            if isinstance(page, ConsolidatedPage) and page.origin != Origin.HISTORY:
+                wanted += [child for child in page.source_ids if child not in self.index]
+        return list(dict.fromkeys(wanted))
+
+    def load(self, pages: Sequence[Page]) -> None:
+        """Memory pages the host faulted in: they join the index under their containers."""
+        for page in pages:
+            if page.id not in self.index and page.origin != Origin.HISTORY:
+                self.index.register(page)
 
     def outcome(self, reply: WorkerReply, round_no: int) -> Outcome | None:
         """How the request ends with ``reply``; None when its directives were carried out and another round follows."""

@@ -7,18 +7,27 @@ in time order, which is the order of the Linear_Flow.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import StrEnum
 from operator import attrgetter
+from typing import Any
 
 import msgspec
 
-from .pages import ConsolidatedPage, Page, short_hash
+from .pages import ConsolidatedPage, Origin, Page, short_hash
 
 __all__ = ["Activation", "PageIndex", "PageState", "UnknownPage"]
 
 HEAT_DECAY = 0.5
+
+
 _FIRST_TURN = attrgetter("first_turn")
+
+
+def _in_time(page: Page) -> tuple[bool, int]:
+    """Time order with memory: a conversation's pages by their place in it; pages from memory (Storage)
+    before them, in the order they were registered (the memory Router's: a conversation's pages together)."""
+    return (True, page.first_turn) if page.origin == Origin.HISTORY else (False, 0)
 
 
 class Activation(StrEnum):
@@ -58,6 +67,7 @@ class PageIndex:
         self.heat: dict[str, float] = {}
         self.touched: dict[str, int] = {}  # the round each page was last touched in
         self.activations: dict[str, Activation] = {}
+        self._order: Callable[[Page], Any] = _FIRST_TURN  # ``_in_time`` once a memory page joins
 
     @classmethod
     def of_tree(cls, pages: Sequence[Page], topics: Mapping[str, str]) -> PageIndex:
@@ -83,7 +93,8 @@ class PageIndex:
     def roots(self) -> list[str]:
         """Pages without a container, in time order (the order of the Linear_Flow)."""
         if self._ordered is None:
-            self._ordered = sorted(self._roots, key=lambda pid: self.pages[pid].first_turn)
+            key = self._order
+            self._ordered = sorted(self._roots, key=lambda pid: key(self.pages[pid]))
         return self._ordered
 
     def __contains__(self, page_id: object) -> bool:
@@ -104,13 +115,16 @@ class PageIndex:
                 return existing
             page = msgspec.structs.replace(page, id=self._unique_id(page))
         self.pages[page.id] = page
+        if page.origin != Origin.HISTORY:
+            self._order = _in_time
         if topic:
             self.topics[page.id] = topic
         if isinstance(page, ConsolidatedPage):
             for child in page.source_ids:
                 self.parents[child] = page.id
                 self._roots.pop(child, None)
-        self._roots[page.id] = None
+        if page.id not in self.parents:  # a memory page may come after its container (a page fault)
+            self._roots[page.id] = None
         self._ordered = None  # sorting once per read, not per page, keeps registering linear
         return page
 
@@ -136,7 +150,8 @@ class PageIndex:
 
     def children(self, page_id: str) -> list[Page]:
         page = self.get(page_id)
-        return [self.get(c) for c in page.source_ids] if isinstance(page, ConsolidatedPage) else []
+        # A memory container's children join the index when it is opened (a page fault): those not in yet are not shown.
+        return [self.pages[c] for c in page.source_ids if c in self.pages] if isinstance(page, ConsolidatedPage) else []
 
     def parent(self, page_id: str) -> str | None:
         self.get(page_id)
@@ -158,14 +173,16 @@ class PageIndex:
         not always the conversation's.
         """
         if page_ids is None:  # every Original page is under a root
-            return sorted((page for page in self.pages.values() if not isinstance(page, ConsolidatedPage)), key=_FIRST_TURN)
+            return sorted((page for page in self.pages.values() if not isinstance(page, ConsolidatedPage)), key=self._order)
         found: list[Page] = []
         self._collect(page_ids, found)
-        return sorted(found, key=_FIRST_TURN)
+        return sorted(found, key=self._order)
 
     def _collect(self, page_ids: Iterable[str], into: list[Page]) -> None:
         for page_id in page_ids:
-            page = self.get(page_id)
+            page = self.pages.get(page_id)
+            if page is None:  # a memory page not faulted in
+                continue
             if isinstance(page, ConsolidatedPage):
                 self._collect(page.source_ids, into)
             else:

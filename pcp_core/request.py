@@ -30,7 +30,7 @@ from .conversation import Conversation, message_text
 from .engine import Effect, Outcome, RoundContext, RoundPolicy, run_rounds
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
-from .pages import Turn, iso_timestamp
+from .pages import Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
@@ -72,6 +72,9 @@ class Facts(msgspec.Struct, frozen=True, kw_only=True):
     dense: bool = False  # the host embeds: dense recall joins BM25
     # Summaries the host has for pages, by id (a model's, written in the background).
     summaries: Mapping[str, str] = {}
+    # Pages the host's memory recalled for the request (``pcp_core.memory``, origin Storage),
+    # the Originals first: they join its pages and share its budget.
+    memory: list[Page] = []
 
 
 class Paged(msgspec.Struct, frozen=True):
@@ -91,6 +94,7 @@ class Prepared(msgspec.Struct, frozen=True):
     # The pages the rounds read, when PACT components ride on some (``with_components``); else the session's.
     pages: PagedHistory | None = None
     components: int | None = None  # live components rendered; None: the session has none
+    recalled: list[Page] = []  # the pages memory recalled for the request (``Facts.memory``)
 
 
 def query_line(conversation: Conversation, policy: PagingPolicy, count: CountText) -> str:
@@ -125,13 +129,23 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         turn = _query_turn(conversation, now)
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
-    return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count))
+    return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count), recalled=facts.memory)
 
 
 def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
-    """The request's rounds (``engine.run_rounds``) over its session's pages."""
+    """The request's rounds (``engine.run_rounds``) over its session's pages (with the components they carry),
+    and the pages memory recalled for it.
+
+    A recalled page is a page of the request like the history's: ranked with
+    them, shown within the one budget (``origin="Storage"``); a container's
+    pages are faulted in when the worker opens it (``LoadPages``).
+    """
     pages = prepared.pages if prepared.pages is not None else prepared.session.pages
-    return run_rounds(prepared.context, pages.index(), count, cache)
+    index = pages.index()
+    for page in prepared.recalled:
+        if page.id not in index:
+            index.register(page)
+    return run_rounds(prepared.context, index, count, cache)
 
 
 def settle(prepared: Prepared, outcome: Outcome) -> Session:

@@ -38,7 +38,7 @@ from lxml import etree
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
 from .index import PageIndex
 from .markup import background_line, newlines, node, node_lines, shown_time, xml_safe
-from .pages import ConsolidatedPage, Page, View
+from .pages import ConsolidatedPage, Origin, Page, View
 from .tokens import CountText, part_tokens, prompt_tokens
 
 __all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize"]
@@ -167,7 +167,7 @@ class _Builder:
                 shown.pop(page_id, None)
             unfolded.difference_update(roots)
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
-        folded = [r for r in self.index.roots if r not in unfolded]
+        folded = [r for r in self._listed() if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
@@ -238,7 +238,16 @@ class _Builder:
         return parts
 
     def _line_cost(self, root: str) -> int:
-        return self.count(background_line(self.index.get(root))) + 1
+        page = self.index.get(root)
+        return self.count(background_line(page)) + 1 if page.origin == Origin.HISTORY else 0
+
+    def _listed(self) -> list[str]:
+        """The roots Background_Context lists when they are folded: the conversation's.
+
+        Memory's pages are a few of a store's many; those not shown are not
+        part of what the worker can see, and cost it nothing.
+        """
+        return [root for root in self.index.roots if self.index.get(root).origin == Origin.HISTORY]
 
     def _exact(self, document: str) -> int:
         return prompt_tokens(self._messages(document, self.query_parts), self.count) + self.request.reserved_tokens
@@ -279,7 +288,7 @@ class _Builder:
         flow = etree.SubElement(root, "Linear_Flow")
         for page_id in self._layout(shown, unfolded):
             flow.append(self._subtree(page_id, shown, nested=False))
-        folded = [r for r in self.index.roots if r not in unfolded]
+        folded = [r for r in self._listed() if r not in unfolded]
         if folded:
             background = etree.SubElement(root, "Background_Context")
             background.text = "\n" + "\n".join(background_line(self.index.get(r)) for r in folded) + "\n"

@@ -17,6 +17,7 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
+from pcp_core.memory import MemoryPolicy
 
 from .components import Components
 from .control import Controls
@@ -28,6 +29,8 @@ from .hybrid_api import HYBRID_ROUTES
 from .hybrid_store import HybridStore
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
+from .memory import Memory, SqliteMemoryStore
+from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
 from .routes import ROUTES, not_the_proxys
@@ -79,6 +82,7 @@ class Services:
     namespaces: Namespaces = field(init=False)
     controls: Controls = field(init=False)  # each request's mode and policy (``proxy.control``)
     traces: Traces = field(default_factory=Traces)  # protocol-mode requests, per session (``proxy.telemetry``)
+    memory: Memory | None = None
 
     def __post_init__(self) -> None:
         self.controls = Controls(self.settings, self.policy)
@@ -143,6 +147,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, total_timeout=total, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
+        services.memory = _memory(settings, services)
         if settings.consolidator == "llm":
             summary_chars = PagingPolicy().summary_chars
             services.summariser = Summariser(data / "summaries", services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
@@ -154,7 +159,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             await _stop(services)
 
     return Litestar(
-        route_handlers=[*ROUTES, *PCP_ROUTES, *HYBRID_ROUTES, *INSPECTOR_ROUTES],
+        route_handlers=[*ROUTES, *PCP_ROUTES, *HYBRID_ROUTES, *INSPECTOR_ROUTES, *MEMORY_ROUTES],
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
@@ -175,7 +180,17 @@ def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
     return Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
 
 
+def _memory(settings: Settings, services: Services) -> Memory:
+    """Memory across conversations, in PCP_DATA_DIR/memory: read and written only for requests that name a scope."""
+    directory = settings.data_path / "memory"
+    policy = MemoryPolicy(router=bool(settings.router_model))
+    store = SqliteMemoryStore(directory / "memory.db")
+    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=services.embedder, sessions=services.sessions, metrics=services.metrics)
+
+
 async def _stop(services: Services) -> None:
+    if services.memory is not None:
+        await asyncio.to_thread(services.memory.close)
     if services.embedder is not None:
         await asyncio.to_thread(services.embedder.close)
     if services.summariser is not None:

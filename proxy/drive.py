@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, Outcome, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, rounds, settle
 
 from .chat import ChatCodec, Usage, relayed_finish
 from .chat_stream import StreamedRound
@@ -33,6 +33,7 @@ from .upstream import passed_back
 
 if TYPE_CHECKING:
     from .app import Services
+    from .memory.scopes import Scope
 
 __all__ = ["serve_protocol"]
 
@@ -44,9 +45,22 @@ ROUTER_MAX_TOKENS = 80
 log = logging.getLogger("pcp.drive")
 
 
-async def serve_protocol(services: Services, body: dict[str, Any], conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, *, policy: Policy | None = None, telemetry: RequestTelemetry | None = None) -> Response[Any]:
-    """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``)."""
+async def serve_protocol(
+    services: Services,
+    body: dict[str, Any],
+    conversation: Conversation,
+    headers: dict[str, str],
+    namespace: str,
+    pinned: str | None,
+    *,
+    policy: Policy | None = None,
+    telemetry: RequestTelemetry | None = None,
+    memory: Scope | None = None,
+) -> Response[Any]:
+    """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
+    ``memory``: the request's memory scope (``proxy.memory``)."""
     request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned, policy, telemetry)
+    request.memory = memory
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
@@ -77,6 +91,8 @@ class ProtocolRequest:
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
         self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
         self.context = services.hybrid.begin(headers, namespace)  # Hybrid mode (``proxy.hybrid``): None unless it is on
+        self.memory: Scope | None = None  # the request's memory scope (``proxy.memory``)
+        self.recalled: list[Page] = []
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
@@ -100,6 +116,7 @@ class ProtocolRequest:
             # not in a task: a task would start only once paging had.
             text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
             self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
+        self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         summariser = services.summariser
@@ -130,6 +147,7 @@ class ProtocolRequest:
             client_tools=self.codec.client_tools,
             dense=services.embedder is not None,
             summaries=services.summariser.landed if services.summariser is not None else {},
+            memory=self.recalled,
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
@@ -158,9 +176,12 @@ class ProtocolRequest:
         self._save_once()
         return effect
 
-    async def fulfil(self, effect: Similarity | CallRouter) -> Any:
+    async def fulfil(self, effect: Similarity | CallRouter | LoadPages) -> Any:
         if isinstance(effect, CallRouter):
             return await self.ask_router(effect)
+        if isinstance(effect, LoadPages):  # a page fault: the memory container the worker opens
+            memory = self.services.memory
+            return await memory.load(self.memory.key, effect.ids) if memory is not None and self.memory is not None else []
         embedder = self.services.embedder
         if embedder is None:
             return None
@@ -168,18 +189,26 @@ class ProtocolRequest:
             await _quietly(self.prefetch)
         return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts))
 
-    async def ask_router(self, call: CallRouter) -> str | None:
+    async def ask_router(self, call: CallRouter, role: str = "router") -> str | None:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""
         model = self.services.settings.router_model
-        self.services.metrics.inc("pcp_upstream_calls_total", role="router")
+        self.services.metrics.inc("pcp_upstream_calls_total", role=role)
         body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
         try:
-            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": "router"}, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
+            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
         self.usage.add(data.get("usage"))
         return data["choices"][0]["message"].get("content") or ""
+
+    async def _recall(self) -> list[Page]:
+        """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
+        memory, scope = self.services.memory, self.memory
+        if memory is None or scope is None or not memory.has_pages(scope.key):
+            return []
+        ask = (lambda messages: self.ask_router(CallRouter(messages), role="memory-router")) if self.services.settings.router_model else None
+        return await memory.recall(scope.key, self.conversation, time.time_ns(), ask)
 
     def _save_once(self) -> None:
         """Send the session to the store, once: when the first worker call goes out, so that
@@ -198,6 +227,8 @@ class ProtocolRequest:
             return
         self._save_once()  # the session's first write goes first
         session = settle(prepared, outcome)
+        if self.memory is not None and self.services.memory is not None:  # written back in the background
+            self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns())
         if session is not prepared.session:
             self.services.sessions.save(self.namespace, session, 0)
             self.services.metrics.inc("pcp_pages_solidified_total", len(session.pages.storage) - len(prepared.session.pages.storage))

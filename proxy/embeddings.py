@@ -310,15 +310,20 @@ class Embedder:
         if self.ready:
             self.embed_sync([text])
 
-    def embed_sync(self, texts: Sequence[str]) -> Any:
+    def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
         found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
         if absent:
             found.update(self._from_disk(absent))
             absent = [t for t in absent if t not in found]
         if absent:
-            found.update(zip(absent, self._encode(absent)))
+            found.update(zip(absent, self._encode(absent, role)))
         return np.vstack([found[t] for t in texts]) if texts else np.zeros((0, 0), dtype=np.float32)
+
+    def vectors(self, texts: Sequence[str]) -> Any:
+        """The vectors of ``texts``, for a store that indexes them (memory): encoded by the background instance,
+        so a request's query never waits behind them; cached as a history's are, so the rounds find them."""
+        return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
         if not self.ready:

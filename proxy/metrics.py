@@ -20,6 +20,9 @@ HELP = {
     "pcp_context_violations_total": "Hybrid-mode rules an answer broke, by rule (the proxy restored, repaired or dropped what broke them; the log names each at debug).",
     "pcp_context_cold_total": "Hybrid-mode memory blocks by event: sent (kept aside as a tag_ref placeholder, the snapshot over its share) | rehydrated (brought back for a query naming their tags).",
     "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from disk) or failed.",
+    "pcp_memory_pages_written_total": "Pages written into memory (write-backs, merges, imports); a page memory held already is not counted.",
+    "pcp_memory_recalled_total": "Memory pages the Memory Router gave requests.",
+    "pcp_memory_merged_total": "Consolidated pages the Memory Consolidator made over alike pages of different conversations.",
 }
 
 # Seconds: a loopback passthrough takes ~1 ms, a protocol-mode request with a real model minutes.

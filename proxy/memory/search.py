@@ -1,0 +1,156 @@
+"""One scope's search indexes, kept in step with the store: the Memory Router's first stage.
+
+``ScopeIndex.open`` loads the keyword and vector indexes saved beside the
+store and catches them up with what the store logged since (pages added,
+rows removed); with none saved, or one that does not load, they are built
+again from the store's pages and vectors. The writer thread applies every
+write as it commits (``apply``) and saves now and then; requests search
+under a lock held for the search alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pcp_core.memory import index_terms
+
+from .lexical import LexicalIndex
+from .store import MemoryStore, Stored, Written, vector_of
+from .vectors import VectorIndex, faiss_available
+
+__all__ = ["ScopeIndex"]
+
+log = logging.getLogger("pcp.memory")
+
+SAVE_AFTER_CHANGES = 100_000
+SAVE_AFTER_SECONDS = 120.0
+_BATCH = 4096
+
+
+class ScopeIndex:
+    def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None):
+        self.directory = directory
+        self.lexical = lexical
+        self.vectors = vectors
+        self.lock = threading.RLock()
+        self.changes = 0  # applied since the last save
+        self.saved_at = time.monotonic()
+
+    @classmethod
+    def open(cls, store: MemoryStore, scope: str, directory: Path) -> ScopeIndex:
+        """The scope's indexes as saved, caught up with the store; built from the store when not saved whole."""
+        lexical = LexicalIndex.load(directory)
+        vectors = None
+        if lexical is not None and faiss_available() and store.has_vectors(scope):
+            dim = _saved_dim(directory)
+            vectors = VectorIndex.load(directory, dim) if dim else None
+            if vectors is None or (vectors.saved_row, vectors.saved_seq) != (lexical.saved_row, lexical.saved_seq):
+                lexical, vectors = None, None  # missing, or saved apart: both built again
+        if lexical is None:
+            lexical = LexicalIndex()
+        index = cls(directory, lexical, vectors)
+        added, removed, seq = store.changes(scope, lexical.saved_row, lexical.saved_seq)
+        index.lexical.remove(removed)
+        if index.vectors is not None:
+            index.vectors.remove(removed)
+        for batch in _batches(added):
+            index._add(batch)
+        index.changes = 0 if not removed else len(removed)
+        log.debug("memory index of %s open: %d pages", scope, index.lexical.live)
+        return index
+
+    def apply(self, written: Written) -> None:
+        """A committed write: its removed rows out, its added pages in."""
+        with self.lock:
+            if written.removed:
+                self.lexical.remove(written.removed)
+                if self.vectors is not None:
+                    self.vectors.remove(written.removed)
+            for batch in _batches(written.added):
+                self._add(batch)
+            self.changes += len(written.added) + len(written.removed)
+
+    def _add(self, batch: Sequence[Stored]) -> None:
+        for stored in batch:
+            self.lexical.add(stored.row, index_terms(stored.page))
+        with_vectors = [s for s in batch if s.vector is not None]
+        if with_vectors and faiss_available():
+            matrix = np.vstack([vector_of(s.vector) for s in with_vectors])
+            if self.vectors is None or self.vectors.dim != matrix.shape[1]:
+                self.vectors = VectorIndex(matrix.shape[1])
+            self.vectors.add([s.row for s in with_vectors], matrix)
+
+    def retrain(self, store: MemoryStore, scope: str) -> None:
+        """An IVF index in place of one the scope has outgrown, trained on its vectors (the writer thread, seconds)."""
+        if self.vectors is None or not self.vectors.wants_training():
+            return
+        rows, vectors = [], []
+        added, _, _ = store.changes(scope, 0, 0)
+        for stored in added:
+            if stored.vector is not None:
+                rows.append(stored.row)
+                vectors.append(np.frombuffer(stored.vector, dtype=np.float16))
+        trained = VectorIndex.trained(self.vectors.dim, rows, np.vstack(vectors).astype(np.float32))
+        with self.lock:  # writes happen on this thread: nothing was added meanwhile
+            self.vectors = trained
+            self.changes += 1
+
+    def save_if_due(self, row: int, seq: int, force: bool = False) -> None:
+        """Save both indexes as of the store's (``row``, ``seq``) when enough changed, or enough time passed."""
+        due = self.changes >= SAVE_AFTER_CHANGES or (self.changes and time.monotonic() - self.saved_at > SAVE_AFTER_SECONDS)
+        if not (due or (force and self.changes)):
+            return
+        with self.lock:
+            self.lexical.save(self.directory, row, seq)
+            if self.vectors is not None:
+                self.vectors.save(self.directory, row, seq)
+            self.changes, self.saved_at = 0, time.monotonic()
+
+    # -- searching (any thread) --------------------------------------------------------------
+    def broad_match(self, weights: Mapping[str, float], vector: Any, limit: int) -> dict[int, tuple[float, float]]:
+        """The rows the keyword and the vector index bring for a query, with their lexical score and cosine (NaN: not scored)."""
+        found: dict[int, tuple[float, float]] = {}
+        with self.lock:
+            rows, scores = self.lexical.search(weights, limit)
+            for row, score in zip(rows.tolist(), scores.tolist()):
+                found[row] = (score, float("nan"))
+            if vector is not None and self.vectors is not None and self.vectors.dim == len(vector):
+                rows, cosines = self.vectors.search(vector, limit)
+                for row, cosine in zip(rows.tolist(), cosines.tolist()):
+                    found[row] = (found.get(row, (0.0, 0.0))[0], cosine)
+        return found
+
+    def containing(self, terms: list[str]) -> list[int]:
+        with self.lock:
+            return [int(row) for row in self.lexical.containing(terms)]
+
+    @property
+    def size(self) -> int:
+        return self.lexical.live
+
+
+def _saved_dim(directory: Path) -> int:
+    import json
+
+    try:
+        return int(json.loads((directory / "vectors.json").read_text())["dim"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def _batches(items: Iterable[Stored]) -> Iterable[list[Stored]]:
+    batch: list[Stored] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= _BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,307 @@
+"""Memory across conversations (P-Mem): the host's side.
+
+``Memory`` owns the store, each scope's indexes and one writer thread. On a
+request's path it only answers (``has_pages``, ``recall``, ``load``); what
+a request leaves (``write_back``, ``ingest``) is queued for the writer, which
+pages it when needed, writes it in one transaction, keeps the indexes in
+step, and — when the queue is empty — runs the Memory Consolidator over the
+scopes written to and saves the indexes now and then. The rules are
+``pcp_core.memory``'s; this module only does their I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import shutil
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy, Session, prepare, short_hash
+from pcp_core.memory import Candidate, ConsolidatorPolicy, MemoryPolicy, Root, conversation_pages, horizontal_merges, index_weights, memory_intent, memory_pages, selection, vector_text
+from pcp_core.pages import iso_timestamp
+from pcp_core.router import Intent
+from pcp_core.terms import TermStats
+from pcp_core.tokens import CountText
+
+from .forgetting import forget_ids, forget_query
+from .search import ScopeIndex
+from .store import MemoryStore, Written, vector_bytes, vector_of
+
+__all__ = ["Memory"]
+
+log = logging.getLogger("pcp.memory")
+
+AskModel = Callable[[list[dict[str, str]]], Awaitable[str | None]]
+_PERIODS = 12  # periods an intent names that are looked up (the latest first)
+
+
+class Memory:
+    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None):
+        self.directory, self.store, self.policy, self.count = directory, store, policy, count
+        self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
+        self.indexes: dict[str, ScopeIndex] = {}
+        self.known: dict[str, bool] = {}  # scope -> holds pages (what the Sentry asks on every request)
+        self.pending: Counter[str] = Counter()  # write-backs queued, by scope
+        self.fresh: dict[str, list[Root]] = {}  # roots written since the consolidator last ran, by scope
+        self._forgotten: dict[str, set[str]] = {}
+        self._open_lock = threading.Lock()  # a write and its index update are one step for an index being opened
+        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any], str] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._run, name="pcp-memory", daemon=True)
+        self._writer.start()
+
+    # -- on a request's path ---------------------------------------------------------------
+    def has_pages(self, scope: str) -> bool:
+        if scope not in self.known:
+            self.known[scope] = self.store.holds(scope)
+        return self.known[scope]
+
+    async def recall(self, scope: str, conversation: Conversation, now_ns: int, ask_model: AskModel | None = None) -> list[Page]:
+        """The pages the Memory Router gives a request: broad match in a thread, precision selection by the rules
+        (and the router model, through ``ask_model``)."""
+        now = datetime.fromtimestamp(now_ns / 1e9).replace(tzinfo=None) if now_ns else None
+        intent = memory_intent(conversation, self.policy, now, self.count)
+        candidates = await asyncio.to_thread(self.broad_match, scope, intent)
+        rules = selection(intent, candidates, now, self.count, self.memory)
+        reply: Any = None
+        try:
+            while True:
+                effect = rules.send(reply)
+                if isinstance(effect, LoadPages):
+                    reply = await self.load(scope, effect.ids)
+                else:
+                    reply = await ask_model(effect.messages) if ask_model is not None else None
+        except StopIteration as done:
+            chosen: list[Page] = done.value
+        self._inc("pcp_memory_recalled_total", len(chosen))
+        if chosen:
+            self._submit(scope, lambda: self.store.recalled(scope, [p.id for p in chosen]), counted=False)
+        return chosen
+
+    def broad_match(self, scope: str, intent: Intent) -> list[Candidate]:
+        """The first stage: keyword and vector matches, and the pages said in the periods the intent names."""
+        index = self.index(scope)
+        vector = self._query_vector(intent.text)
+        found = index.broad_match(index_weights(intent), vector, self.memory.candidates)
+        per_period = max(self.memory.candidates // max(len(intent.periods), 1), 20)
+        for period in sorted(intent.periods, key=lambda p: p.start, reverse=True)[:_PERIODS]:
+            for row in self.store.in_period(scope, period.start.isoformat(), period.end.isoformat(), per_period):
+                found.setdefault(row, (0.0, float("nan")))
+        stored = self.store.stored(scope, list(found))
+        parents = self.store.parents(scope, [s.page.id for s in stored])
+        return [Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored]
+
+    async def load(self, scope: str, ids: Sequence[str]) -> list[Page]:
+        """A page fault: the pages of ``ids`` the scope holds."""
+        return await asyncio.to_thread(self.store.pages, scope, list(ids))
+
+    def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> Future[Any]:
+        """Keep what a protocol-mode request said (its session holds the history paged)."""
+        return self._submit(scope, lambda: self._write_back(scope, session, conversation, now_ns))
+
+    def ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None = None) -> Future[Any]:
+        """Keep what a forwarded request said: paged as a session in the background (and kept as one), then written back."""
+        return self._submit(scope, lambda: self._ingest(scope, namespace, conversation, now_ns, pinned))
+
+    def wait(self) -> None:
+        """Until every write queued so far is stored (tests, benchmarks)."""
+        self._submit("", lambda: None, counted=False).result()
+
+    # -- the writer thread ---------------------------------------------------------------------
+    def _submit(self, scope: str, job: Callable[[], Any], counted: bool = True) -> Future[Any]:
+        future: Future[Any] = Future()
+        if counted:
+            self.pending[scope] += 1
+        self._jobs.put((job, future, scope if counted else ""))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._jobs.get(timeout=1.0)
+            except queue.Empty:
+                self._idle()
+                continue
+            if item is None:
+                self._idle(force=True)
+                return
+            job, future, counted = item
+            try:
+                future.set_result(job())
+            except BaseException as error:  # a failed write-back loses that write, never the writer
+                log.exception("memory write failed")
+                future.set_exception(error)
+            finally:
+                if counted:
+                    self.pending[counted] -= 1
+            if self._jobs.empty():
+                self._idle()
+
+    def _idle(self, force: bool = False) -> None:
+        """The queue is empty: consolidate the scopes written to, train an outgrown vector index, save what is due."""
+        for scope in list(self.fresh):
+            try:
+                self._consolidate(scope)
+            except Exception:
+                log.exception("memory consolidation of a scope failed")
+        row, seq = self.store.watermark()
+        for scope, index in list(self.indexes.items()):
+            try:
+                index.retrain(self.store, scope)
+                index.save_if_due(row, seq, force)
+            except Exception:
+                log.exception("saving a memory index failed")
+
+    def _ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None) -> None:
+        if self.sessions is None or conversation.query is None:
+            return
+        resolution = self.sessions.resolve(namespace, conversation, pinned)
+        prepared = prepare(conversation, resolution, self.policy, Facts(namespace=namespace, now_ns=now_ns), self.count)
+        self.sessions.save(namespace, prepared.session, prepared.new_links, conversation.chained)
+        self._write_back(scope, prepared.session, conversation, now_ns)
+
+    def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
+        history = conversation_pages(session, conversation, iso_timestamp(now_ns / 1e9), self.count, self.policy.paging)
+        pages = memory_pages(history, self.forgotten(scope), self.policy.paging)
+        written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors), pages)
+        below = {child for page in pages for child in getattr(page, "source_ids", ())}
+        fresh_ids = {s.page.id for s in written.added}
+        roots = [Root(page, session.id) for page in pages if page.id not in below and page.id in fresh_ids]
+        if roots:
+            self.fresh.setdefault(scope, []).extend(roots)
+
+    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page]) -> Written:
+        """One write: the new pages' vectors first (outside the transaction), then the write and its index update, as one step."""
+        new = self.store.missing(scope, [p.id for p in pages])
+        vectors = self._vectors([p for p in pages if p.id in new])
+        with self._open_lock:
+            written = write(vectors)
+            index = self.indexes.get(scope)
+            if index is not None:
+                index.apply(written)
+        if written.added:
+            self.known[scope] = True
+        self._inc("pcp_memory_pages_written_total", len(written.added))
+        return written
+
+    def _consolidate(self, scope: str) -> None:
+        fresh = self.fresh.pop(scope, [])
+        held = {p.id for p in self.store.pages(scope, [r.page.id for r in fresh])}
+        parents = self.store.parents(scope, [r.page.id for r in fresh])
+        fresh = [r for r in fresh if r.page.id in held and r.page.id not in parents]
+        if not fresh:
+            return
+        index = self.index(scope)
+        rows: dict[int, None] = {}
+        for root in fresh:
+            rows.update(dict.fromkeys(index.broad_match({k: 1.0 for k in _stems(root.page.keywords)}, None, 8)))
+        seen = {r.page.id for r in fresh}
+        known = [s for s in self.store.stored(scope, list(rows)) if s.page.id not in seen]
+        rooted = self.store.parents(scope, [s.page.id for s in known])
+        roots = [Root(s.page, s.conversation) for s in known if s.page.id not in rooted]
+        stats = TermStats([r.page.content or r.page.summary for r in (*fresh, *roots)])
+        merged = horizontal_merges(fresh, roots, stats, ConsolidatorPolicy(paging=self.policy.paging))
+        if merged:
+            self._write(scope, lambda vectors: self.store.add(scope, merged, vectors), merged)
+            self._inc("pcp_memory_merged_total", len(merged))
+
+    # -- indexes, vectors, forgetting ----------------------------------------------------------
+    def index(self, scope: str) -> ScopeIndex:
+        index = self.indexes.get(scope)
+        if index is None:
+            with self._open_lock:
+                index = self.indexes.get(scope)
+                if index is None:
+                    index = self.indexes[scope] = ScopeIndex.open(self.store, scope, self._index_directory(scope))
+        return index
+
+    def _index_directory(self, scope: str) -> Path:
+        return self.directory / "index" / short_hash(scope, length=24)
+
+    def forgotten(self, scope: str) -> set[str]:
+        if scope not in self._forgotten:
+            self._forgotten[scope] = self.store.forgotten(scope)
+        return self._forgotten[scope]
+
+    def forget(self, scope: str, ids: Sequence[str] = (), query: str = "") -> Future[list[str]]:
+        """Remove pages for good (by ids, or those holding every term of ``query``), on the writer thread."""
+
+        def job() -> list[str]:
+            plan = forget_query(self.store, scope, query, self.policy.paging) if query else forget_ids(self.store, scope, list(ids), self.policy.paging)
+            self._write(scope, lambda _: self.store.remove(scope, plan.removed, plan.rewritten, plan.hashes), [])
+            self.forgotten(scope).update(plan.hashes)
+            self.known.pop(scope, None)
+            return [*plan.removed, *(p.id for p in plan.rewritten if isinstance(p, OriginalPage))]
+
+        return self._submit(scope, job, counted=False)
+
+    def run(self, scope: str, job: Callable[[], Any]) -> Future[Any]:
+        """Any other change to a scope (an import, a drop), on the writer thread."""
+        return self._submit(scope, job, counted=False)
+
+    def drop(self, scope: str) -> int:
+        """Everything the scope holds, its indexes too; call on the writer thread (``run``)."""
+        with self._open_lock:
+            removed = self.store.drop(scope)
+            self.indexes.pop(scope, None)
+            shutil.rmtree(self._index_directory(scope), ignore_errors=True)
+        for held in (self.known, self._forgotten, self.fresh):
+            held.pop(scope, None)
+        return removed
+
+    def write_pages(self, scope: str, pages: Sequence[Page], owner: str) -> Written:
+        """Pages no conversation writes (an import); call on the writer thread (``run``)."""
+        return self._write(scope, lambda vectors: self.store.add(scope, pages, vectors, owner), pages)
+
+    def _vectors(self, pages: Sequence[Page]) -> dict[str, bytes]:
+        encode = getattr(self.embedder, "vectors", None)
+        if encode is None or not pages:
+            return {}
+        try:
+            matrix = encode([vector_text(page) for page in pages])
+        except Exception:  # vectors are worth having, never a lost write
+            log.exception("memory pages are kept without vectors")
+            return {}
+        return {page.id: vector_bytes(row) for page, row in zip(pages, matrix)}
+
+    def _query_vector(self, text: str) -> Any:
+        embed = getattr(self.embedder, "embed_sync", None)
+        if embed is None or not text or not getattr(self.embedder, "ready", True):
+            return None
+        try:
+            return np.asarray(embed([text])[0], dtype=np.float32)
+        except Exception:
+            log.exception("the memory Router goes on without the query's vector")
+            return None
+
+    def _inc(self, name: str, value: int = 1) -> None:
+        if self.metrics is not None and value:
+            self.metrics.inc(name, value)
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        self._writer.join()
+        self.store.close()
+
+
+def _cosine(vector: Any, raw: bytes | None) -> float:
+    stored = vector_of(raw)
+    if vector is None or stored is None or len(stored) != len(vector):
+        return float("nan")
+    return float(stored @ vector)
+
+
+def _stems(keywords: Sequence[str]) -> list[str]:
+    from pcp_core.bm25 import stem
+    from pcp_core.terms import terms
+
+    return [stem(t) for keyword in keywords for t in terms(keyword)]
+

@@ -1,0 +1,325 @@
+"""Where memory pages live: ``MemoryStore``, the operations memory needs, and ``SqliteMemoryStore``.
+
+A scope is a string the caller's namespace prefixes (``scope_key``), so two
+keys' scopes of one name never meet. Everything a write-back changes — its
+pages, the conversation's claim on them, the tree's edges, their vectors —
+commits in one transaction: a write-back cut short by a crash is never read.
+SQLite runs in WAL mode with ``synchronous=NORMAL``: a committed write
+survives the process being killed (not, on some filesystems, the machine
+losing power mid-checkpoint).
+
+The search indexes (``search.py``) are derived from this store: every page
+has a ``row`` that only grows, and every removal is logged with a ``seq``, so
+an index saved at some (row, seq) catches up from there, or is built again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+import numpy as np
+
+from pcp_core import ConsolidatedPage, Page
+
+__all__ = ["MemoryStore", "Stored", "SqliteMemoryStore", "Written", "scope_key"]
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Page).decode  # type: ignore[arg-type]
+
+
+def scope_key(namespace: str, scope: str) -> str:
+    """One caller's scope: the namespace (a fixed-length hash of its key) before the scope's name."""
+    return f"{namespace}/{scope}"
+
+
+class Stored(msgspec.Struct, frozen=True):
+    """A page as the store holds it: its row (what the indexes address it by) and what ranking reads."""
+
+    row: int
+    page: Page
+    conversation: str = ""
+    recalls: int = 0
+    vector: bytes | None = None  # float16, normalised
+
+
+class Written(msgspec.Struct, frozen=True):
+    """What a write changed: the pages it added and the rows it removed (the indexes follow)."""
+
+    added: list[Stored] = []
+    removed: list[int] = []
+
+
+class MemoryStore(Protocol):
+    """What memory asks of a store (an embedded SQLite file here; a shared server can sit beside it)."""
+
+    def missing(self, scope: str, ids: Sequence[str]) -> set[str]: ...
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written: ...
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written: ...
+    def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written: ...
+    def pages(self, scope: str, ids: Sequence[str]) -> list[Page]: ...
+    def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]: ...
+    def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]: ...
+    def listing(self, scope: str, after: int, limit: int) -> list[Stored]: ...
+    def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]: ...
+    def counts(self, scope: str) -> dict[str, int]: ...
+    def holds(self, scope: str) -> bool: ...
+    def forgotten(self, scope: str) -> set[str]: ...
+    def holds(self, scope: str) -> bool:
+        """Whether the scope has a page: one index probe (asked on a request's path)."""
+        return self._db().execute("SELECT 1 FROM pages WHERE scope=? LIMIT 1", (scope,)).fetchone() is not None
+
+    def has_vectors(self, scope: str) -> bool: ...
+    def recalled(self, scope: str, ids: Sequence[str]) -> None: ...
+    def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]: ...
+    def watermark(self) -> tuple[int, int]: ...
+    def drop(self, scope: str) -> int: ...
+    def close(self) -> None: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pages(
+    row INTEGER PRIMARY KEY AUTOINCREMENT,
+    scope TEXT NOT NULL, id TEXT NOT NULL, container INTEGER NOT NULL,
+    conversation TEXT NOT NULL, timestamp TEXT NOT NULL,
+    body BLOB NOT NULL, vector BLOB, recalls INTEGER NOT NULL DEFAULT 0,
+    UNIQUE(scope, id));
+CREATE INDEX IF NOT EXISTS pages_time ON pages(scope, timestamp);
+CREATE TABLE IF NOT EXISTS owners(scope TEXT, conversation TEXT, id TEXT, PRIMARY KEY(scope, conversation, id)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS owners_page ON owners(scope, id);
+CREATE TABLE IF NOT EXISTS edges(scope TEXT, child TEXT, parent TEXT, PRIMARY KEY(scope, child, parent)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS edges_parent ON edges(scope, parent);
+CREATE TABLE IF NOT EXISTS forgotten(scope TEXT, hash TEXT, PRIMARY KEY(scope, hash)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS removed(seq INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL, row INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS removed_scope ON removed(scope, seq);
+"""
+_CHUNK = 500  # ids per IN (...) query: SQLite's variable limit is far above it
+
+
+class SqliteMemoryStore:
+    """Memory in one SQLite file; a connection per thread (WAL: readers never wait on the writer)."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+        self._db().executescript(_SCHEMA)
+
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            self._local.db = db
+            with self._lock:
+                self._connections.append(db)
+        return db
+
+    def close(self) -> None:
+        with self._lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+        self._local = threading.local()
+
+    # -- writing (one thread) --------------------------------------------------------
+    def missing(self, scope: str, ids: Sequence[str]) -> set[str]:
+        """Those of ``ids`` the scope does not hold."""
+        return self._missing(self._db(), scope, ids)
+
+    def _missing(self, db: sqlite3.Connection, scope: str, ids: Sequence[str]) -> set[str]:
+        found = {pid for chunk in _chunks(ids) for (pid,) in db.execute(f"SELECT id FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))}
+        return set(ids) - found
+
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written:
+        """The conversation's pages are now ``pages``: new ones added, those it no longer holds and no one else does removed."""
+        db = self._db()
+        with _transaction(db):
+            before = {pid for (pid,) in db.execute("SELECT id FROM owners WHERE scope=? AND conversation=?", (scope, conversation))}
+            added = self._insert(db, scope, conversation, pages, vectors)
+            mine = {page.id for page in pages}
+            db.executemany("INSERT OR IGNORE INTO owners VALUES (?,?,?)", [(scope, conversation, pid) for pid in mine - before])
+            gone = sorted(before - mine)
+            db.executemany("DELETE FROM owners WHERE scope=? AND conversation=? AND id=?", [(scope, conversation, pid) for pid in gone])
+            orphans = [pid for pid in gone if db.execute("SELECT 1 FROM owners WHERE scope=? AND id=? LIMIT 1", (scope, pid)).fetchone() is None]
+            removed = self._delete(db, scope, orphans)
+        return Written(added=added, removed=removed)
+
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written:
+        """Pages no conversation writes (the consolidator's, an import's), children before their containers."""
+        db = self._db()
+        with _transaction(db):
+            added = self._insert(db, scope, owner, pages, vectors)
+            db.executemany("INSERT OR IGNORE INTO owners VALUES (?,?,?)", [(scope, owner, page.id) for page in pages])
+        return Written(added=added)
+
+    def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written:
+        """Forget ``ids`` for good: their rows, claims and edges; ``rewritten`` containers replace their own
+        (consolidated again without them, at a new row: the indexes read it anew); ``hashes`` are the
+        forgotten turns a write-back strips from now on."""
+        db = self._db()
+        with _transaction(db):
+            db.executemany("INSERT OR IGNORE INTO forgotten VALUES (?,?)", [(scope, h) for h in hashes])
+            removed = self._delete(db, scope, ids)
+            db.executemany("DELETE FROM owners WHERE scope=? AND id=?", [(scope, pid) for pid in ids])
+            added = []
+            for page in rewritten:
+                old = db.execute("SELECT row, conversation, recalls, vector FROM pages WHERE scope=? AND id=?", (scope, page.id)).fetchone()
+                if old is None:
+                    continue
+                db.execute("DELETE FROM pages WHERE row=?", (old[0],))
+                db.execute("INSERT INTO removed(scope, row) VALUES (?,?)", (scope, old[0]))
+                cursor = db.execute(
+                    "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector, recalls) VALUES (?,?,?,?,?,?,?,?)",
+                    (scope, page.id, isinstance(page, ConsolidatedPage), old[1], page.timestamp, _encode(page), old[3], old[2]),
+                )
+                db.execute("DELETE FROM edges WHERE scope=? AND parent=?", (scope, page.id))
+                db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", [(scope, child, page.id) for child in getattr(page, "source_ids", ())])
+                removed.append(old[0])
+                added.append(Stored(int(cursor.lastrowid or 0), page, old[1], old[2], old[3]))
+        return Written(added=added, removed=removed)
+
+    def _insert(self, db: sqlite3.Connection, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> list[Stored]:
+        """Insert the pages the scope does not hold (dedup by id, a content hash); every container's edges."""
+        fresh = {p.id: p for p in pages}
+        absent = self._missing(db, scope, list(fresh))
+        new = [pid for pid in fresh if pid in absent]  # in the order given: children before their containers
+        db.executemany(
+            "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector) VALUES (?,?,?,?,?,?,?)",
+            [(scope, pid, isinstance(fresh[pid], ConsolidatedPage), conversation, fresh[pid].timestamp, _encode(fresh[pid]), vectors.get(pid)) for pid in new],
+        )
+        added: list[Stored] = []
+        for chunk in _chunks(new):
+            for row, pid in db.execute(f"SELECT row, id FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk)):
+                added.append(Stored(row, fresh[pid], conversation, 0, vectors.get(pid)))
+        edges = [(scope, child, p.id) for p in pages if isinstance(p, ConsolidatedPage) for child in p.source_ids]
+        db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", edges)
+        return sorted(added, key=lambda s: s.row)
+
+    def _delete(self, db: sqlite3.Connection, scope: str, ids: Sequence[str]) -> list[int]:
+        rows: list[int] = []
+        for chunk in _chunks(list(ids)):
+            rows += [row for (row,) in db.execute(f"SELECT row FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))]
+            db.execute(f"DELETE FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))
+            db.execute(f"DELETE FROM edges WHERE scope=? AND (child IN ({_marks(chunk)}) OR parent IN ({_marks(chunk)}))", (scope, *chunk, *chunk))
+        db.executemany("INSERT INTO removed(scope, row) VALUES (?,?)", [(scope, row) for row in rows])
+        return rows
+
+    def recalled(self, scope: str, ids: Sequence[str]) -> None:
+        db = self._db()
+        with _transaction(db):
+            db.executemany("UPDATE pages SET recalls = recalls + 1 WHERE scope=? AND id=?", [(scope, pid) for pid in ids])
+
+    def drop(self, scope: str) -> int:
+        db = self._db()
+        with _transaction(db):
+            rows = [row for (row,) in db.execute("SELECT row FROM pages WHERE scope=?", (scope,))]
+            for table in ("pages", "owners", "edges", "forgotten"):
+                db.execute(f"DELETE FROM {table} WHERE scope=?", (scope,))
+            db.executemany("INSERT INTO removed(scope, row) VALUES (?,?)", [(scope, row) for row in rows])
+        return len(rows)
+
+    # -- reading (any thread) --------------------------------------------------------
+    def pages(self, scope: str, ids: Sequence[str]) -> list[Page]:
+        """The pages of ``ids`` the scope holds, in the order asked."""
+        found: dict[str, Page] = {}
+        for chunk in _chunks(list(ids)):
+            found.update((pid, _decode(body)) for pid, body in self._db().execute(f"SELECT id, body FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk)))
+        return [found[pid] for pid in ids if pid in found]
+
+    def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
+        """The pages at ``rows`` that are still there, in the order asked."""
+        found: dict[int, Stored] = {}
+        for chunk in _chunks(list(rows)):
+            # By row alone (the primary key): with the scope in the condition SQLite may walk the scope's index instead.
+            query = f"SELECT row, scope, body, conversation, recalls, vector FROM pages WHERE row IN ({_marks(chunk)})"
+            rows_found = self._db().execute(query, chunk)
+            found.update((row, Stored(row, _decode(body), conv, recalls, vector)) for row, held, body, conv, recalls, vector in rows_found if held == scope)
+        return [found[row] for row in rows if row in found]
+
+    def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for chunk in _chunks(list(ids)):
+            for child, parent in self._db().execute(f"SELECT child, parent FROM edges WHERE scope=? AND child IN ({_marks(chunk)})", (scope, *chunk)):
+                out.setdefault(child, []).append(parent)
+        return out
+
+    def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
+        query = "SELECT row, body, conversation, recalls FROM pages WHERE scope=? AND row > ? ORDER BY row LIMIT ?"
+        return [Stored(row, _decode(body), conv, recalls) for row, body, conv, recalls in self._db().execute(query, (scope, after, limit))]
+
+    def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
+        """Rows of pages said from ``start`` to before ``end`` (ISO timestamps compare as strings)."""
+        query = "SELECT row FROM pages WHERE scope=? AND timestamp >= ? AND timestamp < ? LIMIT ?"
+        return [row for (row,) in self._db().execute(query, (scope, start, end, limit))]
+
+    def counts(self, scope: str) -> dict[str, int]:
+        db = self._db()
+        kinds = dict(db.execute("SELECT container, count(*) FROM pages WHERE scope=? GROUP BY container", (scope,)).fetchall())
+        conversations = db.execute("SELECT count(DISTINCT conversation) FROM owners WHERE scope=? AND conversation != ''", (scope,)).fetchone()[0]
+        forgotten = db.execute("SELECT count(*) FROM forgotten WHERE scope=?", (scope,)).fetchone()[0]
+        return {"originals": kinds.get(0, 0), "consolidated": kinds.get(1, 0), "conversations": conversations, "forgotten_turns": forgotten}
+
+    def holds(self, scope: str) -> bool:
+        """Whether the scope has a page: one index probe (asked on a request's path)."""
+        return self._db().execute("SELECT 1 FROM pages WHERE scope=? LIMIT 1", (scope,)).fetchone() is not None
+
+    def has_vectors(self, scope: str) -> bool:
+        return self._db().execute("SELECT 1 FROM pages WHERE scope=? AND vector IS NOT NULL LIMIT 1", (scope,)).fetchone() is not None
+
+    def forgotten(self, scope: str) -> set[str]:
+        return {h for (h,) in self._db().execute("SELECT hash FROM forgotten WHERE scope=?", (scope,))}
+
+    def watermark(self) -> tuple[int, int]:
+        """The last row written and the last removal logged, in every scope."""
+        db = self._db()
+        row = db.execute("SELECT coalesce(max(row), 0) FROM pages").fetchone()[0]
+        seq = db.execute("SELECT coalesce(max(seq), 0) FROM removed").fetchone()[0]
+        return int(row), int(seq)
+
+    def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]:
+        """What an index saved at (``after_row``, ``after_seq``) lacks: the pages added since, the rows removed since, and the last seq."""
+        db = self._db()
+        removed = db.execute("SELECT seq, row FROM removed WHERE scope=? AND seq > ? ORDER BY seq", (scope, after_seq)).fetchall()
+        last = removed[-1][0] if removed else after_seq
+        query = "SELECT row, body, conversation, recalls, vector FROM pages WHERE scope=? AND row > ? ORDER BY row"
+        added = (Stored(row, _decode(body), conv, recalls, vector) for row, body, conv, recalls, vector in self._db().execute(query, (scope, after_row)))
+        return added, [row for _, row in removed], int(last)
+
+
+def vector_bytes(vector: np.ndarray) -> bytes:
+    return np.asarray(vector, dtype=np.float16).tobytes()
+
+
+def vector_of(raw: bytes | None) -> np.ndarray | None:
+    return None if raw is None else np.frombuffer(raw, dtype=np.float16).astype(np.float32)
+
+
+class _transaction:
+    """BEGIN IMMEDIATE … COMMIT, or ROLLBACK on an error: a write is whole or absent."""
+
+    def __init__(self, db: sqlite3.Connection):
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
+
+
+def _chunks(items: Sequence[object]) -> Iterator[list[object]]:
+    for start in range(0, len(items), _CHUNK):
+        yield list(items[start : start + _CHUNK])
+
+
+def _marks(chunk: Sequence[object]) -> str:
+    return ",".join("?" * len(chunk))
