@@ -13,8 +13,9 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
-from .conversation import Conversation, fold_system, message_text
+from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .engine import CallRouter, CallWorker, Effect, Outcome, RoundPolicy, Similarity
+from .exchanges import Call, Part, Result, Said, chat_messages, text_part
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
@@ -24,13 +25,14 @@ from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
-from .tokens import Checkpoint, CountText, prompt_tokens
+from .tokens import Checkpoint, CountText, part_text, prompt_tokens
 
 __all__ = [
     "NO_ANSWER",
     "SESSION_ID",
     "AnswerGate",
     "Bm25Cache",
+    "Call",
     "CallRouter",
     "CallWorker",
     "Checkpoint",
@@ -47,19 +49,24 @@ __all__ = [
     "Paged",
     "PagedHistory",
     "PagingPolicy",
+    "Part",
     "Policy",
     "Prepared",
     "Resolution",
+    "Result",
     "RoundPolicy",
+    "Said",
     "Scan",
     "Session",
     "Similarity",
     "Tree",
     "WorkerReply",
     "asked",
+    "attached",
     "begins_with",
     "calls_client_tool",
     "chain_links",
+    "chat_messages",
     "common_prefix",
     "conversation_links",
     "delete",
@@ -72,6 +79,8 @@ __all__ = [
     "on_request",
     "onto_messages",
     "parse_selector",
+    "part_handle",
+    "part_text",
     "placement",
     "prepare",
     "prompt_tokens",
@@ -82,6 +91,7 @@ __all__ = [
     "snapshot",
     "spoken",
     "summary_prompt",
+    "text_part",
     "transcript",
     "with_components",
 ]
