@@ -71,6 +71,10 @@ class Services:
     summariser: Summariser | None = None
     namespaces: Namespaces = field(init=False)
 
+    def upstream_of(self, api: str) -> Upstream:
+        """The upstream that serves ``api``."""
+        return self.upstream
+
     def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
         """Check the proxy key, then decide which Authorization the upstream sees."""
         headers = forwardable(client_headers)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
-from .chat import ChatRequest, decode_json, parse_chat_request
+from .chat import ChatCodec, parse_chat_request
+from .codec import Codec, whole_body
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves, upstream_target
@@ -39,21 +39,29 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     body = await request.body()
     chat = parse_chat_request(body)
     namespace = services.namespaces.of(request.headers)
-    count = services.tokenizer.count
-    tokens = prompt_tokens(chat.messages, count)
+    tokens = prompt_tokens(chat.messages, services.tokenizer.count)
     if engaged(tokens, services.policy) and chat.messages:
-        services.metrics.inc("pcp_requests_total", mode="protocol")
-        conversation = Conversation.of(chat.messages, services.policy.paging.blocks, count)
-        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers))
-        # Worker rounds run before any byte is sent: a client that leaves cancels them.
-        response = await unless_client_leaves(request, work)
-        response.headers["x-pcp-prompt-tokens"] = str(tokens)
-        return response
+        codec = ChatCodec(whole_body(body, _CHAT_READS, {"messages": chat.messages}))
+        return await _protocol(request, services, codec, chat.messages, tokens, headers, namespace)
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens)}
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, namespace, chat, body, pcp_headers)
     return await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream)
+
+
+# The fields chat's protocol mode reads; every other one goes upstream as the bytes the client sent.
+_CHAT_READS = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
+
+
+async def _protocol(request: Request[Any, Any, Any], services: Services, codec: Codec, messages: list[dict[str, Any]], tokens: int, headers: dict[str, str], namespace: str) -> Response[Any]:
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    conversation = Conversation.of(messages, services.policy.paging.blocks, services.tokenizer.count)
+    work = serve_protocol(services, codec, conversation, headers, namespace, pinned_session(request.headers))
+    # Worker rounds run before any byte is sent: a client that leaves cancels them.
+    response = await unless_client_leaves(request, work)
+    response.headers["x-pcp-prompt-tokens"] = str(tokens)
+    return response
 
 
 def pinned_session(headers: Mapping[str, str]) -> str | None:
@@ -62,18 +70,6 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     if pinned is not None and not SESSION_ID.match(pinned):
         raise ClientError("x-pcp-session must be 1 to 128 letters, digits or . _ : -", param="x-pcp-session", code="invalid_session")
     return pinned
-
-
-# The fields protocol mode reads; every other one goes upstream as the bytes the client sent
-# (msgspec.Raw), so what the proxy does not read (a number past a double's range, text
-# that is not UTF-8) is the upstream's to judge, as it is in passthrough.
-_READ = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
-
-
-def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
-    """Every field of the request, the messages already decoded once reused."""
-    fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # values stay undecoded bytes
-    return {key: chat.messages if key == "messages" else decode_json(raw, msgspec.json.decode) if key in _READ else raw for key, raw in fields.items()}
 
 
 @route("/v1/{path:path}", http_method=METHODS, status_code=200)
