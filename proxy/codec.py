@@ -26,7 +26,31 @@ from .chat import Usage, decode_json
 from .errors import PcpError
 from .sse import StreamRules
 
-__all__ = ["Codec", "RoundStream", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+__all__ = ["Api", "Codec", "Reading", "RoundStream", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+
+
+class Reading(msgspec.Struct, frozen=True):
+    """What a route reads of a request before it decides how to serve it."""
+
+    messages: list[dict[str, Any]]  # the conversation as chat messages, its head first: what the Sentry measures
+    stream: bool = False
+    untouched: str | None = None  # why it goes through untouched whatever its size (state the proxy cannot see)
+    decoded: dict[str, Any] = {}  # fields already decoded, which the codec's body reuses
+
+
+class Api(Protocol):
+    """One paged API, as a route meets it."""
+
+    name: str  # as ``Codec.api``
+    path: str
+    read_fields: frozenset[str]  # the fields the codec reads; the others go upstream as the client sent them
+
+    def read(self, body: bytes) -> Reading:
+        """The request read, or the 400 that says what is wrong with it."""
+
+    def codec(self, body: dict[str, Any]) -> Codec: ...
+    def failure(self, error: PcpError) -> bytes:
+        """A failure midway through a stream, as the API tells it."""
 
 
 class RoundStream(Protocol):

@@ -10,10 +10,11 @@ from litestar import HttpMethod, Request, Response, get, route
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
 from .chat import ChatCodec, parse_chat_request
-from .codec import Codec, whole_body
+from .codec import Api, Codec, whole_body
 from .drive import serve_protocol
 from .errors import ClientError
 from .forward import forward, unless_client_leaves, upstream_target
+from .responses import RESPONSES
 
 if TYPE_CHECKING:
     from .app import Services
@@ -52,6 +53,33 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
 
 # The fields chat's protocol mode reads; every other one goes upstream as the bytes the client sent.
 _CHAT_READS = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
+
+
+@route("/v1/responses", http_method=METHODS, status_code=200)
+async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
+    """OpenAI's Responses API: paged as chat is, in its stateless form (``responses``)."""
+    if request.method != "POST":  # a stored response (retrieve, delete, cancel, its input items) is not paged
+        return await forwarded(request)
+    return await _paged(request, RESPONSES)
+
+
+async def _paged(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
+    """A request of ``api``: paged above the Sentry's threshold, else (or when it leans on state
+    the proxy cannot see) forwarded as it came."""
+    services = _services(request)
+    headers = services.upstream_headers(request.headers)
+    body = await request.body()
+    reading = api.read(body)
+    upstream = services.upstream_of(api.name)
+    pcp_headers = dict(PASSTHROUGH)
+    if reading.untouched is None:
+        tokens = prompt_tokens(reading.messages, services.tokenizer.count)
+        pcp_headers["x-pcp-prompt-tokens"] = str(tokens)
+        if engaged(tokens, services.policy) and reading.messages:
+            codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+            return await _protocol(request, services, codec, reading.messages, tokens, headers, services.namespaces.of(request.headers))
+    services.metrics.inc("pcp_requests_total", mode="passthrough")
+    return await forward(upstream, request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure)
 
 
 async def _protocol(request: Request[Any, Any, Any], services: Services, codec: Codec, messages: list[dict[str, Any]], tokens: int, headers: dict[str, str], namespace: str) -> Response[Any]:
@@ -114,4 +142,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     return services.metrics.exposition()
 
 
-ROUTES = [chat_completions, forward_v1, pcp_api, healthz, metrics]
+ROUTES = [chat_completions, responses, forward_v1, pcp_api, healthz, metrics]
