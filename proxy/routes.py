@@ -12,9 +12,11 @@ from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 from .chat import ChatCodec, parse_chat_request
 from .codec import Api, Codec, whole_body
 from .drive import serve_protocol
-from .errors import ClientError
+from .errors import ClientError, anthropic_event
 from .forward import forward, unless_client_leaves, upstream_target
+from .messages import MESSAGES
 from .responses import RESPONSES
+from .sse import error_event
 
 if TYPE_CHECKING:
     from .app import Services
@@ -63,11 +65,19 @@ async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
     return await _paged(request, RESPONSES)
 
 
+@route("/v1/messages", http_method=METHODS, status_code=200)
+async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Anthropic's Messages API: paged as chat is (``messages``)."""
+    if request.method != "POST":
+        return await forwarded(request)
+    return await _paged(request, MESSAGES)
+
+
 async def _paged(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
     """A request of ``api``: paged above the Sentry's threshold, else (or when it leans on state
     the proxy cannot see) forwarded as it came."""
     services = _services(request)
-    headers = services.upstream_headers(request.headers)
+    headers = services.upstream_headers(request.headers, anthropic=api.name == "messages")
     body = await request.body()
     reading = api.read(body)
     upstream = services.upstream_of(api.name)
@@ -100,21 +110,30 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     return pinned
 
 
+def speaks_anthropic(request: Request[Any, Any, Any]) -> bool:
+    """A client of Anthropic's API: its calls go to Anthropic's upstream, its errors are in Anthropic's envelope."""
+    path = request.url.path
+    return path == "/v1/messages" or path.startswith("/v1/messages/") or "anthropic-version" in request.headers
+
+
 @route("/v1/{path:path}", http_method=METHODS, status_code=200)
 async def forward_v1(request: Request[Any, Any, Any]) -> Response[Any]:
     return await forwarded(request)
 
 
 async def forwarded(request: Request[Any, Any, Any]) -> Response[Any]:
-    """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body."""
+    """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body
+    (to Anthropic's upstream, when it has one, for a client of Anthropic's API)."""
     services = _services(request)
-    headers = services.upstream_headers(request.headers)
+    anthropic = speaks_anthropic(request)
+    headers = services.upstream_headers(request.headers, anthropic)
     target = upstream_target(request.scope)
     # A body only where the client sent one (an empty POST says so with its content-length: 0).
     sent = "content-length" in request.headers or "transfer-encoding" in request.headers
     body = await request.body() if sent else None
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    return await forward(services.upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None)
+    upstream = services.upstream_of("messages" if anthropic else "chat")
+    return await forward(upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None, failure=anthropic_event if anthropic else error_event)
 
 
 @route(["/v1/pcp", "/v1/pcp/{path:path}"], http_method=METHODS)
@@ -142,4 +161,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     return services.metrics.exposition()
 
 
-ROUTES = [chat_completions, responses, forward_v1, pcp_api, healthz, metrics]
+ROUTES = [chat_completions, responses, messages, forward_v1, pcp_api, healthz, metrics]
