@@ -99,12 +99,15 @@ _ASSISTANT, _TOOL = "assistant", "tool"
 
 
 def _said(items: list[Item]) -> list[Said]:
+    """The items as messages: the model's calls join its turn, outputs one another; a message starts
+    a turn of its own (an assistant message joins only the reasoning that came before it)."""
     said: list[Said] = []
     for item in items:
         role, pieces = _read(item)
         if role is None:
             continue
-        if said and role in (_ASSISTANT, _TOOL) and said[-1].role == role:
+        message = item.get("type") in (None, "message")
+        if said and role in (_ASSISTANT, _TOOL) and said[-1].role == role and not (message and said[-1].pieces):
             said[-1].pieces.extend(pieces)
         else:
             said.append(Said(role, pieces))

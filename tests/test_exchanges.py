@@ -84,3 +84,11 @@ def test_anthropic_blocks_read_as_turns_thinking_left_out_marks_dropped():
     assert texts(chat)[:3] == [("system", "You code."), ("user", "Read a.py"), ("assistant", '(calls read_file({"path": "a.py"})) (read_file returned: print(1))')]
     assert "PRIVATE" not in str(chat) and "cache_control" not in str(chat)
     assert chat[-1]["content"][0]["type"] == "image"
+
+
+def test_one_response_is_one_turn_and_two_messages_are_two():
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": []}
+    said = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Looking."}]}
+    call = {"type": "function_call", "call_id": "c", "name": "look", "arguments": "{}"}
+    again = {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Still here."}]}
+    assert texts(responses_messages(None, [reasoning, said, call, again])) == [("assistant", "Looking. (calls look({}))"), ("assistant", "Still here.")]
