@@ -38,6 +38,7 @@ from lxml import etree
 
 from pcp_core.markup import node_type, node_view
 from proxy.testing import Recorded, Reply, completion, stream_reply
+from proxy.testing_apis import message, messages_stream, response, responses_stream
 
 __all__ = [
     "ANSWER",
@@ -79,8 +80,15 @@ def terms(text: str) -> list[str]:
 
 
 def worker_document(recorded: Recorded) -> str:
-    """The ``<PagedContext>`` text of a worker call: the content of its first (system) message."""
-    return recorded.json["messages"][0]["content"]
+    """The ``<PagedContext>`` text of a worker call: its system text (chat: the first message's content;
+    Responses: ``instructions``; Messages: ``system``, whose blocks the proxy may have cut it into)."""
+    body = recorded.json
+    if recorded.path.endswith("/responses"):
+        return body["instructions"]
+    if recorded.path.endswith("/messages"):
+        system = body["system"]
+        return system if isinstance(system, str) else "".join(block["text"] for block in system)
+    return body["messages"][0]["content"]
 
 
 def _root(document: str | etree._Element) -> etree._Element:
@@ -190,7 +198,8 @@ def worker_reply(document: str | etree._Element, *, background: bool = False) ->
 def simulated_worker(recorded: Recorded) -> Reply:
     """The FakeUpstream reply: Consult the best-overlapping Linear_Flow node, or answer.
 
-    Calls with another ``x-pcp-role`` (or none) get ``"ok"``; a streamed request gets SSE.
+    Calls with another ``x-pcp-role`` (or none) get ``"ok"``; a streamed request gets SSE;
+    each in the shape of the API called (chat completions, Responses, Messages).
     """
     return _reply(recorded, background=False)
 
@@ -205,7 +214,12 @@ def _reply(recorded: Recorded, *, background: bool) -> Reply:
         text = worker_reply(worker_document(recorded), background=background)
     else:
         text = "ok"
-    return stream_reply([text]) if _wants_stream(recorded) else completion(text)
+    stream = _wants_stream(recorded)
+    if recorded.path.endswith("/responses"):
+        return responses_stream([text]) if stream else response(text)
+    if recorded.path.endswith("/messages"):
+        return messages_stream([text]) if stream else message(text)
+    return stream_reply([text]) if stream else completion(text)
 
 
 def _wants_stream(recorded: Recorded) -> bool:
