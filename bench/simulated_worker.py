@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from lxml import etree
 
 from pcp_core.markup import node_type, node_view
-from proxy.testing import Recorded, Reply, completion, stream_reply
-from proxy.testing_apis import message, messages_stream, response, responses_stream
+from proxy.testing import Recorded, Reply
+from proxy.testing_apis import answer, api_of, worker_document
 
 __all__ = [
     "ANSWER",
@@ -77,18 +77,6 @@ def terms(text: str) -> list[str]:
 
 
 # -- reading a worker prompt ---------------------------------------------------------
-
-
-def worker_document(recorded: Recorded) -> str:
-    """The ``<PagedContext>`` text of a worker call: its system text (chat: the first message's content;
-    Responses: ``instructions``; Messages: ``system``, whose blocks the proxy may have cut it into)."""
-    body = recorded.json
-    if recorded.path.endswith("/responses"):
-        return body["instructions"]
-    if recorded.path.endswith("/messages"):
-        system = body["system"]
-        return system if isinstance(system, str) else "".join(block["text"] for block in system)
-    return body["messages"][0]["content"]
 
 
 def _root(document: str | etree._Element) -> etree._Element:
@@ -214,12 +202,7 @@ def _reply(recorded: Recorded, *, background: bool) -> Reply:
         text = worker_reply(worker_document(recorded), background=background)
     else:
         text = "ok"
-    stream = _wants_stream(recorded)
-    if recorded.path.endswith("/responses"):
-        return responses_stream([text]) if stream else response(text)
-    if recorded.path.endswith("/messages"):
-        return messages_stream([text]) if stream else message(text)
-    return stream_reply([text]) if stream else completion(text)
+    return answer(api_of(recorded), text, stream=_wants_stream(recorded))
 
 
 def _wants_stream(recorded: Recorded) -> bool:

@@ -26,7 +26,7 @@ from .chat import Usage, decode_json
 from .errors import PcpError
 from .sse import StreamRules
 
-__all__ = ["Api", "Codec", "Reading", "RoundStream", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+__all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
 
 
 class Reading(msgspec.Struct, frozen=True):
@@ -94,6 +94,56 @@ class Codec(Protocol):
     def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]: ...
     def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]: ...
     def round(self, usage: Usage) -> RoundStream: ...
+
+
+class ToolsCodec:
+    """What the Responses and Messages codecs share: the client's tools sent as it wrote them, the
+    directives' after them in the tools channel, and every field the proxy does not set as the client
+    sent it. A subclass says how a call's chat messages are written (``prompt``) and how a tool is
+    read (``chat_tool``) and written (``directive_tool``) in its API."""
+
+    own_fields: tuple[str, ...] = ()  # fields the proxy sets itself on worker calls
+    choices = 1
+    components = None  # inline PACT components are chat's (``pcp_components``)
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.streamed = bool(body.get("stream"))
+        self.tools: list[dict[str, Any]] = list(body.get("tools") or [])
+        self.client_tools = [self.chat_tool(tool) for tool in self.tools]
+        self.base = {k: v for k, v in body.items() if k not in self.own_fields}
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model") or "")
+
+    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        body = {**self.base, **self.prompt(call.messages)}
+        tools = [*self.tools, *directive_tools(call, self.client_tools, self.directive_tool)]
+        if tools:
+            body["tools"] = tools
+            if self.tools and "tool_choice" in self.body:
+                body["tool_choice"] = self.body["tool_choice"]
+        if stream:
+            body["stream"] = True
+        return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
+
+    def prompt(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]:
+        raise NotImplementedError("the API asks for one answer")  # ``choices`` is 1
+
+
+_ENCODER = msgspec.json.Encoder()
 
 
 def whole_body(body: bytes, read: frozenset[str], decoded: dict[str, Any]) -> dict[str, Any]:

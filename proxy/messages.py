@@ -21,16 +21,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pcp_core import Call, CallWorker, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
 
 from .chat import Usage, decode_json
-from .codec import Reading, directive_tools, function_call, split_system
-from .errors import ClientError, PcpError, anthropic_event
+from .codec import Reading, ToolsCodec, function_call, split_system
+from .errors import ClientError, anthropic_event
 from .sse import said
 from .upstream import checked
 
@@ -227,51 +226,26 @@ class _Event(msgspec.Struct):
 
 # -- the codec ---------------------------------------------------------------------------
 
-# Fields of the client's request that the proxy sets itself on worker calls.
-OWN_FIELDS = ("messages", "system", "stream", "tools", "tool_choice", "pcp_components")
-_ENCODER = msgspec.json.Encoder()
-
-
-class MessagesCodec:
+class MessagesCodec(ToolsCodec):
     """One Messages request in protocol mode: its worker calls, and the answer it gets."""
 
     api = "messages"
     path = "/messages"
+    own_fields = ("messages", "system", "stream", "tools", "tool_choice", "pcp_components")
     check = staticmethod(check_message)
     reply = staticmethod(message_reply)
     count = staticmethod(add_usage)
     rules = MessagesRules
-    choices = 1
-    components = None
 
     def __init__(self, body: dict[str, Any]):
-        self.body = body
-        self.streamed = bool(body.get("stream"))
-        self.tools: list[Block] = list(body.get("tools") or [])
-        self.client_tools = [_chat_tool(tool) for tool in self.tools]
+        super().__init__(body)
         self.marks = _marks(body.get("messages") or [])
         self.tool_marks = sum(isinstance(tool, dict) and MARK in tool for tool in self.tools)
-        self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model") or "")
-
-    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
-        body = {**self.base, **self._prompt(call.messages)}
-        tools = [*self.tools, *directive_tools(call, self.client_tools, _anthropic_tool)]
-        if tools:
-            body["tools"] = tools
-            if self.tools and "tool_choice" in self.body:
-                body["tool_choice"] = self.body["tool_choice"]
-        if stream:
-            body["stream"] = True
-        return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
-        return _ENCODER.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self._prompt(messages)})
+        return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
-    def _prompt(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def prompt(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
@@ -300,13 +274,22 @@ class MessagesCodec:
             final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
         return final
 
-    def events(self, message: dict[str, Any]) -> AsyncIterator[bytes]:
-        raise NotImplementedError("a Messages request asks for one answer")  # ``choices`` is 1
-
     def round(self, usage: Usage) -> MessagesRound:
         from .messages_stream import MessagesRound  # which reads this module's shapes
 
         return MessagesRound(self, usage)
+
+    @staticmethod
+    def chat_tool(tool: Block) -> dict[str, Any]:
+        """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
+        a server tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
+        if isinstance(tool.get("name"), str) and "input_schema" in tool:
+            return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""), "parameters": tool["input_schema"]}}
+        return tool
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
 
 
 def new_message_id() -> str:
@@ -322,15 +305,3 @@ def _system(text: str, marked: bool) -> str | list[Block]:
     cut = text.find("\n", end) + 1 or len(text)
     blocks: list[Block] = [{"type": "text", "text": text[:cut], MARK: OWN_MARK}]
     return [*blocks, {"type": "text", "text": text[cut:]}] if text[cut:] else blocks
-
-
-def _chat_tool(tool: Block) -> dict[str, Any]:
-    """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
-    a server tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
-    if isinstance(tool.get("name"), str) and "input_schema" in tool:
-        return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""), "parameters": tool["input_schema"]}}
-    return tool
-
-
-def _anthropic_tool(function: dict[str, Any]) -> dict[str, Any]:
-    return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .chat import Usage
 from .codec import function_call, named_event
-from .errors import PcpError, anthropic_event
+from .errors import anthropic_event
 from .messages import new_message_id, relayed_stop, usage_of
 
 if TYPE_CHECKING:

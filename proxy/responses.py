@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pcp_core import Call, CallWorker, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
 
 from .chat import Usage, decode_json
-from .codec import Reading, directive_tools, function_call, named_event, split_system
+from .codec import Reading, ToolsCodec, function_call, named_event, split_system
 from .errors import PcpError
 from .sse import said
 from .upstream import checked
@@ -263,48 +262,19 @@ class ResponsesRules:
 
 # -- the codec ---------------------------------------------------------------------------
 
-# Fields of the client's request that the proxy sets itself on worker calls.
-OWN_FIELDS = ("input", "instructions", "stream", "tools", "tool_choice", "pcp_components")
-_ENCODER = msgspec.json.Encoder()
-
-
-class ResponsesCodec:
+class ResponsesCodec(ToolsCodec):
     """One Responses request in protocol mode: its worker calls, and the answer it gets."""
 
     api = "responses"
     path = "/responses"
+    own_fields = ("input", "instructions", "stream", "tools", "tool_choice", "pcp_components")
     check = staticmethod(check_response)
     reply = staticmethod(response_reply)
     count = staticmethod(add_usage)
     rules = ResponsesRules
-    choices = 1
-    components = None
 
-    def __init__(self, body: dict[str, Any]):
-        self.body = body
-        self.streamed = bool(body.get("stream"))
-        self.tools: list[Item] = list(body.get("tools") or [])
-        self.client_tools = [_chat_tool(tool) for tool in self.tools]
-        self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model") or "")
-
-    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
-        body = {**self.base, **_prompt(call.messages)}
-        tools = [*self.tools, *directive_tools(call, self.client_tools, _function_tool)]
-        if tools:
-            body["tools"] = tools
-            if self.tools and "tool_choice" in self.body:
-                body["tool_choice"] = self.body["tool_choice"]
-        if stream:
-            body["stream"] = True
-        return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
-
-    @staticmethod
-    def router_body(messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
-        return _ENCODER.encode({"model": model, **_prompt(messages), "max_output_tokens": max(16, max_tokens), "store": False})
+    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        return msgspec.json.encode({"model": model, **self.prompt(messages), "max_output_tokens": max(16, max_tokens), "store": False})
 
     def shown(self, response: dict[str, Any]) -> dict[str, Any]:
         """A worker call's response object as the client's: its instructions and tools the client's own."""
@@ -322,26 +292,36 @@ class ResponsesCodec:
             shown["output"] = [message_item(str(first.get("id") or new_item_id()), outcome.text, status)]
         return shown
 
-    def events(self, response: dict[str, Any]) -> AsyncIterator[bytes]:
-        raise NotImplementedError("a Responses request asks for one answer")  # ``choices`` is 1
-
     def round(self, usage: Usage) -> ResponsesRound:
         from .responses_stream import ResponsesRound  # which reads this module's shapes
 
         return ResponsesRound(self, usage)
 
+    @staticmethod
+    def prompt(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        """A worker call's chat messages as ``instructions`` and ``input``."""
+        system, rest = split_system(messages)
+        prompt: dict[str, Any] = {"input": [{"role": m["role"], "content": _input_content(m["content"])} for m in rest]}
+        if system:
+            prompt["instructions"] = system
+        return prompt
+
+    @staticmethod
+    def chat_tool(tool: Item) -> dict[str, Any]:
+        """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
+        a hosted tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
+        if tool.get("type") in ("function", "custom") and isinstance(tool.get("name"), str):
+            return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
+        return tool
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        # Not strict: the directives' schemas leave additionalProperties open.
+        return {"type": "function", "name": function["name"], "description": function["description"], "parameters": function["parameters"], "strict": False}
+
 
 def new_item_id() -> str:
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
-
-
-def _prompt(messages: list[dict[str, Any]]) -> dict[str, Any]:
-    """A worker call's chat messages as ``instructions`` and ``input``."""
-    system, rest = split_system(messages)
-    prompt: dict[str, Any] = {"input": [{"role": m["role"], "content": _input_content(m["content"])} for m in rest]}
-    if system:
-        prompt["instructions"] = system
-    return prompt
 
 
 def _input_content(content: Any) -> Any:
@@ -349,16 +329,3 @@ def _input_content(content: Any) -> Any:
     if not isinstance(content, list):
         return content
     return [{"type": "input_text", "text": part["text"]} if isinstance(part, dict) and part.get("type") == "text" else part for part in content]
-
-
-def _chat_tool(tool: Item) -> dict[str, Any]:
-    """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
-    a hosted tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
-    if tool.get("type") in ("function", "custom") and isinstance(tool.get("name"), str):
-        return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
-    return tool
-
-
-def _function_tool(function: dict[str, Any]) -> dict[str, Any]:
-    # Not strict: the directives' schemas leave additionalProperties open.
-    return {"type": "function", "name": function["name"], "description": function["description"], "parameters": function["parameters"], "strict": False}

@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .testing import Recorded, Reply, completion
+from .testing import Recorded, Reply, completion, stream_reply
 
-__all__ = ["api_requests", "default_reply", "message", "messages_stream", "response", "responses_stream"]
+__all__ = ["answer", "api_of", "api_requests", "default_reply", "message", "messages_stream", "response", "responses_stream", "worker_document"]
 
 _ids = itertools.count(1)
 Calls = Sequence[tuple[str, Any]]  # (name, arguments: a JSON string or an object)
@@ -32,13 +32,36 @@ def api_requests(fake: Any, api: str, role: str | None = None) -> list[Recorded]
     return [r for r in fake.requests if r.path.endswith(PATHS[api]) and (role is None or r.headers.get("x-pcp-role") == role)]
 
 
+def api_of(recorded: Recorded) -> str:
+    """Which API a call is of, by its path."""
+    return next((api for api, path in PATHS.items() if recorded.path.endswith(path)), "chat")
+
+
+def answer(api: str, text: str, *, stream: bool = False, input_tokens: int = 10, output_tokens: int = 2) -> Reply:
+    """An answer that says ``text``, in ``api``'s shape (streamed: its events)."""
+    if api == "responses":
+        return responses_stream([text], input_tokens=input_tokens, output_tokens=output_tokens) if stream else response(text, input_tokens=input_tokens, output_tokens=output_tokens)
+    if api == "messages":
+        return messages_stream([text], input_tokens=input_tokens, output_tokens=output_tokens) if stream else message(text, input_tokens=input_tokens, output_tokens=output_tokens)
+    usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    return stream_reply([text], usage=usage) if stream else completion(text, prompt_tokens=input_tokens, completion_tokens=output_tokens)
+
+
 def default_reply(recorded: Recorded) -> Reply:
     """"ok" in the shape of the API called."""
-    if recorded.path.endswith("/responses"):
-        return responses_stream(["ok"]) if _streams(recorded) else response("ok")
-    if recorded.path.endswith("/messages"):
-        return messages_stream(["ok"]) if _streams(recorded) else message("ok")
-    return completion()
+    return answer(api_of(recorded), "ok", stream=_streams(recorded))
+
+
+def worker_document(recorded: Recorded) -> str:
+    """The ``<PagedContext>`` text of a worker call: its system text (chat: the first message's content;
+    Responses: ``instructions``; Messages: ``system``, whose blocks the proxy may have cut it into)."""
+    body, api = recorded.json, api_of(recorded)
+    if api == "responses":
+        return str(body["instructions"])
+    if api == "messages":
+        system = body["system"]
+        return system if isinstance(system, str) else "".join(block["text"] for block in system)
+    return str(body["messages"][0]["content"])
 
 
 def _streams(recorded: Recorded) -> bool:

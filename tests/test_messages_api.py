@@ -7,12 +7,10 @@ import json
 
 import anthropic
 import pytest
-from lxml import etree
-
-from pcp_core.markup import node_view
 from proxy.testing import Recorded, Reply
-from proxy.testing_apis import api_requests, message, messages_stream
+from proxy.testing_apis import api_requests, message, messages_stream, worker_document
 
+from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history
 
 ANTHROPIC = "http://anthropic.test"
@@ -28,24 +26,6 @@ def history() -> list[dict]:
 @pytest.fixture
 def protocol_proxy(start_proxy):
     return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4, anthropic_base_url=ANTHROPIC, upstream_api_key="sk-openai-upstream")
-
-
-def system_text(recorded: Recorded) -> str:
-    system = recorded.json["system"]
-    return system if isinstance(system, str) else "".join(block["text"] for block in system)
-
-
-def document(recorded: Recorded) -> etree._Element:
-    return etree.fromstring(system_text(recorded))
-
-
-def consult(stream: bool):
-    def reply(recorded: Recorded) -> Reply:
-        target = next(n.get("id") for n in document(recorded).iter("Node") if node_view(n) == "Summary")
-        text = f'Consult("look closer", "{target}")'
-        return messages_stream([text], input_tokens=100, output_tokens=7) if stream else message(text, input_tokens=100, output_tokens=7)
-
-    return reply
 
 
 def workers(upstream) -> list[Recorded]:
@@ -160,7 +140,7 @@ def test_tool_use_round_trip(protocol_proxy, upstream, stream):
     assert text == "3 degrees and rain."
     query = document(workers(upstream)[-1]).findtext("Query")
     assert query == 'Let me check. (calls get_weather({"city": "Oslo"})) (get_weather returned: 3 C, rain)'
-    assert "Let me see." not in system_text(workers(upstream)[-1])  # the thinking block: opaque
+    assert "Let me see." not in worker_document(workers(upstream)[-1])  # the thinking block: opaque
 
 
 def test_errors_are_in_anthropics_envelope(protocol_proxy, upstream):

@@ -7,12 +7,10 @@ import json
 
 import openai
 import pytest
-from lxml import etree
-
-from pcp_core.markup import node_view
 from proxy.testing import Recorded, Reply
 from proxy.testing_apis import api_requests, response, responses_stream
 
+from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history
 
 QUESTION = {"role": "user", "content": "What is my gym locker code?"}
@@ -33,19 +31,6 @@ def history_items() -> list[dict]:
 @pytest.fixture
 def protocol_proxy(start_proxy):
     return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
-
-
-def document(recorded: Recorded) -> etree._Element:
-    return etree.fromstring(recorded.json["instructions"])
-
-
-def consult(stream: bool):
-    def reply(recorded: Recorded) -> Reply:
-        target = next(n.get("id") for n in document(recorded).iter("Node") if node_view(n) == "Summary")
-        text = f'Consult("look closer", "{target}")'
-        return responses_stream([text], input_tokens=100, output_tokens=7) if stream else response(text, input_tokens=100, output_tokens=7)
-
-    return reply
 
 
 def workers(upstream) -> list[Recorded]:
