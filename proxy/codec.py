@@ -26,7 +26,7 @@ from .chat import Usage, decode_json
 from .errors import PcpError
 from .sse import StreamRules
 
-__all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+__all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "count_of", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
 
 
 class Reading(msgspec.Struct, frozen=True):
@@ -165,6 +165,12 @@ def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str
 def directive_tools(call: CallWorker, client_tools: list[Any], shape: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
     """The directives' tools a worker call carries after the client's (the tools channel), in the API's ``shape``."""
     return [shape(tool["function"]) for tool in call.tools[len(client_tools) :]]
+
+
+def count_of(counts: Any, name: str) -> int:
+    """``counts[name]`` when it is a count; 0 for anything else (an upstream's usage is read, never trusted)."""
+    value = counts.get(name) if isinstance(counts, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def named_event(kind: str, payload: dict[str, Any]) -> bytes:

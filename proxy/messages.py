@@ -28,7 +28,7 @@ import msgspec
 from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
 
 from .chat import Usage, decode_json
-from .codec import Reading, ToolsCodec, function_call, split_system
+from .codec import Reading, ToolsCodec, count_of, function_call, split_system
 from .errors import ClientError, anthropic_event
 from .sse import said
 from .upstream import checked
@@ -181,10 +181,10 @@ def message_reply(message: dict[str, Any]) -> WorkerReply:
 
 
 def add_usage(usage: Usage, message: dict[str, Any]) -> None:
-    said = message.get("usage") or {}
-    written, read = int(said.get("cache_creation_input_tokens") or 0), int(said.get("cache_read_input_tokens") or 0)
+    said = message.get("usage")
+    written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
     # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
-    usage.add_counts(int(said.get("input_tokens") or 0) + written + read, int(said.get("output_tokens") or 0), cache_creation_input_tokens=written, cache_read_input_tokens=read)
+    usage.add_counts(count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read)
 
 
 def usage_of(usage: Usage) -> dict[str, int]:
@@ -222,6 +222,10 @@ class MessagesRules:
 class _Event(msgspec.Struct):
     type: str
     index: int = 0
+    message: dict[str, Any] | None = None
+    content_block: dict[str, Any] | None = None
+    delta: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
 
 
 # -- the codec ---------------------------------------------------------------------------

@@ -44,11 +44,12 @@ class MessagesRound:
         kind = event["type"]
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self.message = {k: v for k, v in event["message"].items() if k not in ("content", "usage", "stop_reason", "stop_sequence")}
-            self.said_usage = dict(event["message"].get("usage") or {})
+            usage = event["message"].get("usage")
+            self.said_usage = dict(usage) if isinstance(usage, dict) else {}
         elif kind == "content_block_start":
-            return self._started(event["index"], event.get("content_block") or {})
+            return self._started(event.get("index", 0), event.get("content_block") or {})
         elif kind == "content_block_delta":
-            return self._delta(event["index"], event.get("delta") or {})
+            return self._delta(event.get("index", 0), event.get("delta") or {})
         elif kind == "message_delta":
             delta = event.get("delta") or {}
             self.stop_reason, self.stop_sequence = delta.get("stop_reason"), delta.get("stop_sequence")

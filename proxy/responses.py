@@ -24,7 +24,7 @@ import msgspec
 from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
 
 from .chat import Usage, decode_json
-from .codec import Reading, ToolsCodec, function_call, named_event, split_system
+from .codec import Reading, ToolsCodec, count_of, function_call, named_event, split_system
 from .errors import PcpError
 from .sse import said
 from .upstream import checked
@@ -198,11 +198,10 @@ def item_call(item: Item) -> dict[str, Any] | None:
 
 
 def add_usage(usage: Usage, response: dict[str, Any]) -> None:
-    said = response.get("usage") or {}
-    details = said.get("input_tokens_details") or {}
-    reasoning = said.get("output_tokens_details") or {}
-    more = {"cached_tokens": int(details.get("cached_tokens") or 0), "reasoning_tokens": int(reasoning.get("reasoning_tokens") or 0)}
-    usage.add_counts(int(said.get("input_tokens") or 0), int(said.get("output_tokens") or 0), **more)
+    said = response.get("usage")
+    cached = count_of(said.get("input_tokens_details") if isinstance(said, dict) else None, "cached_tokens")
+    reasoning = count_of(said.get("output_tokens_details") if isinstance(said, dict) else None, "reasoning_tokens")
+    usage.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), cached_tokens=cached, reasoning_tokens=reasoning)
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:
@@ -232,6 +231,8 @@ def responses_event(kind: str, payload: dict[str, Any]) -> bytes:
 class _Event(msgspec.Struct):
     type: str
     output_index: int = 0
+    response: dict[str, Any] | None = None
+    item: dict[str, Any] | None = None
 
 
 class ResponsesRules:

@@ -43,9 +43,9 @@ class ResponsesRound:
         if kind == "response.output_text.delta":
             return str(event.get("delta") or "")
         if kind in ("response.output_item.added", "response.output_item.done"):
-            self._called(event["output_index"], event.get("item"))
-        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta") and event["output_index"] in self.tool_calls:
-            self.tool_calls[event["output_index"]]["function"]["arguments"] += str(event.get("delta") or "")
+            self._called(event.get("output_index", 0), event.get("item"))
+        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta") and event.get("output_index", 0) in self.tool_calls:
+            self.tool_calls[event.get("output_index", 0)]["function"]["arguments"] += str(event.get("delta") or "")
         return ""
 
     def _called(self, index: int, item: Any) -> None:

@@ -1,0 +1,76 @@
+"""Whatever a client or an upstream of the Responses or Messages API sends, the proxy answers in the API's
+envelope: never a 500 of its own. Property tests, as ``test_robustness`` does for chat."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from proxy.app import create_app
+from proxy.settings import Settings
+from proxy.testing import FakeUpstream, Reply, serve_in_thread
+from proxy.testing_apis import PATHS, answer
+
+from .test_robustness import EXAMPLES, FILLER, INTERNAL, json_value, text
+
+kinds = st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "web_search_call", "item_reference", "text", "input_text", "image", "tool_use", "tool_result", "thinking", "input_image", 3, None])
+block = st.fixed_dictionaries({"type": kinds}, optional={"text": json_value, "content": json_value, "output": json_value, "input": json_value, "arguments": json_value, "name": json_value, "call_id": json_value, "id": json_value, "tool_use_id": json_value, "cache_control": json_value}) | json_value
+item = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]), "content": text | st.lists(block, max_size=4) | json_value}) | block
+an_answer = st.dictionaries(st.sampled_from(["output", "content", "usage", "status", "stop_reason", "id"]), json_value | st.lists(block, max_size=3), max_size=4)
+event = st.fixed_dictionaries({"type": st.sampled_from(["response.created", "response.output_text.delta", "response.output_item.added", "response.completed", "error", "message_start", "content_block_start", "content_block_delta", "message_delta", "message_stop", 7])}, optional={"delta": json_value, "item": json_value, "response": json_value, "message": json_value, "content_block": json_value, "usage": json_value, "index": json_value, "output_index": json_value})
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeUpstream]:
+    with FakeUpstream() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def proxy_url(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    settings_ = Settings(upstream_base_url=upstream.url, data_dir=str(tmp_path_factory.mktemp("data")), router_embeddings=False, sentry_threshold=200, context_budget=700, max_rounds=3, block_tokens=300)
+    server = serve_in_thread(create_app(settings_))
+    yield server.url
+    server.stop()
+
+
+def request(api: str, items: list[Any], long: bool, stream: bool) -> dict[str, Any]:
+    history = FILLER if long else []
+    if api == "responses":
+        return {"model": "m", "input": [*history, *items], "stream": stream, "instructions": "be kind"}
+    return {"model": "m", "max_tokens": 9, "messages": [*history, *items], "stream": stream, "system": [{"type": "text", "text": "be kind"}]}
+
+
+def post(url: str, api: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{url}/v1{PATHS[api]}", content=json.dumps(body), headers={"authorization": "Bearer k"}, timeout=30)
+
+
+def envelope_or_answer(api: str, response: httpx.Response) -> None:
+    assert INTERNAL not in response.text, response.text
+    if response.status_code >= 400 and api == "messages":
+        assert response.json()["type"] == "error", response.text
+
+
+@EXAMPLES
+@given(api=st.sampled_from(["responses", "messages"]), items=st.lists(item, max_size=5), long=st.booleans(), stream=st.booleans())
+def test_any_request_gets_an_answer_or_an_error_in_the_apis_envelope(upstream, proxy_url, api, items, long, stream):
+    upstream.script.clear()
+    upstream.default = lambda recorded: answer(api, 'Consult("x", "nowhere") and an answer', stream=stream)
+    envelope_or_answer(api, post(proxy_url, api, request(api, items, long, stream)))
+
+
+@EXAMPLES
+@given(api=st.sampled_from(["responses", "messages"]), body=an_answer, events=st.lists(event, max_size=5), stream=st.booleans())
+def test_any_upstream_answer_is_read_or_a_502(upstream, proxy_url, api, body, events, stream):
+    chunks = [f"event: x\ndata: {json.dumps(e)}\n\n".encode() for e in events]
+    reply = Reply(headers={"content-type": "text/event-stream"}, chunks=chunks) if stream else Reply(body=json.dumps(body).encode())
+    upstream.script.clear()
+    upstream.default = lambda recorded: reply
+    response = post(proxy_url, api, request(api, [{"role": "user", "content": "What now?"}], True, stream))
+    envelope_or_answer(api, response)
