@@ -174,3 +174,15 @@ def test_without_an_anthropic_url_messages_go_to_the_upstream(start_proxy, upstr
     upstream.enqueue(message("5521"))
     proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*history(), QUESTION])
     assert workers(upstream)[0].headers["host"] == "upstream.test"
+
+
+def test_tool_use_below_the_threshold_goes_through_as_it_came(protocol_proxy, upstream):
+    upstream.enqueue(message(None, tool_uses=[("get_weather", {"city": "Oslo"})]), message("3 degrees and rain."))
+    client = protocol_proxy.anthropic()
+    asked = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = client.messages.create(model="claude", max_tokens=50, messages=asked, tools=WEATHER)
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": first.content[0].id, "content": "3 C, rain"}]}
+    follow_up = [*asked, {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]}, result]
+    raw = client.messages.with_raw_response.create(model="claude", max_tokens=50, messages=follow_up, tools=WEATHER)
+    assert raw.headers["x-pcp-mode"] == "passthrough" and raw.parse().content[0].text == "3 degrees and rain."
+    assert upstream.requests[-1].json["messages"] == follow_up and not workers(upstream)

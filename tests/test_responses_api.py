@@ -151,3 +151,18 @@ def test_the_tools_channel_speaks_responses_function_tools(start_proxy, upstream
     proxy.client().responses.create(model="m", input=[*history_items(), QUESTION])
     tools = workers(upstream)[0].json["tools"]
     assert [(t["type"], t["name"], t["strict"]) for t in tools] == [("function", "pcp_consult", False), ("function", "pcp_shelve", False), ("function", "pcp_explore", False)]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_function_call_round_trip_below_the_threshold_goes_through_as_it_came(protocol_proxy, upstream, stream):
+    call = [("get_weather", {"city": "Oslo"})]
+    upstream.enqueue(responses_stream(None, function_calls=call) if stream else response(None, function_calls=call))
+    client = protocol_proxy.client()
+    asked = [{"role": "user", "content": "Weather in Oslo?"}]
+    first = client.responses.create(model="m", input=asked, tools=WEATHER, stream=stream)
+    output = [e.response for e in first if e.type == "response.completed"][0].output if stream else first.output
+    upstream.enqueue(response("3 degrees and rain."))
+    returned = {"type": "function_call_output", "call_id": output[0].call_id, "output": "3 C, rain"}
+    again = client.responses.with_raw_response.create(model="m", input=[*asked, *(item.model_dump(exclude_none=True) for item in output), returned], tools=WEATHER)
+    assert again.headers["x-pcp-mode"] == "passthrough" and again.parse().output_text == "3 degrees and rain."
+    assert upstream.requests[-1].json["input"][-1] == returned and not workers(upstream)
