@@ -4,40 +4,23 @@ envelope: never a 500 of its own. Property tests, as ``test_robustness`` does fo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.app import create_app
-from proxy.settings import Settings
-from proxy.testing import FakeUpstream, Reply, serve_in_thread
+from proxy.testing import Reply
 from proxy.testing_apis import PATHS, answer
 
-from .test_robustness import EXAMPLES, FILLER, INTERNAL, json_value, text
+# The proxy on loopback in front of the fake upstream, one for the module: test_robustness's.
+from .test_robustness import EXAMPLES, FILLER, INTERNAL, json_value, proxy_url, text, upstream  # noqa: F401
 
 kinds = st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "web_search_call", "item_reference", "text", "input_text", "image", "tool_use", "tool_result", "thinking", "input_image", 3, None])
 block = st.fixed_dictionaries({"type": kinds}, optional={"text": json_value, "content": json_value, "output": json_value, "input": json_value, "arguments": json_value, "name": json_value, "call_id": json_value, "id": json_value, "tool_use_id": json_value, "cache_control": json_value}) | json_value
 item = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]), "content": text | st.lists(block, max_size=4) | json_value}) | block
 an_answer = st.dictionaries(st.sampled_from(["output", "content", "usage", "status", "stop_reason", "id"]), json_value | st.lists(block, max_size=3), max_size=4)
 event = st.fixed_dictionaries({"type": st.sampled_from(["response.created", "response.output_text.delta", "response.output_item.added", "response.completed", "error", "message_start", "content_block_start", "content_block_delta", "message_delta", "message_stop", 7])}, optional={"delta": json_value, "item": json_value, "response": json_value, "message": json_value, "content_block": json_value, "usage": json_value, "index": json_value, "output_index": json_value})
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeUpstream]:
-    with FakeUpstream() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
-def proxy_url(upstream: FakeUpstream, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    settings_ = Settings(upstream_base_url=upstream.url, data_dir=str(tmp_path_factory.mktemp("data")), router_embeddings=False, sentry_threshold=200, context_budget=700, max_rounds=3, block_tokens=300)
-    server = serve_in_thread(create_app(settings_))
-    yield server.url
-    server.stop()
 
 
 def request(api: str, items: list[Any], long: bool, stream: bool) -> dict[str, Any]:
