@@ -310,13 +310,16 @@ def run_proxy(
     needles: Needles = evidence_texts,
     compose: Callable[[Sequence[Message], Question], list[Message]] = asked,
     label: str = "",
+    ask: Callable[..., tuple[Any, list[dict[str, Any]]]] = ask_proxy,
     **settings: Any,
 ) -> tuple[list[Row], ProxyStats]:
     """Drive the real proxy; raises ProtocolModeMissing if the first request stays in passthrough.
 
     ``needles`` gives the texts a question's evidence must show as (by default
     its evidence messages), ``compose`` what a request sends (by default the
-    conversation, then the question); ``settings`` are more proxy settings.
+    conversation, then the question), ``ask`` how (``ask_proxy``: as a chat
+    completion; ``bench/api_recall.py``: through another API); ``settings`` are
+    more proxy settings.
     """
     import httpx
 
@@ -332,10 +335,10 @@ def run_proxy(
             messages = conversations[question.conv_id]
             if embeddings and question.conv_id not in warm:
                 # The proxy encodes a history in the background; measure the steady state after it.
-                ask_proxy(client, url, fake, messages, question, compose)
+                ask(client, url, fake, messages, question, compose)
                 wait_for_background(lambda: client.get(f"{url}/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE)
                 warm.add(question.conv_id)
-            response, calls = ask_proxy(client, url, fake, messages, question, compose)
+            response, calls = ask(client, url, fake, messages, question, compose)
             stats.requests += 1
             if stats.requests == 1 and response.headers.get("x-pcp-mode") != "protocol" and not calls:
                 raise ProtocolModeMissing(f"status {response.status_code}, x-pcp-mode={response.headers.get('x-pcp-mode')!r}: {response.text[:300]}")

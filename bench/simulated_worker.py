@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from lxml import etree
 
 from pcp_core.markup import node_type, node_view
-from proxy.testing import Recorded, Reply, completion, stream_reply
+from proxy.testing import Recorded, Reply
+from proxy.testing_apis import answer, api_of, worker_document
 
 __all__ = [
     "ANSWER",
@@ -76,11 +77,6 @@ def terms(text: str) -> list[str]:
 
 
 # -- reading a worker prompt ---------------------------------------------------------
-
-
-def worker_document(recorded: Recorded) -> str:
-    """The ``<PagedContext>`` text of a worker call: the content of its first (system) message."""
-    return recorded.json["messages"][0]["content"]
 
 
 def _root(document: str | etree._Element) -> etree._Element:
@@ -190,7 +186,8 @@ def worker_reply(document: str | etree._Element, *, background: bool = False) ->
 def simulated_worker(recorded: Recorded) -> Reply:
     """The FakeUpstream reply: Consult the best-overlapping Linear_Flow node, or answer.
 
-    Calls with another ``x-pcp-role`` (or none) get ``"ok"``; a streamed request gets SSE.
+    Calls with another ``x-pcp-role`` (or none) get ``"ok"``; a streamed request gets SSE;
+    each in the shape of the API called (chat completions, Responses, Messages).
     """
     return _reply(recorded, background=False)
 
@@ -205,7 +202,7 @@ def _reply(recorded: Recorded, *, background: bool) -> Reply:
         text = worker_reply(worker_document(recorded), background=background)
     else:
         text = "ok"
-    return stream_reply([text]) if _wants_stream(recorded) else completion(text)
+    return answer(api_of(recorded), text, stream=_wants_stream(recorded))
 
 
 def _wants_stream(recorded: Recorded) -> bool:

@@ -13,8 +13,9 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
-from .conversation import Conversation, fold_system, message_text
+from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .engine import CallRouter, CallWorker, Effect, LoadPages, Outcome, RoundPolicy, Similarity
+from .exchanges import Call, Part, Result, Said, chat_messages, text_part
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
@@ -25,13 +26,14 @@ from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged,
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
-from .tokens import Checkpoint, CountText, prompt_tokens
+from .tokens import Checkpoint, CountText, part_text, prompt_tokens
 
 __all__ = [
     "NO_ANSWER",
     "SESSION_ID",
     "AnswerGate",
     "Bm25Cache",
+    "Call",
     "CallRouter",
     "CallWorker",
     "Checkpoint",
@@ -49,10 +51,13 @@ __all__ = [
     "Paged",
     "PagedHistory",
     "PagingPolicy",
+    "Part",
     "Policy",
     "Prepared",
     "Resolution",
+    "Result",
     "RoundPolicy",
+    "Said",
     "Scan",
     "Session",
     "Similarity",
@@ -62,9 +67,11 @@ __all__ = [
     "View",
     "WorkerReply",
     "asked",
+    "attached",
     "begins_with",
     "calls_client_tool",
     "chain_links",
+    "chat_messages",
     "common_prefix",
     "conversation_links",
     "delete",
@@ -77,6 +84,8 @@ __all__ = [
     "on_request",
     "onto_messages",
     "parse_selector",
+    "part_handle",
+    "part_text",
     "placement",
     "prepare",
     "prompt_tokens",
@@ -87,6 +96,7 @@ __all__ = [
     "snapshot",
     "spoken",
     "summary_prompt",
+    "text_part",
     "transcript",
     "with_appendix",
     "with_components",

@@ -46,8 +46,12 @@ def part_text(part: Any) -> str | None:
 
 def part_tokens(part: Any) -> int:
     """The tokens a part that is not text is counted for (``PART_TOKENS``)."""
-    image = part.get("image_url") if isinstance(part, Mapping) else None
-    return LOW_DETAIL_TOKENS if isinstance(image, Mapping) and image.get("detail") == "low" else PART_TOKENS
+    if not isinstance(part, Mapping):
+        return PART_TOKENS
+    image = part.get("image_url")
+    # Chat: {"type": "image_url", "image_url": {"url", "detail"}}; Responses: {"type": "input_image", "image_url", "detail"}.
+    detail = image.get("detail") if isinstance(image, Mapping) else part.get("detail") if part.get("type") == "input_image" else None
+    return LOW_DETAIL_TOKENS if detail == "low" else PART_TOKENS
 
 
 def message_tokens(message: Mapping[str, Any], count: CountText) -> int:

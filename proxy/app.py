@@ -23,7 +23,7 @@ from .components import Components
 from .control import Controls
 from .datadir import Namespaces, install_secret, private_tree
 from .embeddings import Embedder, embeddings_available
-from .errors import ClientError, PcpError, ProxyFault
+from .errors import ClientError, PcpError, ProxyFault, anthropic_envelope
 from .hybrid import Hybrid
 from .hybrid_api import HYBRID_ROUTES
 from .hybrid_store import HybridStore
@@ -33,7 +33,7 @@ from .memory import Memory, SqliteMemoryStore
 from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
-from .routes import ROUTES, not_the_proxys
+from .routes import ROUTES, not_the_proxys, speaks_anthropic
 from .sealing import Sealer, data_key
 from .sessions import SessionStore
 from .settings import Settings
@@ -71,6 +71,7 @@ class Services:
     tokenizer: Tokenizer
     policy: Policy
     upstream: Upstream = field(init=False)
+    anthropic: Upstream | None = None  # Anthropic's Messages API, when it is not at ``upstream``
     sessions: SessionStore = field(init=False)
     components: Components = field(init=False)
     hybrid: Hybrid = field(init=False)
@@ -87,8 +88,13 @@ class Services:
     def __post_init__(self) -> None:
         self.controls = Controls(self.settings, self.policy)
 
-    def upstream_headers(self, client_headers: Mapping[str, str]) -> dict[str, str]:
-        """Check the proxy key, then decide which Authorization the upstream sees."""
+    def upstream_of(self, api: str) -> Upstream:
+        """The upstream that serves ``api`` ("chat", "responses", "messages")."""
+        return self.anthropic if api == "messages" and self.anthropic is not None else self.upstream
+
+    def upstream_headers(self, client_headers: Mapping[str, str], anthropic: bool = False) -> dict[str, str]:
+        """Check the proxy key, then decide which Authorization the upstream sees
+        (``anthropic``: the call goes to Anthropic, which never gets the upstream key)."""
         headers = forwardable(client_headers)
         for name, value in headers.items():
             if not value.isascii():  # httpx sends ASCII only; a proxy that re-encoded it would be guessing
@@ -97,7 +103,7 @@ class Services:
             _check_key(client_headers.get("authorization", ""), self.settings.api_keys)
             # A proxy key is ours: it never travels upstream.
             headers.pop("authorization", None)
-        if self.settings.upstream_api_key:
+        if self.settings.upstream_api_key and not (anthropic and self.anthropic is not None):
             headers["authorization"] = f"Bearer {self.settings.upstream_api_key}"
         return headers
 
@@ -145,7 +151,10 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.hybrid = Hybrid(settings, HybridStore(data / "context", sealer), services.tokenizer.count, services.metrics)
         # A passthrough request is one upstream call: the request's deadline is the call's.
         total = min(settings.upstream_total_timeout, settings.request_timeout)
-        services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, total_timeout=total, transport=transport)
+        timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
+        services.upstream = Upstream(base_url, **timeouts, transport=transport)
+        if settings.anthropic_base_url:
+            services.anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport)
         services.embedder = embedder or _embedder(settings, services.metrics)
         services.memory = _memory(settings, services)
         if settings.consolidator == "llm":
@@ -153,6 +162,8 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             services.summariser = Summariser(data / "summaries", services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
             services.summariser.start()
         log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
+        if services.anthropic is not None:
+            log.info("Anthropic's Messages API at %s", services.anthropic.shown_url)
         try:
             yield
         finally:
@@ -167,6 +178,12 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         openapi_config=None,
         logging_config=None,
     )
+
+
+def anthropic_url(base_url: str) -> str:
+    """Anthropic's base URL as its SDK takes it (``https://api.anthropic.com``), below which ``/messages`` is."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
 
 
 def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
@@ -196,6 +213,8 @@ async def _stop(services: Services) -> None:
     if services.summariser is not None:
         await services.summariser.stop()
     await services.upstream.aclose()
+    if services.anthropic is not None:
+        await services.anthropic.aclose()
     await asyncio.to_thread(services.sessions.close)
     await asyncio.to_thread(services.components.close)
     await asyncio.to_thread(services.hybrid.close)
@@ -208,12 +227,13 @@ async def _stop(services: Services) -> None:
 _HTTP_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
-def error_response(error: PcpError, headers: dict[str, str] | None = None) -> Response[bytes]:
-    return Response(content=error.envelope(), status_code=error.status, media_type=error.media_type, headers=headers)
+def error_response(error: PcpError, headers: dict[str, str] | None = None, anthropic: bool = False) -> Response[bytes]:
+    content = anthropic_envelope(error) if anthropic else error.envelope()
+    return Response(content=content, status_code=error.status, media_type=error.media_type, headers=headers)
 
 
-def _on_pcp_error(_: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
-    return error_response(exc)
+def _on_pcp_error(request: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
+    return error_response(exc, anthropic=speaks_anthropic(request))
 
 
 def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
@@ -222,13 +242,13 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
         return error_response(not_the_proxys(request.url.path))
     kind = _HTTP_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     detail = f"{exc.detail}: the body is larger than this proxy accepts (setting max_body_mb)" if status == 413 else exc.detail
-    return error_response(PcpError(detail, status=status, type=kind), headers=exc.headers)
+    return error_response(PcpError(detail, status=status, type=kind), headers=exc.headers, anthropic=speaks_anthropic(request))
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     # The traceback goes to the log, never to the client.
     log.exception("unexpected error on %s %s", request.method, request.url.path)
-    return error_response(ProxyFault(f"internal proxy error ({type(exc).__name__}); see the proxy log"))
+    return error_response(ProxyFault(f"internal proxy error ({type(exc).__name__}); see the proxy log"), anthropic=speaks_anthropic(request))
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {PcpError: _on_pcp_error, HTTPException: _on_http_exception, Exception: _on_unexpected}

@@ -1,4 +1,4 @@
-"""The chat-completions API: what the proxy reads of a request, and how it speaks to both sides in protocol mode.
+"""The chat-completions API: what the proxy reads of a request, and how it speaks to both sides in protocol mode (``codec``).
 
 Only what the proxy needs is decoded; the rest of a request stays as the
 client sent it and goes upstream with each worker call.
@@ -9,16 +9,18 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Annotated, Any, TypeVar
 
 import msgspec
 
-from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, spoken
+from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash, spoken
 
-from .errors import ClientError
+from .errors import ClientError, PcpError
+from .sse import ChatRules, error_event
+from .upstream import check_chunk, check_completion
 
-__all__ = ["ChatCodec", "ChatRequest", "Usage", "decode_json", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
+__all__ = ["ChatCodec", "ChatRequest", "ChatRound", "Usage", "decode_json", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
 
 T = TypeVar("T")
 
@@ -61,7 +63,7 @@ def parse_chat_request(body: bytes) -> ChatRequest:
     return request
 
 
-def decode_json(body: bytes, decode: Callable[[bytes], T]) -> T:
+def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat request") -> T:
     """``decode(body)``, or the 400 that says what is wrong with the body.
 
     Besides what is not JSON or not of the API's shape, msgspec refuses text
@@ -72,7 +74,7 @@ def decode_json(body: bytes, decode: Callable[[bytes], T]) -> T:
         return decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        raise ClientError(f"invalid chat request: {text}", param=error_param(text)) from None
+        raise ClientError(f"invalid {what}: {text}", param=error_param(text)) from None
     except msgspec.DecodeError as exc:
         raise ClientError(f"request body is not valid JSON: {exc}") from None
     except UnicodeDecodeError:
@@ -106,10 +108,25 @@ class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # Counts another API tells that chat has no name for (Anthropic's cache reads and writes), summed by name.
+    more: dict[str, int] = {}
 
     def add(self, usage: dict[str, Any] | None) -> None:
+        """Add a chat completion's usage."""
         for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
             setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
+
+    def add_counts(self, prompt: int, completion: int, **more: int) -> None:
+        """Add another API's usage: the tokens it read and wrote, and what else it counts."""
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.total_tokens += prompt + completion
+        for name, tokens in more.items():
+            self.more[name] = self.more.get(name, 0) + tokens
+
+    def chat(self) -> dict[str, int]:
+        """The sum as a chat completion's ``usage``."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
 
 
 # Fields of the client's request that the proxy sets itself on worker calls.
@@ -119,11 +136,17 @@ OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice
 class ChatCodec:
     """One chat-completions request in protocol mode: its worker calls, and the answer it gets."""
 
+    api = "chat"
+    path = "/chat/completions"
+    check = staticmethod(check_completion)
+
     def __init__(self, body: dict[str, Any]):
         self.body = body
         self.client_tools: list[dict[str, Any]] = list(body.get("tools") or [])
         self.choices: int = body.get("n") or 1  # answers the client asked for (checked when the body was read)
+        self.streamed = bool(body.get("stream"))
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.components = body.get("pcp_components")
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
 
     @property
@@ -144,9 +167,21 @@ class ChatCodec:
         return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
 
     @staticmethod
+    def router_body(messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
+
+    @staticmethod
+    def rules() -> ChatRules:
+        return ChatRules(check_chunk)
+
+    @staticmethod
     def reply(completion: dict[str, Any]) -> WorkerReply:
         message = completion["choices"][0]["message"]
         return WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
+
+    @staticmethod
+    def count(usage: Usage, completion: dict[str, Any]) -> None:
+        usage.add(completion.get("usage"))
 
     def final(self, completion: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
         """The completion the client gets: the answer (with ``n``, one per choice), the usage of every call."""
@@ -154,7 +189,7 @@ class ChatCodec:
             first, *others = completion["choices"]
             answers = [(first, outcome.text), *((choice, spoken(choice["message"].get("content") or "")) for choice in others[: self.choices - 1])]
             completion["choices"] = [_answer(choice, i, text) for i, (choice, text) in enumerate(answers)]
-        completion["usage"] = msgspec.to_builtins(usage)
+        completion["usage"] = usage.chat()
         return completion
 
     async def events(self, completion: dict[str, Any]) -> AsyncIterator[bytes]:
@@ -170,6 +205,76 @@ class ChatCodec:
         if self.include_usage:
             yield sse_event({**meta, "choices": [], "usage": completion["usage"]})
         yield DONE
+
+    def round(self, usage: Usage) -> ChatRound:
+        return ChatRound(self.model, usage, self.include_usage)
+
+
+class ChatRound:
+    """One streamed worker call of the chat API: its chunks read, the client's chunks written."""
+
+    def __init__(self, model: str, usage: Usage, include_usage: bool):
+        self.usage = usage
+        self.include_usage = include_usage
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None  # why the upstream says the round ended
+        self.meta = {"id": f"chatcmpl-pcp{short_hash(str(time.time_ns()))}", "model": model, "created": int(time.time())}
+
+    def read(self, event: dict[str, Any]) -> str:
+        self.usage.add(event.get("usage"))
+        self.meta.update({k: event[k] for k in ("id", "model", "created") if k in event})
+        text = ""
+        for choice in event.get("choices") or ():
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            delta = choice.get("delta") or {}
+            self._collect_tool_calls(delta.get("tool_calls") or ())
+            text += delta.get("content") or ""
+        return text
+
+    def _collect_tool_calls(self, deltas: Any) -> None:
+        for delta in deltas:
+            call = self.tool_calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+            call["id"] = delta.get("id") or call["id"]
+            function = delta.get("function") or {}
+            call["function"]["name"] += function.get("name") or ""
+            call["function"]["arguments"] += function.get("arguments") or ""
+
+    def calls(self) -> list[dict[str, Any]]:
+        return list(self.tool_calls.values())
+
+    def opening(self) -> bytes:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def text(self, text: str) -> bytes:
+        return self.chunk({"content": text})
+
+    @staticmethod
+    def failure(error: PcpError) -> bytes:
+        return error_event(error)
+
+    def closing(self) -> Iterator[bytes]:
+        yield self.chunk({}, finish_reason=relayed_finish(self.finish_reason))
+        yield from self.ending()
+
+    async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """The round as the upstream sent it, but for the usage the proxy asked it for (``ending`` tells the sum)."""
+        for event in events:
+            if event.get("choices") or not event.get("usage"):
+                yield self.event({k: v for k, v in event.items() if k != "usage"})
+        for event in self.ending():
+            yield event
+
+    def ending(self) -> Iterator[bytes]:
+        """What follows an answer's last chunk: the usage of every upstream call, when the client asked for it; [DONE]."""
+        if self.include_usage:
+            yield self.event({"choices": [], "usage": self.usage.chat()})
+        yield DONE
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return self.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+    def event(self, payload: dict[str, Any]) -> bytes:
+        return sse_event({**self.meta, "object": "chat.completion.chunk", **payload})
 
 
 DONE = b"data: [DONE]\n\n"

@@ -3,7 +3,9 @@
 ``pcp_core.request`` decides; this module only does the I/O around it: it
 looks the session up, hands paging to a thread, calls the worker, router and
 embedder when the rounds ask, saves what the request leaves, and speaks the
-chat API to the client (``chat``, ``chat_stream``). Rounds that end in
+request's API to both sides through its codec (``codec``: ``chat``,
+``responses``, ``messages``; ``chat_stream`` reads a streamed round). The loop
+is the same for every API. Rounds that end in
 directives are invisible to the client. For a streaming client the response
 starts when a round commits to answering, so ``x-pcp-rounds`` is known by
 then, and the rest of that round is relayed as it is generated.
@@ -24,7 +26,7 @@ from litestar.response import Stream
 
 from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, rounds, settle
 
-from .chat import ChatCodec, Usage, relayed_finish
+from .chat import Usage
 from .chat_stream import StreamedRound
 from .errors import ClientError, PcpError, UpstreamError
 from .interrupt import Interrupt, Stopped
@@ -33,6 +35,7 @@ from .upstream import passed_back
 
 if TYPE_CHECKING:
     from .app import Services
+    from .codec import Codec
     from .memory.scopes import Scope
 
 __all__ = ["serve_protocol"]
@@ -47,7 +50,7 @@ log = logging.getLogger("pcp.drive")
 
 async def serve_protocol(
     services: Services,
-    body: dict[str, Any],
+    codec: Codec,
     conversation: Conversation,
     headers: dict[str, str],
     namespace: str,
@@ -59,13 +62,13 @@ async def serve_protocol(
 ) -> Response[Any]:
     """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
     ``memory``: the request's memory scope (``proxy.memory``)."""
-    request = ProtocolRequest(services, ChatCodec(body), conversation, headers, namespace, pinned, policy, telemetry)
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry)
     request.memory = memory
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
             async with asyncio.timeout(services.settings.request_timeout):
-                return await (request.stream() if body.get("stream") else request.complete())
+                return await (request.stream() if codec.streamed else request.complete())
         except TimeoutError:
             raise PcpError(f"the request took longer than request_timeout allows ({services.settings.request_timeout:g} s)", status=504, type="timeout", code="request_timeout") from None
 
@@ -73,11 +76,12 @@ async def serve_protocol(
 class ProtocolRequest:
     """One client request in protocol mode: its session, its rounds and its worker calls."""
 
-    def __init__(self, services: Services, codec: ChatCodec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None):
+    def __init__(self, services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None):
         self.services = services
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
+        self.upstream = services.upstream_of(codec.api)
         self.conversation = conversation
         self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
         self.headers.pop("x-pcp-session", None)  # ours, not the upstream's
@@ -90,7 +94,8 @@ class ProtocolRequest:
         self.usage = Usage()
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
         self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
-        self.context = services.hybrid.begin(headers, namespace)  # Hybrid mode (``proxy.hybrid``): None unless it is on
+        # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
+        self.context = services.hybrid.begin(headers, namespace) if codec.api == "chat" else None
         self.memory: Scope | None = None  # the request's memory scope (``proxy.memory``)
         self.recalled: list[Page] = []
 
@@ -120,7 +125,7 @@ class ProtocolRequest:
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         summariser = services.summariser
-        if summariser is not None:
+        if summariser is not None and self.upstream is services.upstream:  # it asks for chat completions
             await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
         # Each worker call's synthesis is recorded, each upstream call timed.
         return self.telemetry.watch(prepared, rounds(prepared, services.tokenizer.count_built, services.bm25))
@@ -151,7 +156,7 @@ class ProtocolRequest:
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
-        prepared = services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.body.get("pcp_components"))
+        prepared = services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.components)
         # Hybrid mode: the rules and the session's snapshot after the PagedContext, within the budget.
         return self.context.protocol(self.conversation, resolution, prepared) if self.context is not None else prepared
 
@@ -193,14 +198,15 @@ class ProtocolRequest:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""
         model = self.services.settings.router_model
         self.services.metrics.inc("pcp_upstream_calls_total", role=role)
-        body = {"model": model, "messages": call.messages, "max_tokens": ROUTER_MAX_TOKENS, "temperature": 0}
+        codec = self.codec
+        body = codec.router_body(call.messages, model, ROUTER_MAX_TOKENS)
         try:
-            data, _ = await self.services.upstream.complete(json.dumps(body).encode(), {**self.headers, "x-pcp-role": role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
+            data, _ = await self.upstream.complete(body, {**self.headers, "x-pcp-role": role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline, path=codec.path, check=codec.check)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
-        self.usage.add(data.get("usage"))
-        return data["choices"][0]["message"].get("content") or ""
+        codec.count(self.usage, data)
+        return codec.reply(data).text
 
     async def _recall(self) -> list[Page]:
         """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
@@ -249,8 +255,9 @@ class ProtocolRequest:
 
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        data, self.answered = await self.services.upstream.complete(self.codec.worker_body(call, stream=False), self.headers, deadline=self.deadline)
-        self.usage.add(data.get("usage"))
+        codec = self.codec
+        data, self.answered = await self.upstream.complete(codec.worker_body(call, stream=False), self.headers, deadline=self.deadline, path=codec.path, check=codec.check)
+        codec.count(self.usage, data)
         if self.context is not None:
             self.context.sections().completion(data)  # the context section out of every choice
         return data
@@ -264,48 +271,42 @@ class ProtocolRequest:
         loop = await self.start()
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
-            round_ = StreamedRound(step, lambda call=step: self._open_stream(call), self.usage, codec.model)
+            round_ = StreamedRound(step, lambda call=step: self._open_stream(call), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
         # A call of the client's own tools goes back as the upstream sent it.
-        body = round_.replay(codec.include_usage) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
+        body = round_.api.replay(round_.events) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
 
     async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
-        upstream = self.services.upstream
+        upstream, codec = self.upstream, self.codec
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        response = await upstream.open("POST", "/chat/completions", content=self.codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
+        response = await upstream.open("POST", codec.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         self.answered = passed_back(response.headers)
-        events = upstream.sse_events(response)
+        events = upstream.sse_events(response, codec.rules())
         return self.context.sections().events(events) if self.context is not None else events
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
-        """The answer as SSE: ``first``, then (with ``loop``) the rest of the round as it comes."""
-        yield round_.chunk({"role": "assistant", "content": ""})
+        """The answer as the API's events: ``first``, then (with ``loop``) the rest of the round as it comes."""
+        api = round_.api
+        yield api.opening()
         if first:
-            yield round_.chunk({"content": first})
+            yield api.text(first)
         if loop is not None:
             try:
                 async for text in round_.rest():
-                    yield round_.chunk({"content": text})
+                    yield api.text(text)
             except PcpError as error:
-                yield b"data: " + error.envelope() + b"\n\n"
+                yield api.failure(error)
                 return
-        yield round_.chunk({}, finish_reason=relayed_finish(round_.finish_reason))
-        for event in round_.ending(self.codec.include_usage):
+        for event in api.closing():
             yield event
         if loop is not None:
             await self.advance(loop, round_.reply(delivered=True))
-
-
-def _telemetry(services: Services, conversation: Conversation, namespace: str, model: str | None) -> RequestTelemetry:
-    """The telemetry of a request whose caller brings none: under the settings' policy."""
-    said = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
-    return RequestTelemetry(services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said))
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:
@@ -316,3 +317,8 @@ async def _quietly(work: Awaitable[Any]) -> Any:
         log.exception("dense recall is skipped for this request")
         return None
 
+
+def _telemetry(services: Services, conversation: Conversation, namespace: str, model: str | None) -> RequestTelemetry:
+    """The telemetry of a request whose caller brings none: under the settings' policy."""
+    said = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
+    return RequestTelemetry(services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said))

@@ -1,8 +1,9 @@
 """What can go wrong, said by who failed: the client, the upstream, or the proxy itself.
 
 Every error the proxy returns uses the OpenAI envelope
-``{"error": {"message", "type", "param", "code"}}``; an upstream's own error
-body is passed on as it came. The web framework turns these into responses
+``{"error": {"message", "type", "param", "code"}}``, or Anthropic's
+``{"type": "error", "error": {"type", "message"}}`` to a client of Anthropic's
+API (``anthropic_envelope``); an upstream's own error body is passed on as it came. The web framework turns these into responses
 (``proxy.app``); nothing here knows it.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError"]
+__all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError", "anthropic_envelope", "anthropic_event"]
 
 
 class ErrorBody(msgspec.Struct):
@@ -80,3 +81,31 @@ class ClientClosed(PcpError):
 
     status = 499
     type = "client_closed"
+
+
+# Anthropic names an error by its kind, where OpenAI names it by type and code.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+
+
+class AnthropicError(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicEnvelope(msgspec.Struct, tag="error", tag_field="type"):
+    error: AnthropicError
+
+
+def anthropic_envelope(error: PcpError) -> bytes:
+    """``error`` as Anthropic's API says it (an upstream's own body as it came); the proxy's code ends the message."""
+    raw = getattr(error, "raw", None)
+    if raw is not None:
+        return raw  # type: ignore[no-any-return]
+    kind = ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
+    code = f" ({error.body.code})" if error.body.code else ""
+    return _ENCODER.encode(AnthropicEnvelope(AnthropicError(kind, error.body.message + code)))
+
+
+def anthropic_event(error: PcpError) -> bytes:
+    """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
+    return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"

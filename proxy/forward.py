@@ -18,7 +18,8 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from .errors import ClientClosed, ClientError
-from .upstream import Upstream, forwardable
+from .sse import error_event
+from .upstream import Failure, Upstream, forwardable
 
 __all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
 
@@ -48,15 +49,17 @@ async def forward(
     *,
     stream: bool | None = False,
     rewrite: Rewrite | None = None,
+    failure: Failure = error_event,
 ) -> Response[Any]:
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
     when it is an event stream, of unknown length or large, else read whole (a cheaper response).
-    ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came."""
+    ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came.
+    ``failure``: how a stream that fails midway says so (an error event of the client's API)."""
     if stream:
         # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
-        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers))
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure))
         if rewrite is not None and response.status_code < 300:
             chunks = rewrite.stream(chunks)
         return Stream(chunks, **_relayed(response, pcp_headers))
@@ -64,7 +67,7 @@ async def forward(
     async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
         response = await upstream.open(method, path, content=body, headers=headers)
         if stream is None and _relayed_as_it_comes(response):
-            return response, await upstream.started(response)  # until its first chunk, a failure is a status
+            return response, await upstream.started(response, failure)  # until its first chunk, a failure is a status
         return response, await upstream.read(response)
 
     response, content = await unless_client_leaves(request, exchange())
@@ -82,9 +85,9 @@ def _relayed_as_it_comes(response: httpx.Response) -> bool:
     return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
 
 
-async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure) -> tuple[httpx.Response, AsyncIterator[bytes]]:
     response = await upstream.open(method, path, content=body, headers=headers)
-    return response, await upstream.started(response)
+    return response, await upstream.started(response, failure)
 
 
 def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:

@@ -6,16 +6,21 @@ from collections.abc import Mapping
 from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 
 from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
 
-from .chat import ChatRequest, decode_json, parse_chat_request
+from .chat import ChatCodec, parse_chat_request
+from .codec import Api, Codec, whole_body
+from .control import Control
 from .drive import serve_protocol
-from .errors import ClientError
+from .errors import ClientError, anthropic_event
 from .forward import forward, unless_client_leaves, upstream_target
 from .memory.hooks import MEMORY_HEADER, faults, memory_scope, remember_forwarded
+from .memory.scopes import Scope
+from .messages import MESSAGES
+from .responses import RESPONSES
+from .sse import error_event
 from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:
@@ -42,26 +47,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    # The request's mode and policy: its model's (``[models."…"]``), narrowed by its x-pcp-* headers.
-    control = services.controls.of(headers, chat.model)
-    scope = memory_scope(services, request.headers, body, lambda: services.namespaces.of(request.headers))
-    headers.pop(MEMORY_HEADER, None)  # ours, not the upstream's
-    count = services.tokenizer.count
-    tokens = prompt_tokens(chat.messages, count)
-    # A scope whose memory holds pages is a page fault: protocol mode, whatever the size.
-    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services, scope)))
-    if chat.messages and paged:
-        services.metrics.inc("pcp_requests_total", mode="protocol")
-        namespace = services.namespaces.of(request.headers)
-        telemetry = RequestTelemetry(services.traces, services.metrics, namespace, chat.model, tokens, control, len(chat.messages))
-        conversation = Conversation.of(chat.messages, control.policy.paging.blocks, count)
-        work = serve_protocol(services, _whole_body(body, chat), conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
-        # Worker rounds run before any byte is sent: a client that leaves cancels them.
-        response = await unless_client_leaves(request, work)
-        response.headers["x-pcp-prompt-tokens"] = str(tokens)
-        if scope is not None:
-            response.headers[MEMORY_HEADER] = scope.name
-        return response
+    scope = _scope(services, request, headers, body)
+    tokens = prompt_tokens(chat.messages, services.tokenizer.count)
+    control = _paged(services, headers, chat.model, tokens, scope) if chat.messages else None
+    if control is not None:
+        codec = ChatCodec(whole_body(body, _CHAT_READS, {"messages": chat.messages}))
+        return await _protocol(request, services, codec, chat.messages, tokens, headers, control, scope)
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
     # PACT components: the session's live ones in place; a request without any goes as it came.
@@ -77,6 +68,80 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return response
 
 
+# The fields chat's protocol mode reads; every other one goes upstream as the bytes the client sent.
+_CHAT_READS = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
+
+
+@route("/v1/responses", http_method=METHODS, status_code=200)
+async def responses(request: Request[Any, Any, Any]) -> Response[Any]:
+    """OpenAI's Responses API: paged as chat is, in its stateless form (``responses``)."""
+    if request.method != "POST":  # a stored response (retrieve, delete, cancel, its input items) is not paged
+        return await forwarded(request)
+    return await _api(request, RESPONSES)
+
+
+@route("/v1/messages", http_method=METHODS, status_code=200)
+async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
+    """Anthropic's Messages API: paged as chat is (``messages``)."""
+    if request.method != "POST":
+        return await forwarded(request)
+    return await _api(request, MESSAGES)
+
+
+async def _api(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
+    """A request of ``api``: paged above the Sentry's threshold, else (or when it leans on state
+    the proxy cannot see) forwarded as it came."""
+    started = perf_counter()
+    services = _services(request)
+    headers = services.upstream_headers(request.headers, anthropic=api.name == "messages")
+    body = await request.body()
+    reading = api.read(body)
+    upstream = services.upstream_of(api.name)
+    pcp_headers = dict(PASSTHROUGH)
+    if reading.untouched is None:
+        scope = _scope(services, request, headers, body)
+        tokens = prompt_tokens(reading.messages, services.tokenizer.count)
+        pcp_headers["x-pcp-prompt-tokens"] = str(tokens)
+        control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
+        if control is not None:
+            codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+            return await _protocol(request, services, codec, reading.messages, tokens, headers, control, scope)
+    services.metrics.inc("pcp_requests_total", mode="passthrough")
+    response = await forward(upstream, request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure)
+    services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
+    return response
+
+
+def _scope(services: Services, request: Request[Any, Any, Any], headers: dict[str, str], body: bytes) -> Scope | None:
+    """The request's memory scope (``x-pcp-memory``, or its ``user``), taken off what goes upstream; None: no memory."""
+    scope = memory_scope(services, request.headers, body, lambda: services.namespaces.of(request.headers))
+    headers.pop(MEMORY_HEADER, None)  # ours, not the upstream's
+    return scope
+
+
+def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None) -> Control | None:
+    """The request's mode and policy when it goes out in protocol mode, else None: its model's
+    (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
+    page fault, whatever the request's size."""
+    control = services.controls.of(headers, model)
+    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services, scope)))
+    return control if paged else None
+
+
+async def _protocol(request: Request[Any, Any, Any], services: Services, codec: Codec, messages: list[dict[str, Any]], tokens: int, headers: dict[str, str], control: Control, scope: Scope | None) -> Response[Any]:
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    namespace = services.namespaces.of(request.headers)
+    telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
+    conversation = Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)
+    work = serve_protocol(services, codec, conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
+    # Worker rounds run before any byte is sent: a client that leaves cancels them.
+    response = await unless_client_leaves(request, work)
+    response.headers["x-pcp-prompt-tokens"] = str(tokens)
+    if scope is not None:
+        response.headers[MEMORY_HEADER] = scope.name
+    return response
+
+
 def pinned_session(headers: Mapping[str, str]) -> str | None:
     """The session the client names in ``x-pcp-session``, if it names one."""
     pinned = headers.get("x-pcp-session")
@@ -85,16 +150,10 @@ def pinned_session(headers: Mapping[str, str]) -> str | None:
     return pinned
 
 
-# The fields protocol mode reads; every other one goes upstream as the bytes the client sent
-# (msgspec.Raw), so what the proxy does not read (a number past a double's range, text
-# that is not UTF-8) is the upstream's to judge, as it is in passthrough.
-_READ = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
-
-
-def _whole_body(body: bytes, chat: ChatRequest) -> dict[str, Any]:
-    """Every field of the request, the messages already decoded once reused."""
-    fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # values stay undecoded bytes
-    return {key: chat.messages if key == "messages" else decode_json(raw, msgspec.json.decode) if key in _READ else raw for key, raw in fields.items()}
+def speaks_anthropic(request: Request[Any, Any, Any]) -> bool:
+    """A client of Anthropic's API: its calls go to Anthropic's upstream, its errors are in Anthropic's envelope."""
+    path = request.url.path
+    return path == "/v1/messages" or path.startswith("/v1/messages/") or "anthropic-version" in request.headers
 
 
 @route("/v1/{path:path}", http_method=METHODS, status_code=200)
@@ -103,16 +162,19 @@ async def forward_v1(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 async def forwarded(request: Request[Any, Any, Any]) -> Response[Any]:
-    """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body."""
+    """Any /v1 call the proxy does not page, forwarded as it came: the path, the query, the headers, the body
+    (to Anthropic's upstream, when it has one, for a client of Anthropic's API)."""
     started = perf_counter()
     services = _services(request)
-    headers = services.upstream_headers(request.headers)
+    anthropic = speaks_anthropic(request)
+    headers = services.upstream_headers(request.headers, anthropic)
     target = upstream_target(request.scope)
     # A body only where the client sent one (an empty POST says so with its content-length: 0).
     sent = "content-length" in request.headers or "transfer-encoding" in request.headers
     body = await request.body() if sent else None
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    response = await forward(services.upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None)
+    upstream = services.upstream_of("messages" if anthropic else "chat")
+    response = await forward(upstream, request, request.method, target, body, headers, PASSTHROUGH, stream=None, failure=anthropic_event if anthropic else error_event)
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
 
@@ -142,4 +204,4 @@ async def metrics(request: Request[Any, Any, Any]) -> str:
     return services.metrics.exposition()
 
 
-ROUTES = [chat_completions, forward_v1, pcp_api, healthz, metrics]
+ROUTES = [chat_completions, responses, messages, forward_v1, pcp_api, healthz, metrics]

@@ -54,6 +54,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     upstream_base_url: str = ""
     # Sent upstream instead of the client's Authorization header when set.
     upstream_api_key: str = ""
+    # Where Anthropic's Messages API is (https://api.anthropic.com): /v1/messages, and any /v1 call
+    # that carries an anthropic-version header, go there. Empty: to upstream_base_url, as any call.
+    anthropic_base_url: str = ""
     # Seconds to wait for the upstream to connect / send a byte before a 504.
     upstream_connect_timeout: float = 10.0
     upstream_read_timeout: float = 600.0

@@ -1,4 +1,4 @@
-"""A scripted OpenAI-compatible upstream on loopback, for tests and benchmarks.
+"""A scripted OpenAI-compatible upstream on loopback, for tests and benchmarks (``testing_apis``: the Responses and Messages APIs).
 
 It is a real HTTP server (uvicorn in a thread), so what it records is what
 crossed the wire::
@@ -90,8 +90,7 @@ def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedd
 
 
 def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
-    """The SSE events of a streamed completion that says ``pieces`` in order, ending for ``finish``;
-    ``usage`` comes in an event of its own, as OpenAI sends it when asked (``stream_options.include_usage``)."""
+    """The SSE events of a streamed completion that says ``pieces`` in order, ending for ``finish``; ``usage`` comes in an event of its own, as OpenAI sends it when asked (``stream_options.include_usage``)."""
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -124,13 +123,18 @@ def _embeddings_asked(body: bytes) -> Reply:
     return embeddings(len(texts), dimensions=int(asked.get("dimensions") or 8))
 
 
+def _answer_in_kind(recorded: Recorded) -> Reply:
+    from .testing_apis import default_reply  # "ok" in the shape of the API called; it builds on this module's Reply
+    return default_reply(recorded)
+
+
 class FakeUpstream:
     """A loopback OpenAI-compatible server that answers from a script and records every request."""
 
     def __init__(self, default: Reply | Callable[[Recorded], Reply] | None = None):
         self.requests: list[Recorded] = []
         self.script: deque[Reply | Callable[[Recorded], Reply]] = deque()
-        self.default = default or (lambda _: completion())
+        self.default = default or _answer_in_kind
         self.disconnects = 0  # streams the client abandoned before the end
         self.finished_streams = 0
         self._server: _ThreadedServer | None = None

@@ -5,16 +5,16 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Annotated, Any
 
 import httpx
 import msgspec
 
-from .errors import UpstreamError
-from .sse import ChatStreamReader, error_event, event_end, is_event_stream
+from .errors import PcpError, UpstreamError
+from .sse import ChatRules, StreamReader, StreamRules, error_event, event_end, is_event_stream
 
-__all__ = ["Upstream", "HOP_BY_HOP", "forwardable", "passed_back"]
+__all__ = ["Upstream", "HOP_BY_HOP", "check_chunk", "check_completion", "checked", "forwardable", "passed_back"]
 
 log = logging.getLogger("pcp.upstream")
 
@@ -82,7 +82,7 @@ class _Chunk(msgspec.Struct):
     usage: _Usage | None = None
 
 
-def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
+def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
     """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
     try:
         data = msgspec.json.decode(text)  # strict JSON: no NaN, no number past a double's range
@@ -90,6 +90,18 @@ def _checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, 
     except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
         raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
     return data
+
+
+Check = Callable[[bytes], dict[str, Any]]
+Failure = Callable[[PcpError], bytes]  # how a relayed stream tells a failure midway (the API's error event)
+
+
+def check_completion(body: bytes) -> dict[str, Any]:
+    return checked(body, _Completion, "a chat completion", "upstream_bad_response")
+
+
+def check_chunk(data: bytes) -> dict[str, Any]:
+    return checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
 
 
 def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
@@ -173,14 +185,15 @@ class Upstream:
     def _late(self) -> UpstreamError:
         return UpstreamError(f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)", status=504, type="upstream_timeout", code="upstream_timeout")
 
-    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-        """POST a non-streamed chat completion and decode it, with the headers of its answer to pass back
-        (``passed_back``); an error status raises as the upstream sent it."""
-        response = await self.open("POST", "/chat/completions", content=content, headers=headers, timeout=timeout, deadline=deadline)
+    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None, *, path: str = "/chat/completions", check: Check | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """POST a non-streamed call (a chat completion, unless ``path`` and ``check`` say another API's)
+        and decode its answer, with the headers to pass back (``passed_back``); an error status raises as
+        the upstream sent it."""
+        response = await self.open("POST", path, content=content, headers=headers, timeout=timeout, deadline=deadline)
         body = await self.read(response)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
-        return _checked(body, _Completion, "a chat completion", "upstream_bad_response"), passed_back(response.headers)
+        return (check or check_completion)(body), passed_back(response.headers)
 
     async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The raw body as it arrives, until the call's deadline; a failure on the way is an UpstreamError."""
@@ -199,7 +212,7 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def relay(self, response: httpx.Response, failure: Failure = error_event) -> AsyncIterator[bytes]:
         """Yield the raw body as it arrives; closing the iterator closes the upstream stream.
 
         An event stream is relayed a whole event at a time, so that if the
@@ -227,27 +240,28 @@ class Upstream:
             if not (sse and sent):
                 raise
             log.warning("an upstream stream failed midway; the client gets an error event: %s", error)
-            yield error_event(error)
+            yield failure(error)
         finally:
             await response.aclose()
 
-    async def started(self, response: httpx.Response) -> AsyncIterator[bytes]:
+    async def started(self, response: httpx.Response, failure: Failure = error_event) -> AsyncIterator[bytes]:
         """``relay(response)`` once its first chunk is in: a failure before it raises here, while the client can still get a status."""
-        chunks = self.relay(response)
+        chunks = self.relay(response, failure)
         try:
             first = await anext(chunks)
         except StopAsyncIteration:
             return _relayed(b"", chunks)
         return _relayed(first, chunks)
 
-    async def sse_events(self, response: httpx.Response) -> AsyncIterator[dict]:
-        """Decode an SSE chat stream into its JSON chunks, checked whole (``ChatStreamReader``); closes the response at the end."""
+    async def sse_events(self, response: httpx.Response, rules: StreamRules | None = None) -> AsyncIterator[dict]:
+        """Decode an event stream into its JSON events, checked whole by ``rules`` (a chat stream's
+        unless they say another API's); closes the response at the end."""
         try:
             content_type = response.headers.get("content-type")
             if content_type and not is_event_stream(content_type):
                 body = await self.read(response)
                 raise UpstreamError(f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}", code="upstream_bad_stream")
-            reader = ChatStreamReader(lambda data: _checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream"), self.shown_url)
+            reader = StreamReader(rules or ChatRules(check_chunk), self.shown_url)
             async for chunk in reader.chunks(self._chunks(response)):
                 yield chunk
         finally:

@@ -4,7 +4,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import anthropic
 import httpx
+import httpx2
 import openai
 import pytest
 from litestar.testing import TestClient
@@ -53,6 +55,16 @@ class RunningProxy:
 
     def client(self, api_key: str = "sk-client", **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30, http_client=self.http, **kwargs)
+
+    def anthropic(self, api_key: str = "sk-ant-client", **kwargs: Any) -> anthropic.Anthropic:
+        """The anthropic SDK pointed at the proxy. It speaks httpx2, which cannot take ``http``: a
+        transport hands each of its requests to ``http`` and its answer back."""
+        return anthropic.Anthropic(base_url=self.url, api_key=api_key, max_retries=0, timeout=30, http_client=httpx2.Client(transport=httpx2.MockTransport(self._bridged)), **kwargs)
+
+    def _bridged(self, request: httpx2.Request) -> httpx2.Response:
+        answer = self.http.request(request.method, str(request.url), headers=list(request.headers.multi_items()), content=request.read())
+        headers = [(k, v) for k, v in answer.headers.multi_items() if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")]
+        return httpx2.Response(answer.status_code, headers=headers, content=answer.content)
 
     def stop(self) -> None:
         """Stop the proxy, its lifespan ending: every session write is finished and the store closed."""
