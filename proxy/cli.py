@@ -40,7 +40,7 @@ def tune_process(settings: Settings) -> None:
     from .embeddings import embeddings_available, prepare_process
 
     gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
-    if settings.router_embeddings and embeddings_available():
+    if settings.router_embeddings and embeddings_available(settings.embeddings_model):
         prepare_process()
 
 

@@ -61,7 +61,7 @@ class ProtocolRequest:
         self.headers.pop("accept-encoding", None)
         self.namespace = namespace
         self.pinned = pinned
-        self.prefetch: asyncio.Future[Any] | None = None  # the query's vector, encoding
+        self.prefetch: Awaitable[Any] | None = None  # the query's vector, encoding
         self.prepared: Prepared | None = None
         self.unsaved = True
         self.usage = Usage()
@@ -77,10 +77,9 @@ class ProtocolRequest:
         embedder = services.embedder
         if embedder is not None and self.conversation.query_text:
             # Encoded while the history is paged and scored by BM25 (torch leaves the interpreter
-            # while it computes); dense recall waits for it (``fulfil``). Handed to a thread now,
-            # not in a task: a task would start only once paging had.
+            # while it computes, an upstream call leaves the loop); dense recall waits for it (``fulfil``).
             text = asked(self.conversation, services.policy.paging, services.tokenizer.count)
-            self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
+            self.prefetch = embedder.prefetch(text, self.headers)
         self.prepared = prepared = await asyncio.to_thread(self._prepare)
         self._count_paging(prepared)
         summariser = services.summariser
