@@ -70,7 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--embeddings", action="store_true", help="dense recall on, as the proxy's default")
-    parser.add_argument("--vectors", type=Path, default=None, help="keep the MiniLM vectors here between runs (default: a temporary directory)")
+    parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the bundled encoder (PCP_EMBEDDINGS_MODEL)")
+    parser.add_argument("--vectors", type=Path, default=None, help="keep the vectors here between runs (default: a temporary directory)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     tokenizer = Tokenizer(ENCODING)
@@ -83,10 +84,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.embeddings:
             from proxy.embeddings import Embedder
 
-            embedder = Embedder(args.vectors or Path(scratch))
+            embedder = Embedder(args.vectors or Path(scratch), encoder=args.encoder, models_dir=(args.vectors or Path(scratch)).parent / "models")
             for session in sessions.values():  # the steady state: every page encoded
                 embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
-        label = "engine (BM25 + dense)" if embedder else "engine"
+        label = f"engine (BM25 + {args.encoder})" if embedder else "engine"
         for budget in args.budgets:
             rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
             for question in questions:
