@@ -32,9 +32,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes  # noqa: E402
+from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
+from pcp_core.tokens import prompt_tokens  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
-from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, run_rounds  # noqa: E402
+from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, kept_nodes, run_rounds  # noqa: E402
 from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
@@ -45,15 +47,22 @@ NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every convers
 CACHE = Bm25Cache()
 
 
-def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any) -> list[dict[str, Any]]:
-    """The worker calls of one request, as bodies with their ``messages``."""
-    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=RoundPolicy(budget=budget, max_rounds=4), dense=embedder is not None), index, count, CACHE)
+def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any, previous: list[str] | None = None, **policy: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The worker calls of one request, as bodies with their ``messages``, and what the session remembers of round 0.
+
+    ``previous``: what it remembered of the request before (the proxy keeps it in the
+    conversation's session); ``policy``: RoundPolicy fields to try.
+    """
+    rules = RoundPolicy(budget=budget, max_rounds=4, **policy)
+    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None, previous_layout=previous or []), index, count, CACHE)
     calls: list[dict[str, Any]] = []
+    kept: list[str] = []
     reply: Any = None
     try:
         while True:
             effect = loop.send(reply)
             if isinstance(effect, CallWorker):
+                kept = kept if calls else kept_nodes(effect.synthesis, rules)
                 calls.append({"messages": effect.messages})
                 reply = WorkerReply(text=worker_reply(effect.messages[0]["content"]))
             elif isinstance(effect, Similarity):
@@ -62,7 +71,7 @@ def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embed
                 assert not isinstance(effect, CallRouter), "no router model here"
                 reply = None
     except StopIteration:
-        return calls
+        return calls, kept
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -70,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--embeddings", action="store_true", help="dense recall on, as the proxy's default")
+    parser.add_argument("--keep-share", type=float, default=None, help="RoundPolicy.keep_share to try (default: the policy's)")
     parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the bundled encoder (PCP_EMBEDDINGS_MODEL)")
     parser.add_argument("--vectors", type=Path, default=None, help="keep the vectors here between runs (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -90,12 +100,25 @@ def main(argv: Sequence[str] | None = None) -> None:
         label = f"engine (BM25 + {args.encoder})" if embedder else "engine"
         for budget in args.budgets:
             rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
+            later, follow_ups = Shares(), Shares()
+            remembered: dict[str, tuple[list[str], Any]] = {}  # by conversation: the previous request's layout and first prompt
             for question in questions:
                 messages = conversations[question.conv_id]
-                calls = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder)
+                tried = {} if args.keep_share is None else {"keep_share": args.keep_share}
+                previous, first = remembered.get(question.conv_id, ([], None))
+                calls, kept = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, previous, **tried)
+                remembered[question.conv_id] = (kept, calls[0]["messages"])
+                if first is not None:
+                    follow_ups.add(shared_prefix(first, calls[0]["messages"], count), prompt_tokens(calls[0]["messages"], count), CACHE_FLOOR)
                 for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
                     row.outcomes.append(outcome)
+                for before, now in zip(calls, calls[1:]):
+                    later.add(shared_prefix(before["messages"], now["messages"], count), prompt_tokens(now["messages"], count), CACHE_FLOOR)
             print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")
+            for name, shares in (("later rounds", later), ("follow-ups (on the history)", follow_ups)):
+                calls, hits, share, tokens = shares.cells()
+                print(f"{name}: {calls} calls, {hits} with a cached prefix (≥ {CACHE_FLOOR:,} tokens), {share} of the prompt ({tokens} tokens)")
+            print()
         if embedder is not None:
             embedder.close()
     print(LEGEND)

@@ -147,7 +147,7 @@ def engine_rows(conversations: dict[str, list[Message]], questions: Sequence[Que
     rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
     for q in questions:
         messages = conversations[q.conv_id]
-        calls = worker_calls(sessions[q.conv_id].pages.index(), q.text, budget, tokenizer.count_built, embedder)
+        calls, _ = worker_calls(sessions[q.conv_id].pages.index(), q.text, budget, tokenizer.count_built, embedder)
         for row, outcome in zip(rows, proxy_outcomes(q, messages, calls, tokenizer.count, needles(q, messages))):
             row.outcomes.append(outcome)
     return rows

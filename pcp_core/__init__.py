@@ -17,7 +17,7 @@ from .pages import ConsolidatedPage, OriginalPage, Page, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
-from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle
+from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, remembered, rounds, settle
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
 from .tokens import CountText, prompt_tokens
@@ -58,6 +58,7 @@ __all__ = [
     "model_summary",
     "prepare",
     "prompt_tokens",
+    "remembered",
     "rounds",
     "settle",
     "short_hash",

@@ -23,14 +23,15 @@ import msgspec
 
 from .bm25 import Bm25Cache
 from .conversation import Conversation
-from .engine import Effect, Outcome, RoundContext, RoundPolicy, run_rounds
+from .engine import Effect, Outcome, RoundContext, RoundPolicy, kept_nodes, run_rounds
 from .pages import Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
+from .synthesis import Synthesis
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import CountText
 
-__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle"]
+__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "remembered", "rounds", "settle"]
 
 _ID = attrgetter("id")
 
@@ -113,12 +114,20 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         turn = _query_turn(conversation, now)
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
-    return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count))
+    context = msgspec.structs.replace(_context(conversation, policy, facts, now, count), previous_layout=found.layout)
+    return Prepared(session=session, new_links=new_links, paged=paged, context=context)
 
 
 def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
     """The request's rounds (``engine.run_rounds``) over its session's pages."""
     return run_rounds(prepared.context, prepared.session.pages.index(), count, cache)
+
+
+def remembered(prepared: Prepared, synthesis: Synthesis, policy: Policy) -> Prepared:
+    """``prepared`` with its session remembering round 0's layout (``synthesis``): the next
+    request keeps the nodes that still rank in their place, a prefix a provider's cache reuses."""
+    session = msgspec.structs.replace(prepared.session, layout=kept_nodes(synthesis, policy.rounds))
+    return msgspec.structs.replace(prepared, session=session)
 
 
 def settle(prepared: Prepared, outcome: Outcome) -> Session:

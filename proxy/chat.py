@@ -80,10 +80,23 @@ class Usage(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    # The prompt tokens the upstream's prompt cache served, summed, when it says (OpenAI, vLLM, llama.cpp).
+    cached_tokens: int | None = None
 
     def add(self, usage: dict[str, Any] | None) -> None:
         for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
             setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
+        details = (usage or {}).get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            self.cached_tokens = (self.cached_tokens or 0) + cached
+
+    def as_dict(self) -> dict[str, Any]:
+        """The usage as the API writes it (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 # Fields of the client's request that the proxy sets itself on worker calls.
@@ -128,7 +141,7 @@ class ChatCodec:
             first, *others = completion["choices"]
             answers = [(first, outcome.text), *((choice, spoken(choice["message"].get("content") or "")) for choice in others[: self.choices - 1])]
             completion["choices"] = [_answer(choice, i, text) for i, (choice, text) in enumerate(answers)]
-        completion["usage"] = msgspec.to_builtins(usage)
+        completion["usage"] = usage.as_dict()
         return completion
 
     async def events(self, completion: dict[str, Any]) -> AsyncIterator[bytes]:

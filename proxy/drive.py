@@ -19,11 +19,10 @@ from collections.abc import AsyncIterator, Awaitable, Generator
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, rounds, settle
+from pcp_core import CallRouter, CallWorker, Conversation, Effect, Facts, Outcome, Prepared, Similarity, asked, prepare, remembered, rounds, settle
 
 from .chat import DONE, ChatCodec, Usage
 from .chat_stream import StreamedRound
@@ -117,6 +116,8 @@ class ProtocolRequest:
         except StopIteration as done:
             self._settle(done.value)
             return done.value
+        if self.unsaved and self.prepared is not None:  # round 0: the next request keeps what still ranks of it
+            self.prepared = remembered(self.prepared, effect.synthesis, self.services.policy)
         self._save_once()
         return effect
 
@@ -222,7 +223,7 @@ class ProtocolRequest:
                 return
         yield round_.chunk({}, finish_reason="stop")
         if self.codec.include_usage:
-            yield round_.event({"choices": [], "usage": msgspec.to_builtins(self.usage)})
+            yield round_.event({"choices": [], "usage": self.usage.as_dict()})
         yield DONE
         if loop is not None:
             await self.advance(loop, round_.reply(delivered=True))
