@@ -23,7 +23,8 @@ import asyncio
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,54 @@ def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embed
         return calls, kept
 
 
+@contextmanager
+def steady_state(sessions: dict[str, Any], dense: bool, vectors: Path | None = None, encoder: str = "minilm") -> Iterator[Any]:
+    """With ``dense``, the host's embedder with every page of ``sessions`` encoded (the steady state
+    ``bench/recall.py --embeddings`` waits for; vectors kept in ``vectors``, or a temporary directory); else None."""
+    if not dense:
+        yield None
+        return
+    from proxy.embeddings import Embedder
+
+    with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
+        directory = vectors or Path(scratch)
+        embedder = Embedder(directory, encoder=encoder, models_dir=directory.parent / "models")
+        for session in sessions.values():
+            embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
+        try:
+            yield embedder
+        finally:
+            embedder.close()
+
+
+def one_budget(conversations: dict[str, Any], questions: Sequence[Any], sessions: dict[str, Any], budget: int, tokenizer: Tokenizer, embedder: Any, label: str, **tried: Any) -> str:
+    """The rows of one budget, and the shares of the prompts a provider's cache could reuse.
+
+    Each conversation's questions are asked one after the other, as ``bench/recall.py``
+    sends them through the proxy: the session remembers each request's round 0 for the next.
+    """
+    count = tokenizer.count
+    rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
+    later, follow_ups = Shares(), Shares()
+    remembered: dict[str, tuple[list[str], Any]] = {}  # by conversation: the previous request's layout and first prompt
+    for question in questions:
+        messages = conversations[question.conv_id]
+        previous, first = remembered.get(question.conv_id, ([], None))
+        calls, kept = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, previous, **tried)
+        remembered[question.conv_id] = (kept, calls[0]["messages"])
+        if first is not None:
+            follow_ups.add(shared_prefix(first, calls[0]["messages"], count), prompt_tokens(calls[0]["messages"], count), CACHE_FLOOR)
+        for before, now in zip(calls, calls[1:]):
+            later.add(shared_prefix(before["messages"], now["messages"], count), prompt_tokens(now["messages"], count), CACHE_FLOOR)
+        for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
+            row.outcomes.append(outcome)
+    lines = [markdown_table(budget, rows, [1, 2, 3, 4]), ""]
+    for name, shares in (("later rounds", later), ("follow-ups (on the history)", follow_ups)):
+        calls_n, hits, share, tokens = shares.cells()
+        lines.append(f"{name}: {calls_n} calls, {hits} with a cached prefix (≥ {CACHE_FLOOR:,} tokens), {share} of the prompt ({tokens} tokens)")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 4096])
@@ -85,42 +134,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     tokenizer = Tokenizer(ENCODING)
-    count = tokenizer.count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
     print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); the engine in process\n")
-    sessions = {conv_id: paged_session(messages, count) for conv_id, messages in conversations.items()}
-    with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
-        embedder = None
-        if args.embeddings:
-            from proxy.embeddings import Embedder
-
-            embedder = Embedder(args.vectors or Path(scratch), encoder=args.encoder, models_dir=(args.vectors or Path(scratch)).parent / "models")
-            for session in sessions.values():  # the steady state: every page encoded
-                embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
-        label = f"engine (BM25 + {args.encoder})" if embedder else "engine"
+    sessions = {conv_id: paged_session(messages, tokenizer.count) for conv_id, messages in conversations.items()}
+    tried = {} if args.keep_share is None else {"keep_share": args.keep_share}
+    label = f"engine (BM25 + {args.encoder})" if args.embeddings else "engine"
+    with steady_state(sessions, args.embeddings, args.vectors, args.encoder) as embedder:
         for budget in args.budgets:
-            rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
-            later, follow_ups = Shares(), Shares()
-            remembered: dict[str, tuple[list[str], Any]] = {}  # by conversation: the previous request's layout and first prompt
-            for question in questions:
-                messages = conversations[question.conv_id]
-                tried = {} if args.keep_share is None else {"keep_share": args.keep_share}
-                previous, first = remembered.get(question.conv_id, ([], None))
-                calls, kept = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, previous, **tried)
-                remembered[question.conv_id] = (kept, calls[0]["messages"])
-                if first is not None:
-                    follow_ups.add(shared_prefix(first, calls[0]["messages"], count), prompt_tokens(calls[0]["messages"], count), CACHE_FLOOR)
-                for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
-                    row.outcomes.append(outcome)
-                for before, now in zip(calls, calls[1:]):
-                    later.add(shared_prefix(before["messages"], now["messages"], count), prompt_tokens(now["messages"], count), CACHE_FLOOR)
-            print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")
-            for name, shares in (("later rounds", later), ("follow-ups (on the history)", follow_ups)):
-                calls, hits, share, tokens = shares.cells()
-                print(f"{name}: {calls} calls, {hits} with a cached prefix (≥ {CACHE_FLOOR:,} tokens), {share} of the prompt ({tokens} tokens)")
-            print()
-        if embedder is not None:
-            embedder.close()
+            print(one_budget(conversations, questions, sessions, budget, tokenizer, embedder, label, **tried))
     print(LEGEND)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
 

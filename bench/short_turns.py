@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -44,8 +43,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, DenseRanker, Message, Question, Row, baseline_outcome, category_counts, fit_in_order, load_data, markdown_table, proxy_outcomes  # noqa: E402
-from bench.rounds import worker_calls  # noqa: E402
-from pcp_core.router import dense_texts, unit_texts  # noqa: E402
+from bench.rounds import steady_state, worker_calls  # noqa: E402
 from pcp_core.synthesis import xml_safe  # noqa: E402
 from proxy.testing import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -171,19 +169,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"LoCoMo {args.data.name} as {args.shape}: {len(conversations)} conversations of {min(sizes):,}–{max(sizes):,} messages ({sum(tokens) / sum(sizes):.1f} tokens a message, {min(tokens):,}–{max(tokens):,} a conversation), {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])})\n")
     sessions = {conv_id: paged_session(messages, tokenizer.count) for conv_id, messages in conversations.items()}
     dense = DenseRanker()
-    with tempfile.TemporaryDirectory(prefix="pcp-short-") as scratch:
-        embedder = None
-        if args.embeddings:
-            from proxy.embeddings import Embedder
-
-            embedder = Embedder(args.vectors or Path(scratch))
-            for session in sessions.values():
-                embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
+    with steady_state(sessions, args.embeddings, args.vectors) as embedder:
         for budget in args.budgets:
             rows = [flat_dense(conversations, questions, budget, tokenizer.count, dense), *engine_rows(conversations, questions, budget, tokenizer, sessions, embedder)]
             print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")
-        if embedder is not None:
-            embedder.close()
     print(LEGEND)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
