@@ -87,6 +87,7 @@ def steady_state(sessions: dict[str, Any], dense: bool, vectors: Path | None = N
     with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
         directory = vectors or Path(scratch)
         embedder = Embedder(directory, encoder=encoder, models_dir=directory.parent / "models")
+        embedder.load()  # both instances: until they are in, the host ranks by BM25 alone
         for session in sessions.values():
             embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
         try:
