@@ -149,11 +149,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1500, 1800, 3500, 7000])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the dense model (fp32) of every ranking that uses one")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     count = Tokenizer(ENCODING).count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
-    dense = DenseRanker()
+    dense = DenseRanker(args.encoder)
     convs = {cid: Conversation(messages, dense, count) for cid, messages in conversations.items()}
     vectors = dense.embed([q.text for q in questions])
     spent: dict[str, list[tuple[Question, float]]] = {}

@@ -101,8 +101,8 @@ class UpstreamVectors:
         self.headers = {**(headers or {}), "x-pcp-role": "embeddings", "content-type": "application/json"}
         if self.failing:
             return self.fallback.prefetch(text, headers) if self.fallback is not None else done()
+        self._queries = {t: task for t, task in self._queries.items() if not task.done()}  # a vector that landed is cached
         if text not in self._queries:
-            self._queries = {t: task for t, task in self._queries.items() if not task.done()}
             self._queries[text] = asyncio.ensure_future(self._query_vector(text))
         return self._queries[text]
 
@@ -110,7 +110,9 @@ class UpstreamVectors:
         """The query's cosine with each of ``texts`` whose vector is in, NaN for the others (queued); None when none is."""
         if not self.failing:
             task = self._queries.pop(query, None)
-            vector = await (task if task is not None else self._query_vector(query))
+            vector = await task if task is not None else None
+            if vector is None and not self.failing:
+                vector = await self._query_vector(query)
             if vector is not None:
                 cosines = self.cache.cosines(texts, vector)
                 missing = np.isnan(cosines)

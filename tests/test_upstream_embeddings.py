@@ -93,3 +93,41 @@ def test_an_answer_that_is_not_embeddings_for_the_texts_is_refused():
     for wrong in (b'{"data": []}', b'{"error": "x"}', b'{"data": [{"embedding": [1]}, {"index": 1, "embedding": [1, 2]}]}', b"<html>"):
         with pytest.raises(ValueError):
             decoded(wrong, 2)
+
+
+def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
+    import asyncio
+
+    from proxy.testing import FakeUpstream
+    from proxy.upstream import Upstream
+    from proxy.upstream_embeddings import UpstreamVectors
+
+    fake = FakeUpstream()
+    model = StandInEmbedder()
+    fake.embeddings = lambda recorded: Reply(status=503, body=b'{"error": {"message": "loading"}}')
+    now = [0.0]
+    fallback = StandInEmbedder()
+
+    async def scenario() -> None:
+        upstream = Upstream(fake.url, connect_timeout=5, read_timeout=5, transport=fake.transport())
+        vectors = UpstreamVectors(upstream, "embed-1", fallback=fallback, retry_seconds=60, clock=lambda: now[0])
+        texts = ["our puppy learned to sit", "the invoice is paid"]
+        await vectors.prefetch("dog training?", {})
+        assert vectors.failing and await vectors.similarities_when_ready("dog training?", texts) is not None
+        assert len(fallback.asked) == 1  # the bundled encoder answered
+
+        fake.embeddings = embeddings_reply(model.vector)
+        now[0] = 30.0  # still within its time: the upstream is not asked
+        await vectors.similarities_when_ready("dog training?", texts)
+        assert len([r for r in fake.requests if r.path.endswith("/embeddings")]) == 1 and len(fallback.asked) == 2
+
+        now[0] = 61.0
+        assert await vectors.similarities_when_ready("dog training?", texts) is None  # asked again: the pages are on their way
+        await asyncio.sleep(0.2)
+        cosines = await vectors.similarities_when_ready("dog training?", texts)
+        np.testing.assert_allclose(cosines, [model.vector(t) @ model.vector("dog training?") for t in texts], rtol=1e-5)
+        assert len(fallback.asked) == 2
+        vectors.close()
+        await upstream.aclose()
+
+    asyncio.run(scenario())
