@@ -129,7 +129,7 @@ class ProtocolRequest:
             return None
         if self.prefetch is not None:
             await _quietly(self.prefetch)
-        return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts))
+        return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts, self.headers))
 
     async def ask_router(self, call: CallRouter) -> str | None:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""

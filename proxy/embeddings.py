@@ -234,7 +234,7 @@ class Embedder:
                 self._serving -= 1
                 self._quiet.notify_all()
 
-    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any | None:
+    async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Mapping[str, str] | None = None) -> Any | None:
         """The cosine of ``query`` (encoded now) with each of ``texts``, as far as they are in memory.
 
         A text not there yet has NaN, and goes to the background thread, so a

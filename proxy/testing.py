@@ -322,7 +322,7 @@ class StandInEmbedder:
         self.prefetched.append(text)
         return done()
 
-    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any:
+    async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Any = None) -> Any:
         import numpy as np
 
         self.asked.append((query, len(texts)))

@@ -66,6 +66,11 @@ def done(value: Any = None) -> asyncio.Future[Any]:
     return future
 
 
+def _ours(headers: Mapping[str, str] | None) -> dict[str, str]:
+    """A request's headers as an embeddings call of the proxy's own carries them."""
+    return {**(headers or {}), "x-pcp-role": "embeddings", "content-type": "application/json"}
+
+
 def decoded(body: bytes, texts: int) -> Any:
     """The unit vectors of an ``/embeddings`` answer, in input order; ValueError when it is not one for ``texts`` texts."""
     try:
@@ -88,38 +93,40 @@ class UpstreamVectors:
         self.on_call = on_call or (lambda: None)
         self.on_encoded = on_encoded or (lambda state, n: None)
         self.batch_texts, self.retry_seconds, self.clock = batch_texts, retry_seconds, clock
-        self.headers: dict[str, str] = {}  # the latest request's: the background's calls carry its authorization
         self.failed_at: float | None = None
         self._queries: dict[str, asyncio.Task[Any]] = {}
         self._pending: set[str] = set()
-        self._queue: asyncio.Queue[list[str]] | None = None
+        # Texts to embed, with the headers of the request that asked: a call carries that caller's authorization.
+        self._queue: asyncio.Queue[tuple[list[str], dict[str, str]]] | None = None
         self._task: asyncio.Task[None] | None = None
 
     # -- for requests ----------------------------------------------------------------
     def prefetch(self, text: str, headers: Mapping[str, str] | None = None) -> Awaitable[Any]:
         """Start embedding the query now (or, while the upstream is failing, the fallback's)."""
-        self.headers = {**(headers or {}), "x-pcp-role": "embeddings", "content-type": "application/json"}
         if self.failing:
             return self.fallback.prefetch(text, headers) if self.fallback is not None else done()
         self._queries = {t: task for t, task in self._queries.items() if not task.done()}  # a vector that landed is cached
         if text not in self._queries:
-            self._queries[text] = asyncio.ensure_future(self._query_vector(text))
+            self._queries[text] = asyncio.ensure_future(self._query_vector(text, _ours(headers)))
         return self._queries[text]
 
-    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any | None:
-        """The query's cosine with each of ``texts`` whose vector is in, NaN for the others (queued); None when none is."""
+    async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Mapping[str, str] | None = None) -> Any | None:
+        """The query's cosine with each of ``texts`` whose vector is in, NaN for the others (queued); None when none is.
+
+        ``headers``: the request's, whose authorization the calls for it carry.
+        """
         if not self.failing:
             task = self._queries.pop(query, None)
             vector = await task if task is not None else None
             if vector is None and not self.failing:
-                vector = await self._query_vector(query)
+                vector = await self._query_vector(query, _ours(headers))
             if vector is not None:
                 cosines = self.cache.cosines(texts, vector)
                 missing = np.isnan(cosines)
-                self._enqueue([texts[i] for i in np.flatnonzero(missing)])
+                self._enqueue([texts[i] for i in np.flatnonzero(missing)], _ours(headers))
                 return None if missing.all() else cosines
         if self.fallback is not None:
-            return await self.fallback.similarities_when_ready(query, texts)
+            return await self.fallback.similarities_when_ready(query, texts, headers)
         return None
 
     @property
@@ -138,22 +145,22 @@ class UpstreamVectors:
             self.disk.close()
 
     # -- the calls -------------------------------------------------------------------
-    async def _query_vector(self, text: str) -> Any | None:
+    async def _query_vector(self, text: str, headers: dict[str, str]) -> Any | None:
         found = self.cache.found([text])
         if text in found:
             return found[text]
-        vectors = await self._embed([text], QUERY_TIMEOUT)
+        vectors = await self._embed([text], QUERY_TIMEOUT, headers)
         if vectors is None:
             return None
         self.cache.add({text: vectors[0]})
         return vectors[0]
 
-    async def _embed(self, texts: list[str], timeout: float) -> Any | None:
+    async def _embed(self, texts: list[str], timeout: float, headers: dict[str, str]) -> Any | None:
         """The unit vectors of ``texts`` from the upstream, or None when the call failed (the fallback then serves)."""
         self.on_call()
         body = json.dumps({"model": self.model, "input": texts}).encode()
         try:
-            status, media_type, raw = await asyncio.wait_for(self._post(body, timeout), timeout)
+            status, media_type, raw = await asyncio.wait_for(self._post(body, timeout, headers), timeout)
             if status >= 400:
                 raise UpstreamError.refused(status, raw, media_type)
             return await asyncio.to_thread(decoded, raw, len(texts))
@@ -163,12 +170,12 @@ class UpstreamVectors:
             self.failed_at = self.clock()
             return None
 
-    async def _post(self, body: bytes, timeout: float) -> tuple[int, str | None, bytes]:
-        response = await self.upstream.open("POST", "/embeddings", content=body, headers=self.headers, timeout=timeout)
+    async def _post(self, body: bytes, timeout: float, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+        response = await self.upstream.open("POST", "/embeddings", content=body, headers=headers, timeout=timeout)
         return response.status_code, response.headers.get("content-type"), await self.upstream.read(response)
 
     # -- the background --------------------------------------------------------------
-    def _enqueue(self, texts: list[str]) -> None:
+    def _enqueue(self, texts: list[str], headers: dict[str, str]) -> None:
         texts = [t for t in dict.fromkeys(texts) if t not in self._pending]
         if not texts:
             return
@@ -177,27 +184,27 @@ class UpstreamVectors:
             self._task = asyncio.ensure_future(self._run())
         self._pending.update(texts)
         self.on_encoded("queued", len(texts))
-        self._queue.put_nowait(texts)
+        self._queue.put_nowait((texts, headers))
 
     async def _run(self) -> None:
         assert self._queue is not None
         while True:
-            texts = await self._queue.get()
+            texts, headers = await self._queue.get()
             try:
-                await self._fill(texts)
+                await self._fill(texts, headers)
             except Exception:  # dense recall is lost for these texts, never a request
                 log.exception("embedding %d texts upstream failed", len(texts))
             finally:
                 self._pending.difference_update(texts)
 
-    async def _fill(self, texts: list[str]) -> None:
+    async def _fill(self, texts: list[str], headers: dict[str, str]) -> None:
         loaded = await asyncio.to_thread(self._from_disk, texts)
         if loaded:
             self.on_encoded("loaded", len(loaded))
         absent = [t for t in texts if t not in loaded]
         for start in range(0, len(absent), self.batch_texts):
             batch = absent[start : start + self.batch_texts]
-            vectors = None if self.failing else await self._embed(batch, BATCH_TIMEOUT)
+            vectors = None if self.failing else await self._embed(batch, BATCH_TIMEOUT, headers)
             if vectors is None:  # asked again by a later request, once the upstream is retried
                 self.on_encoded("failed", len(absent) - start)
                 return

@@ -131,3 +131,15 @@ def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
         await upstream.aclose()
 
     asyncio.run(scenario())
+
+
+def test_each_callers_texts_are_embedded_with_its_own_key(start_proxy, upstream):
+    upstream.embeddings = embeddings_reply(StandInEmbedder().vector)
+    proxy = start(start_proxy, upstream, StandInEmbedder())
+    mine, theirs = paraphrase_history(), paraphrase_history()
+    theirs[5]["content"] = "Turn 4: the other caller's own words about a canoe."
+    proxy.client(api_key="sk-mine").chat.completions.create(model="m", messages=mine)
+    proxy.client(api_key="sk-theirs").chat.completions.create(model="m", messages=theirs)
+    settled(proxy)
+    keys = {c.headers["authorization"] for c in embedding_calls(upstream) if any("canoe" in text for text in c.json["input"])}
+    assert keys == {"Bearer sk-theirs"}
