@@ -165,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"LoCoMo {args.data.name}: {len(questions)} questions; share recalled within T tokens of the ranking\n")
     header = ["ranking", *(f"T={t:,}" for t in args.tokens), *(f"{CATEGORY_NAMES[c]} @{args.tokens[0]:,}" for c in (1, 2, 3, 4))]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    label = {"minilm": "MiniLM", "mpnet": "mpnet"}[args.encoder]
     for name, rows in spent.items():
+        name = name.replace("MiniLM", label)
         cells = [f"{sum(s <= t for _, s in rows) / len(rows):.2f}" for t in args.tokens]
         for category in (1, 2, 3, 4):
             mine = [s for q, s in rows if q.category == category]
