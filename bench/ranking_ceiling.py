@@ -149,11 +149,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1500, 1800, 3500, 7000])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the dense model (fp32) of every ranking that uses one")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     count = Tokenizer(ENCODING).count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
-    dense = DenseRanker()
+    dense = DenseRanker(args.encoder)
     convs = {cid: Conversation(messages, dense, count) for cid, messages in conversations.items()}
     vectors = dense.embed([q.text for q in questions])
     spent: dict[str, list[tuple[Question, float]]] = {}
@@ -164,7 +165,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"LoCoMo {args.data.name}: {len(questions)} questions; share recalled within T tokens of the ranking\n")
     header = ["ranking", *(f"T={t:,}" for t in args.tokens), *(f"{CATEGORY_NAMES[c]} @{args.tokens[0]:,}" for c in (1, 2, 3, 4))]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
+    label = {"minilm": "MiniLM", "mpnet": "mpnet"}[args.encoder]
     for name, rows in spent.items():
+        name = name.replace("MiniLM", label)
         cells = [f"{sum(s <= t for _, s in rows) / len(rows):.2f}" for t in args.tokens]
         for category in (1, 2, 3, 4):
             mine = [s for q, s in rows if q.category == category]

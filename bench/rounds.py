@@ -23,7 +23,8 @@ import asyncio
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,9 +33,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes  # noqa: E402
+from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
+from pcp_core.tokens import prompt_tokens  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
-from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, run_rounds  # noqa: E402
+from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, kept_nodes, run_rounds  # noqa: E402
 from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
@@ -45,15 +48,22 @@ NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every convers
 CACHE = Bm25Cache()
 
 
-def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any) -> list[dict[str, Any]]:
-    """The worker calls of one request, as bodies with their ``messages``."""
-    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=RoundPolicy(budget=budget, max_rounds=4), dense=embedder is not None), index, count, CACHE)
+def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any, previous: list[str] | None = None, **policy: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    """The worker calls of one request, as bodies with their ``messages``, and what the session remembers of round 0.
+
+    ``previous``: what it remembered of the request before (the proxy keeps it in the
+    conversation's session); ``policy``: RoundPolicy fields to try.
+    """
+    rules = RoundPolicy(budget=budget, max_rounds=4, **policy)
+    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None, previous_layout=previous or []), index, count, CACHE)
     calls: list[dict[str, Any]] = []
+    kept: list[str] = []
     reply: Any = None
     try:
         while True:
             effect = loop.send(reply)
             if isinstance(effect, CallWorker):
+                kept = kept if calls else kept_nodes(effect.synthesis, rules)
                 calls.append({"messages": effect.messages})
                 reply = WorkerReply(text=worker_reply(effect.messages[0]["content"]))
             elif isinstance(effect, Similarity):
@@ -62,7 +72,56 @@ def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embed
                 assert not isinstance(effect, CallRouter), "no router model here"
                 reply = None
     except StopIteration:
-        return calls
+        return calls, kept
+
+
+@contextmanager
+def steady_state(sessions: dict[str, Any], dense: bool, vectors: Path | None = None, encoder: str = "minilm") -> Iterator[Any]:
+    """With ``dense``, the host's embedder with every page of ``sessions`` encoded (the steady state
+    ``bench/recall.py --embeddings`` waits for; vectors kept in ``vectors``, or a temporary directory); else None."""
+    if not dense:
+        yield None
+        return
+    from proxy.embeddings import Embedder
+
+    with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
+        directory = vectors or Path(scratch)
+        embedder = Embedder(directory, encoder=encoder, models_dir=directory.parent / "models")
+        embedder.load()  # both instances: until they are in, the host ranks by BM25 alone
+        for session in sessions.values():
+            embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
+        try:
+            yield embedder
+        finally:
+            embedder.close()
+
+
+def one_budget(conversations: dict[str, Any], questions: Sequence[Any], sessions: dict[str, Any], budget: int, tokenizer: Tokenizer, embedder: Any, label: str, **tried: Any) -> str:
+    """The rows of one budget, and the shares of the prompts a provider's cache could reuse.
+
+    Each conversation's questions are asked one after the other, as ``bench/recall.py``
+    sends them through the proxy: the session remembers each request's round 0 for the next.
+    """
+    count = tokenizer.count
+    rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
+    later, follow_ups = Shares(), Shares()
+    remembered: dict[str, tuple[list[str], Any]] = {}  # by conversation: the previous request's layout and first prompt
+    for question in questions:
+        messages = conversations[question.conv_id]
+        previous, first = remembered.get(question.conv_id, ([], None))
+        calls, kept = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, previous, **tried)
+        remembered[question.conv_id] = (kept, calls[0]["messages"])
+        if first is not None:
+            follow_ups.add(shared_prefix(first, calls[0]["messages"], count), prompt_tokens(calls[0]["messages"], count), CACHE_FLOOR)
+        for before, now in zip(calls, calls[1:]):
+            later.add(shared_prefix(before["messages"], now["messages"], count), prompt_tokens(now["messages"], count), CACHE_FLOOR)
+        for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
+            row.outcomes.append(outcome)
+    lines = [markdown_table(budget, rows, [1, 2, 3, 4]), ""]
+    for name, shares in (("later rounds", later), ("follow-ups (on the history)", follow_ups)):
+        calls_n, hits, share, tokens = shares.cells()
+        lines.append(f"{name}: {calls_n} calls, {hits} with a cached prefix (≥ {CACHE_FLOOR:,} tokens), {share} of the prompt ({tokens} tokens)")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -70,33 +129,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budgets", type=int, nargs="+", default=[2048, 4096])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--embeddings", action="store_true", help="dense recall on, as the proxy's default")
-    parser.add_argument("--vectors", type=Path, default=None, help="keep the MiniLM vectors here between runs (default: a temporary directory)")
+    parser.add_argument("--keep-share", type=float, default=None, help="RoundPolicy.keep_share to try (default: the policy's)")
+    parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the bundled encoder (PCP_EMBEDDINGS_MODEL)")
+    parser.add_argument("--vectors", type=Path, default=None, help="keep the vectors here between runs (default: a temporary directory)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     tokenizer = Tokenizer(ENCODING)
-    count = tokenizer.count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
     print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); the engine in process\n")
-    sessions = {conv_id: paged_session(messages, count) for conv_id, messages in conversations.items()}
-    with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
-        embedder = None
-        if args.embeddings:
-            from proxy.embeddings import Embedder
-
-            embedder = Embedder(args.vectors or Path(scratch))
-            for session in sessions.values():  # the steady state: every page encoded
-                embedder.embed_sync(dense_texts(unit_texts(session.pages.index().leaves())))
-        label = "engine (BM25 + dense)" if embedder else "engine"
+    sessions = {conv_id: paged_session(messages, tokenizer.count) for conv_id, messages in conversations.items()}
+    tried = {} if args.keep_share is None else {"keep_share": args.keep_share}
+    label = f"engine (BM25 + {args.encoder})" if args.embeddings else "engine"
+    with steady_state(sessions, args.embeddings, args.vectors, args.encoder) as embedder:
         for budget in args.budgets:
-            rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
-            for question in questions:
-                messages = conversations[question.conv_id]
-                calls = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder)
-                for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
-                    row.outcomes.append(outcome)
-            print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")
-        if embedder is not None:
-            embedder.close()
+            print(one_budget(conversations, questions, sessions, budget, tokenizer, embedder, label, **tried))
     print(LEGEND)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
 

@@ -22,7 +22,7 @@ from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
-from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, rounds, settle, with_appendix, with_components
+from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, remembered, rounds, settle, with_appendix, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
@@ -89,6 +89,7 @@ __all__ = [
     "placement",
     "prepare",
     "prompt_tokens",
+    "remembered",
     "rounds",
     "select",
     "settle",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
+from itertools import takewhile
 from typing import Any, Literal
 
 import msgspec
@@ -46,7 +47,7 @@ from .timeline import moment
 from .tokens import CountText
 from .views import ViewState
 
-__all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "run_rounds"]
+__all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "kept_nodes", "run_rounds"]
 
 class RoundPolicy(msgspec.Struct, frozen=True):
     """How a request's rounds run (§VI); built once from the settings."""
@@ -68,6 +69,11 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
     # Where the PagedContext goes: the system message, or the user message, for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
+    # For providers' prompt caches: a later round keeps in their place the nodes of the round
+    # before that start within this share of the budget (after what the round brought in), and
+    # a follow-up's round 0 those of the previous request's that still rank (``previous_layout``).
+    keep_share: float = 0.7
+    fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
 
 
 _DEFAULT = RoundPolicy()
@@ -92,6 +98,8 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
     # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
     appendix: str = ""
+    # The previous request's round-0 nodes its session remembers (``pcp_core.request.remembered``).
+    previous_layout: list[str] = []
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -216,7 +224,10 @@ class _Loop:
         self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
-        for page_id in self.hot + self.recent:
+        # The previous request's nodes that still rank keep their place: they open the flow.
+        ranked = {*self.hot, *self.recent, *self.overview}
+        self.kept = list(takewhile(ranked.__contains__, context.previous_layout))
+        for page_id in dict.fromkeys([*(p for p in self.kept if p not in index.roots), *self.hot, *self.recent]):
             self.views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
             index.activate(page_id, Activation.HOT)
             index.touch(page_id)
@@ -227,6 +238,7 @@ class _Loop:
         self.solid: dict[str, Page] = {}  # Draft pages solidified so far, by id
         self.trace: list[Step] = []
         self.faulted = False
+        self.changed: list[str] = []  # what the last round's directives brought in
 
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
@@ -240,7 +252,7 @@ class _Loop:
             final=final,
             budget=policy.budget,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
-            priorities=_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
+            priorities=[*self.changed, *self.kept, *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus)],
             indexed=self.indexed,
             reserved_tokens=context.reserved_tokens,
             overview_budget=int(policy.overview_share * policy.budget),
@@ -251,6 +263,7 @@ class _Loop:
             appendix=context.appendix,
         )
         synthesis = synthesize(self.index, self.views.raised(), request, self.count)
+        self.kept = kept_nodes(synthesis, policy)  # what the next round keeps in its place
         self.standalone = set(synthesis.standalone)
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
@@ -284,6 +297,7 @@ class _Loop:
             return self._ended("answer", text.strip() or NO_ANSWER, done)
         self.index.tick()  # the round is over: what the directives touch is touched in the next
         self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
+        self.changed = []
         for directive in directives:
             self._carry_out(directive, round_no)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
@@ -301,6 +315,7 @@ class _Loop:
         views = self.views
         self.consulted = _still_raised([*asked, *self.consulted], views)
         diffused = _diffuse(directive, self.addressed.ranked, self.index, views, round_no, self.read, self.policy.diffusion_pages)
+        self.changed += [*asked, *diffused]
         self.diffused = _still_raised([*diffused, *self.diffused], views)
 
     def _explore(self, keywords: Sequence[str]) -> list[str]:
@@ -308,6 +323,19 @@ class _Loop:
         addressed = self.addressed
         wanted = anchor_intent("", ", ".join(keywords), now=addressed.now)
         return broad_match(wanted, addressed.leaves, lexical_scores(wanted, addressed.texts, self.cache))
+
+
+def kept_nodes(synthesis: Synthesis, policy: RoundPolicy) -> list[str]:
+    """The top-level nodes of ``synthesis`` that start within ``keep_share`` of the budget, leaving ``fresh_room``: what the next call keeps in place.
+
+    Measured on LoCoMo (BM25, 2,048 / 4,096 tokens): keeping 70% of the budget, later
+    rounds share 45% / 72% of their prompt with the round before (0% / 51% keeping
+    none), the answering prompt holds the evidence more often (0.71 against 0.65 at
+    2,048), and ≤ 3 Consults less (0.79 against 0.82): a round that keeps most of
+    its prompt has little room for what a Consult brings. Hence ``fresh_room``.
+    """
+    limit = min(policy.keep_share * policy.budget, policy.budget - policy.fresh_room)
+    return [page_id for page_id, start in zip(synthesis.layout, synthesis.starts) if start < limit]
 
 
 def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str], final: bool = False, focus_pages: int = _DEFAULT.focus) -> list[str]:

@@ -27,16 +27,17 @@ import msgspec
 
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
-from .engine import Effect, Outcome, RoundContext, RoundPolicy, run_rounds
+from .engine import Effect, Outcome, RoundContext, RoundPolicy, kept_nodes, run_rounds
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
 from .pages import Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
+from .synthesis import Synthesis
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import Checkpoint, CountText, unchecked
 
-__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "rounds", "settle", "with_appendix", "with_components"]
+__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "remembered", "rounds", "settle", "with_appendix", "with_components"]
 
 _ID = attrgetter("id")
 
@@ -129,7 +130,8 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         turn = _query_turn(conversation, now)
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
-    return Prepared(session=session, new_links=new_links, paged=paged, context=_context(conversation, policy, facts, now, count), recalled=facts.memory)
+    context = msgspec.structs.replace(_context(conversation, policy, facts, now, count), previous_layout=found.layout)
+    return Prepared(session=session, new_links=new_links, paged=paged, context=context, recalled=facts.memory)
 
 
 def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
@@ -146,6 +148,13 @@ def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None)
         if page.id not in index:
             index.register(page)
     return run_rounds(prepared.context, index, count, cache)
+
+
+def remembered(prepared: Prepared, synthesis: Synthesis, policy: Policy) -> Prepared:
+    """``prepared`` with its session remembering round 0's layout (``synthesis``): the next
+    request keeps the nodes that still rank in their place, a prefix a provider's cache reuses."""
+    session = msgspec.structs.replace(prepared.session, layout=kept_nodes(synthesis, policy.rounds))
+    return msgspec.structs.replace(prepared, session=session)
 
 
 def settle(prepared: Prepared, outcome: Outcome) -> Session:

@@ -105,6 +105,7 @@ class Synthesis(msgspec.Struct):
     folded: list[str]  # roots folded into Background_Context
     dehydrated: list[str]  # raised pages shown below their wanted view
     layout: list[str] = []  # the Linear_Flow's top-level nodes, in document order
+    starts: list[int] = []  # the token at which each of them starts in the document
 
 
 def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
@@ -169,9 +170,10 @@ class _Builder:
         dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
         folded = [r for r in self._listed() if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
+        layout = self._layout(shown, unfolded)
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
-            folded=folded, dehydrated=dehydrated, layout=self._layout(shown, unfolded),
+            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, layout, self.count),
         )  # fmt: skip
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
@@ -343,6 +345,17 @@ class _Builder:
             for child in self.index.children(page_id):
                 element.append(self._subtree(child.id, shown, nested=True))
         return element
+
+
+def _starts(document: str, layout: Sequence[str], count: CountText) -> list[int]:
+    """The token at which each top-level node of ``layout`` starts in ``document``, counted a line at a time."""
+    starts, at, tokens = [], 0, 0
+    for page_id in layout:
+        line = document.find(f'\n<Node id="{page_id}"', at) + 1
+        tokens += count(document[at:line])
+        starts.append(tokens)
+        at = line
+    return starts
 
 
 def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:

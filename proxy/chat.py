@@ -110,11 +110,17 @@ class Usage(msgspec.Struct):
     total_tokens: int = 0
     # Counts another API tells that chat has no name for (Anthropic's cache reads and writes), summed by name.
     more: dict[str, int] = {}
+    # The prompt tokens the upstream's prompt cache served, summed, when it says (OpenAI, vLLM, llama.cpp).
+    cached_tokens: int | None = None
 
     def add(self, usage: dict[str, Any] | None) -> None:
         """Add a chat completion's usage."""
         for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
             setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
+        details = (usage or {}).get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            self.cached_tokens = (self.cached_tokens or 0) + cached
 
     def add_counts(self, prompt: int, completion: int, **more: int) -> None:
         """Add another API's usage: the tokens it read and wrote, and what else it counts."""
@@ -124,9 +130,12 @@ class Usage(msgspec.Struct):
         for name, tokens in more.items():
             self.more[name] = self.more.get(name, 0) + tokens
 
-    def chat(self) -> dict[str, int]:
-        """The sum as a chat completion's ``usage``."""
-        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
+    def chat(self) -> dict[str, Any]:
+        """The sum as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 # Fields of the client's request that the proxy sets itself on worker calls.

@@ -51,7 +51,7 @@ def tune_process(settings: Settings) -> None:
     gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
     # Whatever the proxy writes (sessions, caches, the local model's log) is its user's alone.
     os.umask(0o077)
-    if settings.router_embeddings and embeddings_available():
+    if settings.router_embeddings and embeddings_available(settings.embeddings_model):
         prepare_process()
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, remembered, rounds, settle
 
 from .chat import Usage
 from .chat_stream import StreamedRound
@@ -88,7 +88,7 @@ class ProtocolRequest:
         self.headers.pop("accept-encoding", None)
         self.namespace = namespace
         self.pinned = pinned
-        self.prefetch: asyncio.Future[Any] | None = None  # the query's vector, encoding
+        self.prefetch: Awaitable[Any] | None = None  # the query's vector, encoding
         self.prepared: Prepared | None = None
         self.unsaved = True
         self.usage = Usage()
@@ -117,10 +117,9 @@ class ProtocolRequest:
         embedder = services.embedder
         if embedder is not None and self.conversation.query_text:
             # Encoded while the history is paged and scored by BM25 (torch leaves the interpreter
-            # while it computes); dense recall waits for it (``fulfil``). Handed to a thread now,
-            # not in a task: a task would start only once paging had.
+            # while it computes, an upstream call leaves the loop); dense recall waits for it (``fulfil``).
             text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
-            self.prefetch = asyncio.get_running_loop().run_in_executor(None, embedder.prefetch, text)
+            self.prefetch = embedder.prefetch(text, self.headers)
         self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
@@ -178,6 +177,8 @@ class ProtocolRequest:
             self._settle(done.value)
             self.telemetry.ended(done.value, self.prepared)  # the request ends: its trace kept, counted, logged
             return done.value
+        if self.unsaved and self.prepared is not None:  # round 0: the next request keeps what still ranks of it
+            self.prepared = remembered(self.prepared, effect.synthesis, self.policy)
         self._save_once()
         return effect
 
@@ -192,7 +193,7 @@ class ProtocolRequest:
             return None
         if self.prefetch is not None:
             await _quietly(self.prefetch)
-        return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts))
+        return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts, self.headers))
 
     async def ask_router(self, call: CallRouter, role: str = "router") -> str | None:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""

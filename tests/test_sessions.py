@@ -181,10 +181,11 @@ def test_retroactive_paging_is_paging_with_nothing_known():
 
 def test_resume_extends_forks_or_starts():
     chain = chain_links(conversation(6))
-    old = Session(id="s-old", chain=chain[:4], seen_at=["t0"] * 4)
+    old = Session(id="s-old", chain=chain[:4], seen_at=["t0"] * 4, layout=["p1", "p2"])
 
     extended = resume(old, 4, chain, "t1", "s-new")
     assert (extended.id, extended.seen_at) == ("s-old", ["t0"] * 4 + ["t1"] * 2)
+    assert extended.layout == ["p1", "p2"]  # what the next round 0 keeps in place, if it still ranks
 
     forked = resume(old, 2, chain, "t1", "s-new")
     assert (forked.id, forked.seen_at) == ("s-new", ["t0"] * 2 + ["t1"] * 4)
@@ -199,12 +200,12 @@ def test_resume_extends_forks_or_starts():
 def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_path: Path):
     chain = chain_links(conversation(8))
     store = SessionStore(tmp_path)
-    store.save("ns", Session(id="s-1", chain=chain[:5], seen_at=["t"] * 5), new_links=5)
+    store.save("ns", Session(id="s-1", chain=chain[:5], seen_at=["t"] * 5, layout=["p1"]), new_links=5)
     store.close()
 
     reopened = SessionStore(tmp_path)
     found, reused = lookup(reopened, conversation(8))
-    assert (found.id, reused) == ("s-1", 5)
+    assert (found.id, reused, found.layout) == ("s-1", 5, ["p1"])
     assert lookup(reopened, conversation(8), "other-caller") == (None, 0)
     assert load(reopened, "s-1", "other-caller") is None
     reopened.close()

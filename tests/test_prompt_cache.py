@@ -1,0 +1,78 @@
+"""Prompts a provider's cache can reuse: what a later round and a follow-up keep in place, and the cached tokens reported."""
+
+from __future__ import annotations
+
+import os
+
+from pcp_core.engine import kept_nodes
+from pcp_core.replies import WorkerReply
+from proxy.testing import completion
+
+from .test_engine import context, doc, drive, summary_node_ids
+from .test_protocol import long_history
+
+
+def consult_a_summary(call):
+    return WorkerReply(text=f'Consult("more", "{summary_node_ids(call)[0]}")')
+
+
+def flow(call) -> list[str]:
+    return [node.get("id") for node in doc(call).find("Linear_Flow")]
+
+
+def test_a_later_round_keeps_the_round_befores_first_nodes_in_place():
+    calls, _, _ = drive([consult_a_summary, WorkerReply(text="done")], context(budget=4096))
+    first, second = calls
+    kept = kept_nodes(first.synthesis, context(budget=4096).policy)
+    assert 3 <= len(kept) < len(flow(first))
+    assert flow(second)[: len(kept)] == kept  # in their place, what the round brought after them
+    shared = os.path.commonprefix([first.messages[0]["content"], second.messages[0]["content"]])
+    assert len(shared) > 0.5 * len(first.messages[0]["content"])
+
+
+def test_a_small_budget_keeps_room_for_what_a_consult_brings():
+    calls, _, _ = drive([consult_a_summary, WorkerReply(text="done")], context(budget=2048))
+    policy = context(budget=2048).policy
+    assert all(start < policy.budget - policy.fresh_room for start in calls[0].synthesis.starts[: len(kept_nodes(calls[0].synthesis, policy))])
+
+
+def test_a_follow_up_keeps_the_previous_requests_nodes_that_still_rank():
+    calls, _, _ = drive([WorkerReply(text="done")], context(budget=4096))
+    kept = kept_nodes(calls[0].synthesis, context(budget=4096).policy)
+    again, _, _ = drive([WorkerReply(text="done")], context(budget=4096, query="And what did Ingrid's greyhound eat?", previous_layout=kept))
+    assert flow(again[0])[:3] == kept[:3]
+    unrelated, _, _ = drive([WorkerReply(text="done")], context(budget=4096, previous_layout=["not-a-page", *kept]))
+    assert flow(unrelated[0]) == flow(calls[0])  # what no longer ranks keeps nothing after it
+
+
+def test_the_session_remembers_round_zero_for_the_next_request(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=2048)
+    proxy.client().chat.completions.create(model="m", messages=long_history())
+    first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    follow_up = [*long_history(), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "And my locker code again?"}]
+    proxy.client().chat.completions.create(model="m", messages=follow_up)
+    second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    flow_start = first.index("<Linear_Flow>")
+    assert len(os.path.commonprefix([first, second])) > flow_start + 200  # into the pages, not only the instructions
+
+
+def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=2048)
+
+    def usage(cached: int | None):
+        reply = completion("5521" if cached else 'Consult("more", "x")', prompt_tokens=2000)
+        if cached is not None:
+            import json
+
+            body = json.loads(reply.body)
+            body["usage"]["prompt_tokens_details"] = {"cached_tokens": cached}
+            reply.body = json.dumps(body).encode()
+        return reply
+
+    upstream.enqueue(usage(0), usage(1536))
+    answer = proxy.client().chat.completions.create(model="m", messages=long_history())
+    assert answer.usage.prompt_tokens == 4000 and answer.usage.prompt_tokens_details.cached_tokens == 1536
+
+    upstream.enqueue(usage(None))
+    raw = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()}).json()
+    assert "prompt_tokens_details" not in raw["usage"]  # the upstream said nothing of a cache
