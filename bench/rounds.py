@@ -37,7 +37,8 @@ from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
-from pcp_core.engine import CallRouter, CallWorker, RoundContext, RoundPolicy, Similarity, kept_nodes, run_rounds  # noqa: E402
+from pcp_core.effects import CallRouter, CallWorker, Similarity  # noqa: E402
+from pcp_core.engine import RoundContext, RoundPolicy, kept_nodes, run_rounds  # noqa: E402
 from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402

@@ -14,7 +14,8 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
-from .engine import CallRouter, CallWorker, Effect, LoadPages, Outcome, RoundPolicy, Similarity
+from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
+from .engine import RoundPolicy
 from .exchanges import Call, Part, Result, Said, chat_messages, text_part
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement

@@ -37,7 +37,8 @@ from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
 from .conversation import fold_system
 from .directives import Consult, Directive, Explore, Shelve
-from .index import Activation, PageIndex, PageState, UnknownPage
+from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
+from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
 from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
@@ -47,7 +48,7 @@ from .timeline import moment
 from .tokens import CountText
 from .views import ViewState
 
-__all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "RoundContext", "RoundPolicy", "Similarity", "kept_nodes", "run_rounds"]
+__all__ = ["RoundContext", "RoundPolicy", "kept_nodes", "run_rounds"]
 
 class RoundPolicy(msgspec.Struct, frozen=True):
     """How a request's rounds run (§VI); built once from the settings."""
@@ -105,58 +106,6 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     def tools(self) -> list[dict[str, Any]]:
         """The tools every worker call carries: the client's, and the directives' in the tools channel."""
         return [*self.client_tools, *(DIRECTIVE_TOOLS if self.policy.channel == "tools" else [])]
-
-
-class Similarity(msgspec.Struct, frozen=True):
-    """Ask the host how close in meaning each of ``texts`` is to ``query``.
-
-    The reply: the cosine of their embeddings, one per text in order (NaN for
-    a text the host has not embedded yet), or None if it has none to offer.
-    """
-
-    query: str
-    texts: list[str]
-
-
-class CallRouter(msgspec.Struct, frozen=True):
-    """Ask the host's router model; the host sends back its reply text, or None if the call failed."""
-
-    messages: list[dict[str, Any]]
-
-
-class LoadPages(msgspec.Struct, frozen=True):
-    """A page fault: the worker opens a memory container whose pages the request does not hold yet.
-
-    The host sends back the pages of ``ids`` it has (a list; None or fewer
-    if some are gone), which join the request's pages.
-    """
-
-    ids: list[str]
-
-
-class CallWorker(msgspec.Struct, frozen=True):
-    messages: list[dict[str, Any]]
-    round: int
-    final: bool
-    tools: list[dict[str, Any]]
-    synthesis: Synthesis
-    # The directives carried out before this call, in order (what its Reasoning_Trace shows).
-    trace: list[Step] = []
-
-
-class Outcome(msgspec.Struct, frozen=True):
-    kind: Literal["answer", "client_tool_calls"]
-    text: str
-    rounds: int
-    trace: list[Step]
-    intent: Intent
-    # The formal pages Draft pages were solidified into at the ends of the rounds (§VI.5).
-    solidified: list[Page] = []
-    # The pages the request touched, by id: Hot or Shelved, their heat and staleness (§5.3).
-    pages: dict[str, PageState] = {}
-
-
-Effect = Similarity | CallRouter | LoadPages | CallWorker
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:

@@ -27,7 +27,8 @@ import msgspec
 
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
-from .engine import Effect, Outcome, RoundContext, RoundPolicy, kept_nodes, run_rounds
+from .effects import Effect, Outcome
+from .engine import RoundContext, RoundPolicy, kept_nodes, run_rounds
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
 from .pages import Page, Turn, iso_timestamp

@@ -186,7 +186,7 @@ def test_low_entropy_query_borrows_the_previous_summary():
 def test_dense_recall_is_fused_with_bm25():
     import numpy as np
 
-    from pcp_core.engine import Similarity
+    from pcp_core.effects import Similarity
 
     messages = history()
     messages[120]["content"] = "Our puppy finally learned to sit, what a good boy."
@@ -296,7 +296,7 @@ def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
 
 
 def test_a_router_model_picks_among_the_best_ranked_pages():
-    from pcp_core.engine import CallRouter
+    from pcp_core.effects import CallRouter
     from pcp_core.router import ROUTER_CANDIDATES
 
     index = retroactive_paging(turns_from_messages(history(), "2026-11-22T09:00:00"), COUNT)

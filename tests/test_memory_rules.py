@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from pcp_core import Conversation, LoadPages, Policy, Resolution, prepare, rounds
-from pcp_core.engine import CallWorker
+from pcp_core.effects import CallWorker
 from pcp_core.index import PageIndex
 from pcp_core.memory import Candidate, MemoryPolicy, Root, conversation_pages, horizontal_merges, memory_pages, page_turns, ranked, selection, turn_hash
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage

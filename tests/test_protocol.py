@@ -11,7 +11,7 @@ import httpx
 import pytest
 from lxml import etree
 
-from pcp_core.engine import NO_ANSWER
+from pcp_core.answers import NO_ANSWER
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.markup import node_view
