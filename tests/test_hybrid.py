@@ -29,6 +29,7 @@ from pcp_core.hybrid import (
     read_snapshot,
     rehydrate,
     render,
+    scope_core,
     split_answer,
     system_snapshot,
     this_round,
@@ -253,3 +254,24 @@ def test_placeholders_that_do_not_fit_are_shelved_and_still_come_back():
     back = rehydrate(fitted, "topic0 please", cold, "now")
     assert next(b for b in back.memory.longterm if b.id == "l0").content == blocks[0].content
     assert all(s.block.id != "l0" for s in kept_cold(back, cold).shelved)
+
+
+# -- a memory scope's core ------------------------------------------------------------------
+
+
+def _block(id: str, **fields) -> Block:
+    return msgspec.convert(block(id, **fields), Block)
+
+
+def test_a_scopes_core_keeps_what_a_round_kept_and_what_it_never_saw_and_drops_what_it_left_out():
+    stored = (_block("seen-kept"), _block("seen-dropped"), _block("written-meanwhile"))
+    kept = (_block("seen-kept", content="rewritten"), _block("new", confidence=0.99))
+    merged = scope_core(stored, kept, seen={"seen-kept", "seen-dropped"})
+    assert [(b.id, b.content) for b in merged] == [("new", "content of new"), ("seen-kept", "rewritten"), ("written-meanwhile", "content of written-meanwhile")]
+    assert len(scope_core(stored, [_block(f"b{i}") for i in range(10)], seen=(), limits=Limits(max_blocks=4))) == 4
+
+
+def test_a_shared_core_block_written_at_a_later_round_of_another_session_joins_this_round_as_its_own():
+    facts = RoundFacts(round=2, workspace="", now=NOW, startup_at=1_700_000_000_000)
+    shown, _ = this_round(None, facts, Cold(), 2000, COUNT, shared_core=[_block("from-elsewhere", round=40)])
+    assert [(b.id, b.round) for b in shown.memory.core] == [("from-elsewhere", 2)] and check(shown) == []

@@ -213,30 +213,49 @@ def test_violations_are_named_in_the_log_at_debug(hybrid, upstream, caplog):
     assert metric_value(hybrid.http.get("/metrics").text, "pcp_context_rounds_total", outcome="read") == 1
 
 
-# -- P-Mem's seam -------------------------------------------------------------------------------
-
-
-class ScopeMemory:
-    """What P-Mem will provide: memory.core by (namespace, scope)."""
-
-    def __init__(self) -> None:
-        self.kept: dict[tuple[str, str], list] = {}
-
-    def recall(self, namespace, scope):
-        return self.kept.get((namespace, scope), [])
-
-    def keep(self, namespace, scope, blocks):
-        self.kept[(namespace, scope)] = list(blocks)
+# -- with a memory scope, core blocks outlive their session ------------------------------------
 
 
 def test_with_a_memory_scope_core_blocks_outlive_their_session(hybrid, upstream):
-    hybrid.services.hybrid.memory = ScopeMemory()
     scoped = {**KEY, "x-pcp-memory": "team"}
     upstream.enqueue(model("Noted.", with_memory(core=[block("pref", content="metric units")])))
     ask(hybrid, "I use metric units.", {**scoped, "x-pcp-session": "one"})
     upstream.enqueue(model("Hi."))
     ask(hybrid, "Hello", {**scoped, "x-pcp-session": "two"})
     assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["metric units"]
+    for headers in ({**KEY, "x-pcp-session": "three"}, {"authorization": "Bearer sk-two", "x-pcp-memory": "team", "x-pcp-session": "four"}):
+        upstream.enqueue(model("Hi."))
+        ask(hybrid, "Hello", headers)  # no scope, or another caller's scope of the same name: nothing shared
+        assert shown(upstream.requests[-1])["memory"]["core"] == []
+
+
+def test_sessions_of_one_scope_add_to_its_core_and_a_block_the_model_lets_fade_is_gone(hybrid, upstream):
+    scoped = {**KEY, "x-pcp-memory": "team"}
+    upstream.enqueue(model("a", with_memory(core=[block("units", content="metric units")])))
+    ask(hybrid, "one", {**scoped, "x-pcp-session": "one"})
+    upstream.enqueue(model("b", with_memory(core=[block("units", content="metric units"), block("tz", content="times in UTC")])))
+    ask(hybrid, "two", {**scoped, "x-pcp-session": "two"})
+    upstream.enqueue(model("c", with_memory(core=[block("units", decay=0.95)])))  # shown both, it lets units fade (rule 14)
+    ask(hybrid, "three", {**scoped, "x-pcp-session": "three"})
+    upstream.enqueue(model("d"))
+    ask(hybrid, "four", {**scoped, "x-pcp-session": "four"})
+    assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
+
+
+def test_the_scopes_core_is_kept_on_disk_sealed_and_dropped_with_the_scope(start_proxy, upstream, tmp_path):
+    settings = {"hybrid": "enabled", "data_dir": str(tmp_path), "data_key": "a" * 64}
+    scoped = {**KEY, "x-pcp-memory": "team"}
+    first = start_proxy(**settings)
+    upstream.enqueue(model("Noted.", with_memory(core=[block("pref", content="prefers tabs")])))
+    ask(first, "I prefer tabs.", {**scoped, "x-pcp-session": "one"})
+    first.stop()
+    stored_bytes = b"".join(path.read_bytes() for path in (tmp_path / "memory" / "core").rglob("*") if path.is_file())
+    assert stored_bytes and b"prefers tabs" not in stored_bytes
+    again = start_proxy(**settings)
     upstream.enqueue(model("Hi."))
-    ask(hybrid, "Hello", {**KEY, "x-pcp-session": "three"})  # no scope: a session of its own
+    ask(again, "Hello", {**scoped, "x-pcp-session": "two"})
+    assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["prefers tabs"]
+    assert again.http.delete("/v1/pcp/memory/team", headers=KEY).status_code == 200
+    upstream.enqueue(model("Hi."))
+    ask(again, "Hello", {**scoped, "x-pcp-session": "three"})
     assert shown(upstream.requests[-1])["memory"]["core"] == []

@@ -9,7 +9,7 @@ continues when it names none (``continuity``), and what the model is told
 
 from .continuity import continued_links, normal_workspace
 from .cold import Cold, Shelved, fit, kept_cold, rehydrate
-from .lifecycle import Aging, RoundFacts, TodoItem, age, system_snapshot, this_round, todo_projection
+from .lifecycle import Aging, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer
 from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot, render
@@ -42,6 +42,7 @@ __all__ = [
     "parse_context",
     "read_snapshot",
     "rehydrate",
+    "scope_core",
     "render",
     "split_answer",
     "system_snapshot",

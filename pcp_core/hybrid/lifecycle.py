@@ -9,7 +9,7 @@ list a client sets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 
 import msgspec
@@ -17,7 +17,7 @@ import msgspec
 from .cold import Cold, fit, kept_cold, rehydrate
 from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "system_snapshot", "this_round", "todo_projection"]
+__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "scope_core", "system_snapshot", "this_round", "todo_projection"]
 
 
 class Aging(msgspec.Struct, frozen=True):
@@ -61,7 +61,9 @@ def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: i
     snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
     if shared_core:
         shared = {block.id for block in shared_core}
-        core = sorted([*shared_core, *(b for b in snapshot.memory.core if b.id not in shared)], key=lambda b: -b.quality)
+        # A block another session wrote at a later round of its own is this round's here (rule: no round after the current).
+        joined = (msgspec.structs.replace(b, round=min(b.round, facts.round)) for b in shared_core)
+        core = sorted([*joined, *(b for b in snapshot.memory.core if b.id not in shared)], key=lambda b: -b.quality)
         others = {tier: tuple(b for b in snapshot.memory.tier(tier) if b.id not in shared) for tier in TIERS if tier != "core"}
         snapshot = msgspec.structs.replace(snapshot, memory=Memory(core=tuple(core[: limits.max_blocks]), **others))
     stamp = snapshot.runtime.datetime
@@ -116,3 +118,15 @@ def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits
 
 def _rounded(value: float) -> float:
     return float(f"{value:.4f}")
+
+
+def scope_core(stored: Sequence[Block], kept: Sequence[Block], seen: Collection[str], limits: Limits = Limits()) -> tuple[Block, ...]:
+    """A memory scope's core once a session's round keeps ``kept``, having been shown the scope's ``seen`` ids.
+
+    What the round kept wins; a block it was shown and left out is gone (the model
+    dropped it); a block it was never shown (another session of the scope wrote it
+    meanwhile) stays. Best first, at most ``limits.max_blocks`` (rule 16).
+    """
+    ids = {block.id for block in kept}
+    others = [block for block in stored if block.id not in ids and block.id not in seen]
+    return tuple(sorted([*kept, *others], key=lambda b: -b.quality)[: limits.max_blocks])

@@ -34,6 +34,7 @@ from pcp_core.tokens import CountText
 
 from .forgetting import forget_ids, forget_query
 from .search import ScopeIndex
+from .core import ScopeCores
 from .store import MemoryStore, Written, vector_bytes, vector_of
 
 __all__ = ["Memory"]
@@ -45,9 +46,10 @@ _PERIODS = 12  # periods an intent names that are looked up (the latest first)
 
 
 class Memory:
-    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None):
+    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None, cores: ScopeCores | None = None):
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
         self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
+        self.cores = cores  # Hybrid mode's core blocks, by scope: dropped with it
         self.indexes: dict[str, ScopeIndex] = {}
         self.known: dict[str, bool] = {}  # scope -> holds pages (what the Sentry asks on every request)
         self.pending: Counter[str] = Counter()  # write-backs queued, by scope
@@ -253,6 +255,8 @@ class Memory:
             removed = self.store.drop(scope)
             self.indexes.pop(scope, None)
             shutil.rmtree(self._index_directory(scope), ignore_errors=True)
+        if self.cores is not None:
+            self.cores.forget(scope)
         for held in (self.known, self._forgotten, self.fresh):
             held.pop(scope, None)
         return removed
@@ -290,6 +294,8 @@ class Memory:
         self._jobs.put(None)
         self._writer.join()
         self.store.close()
+        if self.cores is not None:
+            self.cores.close()
 
 
 def _cosine(vector: Any, raw: bytes | None) -> float:
