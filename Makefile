@@ -4,16 +4,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+LLAMA_WHEELS := $(HOME)/.cache/pcp-proxy/llama-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 
 .PHONY: install install-mpnet run test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# llama.cpp compiles from source on first install (several minutes on 2 cores), for the
-	# instruction sets named here rather than the build machine's own: with -march=native it
-	# uses AMX tiles where the CPU lists them, and a VM that does not enable them faults.
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,dev]'
+	# llama.cpp compiles from source (several minutes on 2 cores), for the instruction sets named
+	# here rather than the build machine's own: with -march=native it uses AMX tiles where the CPU
+	# lists them, and a VM that does not enable them faults at the first completion. pip's wheel
+	# cache ignores CMAKE_ARGS and would hand back a wheel built with other flags, so the wheel is
+	# built without it, into a folder named for the flags, and installed from there.
+	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(PY) -m pip wheel --quiet --no-deps --no-cache-dir -c constraints.txt llama-cpp-python -w $(LLAMA_WHEELS)
+	$(PY) -m pip install --quiet -c constraints.txt "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]"
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
