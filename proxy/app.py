@@ -149,7 +149,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         services.stores = stores = Stores(settings.store, data, workers=settings.workers)
         services.namespaces = Namespaces(stores.secret())
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
-        services.sessions = SessionStore(stores.area("sessions"), sealer=sealer)
+        services.sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=services.metrics)
         services.components = Components(stores.area("components"), sealer)
         services.hybrid = Hybrid(settings, HybridStore(stores.area("context"), sealer), services.tokenizer.count, services.metrics)
         # A passthrough request is one upstream call: the request's deadline is the call's.

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pcp_core import Conversation, Resolution, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
 
@@ -78,7 +78,7 @@ class _Held(NamedTuple):
 
 
 class SessionStore:
-    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None):
+    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None):
         self.store: Store = EmbeddedStore(store, cull=True) if isinstance(store, Path) else store
         self.shared = self.store.shared
         self.layout = Layout(sealer or Sealer(), KnownParts(KNOWN_PARTS))  # records and parts hold the conversation's text
@@ -91,7 +91,7 @@ class SessionStore:
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
         self.pending: Future[Kept | None] | None = None
-        self.conflicts = 0  # writes that lost to another's and were reconciled
+        self.metrics = metrics  # counts the conflicts (``pcp_session_conflicts_total``)
 
     # -- reading (blocking: call from a thread) -----------------------------------------
     def resolve(self, namespace: str, conversation: Conversation, pinned: str | None = None) -> Resolution:
@@ -271,13 +271,13 @@ class SessionStore:
                 if said is not None:
                     self._recognise(namespace, session, said)
                 return kept
-            self.conflicts += 1
             stored = self.store.get(("version", namespace, session.id))
             winner = self._read(namespace, session.id)
             if winner is None:  # the version names nothing readable (evicted): the session is ours to write
                 base = stored.decode() if stored else ""
                 continue
             rebased = reconciled(session, winner.session, new_session_id(namespace, session.chain, time.time_ns()), pinned=pinned)
+            self._conflict(rebased, session, winner.session)
             if rebased is None:  # the winner holds all this request brought
                 self._settled(namespace, mine, winner)
                 return winner
@@ -287,6 +287,11 @@ class SessionStore:
         log.error("session %s was not saved: it kept changing under %d tries", session.id, CONFLICTS)
         self._settled(namespace, mine, None)
         return None
+
+    def _conflict(self, kept: Session | None, mine: Session, winner: Session) -> None:
+        if self.metrics is not None:
+            how = "winner" if kept is None else "forked" if kept.id != mine.id else "extended" if len(kept.chain) >= len(winner.chain) and kept.chain[: len(winner.chain)] == winner.chain else "replaced"
+            self.metrics.inc("pcp_session_conflicts_total", kept=how)
 
     def _commit(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None) -> bool:
         writes, trims, kept, new = self.layout.writes(namespace, session)
