@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	# llama.cpp compiles from source on first install (several minutes on 2 cores), for the
 	# instruction sets named here rather than the build machine's own: with -march=native it
 	# uses AMX tiles where the CPU lists them, and a VM that does not enable them faults.
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,dev]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,redis,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -323,3 +323,33 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
     for messages, session in checked:
         found = _resolved(reader, messages)
         assert found.found is not None and found.found.id == session.id and found.reused == len(messages)
+
+
+# -- vectors on every replica ---------------------------------------------------------------------
+def test_vectors_one_replica_encodes_reach_the_others_and_no_text_is_encoded_twice(redis_server):
+    import numpy as np
+
+    from proxy.stores import RedisStore
+    from proxy.vector_cache import StoredVectors, VectorCache
+
+    def replica() -> StoredVectors:
+        stored = StoredVectors(RedisStore(redis_server.client(), "v"), VectorCache(1000))
+        stored.listen()
+        return stored
+
+    a, b = replica(), replica()
+    texts = [f"page {i}: the lamp is in room {i}" for i in range(100)]
+    assert a.claim(texts) == texts and b.claim(texts) == []  # the first to claim a text encodes it; the other waits
+    vectors = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
+    a.put(texts, vectors)
+    deadline = time.monotonic() + 10
+    while len(b.cache.found(texts)) < 100 and time.monotonic() < deadline:  # announced: b takes them into memory
+        time.sleep(0.05)
+    assert np.array_equal(np.vstack([b.cache.found(texts)[t] for t in texts]), vectors)
+    late = replica()  # a replica that starts takes the latest vectors from the store
+    deadline = time.monotonic() + 10
+    while len(late.cache.found(texts)) < 100 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(late.cache.found(texts)) == 100
+    for stored in (a, b, late):
+        stored.close()
