@@ -5,9 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
-
-import msgspec
 
 from .logs import configure_logging
 from .settings import Settings, SettingsError, load_settings
@@ -90,28 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     own_log = {"log_config": None} if settings.log_format == "json" else {}
     options = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False, **own_log}
     if settings.workers > 1:
-        # uvicorn starts the workers (fresh interpreters) and binds the port once for all; each builds its app from these settings.
-        os.environ[WORKER_SETTINGS] = msgspec.json.encode(settings).decode()
-        uvicorn.run("proxy.cli:worker_app", factory=True, workers=settings.workers, **options, **server_options(settings, workers=True))
-        return 0
+        from .workers import serve_workers
+
+        return serve_workers(settings)
     tune_process(settings)
     uvicorn.run(create_app(settings), **options, **server_options(settings))
     return 0
-
-
-WORKER_SETTINGS = "_PCP_WORKER_SETTINGS"  # not PCP_*: the settings' own loader would refuse it as unknown
-
-
-def worker_app() -> Any:
-    """The app of one worker of ``pcp-proxy serve --workers N`` (uvicorn calls it in each worker process)."""
-    from .app import create_app
-    from .server import server_options
-
-    settings = msgspec.json.decode(os.environ[WORKER_SETTINGS], type=Settings)
-    configure_logging(settings.log_level, settings.log_format)
-    server_options(settings, workers=True)  # this process's protocol, set up as the parent's
-    tune_process(settings)
-    return create_app(settings)
 
 
 def _store_problem(settings: Settings) -> str | None:

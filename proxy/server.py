@@ -25,25 +25,15 @@ __all__ = ["server_options"]
 _HEAD_END = b"\r\n\r\n"
 
 
-def server_options(settings: Settings, *, workers: bool = False) -> dict[str, Any]:
-    """uvicorn's options for the proxy (beside host, port and logging).
-
-    ``workers``: uvicorn sends its options to each worker process by pickle, so
-    the protocol is this module's own class, set up for ``settings`` here and
-    again in each worker (``proxy.cli.worker_app``); otherwise a class of
-    its own per server (several in one process, in tests).
-    """
+def server_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for the proxy (beside host, port and logging)."""
     max_head = settings.max_header_kb * 1024
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # httptools is not installed: h11 bounds the head, not the time
         return {"http": "h11", "h11_max_incomplete_event_size": max_head}
-    limits = {"max_head": max_head, "client_timeout": settings.client_timeout}
-    if workers and GuardedHttpTools is not None:
-        for name, value in limits.items():
-            setattr(GuardedHttpTools, name, value)
-        return {"http": GuardedHttpTools, "h11_max_incomplete_event_size": max_head}
-    return {"http": type("GuardedHttpTools", (_Guard, HttpToolsProtocol), limits), "h11_max_incomplete_event_size": max_head}
+    guarded = type("GuardedHttpTools", (_Guard, HttpToolsProtocol), {"max_head": max_head, "client_timeout": settings.client_timeout})
+    return {"http": guarded, "h11_max_incomplete_event_size": max_head}
 
 
 class _Guard:
@@ -114,15 +104,3 @@ class _Guard:
         head = b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % (error.status, reason, len(body))
         self.transport.write(head + body)
         self.transport.close()
-
-
-def _workers_protocol() -> Any:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    except ImportError:
-        return None
-    return type("GuardedHttpTools", (_Guard, HttpToolsProtocol), {"__module__": __name__, "max_head": 64 * 1024, "client_timeout": 60.0})
-
-
-# The workers' protocol (``server_options(workers=True)``): made at import, so that pickle finds it here in every process.
-GuardedHttpTools: Any = _workers_protocol()

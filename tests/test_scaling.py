@@ -353,3 +353,30 @@ def test_vectors_one_replica_encodes_reach_the_others_and_no_text_is_encoded_twi
     assert len(late.cache.found(texts)) == 100
     for stored in (a, b, late):
         stored.close()
+
+
+def test_serve_with_two_workers_spreads_connections_keeps_one_session_and_replaces_a_worker_killed(served, redis_server):
+    proxy = served(redis_server.url, workers=2)
+    workers = _workers(proxy)
+    assert len(workers) == 2
+    messages = [*conversation(160), {"role": "user", "content": "Question 0?"}]
+    session = None
+    for i in range(1, 9):  # a new connection each time: the kernel spreads them over the workers
+        with httpx.Client(base_url=f"http://127.0.0.1:{proxy.port}", timeout=30) as client:
+            answer = client.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": "Bearer sk-a"})
+        assert answer.status_code == 200
+        session = session or answer.headers["x-pcp-session"]
+        assert answer.headers["x-pcp-session"] == session
+        messages = [*messages, *said(i)]
+        if i == 4:
+            os.kill(workers[0], signal.SIGKILL)  # a worker killed: the others serve, and it is replaced
+    deadline = time.monotonic() + 30
+    while len(set(_workers(proxy)) - {workers[0]}) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(set(_workers(proxy)) - {workers[0]}) == 2
+
+
+def _workers(proxy: Served) -> list[int]:
+    """The worker processes of a ``--workers N`` proxy (not multiprocessing's resource tracker)."""
+    children = subprocess.run(["pgrep", "-P", str(proxy.process.pid)], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in children if b"resource_tracker" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
