@@ -27,7 +27,7 @@ __all__ = ["serve_workers"]
 log = logging.getLogger("pcp.proxy")
 
 RESTART_PAUSE = 0.5  # seconds before a worker that died is started again
-STARTUP_GRACE = 5.0  # a worker that dies this soon after start does not come back: the next would too
+STARTUP_GRACE = 5.0  # a worker that fails this soon after start does not come back: the next would too
 
 
 def _listening(host: str, port: int) -> socket.socket:
@@ -82,7 +82,7 @@ def serve_workers(settings: Settings) -> int:
         for i, (process, started) in enumerate(workers):
             if process.is_alive() or stopping:
                 continue
-            if time.monotonic() - started < STARTUP_GRACE:
+            if (process.exitcode or 0) > 0 and time.monotonic() - started < STARTUP_GRACE:  # it failed (not killed): so would another
                 log.error("worker %d exited at start (status %s): stopping", process.pid, process.exitcode)
                 stopping, status = True, 1
                 break
