@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.proxy_overhead import cpu_seconds, free_port, history, proxy_env, wait_until_up  # noqa: E402
+from bench.proxy_overhead import cpu_seconds, exchange, free_port, history, proxy_env, wait_until_up  # noqa: E402
 from bench.protocol_cost import history as generated_history  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -114,16 +114,8 @@ async def load(port: int, clients: int, seconds: float, protocol: bool, round_: 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         while time.perf_counter() < stop:
             payload = conversation.body()
-            head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\nauthorization: Bearer {conversation.key}\r\n{mode}content-length: {len(payload)}\r\n\r\n"
             start = time.perf_counter()
-            writer.write(head.encode() + payload)
-            status = await reader.readline()
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            await reader.readexactly(length)
+            status = await exchange(reader, writer, payload, f"authorization: Bearer {conversation.key}\r\n{mode}")
             assert b" 200 " in status, status
             times.append(time.perf_counter() - start)
         writer.close()
