@@ -45,7 +45,7 @@ from pcp_core import (
 from pcp_core.conversation import conversation_start
 
 from .chat import ChatRequest
-from .datadir import Namespaces, private_tree
+from .datadir import Namespaces
 from .errors import ClientError
 from .keyed_store import RECENT, KeyedStore, store_key
 from .sealing import Sealer
