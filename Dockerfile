@@ -14,7 +14,7 @@ COPY config ./config
 # torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA.
 # llama.cpp for named instruction sets, not the build machine's (see the Makefile).
 RUN CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install --no-cache-dir -c constraints.txt \
-      --extra-index-url https://download.pytorch.org/whl/cpu '.[local,embeddings,encryption,memory]'
+      --extra-index-url https://download.pytorch.org/whl/cpu '.[local,embeddings,encryption,memory,redis]'
 
 ENV PCP_HOST=0.0.0.0 \
     PCP_PORT=8000 \

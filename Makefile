@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt
 	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
 	  $(PY) -m pip wheel --quiet --no-deps --no-cache-dir -c constraints.txt llama-cpp-python -w $(LLAMA_WHEELS)
 	$(PY) -m pip install --quiet -c constraints.txt "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]"
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,redis,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)

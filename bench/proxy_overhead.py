@@ -145,6 +145,20 @@ def sequential(port: int, body: Body, count: int) -> list[float]:
     return times
 
 
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, payload: bytes, headers: str = "") -> bytes:
+    """One chat completion on a kept-alive connection (``headers``: more header lines, each ending in CRLF); its status line."""
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n{headers}content-length: {len(payload)}\r\n\r\n"
+    writer.write(head.encode() + payload)
+    status_line = await reader.readline()
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return status_line
+
+
 async def concurrent(port: int, body: Body, count: int, clients: int) -> tuple[list[float], float]:
     """``clients`` keep-alive connections, each sending its share back to back.
 
@@ -157,16 +171,8 @@ async def concurrent(port: int, body: Body, count: int, clients: int) -> tuple[l
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         for _ in range(n):
             payload = body()
-            head = f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\nauthorization: Bearer sk-bench\r\ncontent-length: {len(payload)}\r\n\r\n"
             start = time.perf_counter()
-            writer.write(head.encode() + payload)
-            status_line = await reader.readline()
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            await reader.readexactly(length)
+            status_line = await exchange(reader, writer, payload, "authorization: Bearer sk-bench\r\n")
             times.append(time.perf_counter() - start)
             assert b" 200 " in status_line, status_line
         writer.close()

@@ -24,7 +24,7 @@ from .paging import PagedHistory, PagingPolicy
 from .pblock import Scan
 from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, remembered, rounds, settle, with_appendix, with_components
-from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, transcript
+from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
 from .tokens import Checkpoint, CountText, part_text, prompt_tokens
@@ -99,6 +99,8 @@ __all__ = [
     "spoken",
     "summary_prompt",
     "text_part",
+    "new_session_id",
+    "reconciled",
     "transcript",
     "with_appendix",
     "with_components",

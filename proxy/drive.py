@@ -18,13 +18,14 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Generator
+from concurrent.futures import Future
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Similarity, asked, prepare, prompt_tokens, remembered, rounds, settle
+from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Resolution, Similarity, asked, prepare, prompt_tokens, remembered, rounds, settle
 
 from .chat import Usage
 from .chat_stream import StreamedRound
@@ -89,6 +90,9 @@ class ProtocolRequest:
         self.pinned = pinned
         self.prefetch: Awaitable[Any] | None = None  # the query's vector, encoding
         self.prepared: Prepared | None = None
+        self.resolution: Resolution | None = None  # the session the store found, and its version
+        self.kept: Future[Any] | None = None  # the session's save (``SessionStore.save``): what the store kept
+        self.session_id = ""  # the session as the store kept it, when that differs (a concurrent request kept the id first)
         self.unsaved = True
         self.usage = Usage()
         self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
@@ -100,7 +104,7 @@ class ProtocolRequest:
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
-        session = self.prepared.session.id if self.prepared is not None else ""
+        session = self.session_id or (self.prepared.session.id if self.prepared is not None else "")
         headers = {**self.answered, "x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
         if self.prepared is not None and self.prepared.components is not None:
             headers["x-pcp-components"] = str(self.prepared.components)
@@ -143,7 +147,7 @@ class ProtocolRequest:
     def _prepare(self, checkpoint: Checkpoint) -> Prepared:
         """Find the session (the store may read the disk), then page what it does not hold."""
         services = self.services
-        resolution = services.sessions.resolve(self.namespace, self.conversation, self.pinned)
+        self.resolution = resolution = services.sessions.resolve(self.namespace, self.conversation, self.pinned)
         facts = Facts(
             namespace=self.namespace,
             now_ns=time.time_ns(),
@@ -219,10 +223,21 @@ class ProtocolRequest:
     def _save_once(self) -> None:
         """Send the session to the store, once: when the first worker call goes out, so that
         writing a long history does not hold the interpreter while this request computes."""
-        if self.unsaved and self.prepared is not None:
+        if self.unsaved and self.prepared is not None and self.resolution is not None:
             self.unsaved = False
-            prepared = self.prepared
-            self.services.sessions.save(self.namespace, prepared.session, prepared.new_links, self.conversation.chained)
+            prepared, found = self.prepared, self.resolution.found
+            # Conditional on the version the request read, when it goes on with the session it found.
+            base = self.resolution.version if found is not None and found.id == prepared.session.id else ""
+            self.kept = self.services.sessions.save(self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned is not None)
+
+    async def _stored(self) -> None:
+        """With a shared store, until the session's saves are in it: a follow-up on another process finds them, and
+        an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503)."""
+        if self.kept is None or not self.services.sessions.shared:
+            return
+        kept = await asyncio.wrap_future(self.kept)
+        if kept is not None:
+            self.session_id = kept.session.id
 
     def _settle(self, outcome: Outcome) -> None:
         """Keep what the request leaves: the formal pages its drafts were solidified into (§VI.5)."""
@@ -236,12 +251,13 @@ class ProtocolRequest:
         if self.memory is not None and self.services.memory is not None:  # written back in the background
             self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns())
         if session is not prepared.session:
-            self.services.sessions.save(self.namespace, session, 0)
+            self.kept = self.services.sessions.save(self.namespace, session, 0, after=self.kept)
             self.services.metrics.inc("pcp_pages_solidified_total", len(session.pages.storage) - len(prepared.session.pages.storage))
 
     # -- non-streaming -------------------------------------------------------------------
     async def complete(self) -> Response[Any]:
         data, outcome = await self._completed()
+        await self._stored()
         return Response(json.dumps(self.codec.final(data, outcome, self.usage)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds))
 
     async def _completed(self) -> tuple[dict[str, Any], Outcome]:
@@ -267,6 +283,7 @@ class ProtocolRequest:
         codec = self.codec
         if codec.choices > 1:  # several answers are not relayed as they come: they arrive whole, as events
             data, outcome = await self._completed()
+            await self._stored()
             return Stream(codec.events(codec.final(data, outcome, self.usage)), media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
         loop = await self.start()
         step = await self.advance(loop, None)
@@ -274,8 +291,10 @@ class ProtocolRequest:
             round_ = StreamedRound(step, lambda call=step: self._open_stream(call), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
+                await self._stored()
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
+        await self._stored()
         # A call of the client's own tools goes back as the upstream sent it.
         body = round_.api.replay(round_.events) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
@@ -300,13 +319,14 @@ class ProtocolRequest:
             try:
                 async for text in round_.rest():
                     yield api.text(text)
+                # The rounds end (the session kept) before the stream does: a follow-up sent once it is done finds all of it.
+                await self.advance(loop, round_.reply(delivered=True))
+                await self._stored()
             except PcpError as error:
                 yield api.failure(error)
                 return
         for event in api.closing():
             yield event
-        if loop is not None:
-            await self.advance(loop, round_.reply(delivered=True))
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:

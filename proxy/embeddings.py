@@ -3,9 +3,10 @@
 The model ships inside a package (``proxy.encoders``), so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
 query encodes in about half the time (~7 ms on one core, against ~15), and on
-LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and, given a
-directory, on disk (diskcache, by a hash of the text), so neither a follow-up
-nor a restart encodes a history again.
+LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and in the store
+(``proxy.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
+text), so neither a follow-up nor a restart — nor, with Redis, another
+replica — encodes a history again.
 
 A request never waits for a history to be encoded (seconds for a long one on
 two cores) or read back from disk: ``similarities_when_ready`` encodes the query
@@ -22,7 +23,6 @@ pages are addressed (both need the interpreter).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import threading
@@ -33,10 +33,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import diskcache
 import numpy as np
 
 from .encoders import ENCODERS, model_path
+from .stored_vectors import StoredVectors
+from .stores.base import Store
+from .stores.embedded import EmbeddedStore
 from .vectors import VectorCache
 
 __all__ = ["Embedder", "embeddings_available"]
@@ -81,11 +83,6 @@ def embeddings_available(encoder: str = "minilm") -> bool:
     import importlib.util
 
     return importlib.util.find_spec("sentence_transformers") is not None and ENCODERS[encoder].available()
-
-
-def disk_key(text: str, variant: bytes) -> bytes:
-    """Where a text's vector is kept on disk; ``variant`` names the model (and its int8 form): another's is never found."""
-    return hashlib.blake2b(text.encode(), digest_size=16, key=variant).digest()
 
 
 class OneText:
@@ -146,17 +143,22 @@ class OneText:
 
 
 class Embedder:
-    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None, encoder: str = "minilm", models_dir: Path | None = None):
+    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None, encoder: str = "minilm", models_dir: Path | None = None, store: Store | None = None):
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
-        self.cache = VectorCache(cache_size)
-        self.disk = diskcache.Cache(str(directory)) if directory is not None else None
+        self.cache = VectorCache(cache_size, self.encoder.variant)
+        if store is None and directory is not None:
+            store = EmbeddedStore(directory)
+        self.stored = StoredVectors(store, self.cache) if store is not None else None
+        if self.stored is not None:
+            self.stored.listen()  # with Redis: the vectors every other process encodes, as they are
         self.batch_size = batch_size
         self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
         self._serving = 0
         self._quiet = threading.Condition()
-        # Called with ("queued" | "encoded" | "loaded" | "failed", number of texts) for background work.
+        # Called with ("queued" | "encoded" | "loaded" | "elsewhere" | "failed", number of texts) for background work
+        # ("elsewhere": another process claimed them, and announces them when it has encoded them).
         self.on_encoded = on_encoded or (lambda state, n: None)
         # Two instances of the model (~90 MB each): a request's query never queues
         # behind a history being encoded in the background.
@@ -170,8 +172,8 @@ class Embedder:
 
     def close(self) -> None:
         self._background.shutdown(wait=True, cancel_futures=True)
-        if self.disk is not None:
-            self.disk.close()
+        if self.stored is not None:
+            self.stored.close()
 
     def load(self) -> None:
         """Load the model (both instances) now; blocking, seconds."""
@@ -280,15 +282,8 @@ class Embedder:
         return None if missing.all() else cosines
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:
-        if self.disk is None:
-            return {}
-        found = {}
-        for text in texts:
-            raw = self.disk.get(disk_key(text, self.encoder.variant))
-            if raw is not None:
-                found[text] = np.frombuffer(raw, dtype=np.float32)
-        self.cache.add(found)
-        return found
+        """The vectors the store holds (another process, or a run before, encoded them)."""
+        return self.stored.get(texts) if self.stored is not None else {}
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
         model = self._model(role)
@@ -299,10 +294,8 @@ class Embedder:
             else:
                 vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
         self.cache.add(dict(zip(texts, vectors)))
-        if self.disk is not None:
-            with self.disk.transact():
-                for text, vector in zip(texts, vectors):
-                    self.disk.set(disk_key(text, self.encoder.variant), vector.tobytes())
+        if self.stored is not None:
+            self.stored.put(texts, vectors)
         return vectors
 
     # -- the background ---------------------------------------------------------------------
@@ -323,6 +316,11 @@ class Embedder:
                 self.on_encoded("loaded", len(loaded))
             done = len(loaded)
             absent = [t for t in texts if t not in loaded]
+            if self.stored is not None:  # a text another process claimed is encoded there, and announced
+                claimed = self.stored.claim(absent)
+                if len(claimed) < len(absent):
+                    self.on_encoded("elsewhere", len(absent) - len(claimed))
+                done, absent = len(texts) - len(claimed), claimed
             step = self.batch_size * BATCHES_BETWEEN_YIELDS
             for start in range(0, len(absent), step):
                 if start:

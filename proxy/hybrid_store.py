@@ -17,8 +17,9 @@ import msgspec
 
 from pcp_core.hybrid import Cold, Snapshot, TodoItem
 
-from .keyed_store import KeyedStore, store_key
+from .keyed_store import KeyedStore, store_key, stored_as
 from .sealing import Sealer
+from .stores.base import Store
 
 __all__ = ["HybridState", "HybridStore"]
 
@@ -37,8 +38,8 @@ class HybridState(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class HybridStore(KeyedStore[HybridState]):
-    def __init__(self, directory: Path, sealer: Sealer | None = None):
-        super().__init__(directory, HybridState, "the context of a session", sealer)
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None):
+        super().__init__(store, HybridState, "the context of a session", sealer)
         self.links: OrderedDict[str, str] = OrderedDict()  # link key -> session id, the recent ones
 
     def change(self, namespace: str, session_id: str, step: Callable[[HybridState | None], HybridState | None]) -> HybridState | None:
@@ -59,9 +60,9 @@ class HybridStore(KeyedStore[HybridState]):
         with self.lock:
             if key in self.links:
                 return self.links[key]
-            if key not in self.known:
+            if not self.shared and key not in self.known:
                 return None
-        stored = self.cache.get(key)
+        stored = self.store.get(stored_as(key))
         return stored.decode() if isinstance(stored, bytes) else None
 
     def _relink(self, namespace: str, session_id: str, old: str, new: str) -> None:
@@ -70,12 +71,13 @@ class HybridStore(KeyedStore[HybridState]):
             key = store_key(namespace, _LINK + old)
             self.links.pop(key, None)
             self.known.discard(key)
-            self.writer.submit(self.cache.delete, key)
+            self._put_raw(key, None)
         if new:
             key = store_key(namespace, _LINK + new)
             self.links[key] = session_id
             self.links.move_to_end(key)
             if len(self.links) > RECENT_LINKS:
                 self.links.popitem(last=False)
-            self.known.add(key)
-            self.writer.submit(self.cache.set, key, session_id.encode())
+            if not self.shared:
+                self.known.add(key)
+            self._put_raw(key, session_id.encode())

@@ -1,12 +1,15 @@
 """A store of one msgspec value per (namespace, name), for what the proxy keeps on sessions beside their pages.
 
 PACT components (``proxy.components``) and Hybrid mode's state
-(``proxy.hybrid_store``) are kept so: in ``PCP_DATA_DIR/<kind>`` (diskcache),
-under the caller's namespace, sealed with ``PCP_DATA_KEY`` when it is set
-(they hold the client's text), written by one background thread in order so
-that a request never waits on the disk; the recent values stay decoded in
-memory. Every key on disk is known from the start, so a request learns that
-a session has nothing from a set, without reading the disk.
+(``proxy.hybrid_store``) are kept so: in a ``Store`` (``PCP_DATA_DIR/<kind>``,
+or Redis), under the caller's namespace, sealed with ``PCP_DATA_KEY`` when it
+is set (they hold the client's text). With a store of its own process, writes
+go through one background thread in order, so that a request never waits on
+the disk; the recent values stay decoded in memory, and every key stored is
+known from the start, so a request learns that a session has nothing from a
+set, without reading the disk. With a shared store (workers, replicas) another
+process may change a value at any time: values are read from the store and
+written at once, the last write winning.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Generic, TypeVar
 
-import diskcache
 import msgspec
 
-from .datadir import private_tree
 from .sealing import Sealer
+from .stores.base import Store
+from .stores.embedded import EmbeddedStore
 
 __all__ = ["KeyedStore", "store_key"]
 
@@ -38,40 +41,48 @@ def store_key(namespace: str, name: str) -> str:
     return f"{namespace}{_SEPARATOR}{name}"
 
 
-class KeyedStore(Generic[T]):
-    """Values of type ``kind`` by key (``store_key``): in memory, and on disk. Callers hold ``lock`` around ``_get``/``_put``."""
+def stored_as(key: str) -> tuple[str, ...]:
+    """The store's key for ``key``: (namespace, name), kept on disk as the string it was."""
+    return tuple(key.split(_SEPARATOR, 1))
 
-    def __init__(self, directory: Path, kind: type[T], what: str, sealer: Sealer | None = None, recent: int = RECENT):
-        self.cache = diskcache.Cache(str(private_tree(directory)))
+
+class KeyedStore(Generic[T]):
+    """Values of type ``kind`` by key (``store_key``): in memory, and in the store. Callers hold ``lock`` around ``_get``/``_put``."""
+
+    def __init__(self, store: Store | Path, kind: type[T], what: str, sealer: Sealer | None = None, recent: int = RECENT):
+        self.store: Store = EmbeddedStore(store) if isinstance(store, Path) else store
+        self.shared = self.store.shared
         self.sealer = sealer or Sealer()
         self.decoder = msgspec.msgpack.Decoder(kind)
         self.what = what  # for the log: "the components of a session"
-        self.known: set[str] = set(self.cache.iterkeys())  # the keys of every value on disk, or about to be
+        # The keys of every value stored, or about to be (its own process's store only).
+        self.known: set[str] = set() if self.shared else {_SEPARATOR.join(map(str, key)) for key in self.store.keys("")}
         self.recent: OrderedDict[str, T] = OrderedDict()
-        self.recent_size = recent
+        self.recent_size = 0 if self.shared else recent
         self.lock = threading.Lock()  # a change reads and writes a value as one step: a request and a route may meet
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"pcp-{directory.name}")
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-keyed")
 
     def holds(self, namespace: str, name: str) -> bool:
-        return store_key(namespace, name) in self.known
+        key = store_key(namespace, name)
+        return self.store.contains(stored_as(key)) if self.shared else key in self.known
 
     def in_memory(self, namespace: str, name: str) -> bool:
         return store_key(namespace, name) in self.recent
 
     def get(self, namespace: str, name: str) -> T | None:
-        """The value (may read the disk: call from a thread unless ``in_memory``)."""
+        """The value (may read the store: call from a thread unless ``in_memory``)."""
         with self.lock:
             return self._get(store_key(namespace, name))
 
     def close(self) -> None:
         self.writer.shutdown(wait=True)
-        self.cache.close()
+        self.store.close()
 
     def _get(self, key: str) -> T | None:
         value = self.recent.get(key)
-        if value is None and key in self.known:
-            stored = self.cache.get(key)
-            raw = self.sealer.open(stored, key) if isinstance(stored, bytes) else None
+        if value is None and (self.shared or key in self.known):
+            stored = self.store.get(stored_as(key))
+            raw = self.sealer.open(stored, key) if stored is not None else None
             try:
                 value = self.decoder.decode(raw) if raw is not None else None
             except (msgspec.DecodeError, msgspec.ValidationError):
@@ -82,17 +93,32 @@ class KeyedStore(Generic[T]):
 
     def _put(self, key: str, value: T) -> None:
         self._remember(key, value)
+        if self.shared:  # another process's next request must find it
+            self._write(key, value, quietly=False)
+            return
         self.known.add(key)
         self.writer.submit(self._write, key, value)
 
+    def _put_raw(self, key: str, raw: bytes | None) -> None:
+        """A value that is not ``T`` (a link), or its removal (None): written as ``_put`` writes."""
+        change = (lambda: self.store.set_many({stored_as(key): raw})) if raw is not None else (lambda: self.store.delete(stored_as(key)))
+        if self.shared:
+            change()
+        else:
+            self.writer.submit(change)
+
     def _remember(self, key: str, value: T) -> None:
+        if not self.recent_size:
+            return
         self.recent[key] = value
         self.recent.move_to_end(key)
         while len(self.recent) > self.recent_size:
             self.recent.popitem(last=False)
 
-    def _write(self, key: str, value: T) -> None:
+    def _write(self, key: str, value: T, quietly: bool = True) -> None:
         try:
-            self.cache.set(key, self.sealer.seal(_encoder.encode(value), key))
+            self.store.set_many({stored_as(key): self.sealer.seal(_encoder.encode(value), key)})
         except Exception:  # a full disk costs the value's survival of a restart, not the request
+            if not quietly:
+                raise
             log.exception("%s was not saved", self.what)

@@ -1,115 +1,88 @@
-"""Where sessions live: diskcache in the data dir, with the recent ones kept in memory.
+"""Where sessions live: a ``Store`` (diskcache in the data dir, or Redis), with the recent ones kept in memory.
 
-Keys are namespaced by the caller (a hash of its key), so one caller can neither
-find nor pin another's session. Three kinds of entries:
+Keys are namespaced by the caller (a hash of its key), so one caller can
+neither find nor pin another's session; how a session is laid out in keys is
+``session_parts``. A link can outlive its session's knowledge of it (the
+session was rebuilt after an edit, or evicted); every lookup checks the link
+against the session's chain. A session one of whose parts is gone (culled)
+or does not match is not found: it is paged again.
 
-* ``("session", namespace, id)`` → the session's record (msgpack): what is
-  small of it and of its pages (dates, term counts, topics), and the digests
-  of the parts that hold the rest;
-* ``("part", namespace, id, list, n)`` → the ``n``-th run of ``PART_ITEMS``
-  pages (``LINK_PART_ITEMS`` links) of one of the session's long lists: its chain
-  and first-seen times, and its pages (leaves, containers, blocks,
-  solidified pages). A follow-up adds to the ends of those lists and
-  changes its history's last pages; what came before stays as it was. So
-  it writes the parts it changed and its record, not the whole session
-  again. The record holds a digest of every part, so a session whose parts
-  do not match it is not found (it is paged again), never read half old
-  and half new;
-* ``("link", namespace, link)`` → the id of the session that link belongs to.
+Every write is conditional on the version it read (``Resolution.version``):
+of two requests that continued one session at the same time, the second to
+write loses, and keeps what ``pcp_core.reconciled`` says instead — the
+winner with its own solidified pages, its own session if it holds the
+winner's messages, or a fork of its own — so neither's messages are lost
+nor paged again. With a shared store (``Store.shared``: Redis, or workers
+sharing the data dir) a session kept in memory is used only while the
+store still holds the version it was kept at.
 
-A link can outlive its session's knowledge of it (the session was rebuilt after
-an edit, or evicted); every lookup checks the link against the session's chain.
-A session one of whose parts is gone (culled) or does not match is not found: it
-is paged again.
-Writes go through one background thread, in order, so a follow-up never waits
-on the disk; a lookup that must read links first waits for the writes queued
-before it, and ``close()`` finishes them.
+Writes go through one background thread, in order, so a request never waits
+on the store to compute; ``save`` gives a future of what was kept (a
+request on a shared store waits for it before its answer is complete), a
+lookup that must read links first waits for the writes queued before it, and
+``close()`` finishes them.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, NamedTuple
 
-import diskcache
-import msgspec
+from pcp_core import Conversation, Resolution, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
 
-from pcp_core import Conversation, PagedHistory, Resolution, Session, begins_with, chain_links, common_prefix, transcript
-
-from .datadir import private_tree
 from .sealing import Sealer
+from .session_parts import KnownParts, Layout, prefix_digests, said_digest
+from .stores.base import ANY, Commit, Store, new_version
+from .stores.embedded import EmbeddedStore
 
-__all__ = ["SessionStore"]
+__all__ = ["Kept", "SessionStore"]
 
 log = logging.getLogger("pcp.sessions")
 
 RECENT = 64  # sessions kept decoded in memory
-# Links go to disk for the first LINK_STRIDE messages, every LINK_STRIDE-th
+# Links go to the store for the first LINK_STRIDE messages, every LINK_STRIDE-th
 # after them and a session's last one: a 200k-token history's first write is
 # some 300 entries, not 5,000. A lookup probes the last LINK_STRIDE positions
 # (where a follow-up's known end lies) and every stored position before them;
 # the session's full chain then gives the exact common prefix.
 LINK_STRIDE = 16
-PART_ITEMS = 32  # pages (or blocks) per part
-LINK_PART_ITEMS = 256  # links (or first-seen times) per part: short strings, and many
 # The parts this process wrote or read last, with their items: a part that holds
 # equal items is not encoded again. Bounded: it keeps those items alive.
 KNOWN_PARTS = 4096
-# The lists stored in parts, the session's own and its pages'; the rest stays in its record.
-SESSION_PARTED = ("chain", "seen_at")
-PAGES_PARTED = ("leaves", "containers", "blocks", "storage")
-_PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for struct, names in ((Session, SESSION_PARTED), (PagedHistory, PAGES_PARTED)) for f in msgspec.structs.fields(struct) if f.name in names}
-PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
+READS = 3  # a session read while another process writes it is read again, this many times at most
+CONFLICTS = 8  # a write that keeps losing to other writers gives up after this many tries (logged)
 
 
-class _StringKeys(diskcache.Disk):
-    """Keys (tuples of strings, and a part's number) kept as one string.
+class Kept(NamedTuple):
+    """A session as the store holds it, and the version it holds it at."""
 
-    diskcache pickles a tuple key and optimises the pickle in Python: ~0.2 ms
-    a key, holding the interpreter while a request computes.
-    """
-
-    def put(self, key: object) -> tuple[object, bool]:
-        return super().put(_SEPARATOR.join(map(str, key)) if type(key) is tuple else key)  # type: ignore[no-any-return]
-
-    def get(self, key: object, raw: bool) -> object:
-        key = super().get(key, raw)
-        if not isinstance(key, str) or _SEPARATOR not in key:
-            return key
-        fields: list[str | int] = list(key.split(_SEPARATOR))
-        if fields[0] == "part":
-            fields[-1] = int(fields[-1])
-        return tuple(fields)
+    session: Session
+    version: str
 
 
-_SEPARATOR = "\x1f"
+class _Held(NamedTuple):
+    """A recent session in memory, valid while the store holds ``version``.
 
-
-class _Record(msgspec.Struct):
-    """A session as stored: its parted lists empty, and the digests of their parts.
-
-    A record written before the chain was parted holds its chain itself, and
-    no digests for it: it reads back as it is.
+    ``pending``: its write is queued; this process trusts it, as the write is
+    conditional and fixes memory if it loses.
     """
 
     session: Session
-    parts: dict[str, list[str]]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_Record)
+    version: str
+    pending: bool = False
 
 
 class SessionStore:
-    def __init__(self, directory: Path, recent: int = RECENT, sealer: Sealer | None = None):
-        private_tree(directory)
-        self.sealer = sealer or Sealer()  # records and parts hold the conversation's text
-        self.cache = diskcache.Cache(str(directory), disk=_StringKeys, cull_limit=0)
-        self.recent: OrderedDict[tuple[str, str], Session] = OrderedDict()
+    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None):
+        self.store: Store = EmbeddedStore(store, cull=True) if isinstance(store, Path) else store
+        self.shared = self.store.shared
+        self.layout = Layout(sealer or Sealer(), KnownParts(KNOWN_PARTS))  # records and parts hold the conversation's text
+        self.recent: OrderedDict[tuple[str, str], _Held] = OrderedDict()
         # The transcript of a recent session's messages, with the last link of the
         # chain it was taken for: how a follow-up finds it without a chain of its own.
         # A session kept since under another chain (a concurrent request's) does not match it.
@@ -117,180 +90,254 @@ class SessionStore:
         self.lock = threading.Lock()  # requests read ``recent`` from worker threads
         self.recent_size = recent
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
-        self.pending: Future[None] | None = None
-        self.parts = _KnownParts(KNOWN_PARTS)
+        self.pending: Future[Kept | None] | None = None
+        self.metrics = metrics  # counts the conflicts (``pcp_session_conflicts_total``)
 
     # -- reading (blocking: call from a thread) -----------------------------------------
     def resolve(self, namespace: str, conversation: Conversation, pinned: str | None = None) -> Resolution:
         """The session the request's chained messages continue: the pinned one, or the longest known prefix's.
 
-        A follow-up is found in memory by its history's transcript, and only
-        its new messages are linked; otherwise the whole chain is linked and
-        looked up, in memory and then on disk.
+        A follow-up is found in memory by its history's transcript, or in the
+        store by the digests of its history's last prefixes, and only its new
+        messages are linked; otherwise the whole chain is linked and looked up,
+        in memory and then in the store.
         """
         chained = conversation.chained
-        if pinned is None:
-            recent = self._continued(namespace, transcript(conversation.history))
-            if recent is not None:
-                n = len(recent.chain)
-                return Resolution(found=recent, reused=n, links=[*recent.chain, *chain_links(chained[n:], after=recent.chain[-1])])
+        if pinned is None and conversation.history:
+            said = transcript(conversation.history)
+            held = self._continued(namespace, said)
+            if held is not None:
+                n = len(held.session.chain)
+                return Resolution(found=held.session, reused=n, links=[*held.session.chain, *chain_links(chained[n:], after=held.session.chain[-1])], version=held.version)
+            found = self._by_transcript(namespace, conversation, said)
+            if found is not None:
+                return found
         links = chain_links(chained)
         history = links[: len(conversation.history)]
         if pinned is not None:
-            found = self._load(namespace, pinned)
-            return Resolution(found=found, reused=common_prefix(found.chain, history) if found else 0, links=links, pinned=pinned)
-        found, reused = self._find(namespace, history)
-        return Resolution(found=found, reused=reused, links=links)
+            kept = self._load(namespace, pinned)
+            if kept is None:
+                return Resolution(links=links, pinned=pinned)
+            return Resolution(found=kept.session, reused=common_prefix(kept.session.chain, history), links=links, pinned=pinned, version=kept.version)
+        kept, reused = self._find(namespace, history)
+        return Resolution(found=kept.session if kept else None, reused=reused, links=links, version=kept.version if kept else "")
 
     def stored(self) -> list[tuple[str, str]]:
-        """(namespace, id) of every session on disk."""
-        return [(key[1], key[2]) for key in self.cache.iterkeys() if key[0] == "session"]
+        """(namespace, id) of every session in the store."""
+        return [(str(key[1]), str(key[2])) for key in self.store.keys("session")]
 
     def read(self, namespace: str, session_id: str) -> Session | None:
         """The session, for a look inside (the inspector, the CLI): read without joining the recent ones."""
-        return self._load(namespace, session_id, remember=False)
+        kept = self._load(namespace, session_id, remember=False)
+        return kept.session if kept is not None else None
 
-    def _load(self, namespace: str, session_id: str, remember: bool = True) -> Session | None:
+    def _load(self, namespace: str, session_id: str, remember: bool = True) -> Kept | None:
         with self.lock:
-            session = self.recent.get((namespace, session_id))
-        if session is not None:
-            return session
-        raw = self._get(("session", namespace, session_id))
-        if raw is None:
-            return None
-        try:
-            session = self._assemble(namespace, _decoder.decode(raw))
-        except (msgspec.DecodeError, msgspec.ValidationError):  # written by an incompatible version: page afresh
-            return None
-        if session is not None and remember:
-            self._remember(namespace, session)
-        return session
+            held = self.recent.get((namespace, session_id))
+        if held is not None and self._valid(namespace, held):
+            return Kept(held.session, held.version)
+        kept = self._read(namespace, session_id)
+        if kept is not None and remember:
+            self._remember(namespace, _Held(*kept))
+        return kept
 
-    def _assemble(self, namespace: str, record: _Record) -> Session | None:
-        """The session of ``record`` with its parts read back; None if one is gone or does not match."""
-        lists: dict[str, list[object]] = {}
-        for name, digests in record.parts.items():
-            decoder = _PART_DECODERS.get(name)
-            if decoder is None:  # a list this version does not keep
+    def _read(self, namespace: str, session_id: str) -> Kept | None:
+        """The session as the store holds it now, with its version; None if it is not there whole.
+
+        Its version and record are read together; a part that does not match
+        the record was written since by another process: read again.
+        """
+        version_key, record_key = ("version", namespace, session_id), ("session", namespace, session_id)
+        for _ in range(READS):
+            version, raw = self.store.get_many([version_key, record_key])
+            record = self.layout.record(record_key, raw)
+            keys = self.layout.part_keys(namespace, record) if record is not None else None
+            if record is None or keys is None:
                 return None
-            items: list[object] = []
-            for n, digest in enumerate(digests):
-                key = ("part", namespace, record.session.id, name, n)
-                raw = self._get(key)
-                if raw is None or _digest(raw) != digest:
-                    return None
-                part = decoder.decode(raw)
-                self.parts.add(key, part, digest)
-                items += part
-            lists[name] = items
-        return _with_lists(record.session, record.session.pages, lists)
+            session = self.layout.assemble(record, keys, self.store.get_many(keys))
+            if session is not None:
+                return Kept(session, version.decode() if version else "")
+            if self.store.get(version_key) == version:  # no write since: a part is gone for good
+                return None
+        return None
 
-    def _find(self, namespace: str, chain: list[str]) -> tuple[Session | None, int]:
+    def _valid(self, namespace: str, held: _Held) -> bool:
+        """Whether a session kept in memory is still the store's: always, unless another process may write it."""
+        if not self.shared or held.pending:
+            return True
+        stored = self.store.get(("version", namespace, held.session.id))
+        return (stored.decode() if stored else "") == held.version
+
+    def _find(self, namespace: str, chain: list[str]) -> tuple[Kept | None, int]:
         """The session holding the longest prefix of ``chain``, and that prefix's length."""
         extended = self._extended(namespace, chain)
         if extended is not None:
-            return extended, len(extended.chain)
-        # Links reach the disk in the background: a fork that comes right after
+            return Kept(extended.session, extended.version), len(extended.session.chain)
+        # Links reach the store in the background: a fork that comes right after
         # its parent must still find the parent's links.
         self.flush()
         for i in _probes(len(chain)):
-            session_id = self.cache.get(("link", namespace, chain[i]))
+            session_id = self.store.get(("link", namespace, chain[i]))
             if session_id is None:
                 continue
-            session = self._load(namespace, session_id)
-            if session is not None and i < len(session.chain) and session.chain[i] == chain[i]:
-                return session, common_prefix(session.chain, chain)
+            kept = self._load(namespace, session_id.decode())
+            if kept is not None and i < len(kept.session.chain) and kept.session.chain[i] == chain[i]:
+                return kept, common_prefix(kept.session.chain, chain)
         return None, 0
 
-    def _extended(self, namespace: str, chain: list[str]) -> Session | None:
-        """The longest recent session that ``chain`` extends: a follow-up, found without the disk."""
-        best = None
-        with self.lock:
-            recent = list(self.recent.items())
-        for (owner, _), session in recent:
-            n = len(session.chain)
-            if owner == namespace and 0 < n <= len(chain) and chain[n - 1] == session.chain[-1] and (best is None or n > len(best.chain)):
-                best = session
-        return best
+    def _by_transcript(self, namespace: str, conversation: Conversation, said: bytes) -> Resolution | None:
+        """The session a follow-up continues, found in the store by the transcript digests of its history's last prefixes."""
+        history = conversation.history
+        probes = prefix_digests(said, history, LINK_STRIDE)
+        for (n, _), value in zip(probes, self.store.get_many([("said", namespace, d) for _, d in probes])):
+            if value is None:
+                continue
+            session_id, _, last = value.decode().partition(" ")
+            kept = self._load(namespace, session_id)
+            if kept is None or len(kept.session.chain) < n or kept.session.chain[n - 1] != last:
+                continue
+            chain = kept.session.chain
+            links = [*chain[:n], *chain_links(conversation.chained[n:], after=last)]
+            return Resolution(found=kept.session, reused=common_prefix(chain, links[: len(history)]), links=links, version=kept.version)
+        return None
 
-    def _continued(self, namespace: str, said: bytes) -> Session | None:
+    def _extended(self, namespace: str, chain: list[str]) -> _Held | None:
+        """The longest recent session that ``chain`` extends: a follow-up, found without the store."""
+        with self.lock:
+            recent = [(owner, held) for (owner, _), held in self.recent.items() if owner == namespace]
+        best = None
+        for _, held in recent:
+            n = len(held.session.chain)
+            if 0 < n <= len(chain) and chain[n - 1] == held.session.chain[-1] and (best is None or n > len(best.session.chain)):
+                best = held
+        return best if best is not None and self._valid(namespace, best) else None
+
+    def _continued(self, namespace: str, said: bytes) -> _Held | None:
         """The longest recent session whose messages the transcript ``said`` opens with: a follow-up, found without its chain."""
         best = None
         with self.lock:
-            candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].chain[-1:] == [last]]
-        for session, known in candidates:
-            if (best is None or len(session.chain) > len(best.chain)) and begins_with(said, known):
-                best = session
+            candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].session.chain[-1:] == [last]]
+        for held, known in candidates:
+            if (best is None or len(held.session.chain) > len(best.session.chain)) and begins_with(said, known):
+                best = held
+        if best is not None and not self._valid(namespace, best):
+            self._settled(namespace, (best.session.id, best.version), None)  # another process has written it since
+            return None
         return best
 
     # -- writing --------------------------------------------------------------------------
-    def save(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None = None) -> None:
-        """Keep ``session`` (its last ``new_links`` links are new); the disk write happens in the background.
+    def save(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None = None, *, base: str | None = None, pinned: bool = False, after: Future[Kept | None] | None = None) -> Future[Kept | None]:
+        """Keep ``session`` (its last ``new_links`` links are new) if the store still holds version ``base``; written in the background.
 
-        ``linked``: the messages its chain links, by whose transcript a follow-up finds it.
+        ``base`` is the version the request read (``Resolution.version``; "" for
+        a session not stored yet); None writes whatever the store holds.
+
+        ``linked``: the messages its chain links, by whose transcript a follow-up
+        finds it. ``pinned``: the client named the session (it follows the
+        client). ``after``: the save of the same request this one amends (the
+        pages its answer solidified): kept on top of whatever that one kept.
+        The future gives what the store kept; it raises if the store failed.
         """
-        self._remember(namespace, session)
-        self.pending = self.writer.submit(self._write, namespace, session, new_links, linked)
+        version = new_version()
+        self._remember(namespace, _Held(session, version, pending=True))  # this process's next request finds it at once
+        self.pending = self.writer.submit(self._write, namespace, session, new_links, linked, base, version, pinned, after)
+        return self.pending
 
-    def _write(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None) -> None:
-        if linked is not None:
-            self._recognise(namespace, session, transcript(linked))
+    def _write(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None, base: str | None, version: str, pinned: bool, after: Future[Kept | None] | None) -> Kept | None:
+        said = transcript(linked) if linked is not None else None
+        mine = (session.id, version)  # the entry ``save`` put in memory, replaced only while it is still there
         try:
-            n = len(session.chain)
-            pages = session.pages
-            lists = _lists(session, pages)
-            digests: dict[str, list[str]] = {}
-            new: dict[PartKey, tuple[list[object], bytes, str]] = {}  # the parts that changed, by key
-            for name, items in lists.items():
-                size = LINK_PART_ITEMS if name in SESSION_PARTED else PART_ITEMS
-                digests[name] = [self._part(("part", namespace, session.id, name, i // size), items[i : i + size], new) for i in range(0, len(items), size)]
-            bare = _with_lists(session, pages, {name: [] for name in lists})
-            with self.cache.transact():
-                for key, (_, raw, _) in new.items():
-                    self.cache.set(key, self.sealer.seal(raw, _context(key)))
-                for name in lists:  # a session rebuilt shorter leaves no parts behind
-                    stale: PartKey = ("part", namespace, session.id, name, len(digests[name]))
-                    while self.cache.delete(stale):
-                        self.parts.forget(stale)
-                        stale = (*stale[:4], stale[4] + 1)
-                record_key = ("session", namespace, session.id)
-                self.cache.set(record_key, self.sealer.seal(_encoder.encode(_Record(session=bare, parts=digests)), _context(record_key)))
-                for i in _stored(n - new_links, n):
-                    self.cache.set(("link", namespace, session.chain[i]), session.id)
-            for key, (part, _, digest) in new.items():  # on disk now
-                self.parts.add(key, part, digest)
-            self.cache.cull()  # once per write, not once per entry (``cull_limit=0``)
-        except Exception:  # a full disk costs the session's survival of a restart, not the request
-            log.exception("session %s was not saved", session.id)
+            if after is not None:  # the same request's first save, done by now (one writer, in order)
+                first = after.result() if after.exception() is None else None
+                amended = reconciled(session, first.session, first.session.id) if first is not None else None
+                if amended is None:
+                    self._settled(namespace, mine, first)
+                    return first
+                session, base = amended, first.version  # type: ignore[union-attr]
+            return self._conditional(namespace, session, new_links, base, version, said, pinned, mine)
+        except Exception:
+            self._settled(namespace, mine, None)  # memory must not hold what the store does not
+            if self.shared:
+                raise  # the request waits for it: its answer is not complete without it
+            log.exception("session %s was not saved", session.id)  # a full disk costs the session's survival of a restart
+            return None
 
-    def _part(self, key: PartKey, part: list[object], new: dict[PartKey, tuple[list[object], bytes, str]]) -> str:
-        """The digest of the part stored at ``key``: as written before if it holds equal items, else encoded now (into ``new``)."""
-        known = self.parts.digest(key, part)
-        if known is not None:
-            return known
-        raw = _encoder.encode(part)
-        new[key] = (part, raw, _digest(raw))
-        return new[key][2]
+    def _conditional(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None, pinned: bool, mine: tuple[str, str]) -> Kept | None:
+        """Commit ``session`` on ``base``; when another write came first, what ``reconciled`` keeps instead, on the winner's version."""
+        for _ in range(CONFLICTS):
+            if self._commit(namespace, session, new_links, base, version, said):
+                kept = Kept(session, version)
+                self._settled(namespace, mine, kept)
+                if said is not None:
+                    self._recognise(namespace, session, said)
+                return kept
+            stored = self.store.get(("version", namespace, session.id))
+            winner = self._read(namespace, session.id)
+            if winner is None:  # the version names nothing readable (evicted): the session is ours to write
+                base = stored.decode() if stored else ""
+                continue
+            rebased = reconciled(session, winner.session, new_session_id(namespace, session.chain, time.time_ns()), pinned=pinned)
+            self._conflict(rebased, session, winner.session)
+            if rebased is None:  # the winner holds all this request brought
+                self._settled(namespace, mine, winner)
+                return winner
+            same = rebased.id == session.id
+            new_links = len(rebased.chain) - (common_prefix(rebased.chain, winner.session.chain) if same else 0)
+            session, base, version = rebased, winner.version if same else "", new_version()
+        log.error("session %s was not saved: it kept changing under %d tries", session.id, CONFLICTS)
+        self._settled(namespace, mine, None)
+        return None
 
-    def _get(self, key: tuple[str | int, ...]) -> bytes | None:
-        """The value stored at ``key``, opened; None when there is none or it does not open (``Sealer``)."""
-        raw = self.cache.get(key)
-        return None if raw is None else self.sealer.open(raw, _context(key))
+    def _conflict(self, kept: Session | None, mine: Session, winner: Session) -> None:
+        if self.metrics is not None:
+            how = "winner" if kept is None else "forked" if kept.id != mine.id else "extended" if len(kept.chain) >= len(winner.chain) and kept.chain[: len(winner.chain)] == winner.chain else "replaced"
+            self.metrics.inc("pcp_session_conflicts_total", kept=how)
+
+    def _commit(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None) -> bool:
+        writes, trims, kept, new = self.layout.writes(namespace, session)
+        n = len(session.chain)
+        for i in _stored(n - new_links, n):
+            writes[("link", namespace, session.chain[i])] = session.id.encode()
+        if said is not None and session.chain:
+            writes[("said", namespace, said_digest(said))] = f"{session.id} {session.chain[-1]}".encode()
+        if not self.store.commit(Commit(("version", namespace, session.id), ANY if base is None else base, version, writes, trims, kept)):
+            return False
+        for first in trims:
+            self.layout.known.trimmed(first)
+        for key, (part, digest) in new.items():  # in the store now
+            self.layout.known.add(key, part, digest)
+        return True
+
+    def _settled(self, namespace: str, mine: tuple[str, str], kept: Kept | None) -> None:
+        """A write is done: memory holds what the store kept in place of what ``save`` put there (unless a later save replaced that)."""
+        key = (namespace, mine[0])
+        with self.lock:
+            held = self.recent.get(key)
+            if held is None or held.version != mine[1]:
+                return
+            if kept is None or kept.session.id != mine[0]:
+                self.recent.pop(key, None)
+                self.transcripts.pop(key, None)
+        if kept is not None:
+            self._remember(namespace, _Held(*kept))
 
     def flush(self) -> None:
         """Wait for the writes submitted so far."""
         if self.pending is not None:
-            self.pending.result()
+            try:
+                self.pending.result()
+            except Exception:
+                pass  # the request that made it was told
 
     def close(self) -> None:
         self.writer.shutdown(wait=True)
-        self.cache.close()
+        self.store.close()
 
-    def _remember(self, namespace: str, session: Session) -> None:
-        """Keep ``session`` in memory, where the next request finds it before it reaches the disk."""
-        key = (namespace, session.id)
+    def _remember(self, namespace: str, held: _Held) -> None:
+        """Keep a session in memory, where the next request finds it before it reaches the store."""
+        key = (namespace, held.session.id)
         with self.lock:
-            self.recent[key] = session
+            self.recent[key] = held
             self.recent.move_to_end(key)
             while len(self.recent) > self.recent_size:
                 self.transcripts.pop(self.recent.popitem(last=False)[0], None)
@@ -301,62 +348,6 @@ class SessionStore:
         with self.lock:
             if key in self.recent and session.chain:
                 self.transcripts[key] = (session.chain[-1], said)
-
-
-class _KnownParts:
-    """What this process last wrote or read at each part's key (the most recent ``size``).
-
-    A follow-up's pages are mostly the very objects of the request before it,
-    and its chain the same links: a part of equal items decodes to the same
-    items, so it is neither encoded nor written again. Comparing starts with
-    identity, so the same objects cost no more than a pointer each.
-    """
-
-    def __init__(self, size: int):
-        self.size = size
-        self._entries: OrderedDict[PartKey, tuple[str, list[object]]] = OrderedDict()
-        self._lock = threading.Lock()  # the writer adds, a request reading a session back too
-
-    def digest(self, key: PartKey, part: list[object]) -> str | None:
-        """The digest stored at ``key``, if it was stored for items equal to these."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None or entry[1] != part:
-                return None
-            self._entries.move_to_end(key)
-        return entry[0]
-
-    def add(self, key: PartKey, part: list[object], digest: str) -> None:
-        with self._lock:
-            self._entries[key] = (digest, part)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.size:
-                self._entries.popitem(last=False)
-
-    def forget(self, key: PartKey) -> None:
-        with self._lock:
-            self._entries.pop(key, None)
-
-
-def _lists(session: Session, pages: PagedHistory) -> dict[str, list[object]]:
-    """The lists of ``session`` (with ``pages``) that are stored in parts, by name."""
-    return {**{name: getattr(session, name) for name in SESSION_PARTED}, **{name: getattr(pages, name) for name in PAGES_PARTED}}
-
-
-def _with_lists(session: Session, pages: PagedHistory, lists: dict[str, list[object]]) -> Session:
-    """``session`` with ``pages``, and the parted lists named in ``lists`` in place of its own."""
-    own = {name: items for name, items in lists.items() if name in SESSION_PARTED}
-    paged = {name: items for name, items in lists.items() if name in PAGES_PARTED}
-    return msgspec.structs.replace(session, **own, pages=msgspec.structs.replace(pages, **paged))
-
-
-def _context(key: tuple[str | int, ...]) -> str:
-    """What a sealed value is bound to: its key, so it opens nowhere else."""
-    return _SEPARATOR.join(map(str, key))
-
-
-def _digest(raw: bytes) -> str:
-    return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
 def _stored(start: int, end: int) -> list[int]:

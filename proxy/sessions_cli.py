@@ -49,7 +49,10 @@ class Progress:
 
 
 def _store(settings: Settings) -> SessionStore:
-    return SessionStore(settings.data_path / "sessions", sealer=Sealer(data_key(settings.data_key) if settings.data_key else None))
+    from .stores import Stores
+
+    stores = Stores(settings.store, settings.data_path)
+    return SessionStore(stores.area("sessions"), sealer=Sealer(data_key(settings.data_key) if settings.data_key else None))
 
 
 def _walk(store: SessionStore, keys: list[tuple[str, str]], err: IO[str], live: bool | None) -> list[tuple[str, Session]]:

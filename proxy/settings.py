@@ -68,7 +68,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     paging_timeout: float = 60.0
     host: str = "127.0.0.1"
     port: int = 8000
+    # Processes serving the one port (`pcp-proxy serve`): each a proxy of its own, sharing the store.
+    workers: int = 1
     data_dir: str = "~/.local/share/pcp-proxy"
+    # Where sessions, caches, components, Hybrid state and memory live: empty for the embedded
+    # store in data_dir (diskcache and SQLite), or redis://[user:pass@]host:port/db (rediss:// for TLS)
+    # for one that workers and replicas on several machines share.
+    store: str = ""
     # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
     # images inline as base64 take more.
     max_body_mb: int = 64
@@ -136,6 +142,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
 
     def __post_init__(self) -> None:
         _require(self.port, 0 <= self.port <= 65535, "port", "must be between 0 and 65535")
+        _require(self.workers, 1 <= self.workers <= 64, "workers", "must be between 1 and 64")
+        _require(self.store and "…", not self.store or self.store.startswith(("redis://", "rediss://", "unix://")), "store", "must be empty (the embedded store in data_dir) or a redis://, rediss:// or unix:// URL")
         _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
         _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")

@@ -2,8 +2,8 @@
 
 A request never waits for them. A page is built with its extractive summary,
 which stands in until the model's lands; the next request that pages the
-conversation picks it up, and its session keeps it. Summaries are cached on
-disk by a hash of the text summarised, so no text is summarised twice — not by
+conversation picks it up, and its session keeps it. Summaries are cached in
+the store by a hash of the text summarised, so no text is summarised twice — not by
 a follow-up, not by another conversation, not after a restart. Calls carry
 ``x-pcp-role: consolidator`` and run one at a time, in the background.
 """
@@ -18,13 +18,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-import diskcache
-
 from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
 
-from .datadir import private_tree
 from .metrics import Metrics
 from .sealing import Sealer
+from .stores.base import Store
+from .stores.embedded import EmbeddedStore
 from .upstream import Upstream
 
 __all__ = ["Summariser", "closed_pages"]
@@ -44,9 +43,8 @@ class Job(NamedTuple):
 
 
 class Summariser:
-    def __init__(self, directory: Path, upstream: Upstream, metrics: Metrics, max_chars: int, sealer: Sealer | None = None, *, fold_system: bool = False):
-        private_tree(directory)
-        self.cache = diskcache.Cache(str(directory))
+    def __init__(self, store: Store | Path, upstream: Upstream, metrics: Metrics, max_chars: int, sealer: Sealer | None = None, *, fold_system: bool = False):
+        self.store: Store = EmbeddedStore(store) if isinstance(store, Path) else store  # by the hash of the text: shared by every caller
         self.sealer = sealer or Sealer()  # summaries are the conversation's text, retold
         self.upstream = upstream
         self.metrics = metrics
@@ -65,7 +63,7 @@ class Summariser:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-        await asyncio.to_thread(self.cache.close)
+        await asyncio.to_thread(self.store.close)
 
     # -- what requests call ------------------------------------------------------------
     async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None:
@@ -86,10 +84,8 @@ class Summariser:
                 self.metrics.inc("pcp_summaries_total", state="queued")
 
     def _cached(self, key: str) -> str | None:
-        stored = self.cache.get(key)
-        if isinstance(stored, str):  # stored as text by an earlier version
-            return stored
-        opened = self.sealer.open(stored, key) if isinstance(stored, bytes) else None
+        stored = self.store.get((key,))  # (stored as text by an earlier version: read as its bytes)
+        opened = self.sealer.open(stored, key) if stored is not None else None
         return opened.decode() if opened is not None else None
 
     # -- the background worker -----------------------------------------------------------
@@ -105,7 +101,7 @@ class Summariser:
             try:
                 summary = await self._ask(job)
                 if summary is not None:
-                    await asyncio.to_thread(self.cache.set, job.key, self.sealer.seal(summary.encode(), job.key))
+                    await asyncio.to_thread(self.store.set_many, {(job.key,): self.sealer.seal(summary.encode(), job.key)})
                     self.landed[job.page_id] = summary
                     state = "landed"
                 else:

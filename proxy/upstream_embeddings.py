@@ -28,12 +28,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-import diskcache
 import msgspec
 import numpy as np
 
-from .embeddings import disk_key
 from .errors import PcpError, UpstreamError
+from .stored_vectors import StoredVectors
+from .stores.base import Store
+from .stores.embedded import EmbeddedStore
 from .upstream import Upstream
 from .vectors import VectorCache, unit_rows
 
@@ -85,11 +86,15 @@ def decoded(body: bytes, texts: int) -> Any:
 class UpstreamVectors:
     """What the rounds ask of an embedder (``proxy.app.DenseRecall``), answered by the upstream's embedding model."""
 
-    def __init__(self, upstream: Upstream, model: str, directory: Path | None = None, *, fallback: Any = None, on_call: Callable[[], None] | None = None, on_encoded: Callable[[str, int], None] | None = None, batch_texts: int = BATCH_TEXTS, retry_seconds: float = RETRY_SECONDS, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, upstream: Upstream, model: str, directory: Path | None = None, *, fallback: Any = None, on_call: Callable[[], None] | None = None, on_encoded: Callable[[str, int], None] | None = None, batch_texts: int = BATCH_TEXTS, retry_seconds: float = RETRY_SECONDS, clock: Callable[[], float] = time.monotonic, store: Store | None = None):
         self.upstream, self.model, self.fallback = upstream, model, fallback
         self.variant = hashlib.sha256(f"upstream|{upstream.shown_url}|{model}".encode()).digest()
-        self.cache = VectorCache(200_000)
-        self.disk = diskcache.Cache(str(directory)) if directory is not None else None
+        self.cache = VectorCache(200_000, self.variant)
+        if store is None and directory is not None:
+            store = EmbeddedStore(directory)
+        self.stored = StoredVectors(store, self.cache) if store is not None else None
+        if self.stored is not None:
+            self.stored.listen()  # with Redis: the vectors the other processes fetch, as they do
         self.on_call = on_call or (lambda: None)
         self.on_encoded = on_encoded or (lambda state, n: None)
         self.batch_texts, self.retry_seconds, self.clock = batch_texts, retry_seconds, clock
@@ -141,8 +146,8 @@ class UpstreamVectors:
             self._task.get_loop().call_soon_threadsafe(self._task.cancel)
         if self.fallback is not None:
             self.fallback.close()
-        if self.disk is not None:
-            self.disk.close()
+        if self.stored is not None:
+            self.stored.close()
 
     # -- the calls -------------------------------------------------------------------
     async def _query_vector(self, text: str, headers: dict[str, str]) -> Any | None:
@@ -212,19 +217,9 @@ class UpstreamVectors:
             self.on_encoded("encoded", len(batch))
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:
-        if self.disk is None:
-            return {}
-        found = {}
-        for text in texts:
-            raw = self.disk.get(disk_key(text, self.variant))
-            if raw is not None:
-                found[text] = np.frombuffer(raw, dtype=np.float32)
-        self.cache.add(found)
-        return found
+        return self.stored.get(texts) if self.stored is not None else {}
 
     def _keep(self, texts: Sequence[str], vectors: Any) -> None:
         self.cache.add(dict(zip(texts, vectors)))
-        if self.disk is not None:
-            with self.disk.transact():
-                for text, vector in zip(texts, vectors):
-                    self.disk.set(disk_key(text, self.variant), vector.tobytes())
+        if self.stored is not None:
+            self.stored.put(texts, vectors)

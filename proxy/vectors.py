@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["VectorCache", "unit_rows"]
+__all__ = ["VectorCache", "text_key", "unit_rows"]
 
 GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
+
+
+def text_key(text: str, variant: bytes) -> bytes:
+    """A text's vector's name in a store; ``variant`` names the encoder (and its int8 form): another's is never found, and the store holds no text."""
+    return hashlib.blake2b(text.encode(), digest_size=16, key=variant).digest()
 
 
 def unit_rows(vectors: Any) -> Any:
@@ -24,23 +30,35 @@ class VectorCache:
     """Unit vectors by text, rows of one growing matrix: a history's thousands of
     rows come out in one gather, not one lookup and copy each.
 
-    When full, the older half is dropped (a history's texts were stored together,
-    so they go together). Safe to share between threads.
+    Rows another process encoded are known by their text's digest until a
+    request names the text. When full, the older half is dropped (a history's
+    texts were stored together, so they go together). Safe to share between threads.
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, variant: bytes = b""):
         self.capacity = capacity
+        self.variant = variant  # names the encoder in ``text_key``: rows announced by digest are of this one
         self._rows: dict[str, int] = {}
+        self._digested: dict[bytes, int] = {}  # rows announced by digest, their text not seen here yet
         self._matrix: Any = None  # allocated with the first vector, when its size is known
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._digested)
+
+    def _row(self, text: str) -> int:
+        """The row of ``text`` (-1: none); one known by its digest is known by its text from now on. Lock held."""
+        row = self._rows.get(text, -1)
+        if row < 0 and self._digested:
+            row = self._digested.pop(text_key(text, self.variant), -1)
+            if row >= 0:
+                self._rows[text] = row
+        return row
 
     def found(self, texts: Sequence[str]) -> dict[str, Any]:
         """The vectors held for ``texts``, by text."""
         with self._lock:
-            return {t: self._matrix[row] for t in texts if (row := self._rows.get(t)) is not None}
+            return {t: self._matrix[row] for t in texts if (row := self._row(t)) >= 0}
 
     def cosines(self, texts: Sequence[str], vector: Any) -> Any:
         """Each text's cosine with the unit ``vector`` (NaN for a text not held).
@@ -51,6 +69,9 @@ class VectorCache:
         out = np.full(len(texts), np.nan, dtype=np.float32)
         with self._lock:
             rows = np.fromiter((self._rows.get(t, -1) for t in texts), dtype=np.int64, count=len(texts))
+            if self._digested:  # only the texts not held by name pay for a digest
+                for i in np.flatnonzero(rows < 0):
+                    rows[i] = self._row(texts[i])
             held = np.flatnonzero(rows >= 0)
             for block in range(0, len(held), GATHER_BLOCK):
                 at = held[block : block + GATHER_BLOCK]
@@ -59,26 +80,35 @@ class VectorCache:
 
     def add(self, vectors: dict[str, Any]) -> None:
         with self._lock:
-            new = {t: v for t, v in vectors.items() if t not in self._rows}
-            if not new:
-                return
-            if len(self._rows) + len(new) > self.capacity:
-                self._drop_older_half()
-            self._make_room(len(self._rows) + len(new), len(next(iter(new.values()))))
-            start = len(self._rows)
-            self._matrix[start : start + len(new)] = np.stack(list(new.values()))
-            self._rows.update(zip(new, range(start, start + len(new))))
+            self._add({t: v for t, v in vectors.items() if self._row(t) < 0}, self._rows)
+
+    def add_digested(self, vectors: dict[bytes, Any]) -> None:
+        """Vectors by their text's digest (``text_key`` with this cache's variant): another process encoded them."""
+        with self._lock:
+            self._add({d: v for d, v in vectors.items() if d not in self._digested}, self._digested)
+
+    def _add(self, new: dict[Any, Any], into: dict[Any, int]) -> None:
+        if not new:
+            return
+        if len(self) + len(new) > self.capacity:
+            self._drop_older_half()
+        self._make_room(len(self) + len(new), len(next(iter(new.values()))))
+        start = len(self)
+        self._matrix[start : start + len(new)] = np.stack(list(new.values()))
+        into.update(zip(new, range(start, start + len(new))))
 
     def _make_room(self, rows: int, dim: int) -> None:
         if self._matrix is None:
             self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=np.float32)
         elif rows > len(self._matrix):
             grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=np.float32)
-            grown[: len(self._rows)] = self._matrix[: len(self._rows)]
+            grown[: len(self)] = self._matrix[: len(self)]
             self._matrix = grown
 
     def _drop_older_half(self) -> None:
-        keep = len(self._rows) // 2
-        cut = len(self._rows) - keep
-        self._matrix[:keep] = self._matrix[cut : len(self._rows)].copy()
+        used = len(self)
+        keep = used // 2
+        cut = used - keep
+        self._matrix[:keep] = self._matrix[cut:used].copy()
         self._rows = {t: row - cut for t, row in self._rows.items() if row >= cut}
+        self._digested = {d: row - cut for d, row in self._digested.items() if row >= cut}

@@ -78,6 +78,16 @@ class RunningProxy:
             self.http.__exit__(None, None, None)
 
 
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With ``PROXY_TEST_STORE=redis``, the tests that read the embedded store's files have nothing to read."""
+    if os.environ.get("PROXY_TEST_STORE") == "redis":
+        skip = pytest.mark.skip(reason="reads the embedded store's files; the proxies here keep them in Redis")
+        for item in items:
+            if "embedded_store" in item.keywords:
+                item.add_marker(skip)
+
+
 @pytest.fixture
 def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., RunningProxy]]:
     """Start a proxy in front of the fake upstream (``sockets=True``: a real server on loopback).
@@ -85,10 +95,13 @@ def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., Runn
     An ``upstream_base_url`` of the test's own is reached over the network, not the fake.
     """
     running: list[RunningProxy] = []
+    servers: list[Any] = []
 
     def start(sockets: bool = False, embedder: Any = None, **overrides: Any) -> RunningProxy:
         # Embeddings load a model per proxy: on only where a test asks for them.
         fields = {"upstream_base_url": upstream.url, "data_dir": str(tmp_path / "data"), "router_embeddings": False, **overrides}
+        if os.environ.get("PROXY_TEST_STORE") == "redis" and "store" not in overrides:  # the same tests, on a real Redis
+            fields["store"] = _test_redis(tmp_path, servers).url
         fake = upstream if fields["upstream_base_url"] == upstream.url else None
         proxy = RunningProxy(Settings(**fields), fake, sockets=sockets, embedder=embedder)
         running.append(proxy)
@@ -97,8 +110,34 @@ def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., Runn
     yield start
     for proxy in running:
         proxy.stop()
+    for server in servers:
+        server.stop()
+
+
+def _test_redis(tmp_path, servers: list[Any]) -> Any:
+    """The test's Redis (one per test, shared by its proxies), for ``PROXY_TEST_STORE=redis``."""
+    if not servers:
+        from tests.redis_server import RedisServer
+
+        directory = tmp_path / "redis"
+        directory.mkdir(exist_ok=True)
+        servers.append(RedisServer(directory))
+    return servers[0]
 
 
 @pytest.fixture
 def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     return start_proxy()
+
+
+@pytest.fixture
+def redis_server(tmp_path) -> Iterator[Any]:
+    """A real redis-server of its own (tests/redis_server.py), stopped after the test; skipped only when it cannot start."""
+    pytest.importorskip("redis", reason="the redis client is not installed (the `redis` extra)")
+    from tests.redis_server import RedisServer
+
+    directory = tmp_path / "redis"
+    directory.mkdir()
+    server = RedisServer(directory)
+    yield server
+    server.stop()

@@ -152,6 +152,7 @@ def test_a_conversation_that_names_no_session_is_recognised_by_its_messages(hybr
     assert stored(hybrid, f"/v1/pcp/sessions/{session}").runtime.round == 2
 
 
+@pytest.mark.embedded_store
 def test_sessions_are_the_callers_and_their_text_is_sealed_on_disk(start_proxy, upstream, tmp_path):
     proxy = start_proxy(hybrid="enabled", data_key="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
     upstream.enqueue(model("ok", with_memory(core=[block("secret", content="zanzibarquokka")])))
@@ -242,6 +243,7 @@ def test_sessions_of_one_scope_add_to_its_core_and_a_block_the_model_lets_fade_i
     assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
 
 
+@pytest.mark.embedded_store
 def test_the_scopes_core_is_kept_on_disk_sealed_and_dropped_with_the_scope(start_proxy, upstream, tmp_path):
     settings = {"hybrid": "enabled", "data_dir": str(tmp_path), "data_key": "a" * 64}
     scoped = {**KEY, "x-pcp-memory": "team"}

@@ -6,6 +6,8 @@ import io
 import subprocess
 import sys
 
+import pytest
+
 from proxy.sessions_cli import Progress, list_sessions, show_session
 from proxy.testing import completion
 from tests.telemetry_helpers import consult_first_summary, conversation
@@ -80,6 +82,7 @@ def test_cli_lists_and_shows_sessions_with_a_progress_bar(start_proxy, upstream)
     assert "└─ Cons" in shown and "Orig" in shown and "tokens" in shown
 
 
+@pytest.mark.embedded_store
 def test_cli_commands_run_as_a_user_runs_them(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=1024)
     session = _paged(proxy, upstream).headers["x-pcp-session"]

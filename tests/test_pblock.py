@@ -279,6 +279,7 @@ def answer(response: httpx.Response, stream: bool) -> str:
     return "".join(choice["delta"].get("content") or "" for event in events for choice in event["choices"])
 
 
+@pytest.mark.embedded_store
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start_proxy, upstream, tmp_path, stream):
     upstream.default = lambda recorded: stream_reply(["QX-", "4471."]) if json.loads(recorded.body).get("stream") else completion("QX-4471.")
@@ -306,6 +307,7 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
     assert metric_value(restarted.http.get("/metrics").text, "pcp_turns_paged_total") <= 2 + 4  # the block was not paged again
 
 
+@pytest.mark.embedded_store
 def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048, block_tokens=0)
@@ -333,6 +335,7 @@ def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_
     assert history.leaves[-1].content in shown
 
 
+@pytest.mark.embedded_store
 def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
@@ -374,6 +377,7 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     assert SECRET in shown
 
 
+@pytest.mark.embedded_store
 def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path, monkeypatch):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)

@@ -97,6 +97,7 @@ def _stored_bytes(tmp_path) -> bytes:
     return b"".join(p.read_bytes() for p in (tmp_path / "data").rglob("*") if p.is_file())
 
 
+@pytest.mark.embedded_store
 def test_with_a_data_key_no_stored_file_holds_the_conversations_text(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("Summary of the plan." if recorded.headers.get("x-pcp-role") == "consolidator" else "fine")
     proxy = start_proxy(sentry_threshold=300, data_key=KEY, consolidator="llm")
@@ -108,6 +109,7 @@ def test_with_a_data_key_no_stored_file_holds_the_conversations_text(start_proxy
     assert SECRET_WORD.encode() not in stored and b"Summary of the plan" not in stored
 
 
+@pytest.mark.embedded_store
 def test_without_a_data_key_the_text_is_stored_as_it_is(start_proxy, tmp_path):
     proxy = start_proxy(sentry_threshold=300)
     ask(proxy)

@@ -270,8 +270,8 @@ def test_a_fork_finds_its_parent_while_the_parents_links_are_still_being_written
 def test_a_record_that_does_not_decode_is_a_fresh_start(tmp_path: Path):
     store = SessionStore(tmp_path)
     messages = conversation(1)
-    store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
-    store.cache.set(("link", "ns", chain_links(messages)[0]), "s-1")
+    store.store.cache.set(("session", "ns", "s-1"), b"\x00not msgpack")
+    store.store.cache.set(("link", "ns", chain_links(messages)[0]), "s-1")
     assert lookup(store, messages) == (None, 0)
     store.close()
 
@@ -281,14 +281,14 @@ def paged_session(messages: list[dict], known: Session | None = None) -> Session
 
 
 def parts_on_disk(store: SessionStore) -> set:
-    return {key for key in store.cache.iterkeys() if key[0] == "part"}
+    return {key for key in store.store.cache.iterkeys() if key[0] == "part"}
 
 
 def counting_encodes(monkeypatch) -> list:
     """What the store encodes from now on: its parts and records."""
     encoded: list = []
     encoder = msgspec.msgpack.Encoder()
-    monkeypatch.setattr("proxy.sessions._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
+    monkeypatch.setattr("proxy.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
     return encoded
 
 
@@ -297,17 +297,17 @@ def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=40)
     store.flush()
-    keys = list(store.cache.iterkeys())
+    keys = list(store.store.cache.iterkeys())
     store.close()
     with sqlite3.connect(tmp_path / "cache.db") as db:  # diskcache's table: raw = 1 for a key stored as it is, not pickled
         assert {raw for (raw,) in db.execute("SELECT raw FROM Cache")} == {1}
-    assert {key[0] for key in keys} == {"session", "part", "link"} and all(type(key) is tuple for key in keys)
+    assert {key[0] for key in keys} == {"session", "part", "link", "version"} and all(type(key) is tuple for key in keys)
     assert all(type(key[4]) is int for key in keys if key[0] == "part")
 
 
 def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     first = paged_session(history)
     store = SessionStore(tmp_path)
@@ -333,7 +333,7 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
 
 def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeypatch):
     """Records written before the chain was stored in parts hold it, and no digests for it."""
-    monkeypatch.setattr("proxy.sessions.SESSION_PARTED", ())
+    monkeypatch.setattr("proxy.session_parts.SESSION_PARTED", ())
     session = paged_session(conversation(40))
     store = SessionStore(tmp_path)
     store.save("ns", session, new_links=40)
@@ -353,8 +353,8 @@ def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("listed", ["leaves", "chain"])
 @pytest.mark.parametrize("damage", ["gone", "another part's"])
 def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str, listed: str):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.sessions.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=300)
@@ -365,15 +365,15 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
     assert load(reopened, "s-1") is not None
     reopened.recent.clear()  # read it from the disk again
     if damage == "gone":
-        reopened.cache.delete(first)  # culled, say
+        reopened.store.cache.delete(first)  # culled, say
     else:
-        reopened.cache.set(first, reopened.cache.get(second))  # a write that did not finish, say
+        reopened.store.cache.set(first, reopened.store.cache.get(second))  # a write that did not finish, say
     assert lookup(reopened, history) == (None, 0)
     reopened.close()
 
 
 def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.sessions.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
     store = SessionStore(tmp_path)
     long = paged_session(conversation(300))
     store.save("ns", long, new_links=300)
@@ -495,6 +495,7 @@ def test_a_bad_session_id_is_a_clear_400(session_proxy):
     assert response.json()["error"]["param"] == "x-pcp-session"
 
 
+@pytest.mark.embedded_store
 def test_a_restart_loses_nothing(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("Noted.")
     history = [*conversation(160), {"role": "user", "content": "Q1?"}]
@@ -511,6 +512,7 @@ def test_a_restart_loses_nothing(start_proxy, upstream, tmp_path):
     assert (tmp_path / "data" / "sessions").is_dir()
 
 
+@pytest.mark.embedded_store
 def test_sessions_are_keyed_by_a_hash_of_the_key_not_the_key(session_proxy, tmp_path):
     ask(session_proxy, [*conversation(160), {"role": "user", "content": "Q?"}], key="sk-secret-value")
     files = b"".join(p.read_bytes() for p in (tmp_path / "data" / "sessions").rglob("*") if p.is_file())
@@ -530,6 +532,7 @@ def test_a_follow_up_keeps_the_topic_groups_it_had():
     assert after[: len(before) - 1] == before[:-1]
 
 
+@pytest.mark.embedded_store
 def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_store(session_proxy, tmp_path):
     from concurrent.futures import ThreadPoolExecutor
 

@@ -58,6 +58,7 @@ def test_page_vectors_come_from_the_upstreams_model_in_batches_once(start_proxy,
     assert not fallback.asked and metric_value(metrics, "pcp_upstream_calls_total", role="embeddings") == len(calls)
 
 
+@pytest.mark.embedded_store
 def test_vectors_on_disk_are_not_asked_for_again_after_a_restart(start_proxy, upstream):
     upstream.embeddings = embeddings_reply(StandInEmbedder().vector)
     first = start(start_proxy, upstream, StandInEmbedder())

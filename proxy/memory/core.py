@@ -4,7 +4,7 @@ A session in Hybrid mode that names a scope (``x-pcp-memory``) is shown the
 scope's core blocks beside its own, and what its round keeps of them is the
 scope's again (``pcp_core.hybrid.scope_core`` merges it with what other
 sessions wrote meanwhile). Kept as the session's snapshot is: a ``KeyedStore``
-under ``PCP_DATA_DIR/memory/core``, sealed with ``PCP_DATA_KEY``. Dropping the
+under ``PCP_DATA_DIR/memory/core`` (or in Redis, never expired), sealed with ``PCP_DATA_KEY``. Dropping the
 scope drops them.
 """
 
@@ -19,6 +19,7 @@ from pcp_core.hybrid import Block, Limits, scope_core
 
 from ..keyed_store import KeyedStore, store_key
 from ..sealing import Sealer
+from ..stores.base import Store
 
 __all__ = ["ScopeCores"]
 
@@ -31,8 +32,8 @@ class _Core(msgspec.Struct, frozen=True):
 
 
 class ScopeCores(KeyedStore[_Core]):
-    def __init__(self, directory: Path, sealer: Sealer | None = None, limits: Limits = Limits()):
-        super().__init__(directory, _Core, "the core blocks of a memory scope", sealer)
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None, limits: Limits = Limits()):
+        super().__init__(store, _Core, "the core blocks of a memory scope", sealer)
         self.limits = limits
 
     def recall(self, scope: str) -> Sequence[Block]:

@@ -42,6 +42,9 @@ class ScopeIndex:
         self.lock = threading.RLock()
         self.changes = 0  # applied since the last save
         self.saved_at = time.monotonic()
+        # The store position applied: every page up to ``row`` and every removal up to ``seq`` of the scope.
+        self.row = lexical.saved_row
+        self.seq = lexical.saved_seq
 
     @classmethod
     def open(cls, store: MemoryStore, scope: str, directory: Path) -> ScopeIndex:
@@ -56,15 +59,25 @@ class ScopeIndex:
         if lexical is None:
             lexical = LexicalIndex()
         index = cls(directory, lexical, vectors)
-        added, removed, seq = store.changes(scope, lexical.saved_row, lexical.saved_seq)
-        index.lexical.remove(removed)
-        if index.vectors is not None:
-            index.vectors.remove(removed)
-        for batch in _batches(added):
-            index._add(batch)
-        index.changes = 0 if not removed else len(removed)
+        index.catch_up(store, scope)
+        index.changes = index.changes if index.seq != lexical.saved_seq else 0
         log.debug("memory index of %s open: %d pages", scope, index.lexical.live)
         return index
+
+    def catch_up(self, store: MemoryStore, scope: str) -> None:
+        """Apply what the store logged since this index's position: pages added, rows removed (by any process)."""
+        added, removed, seq = store.changes(scope, self.row, self.seq)
+        with self.lock:
+            if removed:
+                self.lexical.remove(removed)
+                if self.vectors is not None:
+                    self.vectors.remove(removed)
+            for batch in _batches(added):
+                self._add(batch)
+                self.row = max(self.row, batch[-1].row)
+                self.changes += len(batch)
+            self.seq = seq
+            self.changes += len(removed)
 
     def apply(self, written: Written) -> None:
         """A committed write: its removed rows out, its added pages in."""
@@ -76,6 +89,8 @@ class ScopeIndex:
             for batch in _batches(written.added):
                 self._add(batch)
             self.changes += len(written.added) + len(written.removed)
+            self.row = max([self.row, *(s.row for s in written.added)])
+            self.seq = max(self.seq, written.seq)
 
     def _add(self, batch: Sequence[Stored]) -> None:
         for stored in batch:
@@ -103,7 +118,10 @@ class ScopeIndex:
             self.changes += 1
 
     def save_if_due(self, row: int, seq: int, force: bool = False) -> None:
-        """Save both indexes as of the store's (``row``, ``seq``) when enough changed, or enough time passed."""
+        """Save both indexes as of the store's (``row``, ``seq``) when enough changed, or enough time passed.
+
+        With a shared store, the index's own position (``row``, ``seq``): other processes write between.
+        """
         due = self.changes >= SAVE_AFTER_CHANGES or (self.changes and time.monotonic() - self.saved_at > SAVE_AFTER_SECONDS)
         if not (due or (force and self.changes)):
             return

@@ -16,6 +16,7 @@ import logging
 import queue
 import shutil
 import threading
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
@@ -32,6 +33,7 @@ from pcp_core.router import Intent
 from pcp_core.terms import TermStats
 from pcp_core.tokens import CountText
 
+from ..stores.base import StoreUnavailable
 from .forgetting import forget_ids, forget_query
 from .search import ScopeIndex
 from .core import ScopeCores
@@ -46,8 +48,10 @@ _PERIODS = 12  # periods an intent names that are looked up (the latest first)
 
 
 class Memory:
-    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None, cores: ScopeCores | None = None):
+    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None, shared: bool = False, cores: ScopeCores | None = None):
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
+        # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
+        self.shared = shared
         self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
         self.cores = cores  # Hybrid mode's core blocks, by scope: dropped with it
         self.indexes: dict[str, ScopeIndex] = {}
@@ -62,7 +66,7 @@ class Memory:
 
     # -- on a request's path ---------------------------------------------------------------
     def has_pages(self, scope: str) -> bool:
-        if scope not in self.known:
+        if not self.known.get(scope) and (self.shared or scope not in self.known):  # another process may write its first page
             self.known[scope] = self.store.holds(scope)
         return self.known[scope]
 
@@ -91,6 +95,8 @@ class Memory:
     def broad_match(self, scope: str, intent: Intent) -> list[Candidate]:
         """The first stage: keyword and vector matches, and the pages said in the periods the intent names."""
         index = self.index(scope)
+        if self.shared:
+            index.catch_up(self.store, scope)
         vector = self._query_vector(intent.text)
         found = index.broad_match(index_weights(intent), vector, self.memory.candidates)
         per_period = max(self.memory.candidates // max(len(intent.periods), 1), 20)
@@ -137,7 +143,7 @@ class Memory:
                 return
             job, future, counted = item
             try:
-                future.set_result(job())
+                future.set_result(_patiently(job))
             except BaseException as error:  # a failed write-back loses that write, never the writer
                 log.exception("memory write failed")
                 future.set_exception(error)
@@ -149,6 +155,12 @@ class Memory:
 
     def _idle(self, force: bool = False) -> None:
         """The queue is empty: consolidate the scopes written to, train an outgrown vector index, save what is due."""
+        try:
+            self._tidy(force)
+        except StoreUnavailable:
+            pass  # again once the store is back
+
+    def _tidy(self, force: bool) -> None:
         for scope in list(self.fresh):
             try:
                 self._consolidate(scope)
@@ -158,7 +170,7 @@ class Memory:
         for scope, index in list(self.indexes.items()):
             try:
                 index.retrain(self.store, scope)
-                index.save_if_due(row, seq, force)
+                index.save_if_due(*((index.row, index.seq) if self.shared else (row, seq)), force)
             except Exception:
                 log.exception("saving a memory index failed")
 
@@ -167,7 +179,8 @@ class Memory:
             return
         resolution = self.sessions.resolve(namespace, conversation, pinned)
         prepared = prepare(conversation, resolution, self.policy, Facts(namespace=namespace, now_ns=now_ns), self.count)
-        self.sessions.save(namespace, prepared.session, prepared.new_links, conversation.chained)
+        base = resolution.version if resolution.found is not None and resolution.found.id == prepared.session.id else ""
+        self.sessions.save(namespace, prepared.session, prepared.new_links, conversation.chained, base=base, pinned=pinned is not None)
         self._write_back(scope, prepared.session, conversation, now_ns)
 
     def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
@@ -187,8 +200,8 @@ class Memory:
         with self._open_lock:
             written = write(vectors)
             index = self.indexes.get(scope)
-            if index is not None:
-                index.apply(written)
+            if index is not None:  # (shared: others' writes may have come between, in row order: read them all)
+                index.catch_up(self.store, scope) if self.shared else index.apply(written)
         if written.added:
             self.known[scope] = True
         self._inc("pcp_memory_pages_written_total", len(written.added))
@@ -229,7 +242,7 @@ class Memory:
         return self.directory / "index" / short_hash(scope, length=24)
 
     def forgotten(self, scope: str) -> set[str]:
-        if scope not in self._forgotten:
+        if scope not in self._forgotten or self.shared:  # another process may have forgotten turns since
             self._forgotten[scope] = self.store.forgotten(scope)
         return self._forgotten[scope]
 
@@ -296,6 +309,21 @@ class Memory:
         self.store.close()
         if self.cores is not None:
             self.cores.close()
+
+
+# A write the store could not take (it is restarting, say) is tried again after these pauses, then given up.
+STORE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+def _patiently(job: Callable[[], Any]) -> Any:
+    """``job()``, tried again while the store is unavailable: a write-back waits out a store's restart."""
+    for pause in STORE_RETRIES:
+        try:
+            return job()
+        except StoreUnavailable:
+            log.warning("the store is unavailable: a memory write waits %.1f s", pause)
+            time.sleep(pause)
+    return job()
 
 
 def _cosine(vector: Any, raw: bytes | None) -> float:

@@ -52,6 +52,7 @@ class Written(msgspec.Struct, frozen=True):
 
     added: list[Stored] = []
     removed: list[int] = []
+    seq: int = 0  # the last removal it logged (0: none)
 
 
 class MemoryStore(Protocol):
@@ -69,10 +70,6 @@ class MemoryStore(Protocol):
     def counts(self, scope: str) -> dict[str, int]: ...
     def holds(self, scope: str) -> bool: ...
     def forgotten(self, scope: str) -> set[str]: ...
-    def holds(self, scope: str) -> bool:
-        """Whether the scope has a page: one index probe (asked on a request's path)."""
-        return self._db().execute("SELECT 1 FROM pages WHERE scope=? LIMIT 1", (scope,)).fetchone() is not None
-
     def has_vectors(self, scope: str) -> bool: ...
     def recalled(self, scope: str, ids: Sequence[str]) -> None: ...
     def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]: ...
@@ -150,7 +147,8 @@ class SqliteMemoryStore:
             db.executemany("DELETE FROM owners WHERE scope=? AND conversation=? AND id=?", [(scope, conversation, pid) for pid in gone])
             orphans = [pid for pid in gone if db.execute("SELECT 1 FROM owners WHERE scope=? AND id=? LIMIT 1", (scope, pid)).fetchone() is None]
             removed = self._delete(db, scope, orphans)
-        return Written(added=added, removed=removed)
+            seq = _last_seq(db, scope) if removed else 0
+        return Written(added=added, removed=removed, seq=seq)
 
     def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written:
         """Pages no conversation writes (the consolidator's, an import's), children before their containers."""
@@ -184,7 +182,8 @@ class SqliteMemoryStore:
                 db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", [(scope, child, page.id) for child in getattr(page, "source_ids", ())])
                 removed.append(old[0])
                 added.append(Stored(int(cursor.lastrowid or 0), page, old[1], old[2], old[3]))
-        return Written(added=added, removed=removed)
+            seq = _last_seq(db, scope) if removed else 0
+        return Written(added=added, removed=removed, seq=seq)
 
     def _insert(self, db: sqlite3.Connection, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> list[Stored]:
         """Insert the pages the scope does not hold (dedup by id, a content hash); every container's edges."""
@@ -292,6 +291,10 @@ class SqliteMemoryStore:
         query = "SELECT row, body, conversation, recalls, vector FROM pages WHERE scope=? AND row > ? ORDER BY row"
         added = (Stored(row, _decode(body), conv, recalls, vector) for row, body, conv, recalls, vector in self._db().execute(query, (scope, after_row)))
         return added, [row for _, row in removed], int(last)
+
+
+def _last_seq(db: sqlite3.Connection, scope: str) -> int:
+    return int(db.execute("SELECT coalesce(max(seq), 0) FROM removed WHERE scope=?", (scope,)).fetchone()[0])
 
 
 def vector_bytes(vector: np.ndarray) -> bytes:

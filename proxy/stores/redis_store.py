@@ -1,0 +1,201 @@
+"""The shared store: Redis (or Valkey), for workers and replicas that serve one set of conversations.
+
+Every process keeps one client (``connect``) with a pool of connections,
+shared by its stores; each store has its area, a key prefix (``pcp:s:`` for
+sessions, ``pcp:v:`` for vectors, …), and the caller's namespace is the next
+part of a key's name. The stores call Redis from their threads (a request's
+paging thread, the writers), so they use the synchronous client: the event
+loop never waits on Redis, and the paging thread, which already blocks on
+the CPU, needs no loop of its own.
+
+``commit`` is one Lua script: the version is compared and every write,
+deletion and expiry applied in one step, which no other client sees half
+done and which a client killed mid-way never leaves half done.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .base import Commit, Key, StoreUnavailable
+
+__all__ = ["Announcements", "RedisStore", "StoreSettingError", "connect", "install_secret", "shown", "unavailable"]
+
+log = logging.getLogger("pcp.store")
+
+PREFIX = "pcp:"
+POOL_SIZE = 64  # connections per process: the paging threads, the writers, the vector listener
+# A store that does not answer within this many seconds is unavailable (a 503), not a hung request.
+SOCKET_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+_CHUNK = 512  # keys per MGET
+
+_COMMIT = """
+local held = redis.call('GET', KEYS[1]) or ''
+if ARGV[1] ~= '*' and held ~= ARGV[1] then return 0 end
+local ttl = tonumber(ARGV[3])
+local writes = tonumber(ARGV[4])
+local keep = tonumber(ARGV[5])
+for i = 1, writes do
+  if ttl > 0 then redis.call('SET', KEYS[1 + i], ARGV[5 + i], 'PX', ttl) else redis.call('SET', KEYS[1 + i], ARGV[5 + i]) end
+end
+if ttl > 0 then
+  for i = 1, keep do redis.call('PEXPIRE', KEYS[1 + writes + i], ttl) end
+end
+local a = 6 + writes
+while a < #ARGV do
+  local n = tonumber(ARGV[a + 1])
+  while redis.call('DEL', ARGV[a] .. n) == 1 do n = n + 1 end
+  a = a + 2
+end
+if ttl > 0 then redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl) else redis.call('SET', KEYS[1], ARGV[2]) end
+return 1
+"""
+
+
+class StoreSettingError(RuntimeError):
+    """``PCP_STORE`` is malformed or the store it names cannot be reached at start: the message names the setting."""
+
+
+def shown(url: str) -> str:
+    """The store's URL without its password, for messages and the log."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
+
+
+def unavailable(error: BaseException) -> StoreUnavailable:
+    return StoreUnavailable(type(error).__name__)
+
+
+def connect(url: str) -> Any:
+    """A client for ``url`` with its pool, checked with a PING; ``StoreSettingError`` if it cannot be made or reached."""
+    try:
+        import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
+    except ImportError:
+        raise StoreSettingError("setting store (env PCP_STORE) names Redis but the redis package is not installed: pip install 'pcp-proxy[redis]'") from None
+    # A blip is retried at once, twice; a store that is down is a 503 within the socket timeouts, not seconds of backoff.
+    options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT, "health_check_interval": 30, "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2)}
+    try:
+        pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=SOCKET_TIMEOUT, **options)
+        client = redis.Redis(connection_pool=pool)
+        client.ping()
+    except (ValueError, TypeError) as error:
+        raise StoreSettingError(f"setting store (env PCP_STORE) is not a Redis URL the client can read ({shown(url)}): {error}") from None
+    except redis.RedisError as error:
+        raise StoreSettingError(f"setting store (env PCP_STORE): the Redis server at {shown(url)} cannot be reached: {error}") from None
+    return client
+
+
+def install_secret(client: Any) -> bytes:
+    """The install's secret, which names the callers' namespaces: kept in the store, so every replica names them alike.
+
+    Made by the first process that asks (SET NX), read by every other.
+    """
+    key = PREFIX + "install-secret"
+    client.set(key, os.urandom(32), nx=True)
+    secret = client.get(key)
+    if not isinstance(secret, bytes) or len(secret) != 32:
+        raise StoreSettingError(f"setting store (env PCP_STORE): {key} in the store is not 32 bytes (delete it to make a new one; sessions are then paged again)")
+    return secret
+
+
+class RedisStore:
+    """``Store`` in Redis, under ``pcp:<area>:``; ``ttl``: seconds a value is kept after it was last written (0: for ever)."""
+
+    shared = True
+
+    def __init__(self, client: Any, area: str, ttl: float = 0):
+        import redis
+
+        self.client = client
+        self.prefix = f"{PREFIX}{area}:"
+        self.ttl_ms = int(ttl * 1000)
+        self._commit = client.register_script(_COMMIT)
+        self._errors = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError (a restart reading its file) is one
+
+    def name(self, key: Key) -> str:
+        return self.prefix + ":".join(k.hex() if isinstance(k, bytes) else str(k) for k in key)
+
+    def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except self._errors as error:
+            raise unavailable(error) from None
+
+    def get(self, key: Key) -> bytes | None:
+        return self._call(self.client.get, self.name(key))  # type: ignore[no-any-return]
+
+    def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
+        names = [self.name(k) for k in keys]
+        found: list[bytes | None] = []
+        for start in range(0, len(names), _CHUNK):
+            found += self._call(self.client.mget, names[start : start + _CHUNK])
+        return found
+
+    def set_many(self, items: Mapping[Key, bytes]) -> None:
+        if not items:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for key, value in items.items():
+            pipe.set(self.name(key), value, px=self.ttl_ms or None)
+        self._call(pipe.execute)
+
+    def delete(self, key: Key) -> None:
+        self._call(self.client.delete, self.name(key))
+
+    def contains(self, key: Key) -> bool:
+        return bool(self._call(self.client.exists, self.name(key)))
+
+    def claim(self, key: Key, seconds: float) -> bool:
+        return bool(self._call(self.client.set, self.name(key), b"", nx=True, px=max(int(seconds * 1000), 1)))
+
+    def commit(self, commit: Commit) -> bool:
+        writes = list(commit.writes.items())
+        keys = [self.name(commit.version), *(self.name(k) for k, _ in writes), *(self.name(k) for k in commit.keep)]
+        args: list[Any] = [commit.expected, commit.new, self.ttl_ms, len(writes), len(commit.keep), *(v for _, v in writes)]
+        for first in commit.trims:
+            args += [self.name(first[:-1]) + ":", int(first[-1])]
+        return bool(self._call(self._commit, keys=keys, args=args))
+
+    def keys(self, kind: str) -> Iterator[Key]:
+        start = len(self.prefix)
+        for name in self._call(lambda: list(self.client.scan_iter(match=f"{self.prefix}{kind}:*", count=1000))):
+            yield tuple(name.decode()[start:].split(":", 2))
+
+    def announcements(self, name: str) -> Announcements:
+        return Announcements(self, name)
+
+    def close(self) -> None:
+        pass  # the client is the process's (``Stores.close`` ends it)
+
+
+class Announcements:
+    """A Redis stream of payloads one process publishes and every other reads (the digests of vectors just encoded)."""
+
+    KEEP = 200_000  # entries kept, about: a process that starts reads the latest of them
+
+    def __init__(self, store: RedisStore, name: str):
+        self.store = store
+        self.stream = f"{store.prefix}{name}"
+
+    def publish(self, payload: bytes) -> None:
+        self.store._call(self.store.client.xadd, self.stream, {b"d": payload}, maxlen=self.KEEP, approximate=True)
+
+    def latest(self, count: int) -> tuple[bytes, list[bytes]]:
+        """The position of the newest entry, and the payloads of the latest ``count``."""
+        entries = self.store._call(self.store.client.xrevrange, self.stream, count=count)
+        return (entries[0][0] if entries else b"0-0"), [fields[b"d"] for _, fields in reversed(entries)]
+
+    def read(self, after: bytes, block_seconds: float) -> tuple[bytes, list[bytes]]:
+        """The payloads published after ``after`` (waiting up to ``block_seconds`` for one), and the new position."""
+        answer = self.store._call(self.store.client.xread, {self.stream: after}, block=int(block_seconds * 1000), count=1000)
+        entries = answer[0][1] if answer else []
+        return (entries[-1][0] if entries else after), [fields[b"d"] for _, fields in entries]
