@@ -38,7 +38,7 @@ from lxml import etree
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
 from .index import PageIndex
 from .markup import background_line, newlines, node, node_lines, shown_time, xml_safe
-from .pages import ConsolidatedPage, Origin, Page, View
+from .pages import Origin, View
 from .tokens import CountText, part_tokens, prompt_tokens
 
 __all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize"]

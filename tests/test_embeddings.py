@@ -190,8 +190,6 @@ def test_a_split_model_is_joined_only_when_its_weights_are_the_published_ones(tm
 
 @pytest.mark.skipif(not embeddings_available("mpnet"), reason="all-mpnet-base-v2's parts are not installed (make install-mpnet)")
 def test_mpnet_is_joined_checked_and_encodes(tmp_path):
-    import numpy as np
-
     embedder = Embedder(tmp_path / "vectors", encoder="mpnet", models_dir=tmp_path / "models")
     vectors = embedder.embed_sync(["Melanie adopted a puppy in May.", "Our dog learned to sit.", "The invoice INV-7 is paid."])
     assert vectors.shape == (3, 768) and (tmp_path / "models" / "all-mpnet-base-v2" / "model.safetensors").is_file()

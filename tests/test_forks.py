@@ -15,7 +15,6 @@ import os
 import random
 import re
 import tempfile
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
