@@ -68,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         pages = prompts = content_tokens = markup_tokens = markers = prompt_total = 0
         attributes: Counter[str] = Counter()
         for question in questions:
-            calls = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, None)
+            calls, _ = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, None)
             document = calls[0]["messages"][0]["content"]
             prompts += 1
             prompt_total += count(document)
