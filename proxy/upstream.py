@@ -108,6 +108,14 @@ def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
+def outgoing(headers: Mapping[str, str]) -> Mapping[str, str]:
+    """What goes upstream of a request's headers: not the client's ``x-pcp-*``, which speak to this proxy;
+    ``x-pcp-role``, the proxy's own word to its upstream on the calls it makes, stays."""
+    if not any(k[:6].lower() == "x-pcp-" for k in headers):
+        return headers
+    return {k: v for k, v in headers.items() if not k.lower().startswith("x-pcp-") or k.lower() == "x-pcp-role"}
+
+
 # What an answer the proxy rewrites (protocol mode) cannot keep of the upstream's: it has a body of its own.
 _REWRITTEN = HOP_BY_HOP | {"content-type", "content-encoding", "etag", "content-md5", "digest"}
 
@@ -159,6 +167,7 @@ class Upstream:
         the call's own total timeout counts from now.
         """
         deadline = min(deadline or math.inf, time.monotonic() + self.total_timeout)
+        headers = outgoing(headers)
         for attempt in range(2):
             request = self.client.build_request(method, path, content=content, headers=headers, timeout=self._timeout(timeout, deadline))
             try:

@@ -57,6 +57,21 @@ def test_client_authorization_is_forwarded_by_default(proxy, upstream):
     assert upstream.requests[-1].headers["authorization"] == "Bearer sk-users-own"
 
 
+def test_the_proxys_own_headers_never_go_upstream(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=300)
+    ours = {"x-pcp-session": "chat-1", "x-pcp-budget": "2000", "x-pcp-mode-request": "auto", "X-PCP-Threshold": "100000"}
+    for path, body in [("/v1/chat/completions", {"model": "m", "messages": MESSAGES}), ("/v1/embeddings", {"model": "e", "input": "hi"})]:
+        upstream.enqueue(completion("hi"))
+        proxy.http.post(path, json=body, headers={**ours, "x-custom": "kept", "authorization": "Bearer sk-client"})
+        sent = upstream.requests[-1].headers
+        assert sent["x-custom"] == "kept" and not [name for name in sent if name.lower().startswith("x-pcp-")]
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the plan for step {i} and its budget."} for i in range(60)]
+    paged = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*long, {"role": "user", "content": "Step 7?"}]}, headers={**ours, "X-PCP-Threshold": "300"})
+    assert paged.headers["x-pcp-mode"] == "protocol"  # the headers still speak to the proxy
+    worker = upstream.requests[-1].headers
+    assert worker["x-pcp-role"] == "worker" and [name for name in worker if name.lower().startswith("x-pcp-")] == ["x-pcp-role"]
+
+
 def test_upstream_api_key_replaces_client_authorization(start_proxy, upstream):
     proxy = start_proxy(upstream_api_key="sk-upstream")
     proxy.client(api_key="sk-users-own").chat.completions.create(model="m", messages=MESSAGES)

@@ -110,6 +110,53 @@ def test_with_a_data_key_no_stored_file_holds_the_conversations_text(start_proxy
 
 
 @pytest.mark.embedded_store
+def test_with_a_data_key_memory_pages_and_their_index_hold_no_text(start_proxy, tmp_path):
+    proxy = start_proxy(sentry_threshold=300, data_key=KEY)
+    remember(proxy)
+    proxy.stop()
+    memory = b"".join(p.read_bytes() for p in (tmp_path / "data" / "memory").rglob("*") if p.is_file())
+    assert MAGIC in memory and SECRET_WORD.encode() not in memory
+
+
+@pytest.mark.parametrize("later", [KEY, base64.b64encode(bytes(32)).decode(), None], ids=["same key", "another key", "no key"])
+def test_the_keyword_index_keeps_its_words_sealed_and_opens_only_with_its_key(tmp_path, later):
+    from proxy.memory.lexical import LexicalIndex
+
+    index = LexicalIndex()
+    index.add(1, {SECRET_WORD: 2, "plan": 1})
+    index.save(tmp_path, row=1, seq=0, sealer=Sealer(data_key(KEY)))
+    assert SECRET_WORD.encode() not in b"".join(p.read_bytes() for p in tmp_path.iterdir())
+    loaded = LexicalIndex.load(tmp_path, Sealer(data_key(later)) if later else None)
+    if later != KEY:
+        assert loaded is None  # built again from the store's pages, which do not open either
+    else:
+        rows, _ = loaded.search({SECRET_WORD: 1.0}, 5)
+        assert list(rows) == [1]
+
+
+@pytest.mark.parametrize("later", [{"data_key": KEY}, {"data_key": base64.b64encode(bytes(32)).decode()}, {}], ids=["same key", "another key", "no key"])
+def test_memory_sealed_under_a_key_opens_only_with_it(start_proxy, later):
+    first = start_proxy(sentry_threshold=300, data_key=KEY)
+    remember(first)
+    first.stop()
+    again = start_proxy(sentry_threshold=300, **later)
+    again.services.memory.wait()
+    listed = again.http.get("/v1/pcp/memory/plans/pages?limit=200", headers={"authorization": "Bearer sk-a"})
+    found = again.http.get("/v1/pcp/memory/plans/pages", params={"query": f"{SECRET_WORD} step 7"}, headers={"authorization": "Bearer sk-a"})
+    assert listed.status_code == found.status_code == 200
+    opens = later.get("data_key") == KEY
+    assert any(SECRET_WORD in page["content"] for page in listed.json()["data"]) is opens
+    assert bool(found.json()["data"]) is opens  # a page that does not open is not found either
+
+
+def remember(proxy) -> None:
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": HISTORY}, headers={"authorization": "Bearer sk-a", "x-pcp-memory": "plans"})
+    assert response.status_code == 200, response.text
+    proxy.services.memory.wait()
+    assert proxy.http.get("/v1/pcp/memory/plans", headers={"authorization": "Bearer sk-a"}).json()["originals"] > 0
+
+
+@pytest.mark.embedded_store
 def test_without_a_data_key_the_text_is_stored_as_it_is(start_proxy, tmp_path):
     proxy = start_proxy(sentry_threshold=300)
     ask(proxy)

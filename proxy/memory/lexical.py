@@ -27,12 +27,15 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ..sealing import Sealer
+
 __all__ = ["LexicalIndex"]
 
 K1, B = 1.2, 0.75
 CAP = 4096  # postings read per term per segment
 DELTA_DOCS = 8192  # pages held in the in-memory segment before it is sealed
 MAX_SEGMENTS = 8
+_VOCAB = "memory-vocabulary"  # the sealed vocabulary's associated data
 
 
 class _Segment(msgspec.Struct):
@@ -195,7 +198,7 @@ class LexicalIndex:
         return self.rows[found[self.alive[found]]]
 
     # -- on disk ---------------------------------------------------------------------------
-    def save(self, directory: Path, row: int, seq: int) -> None:
+    def save(self, directory: Path, row: int, seq: int, sealer: Sealer | None = None) -> None:
         """Write the index as of the store's (``row``, ``seq``); then the record that names its files, atomically.
 
         A segment never changes once sealed: it is written once, under a name
@@ -211,7 +214,8 @@ class LexicalIndex:
                     np.save(directory / f"{segment.name}.{field}.npy", getattr(segment, field))
         stamp = f"{row}-{seq}"
         np.savez(directory / f"documents-{stamp}.npz", df=self.df, rows=self.rows[: self.n], lengths=self.lengths[: self.n], alive=self.alive[: self.n])
-        (directory / f"vocab-{stamp}.json").write_text(json.dumps(list(self.vocab)))
+        # The words of pages' keywords and summaries: sealed with PCP_DATA_KEY, as the pages are.
+        (directory / f"vocab-{stamp}.json").write_bytes((sealer or Sealer()).seal(json.dumps(list(self.vocab)).encode(), _VOCAB))
         record = {"row": row, "seq": seq, "stamp": stamp, "segments": [s.name for s in self.segments], "live": self.live, "total_length": self.total_length}
         tmp = directory / "lexical.json.tmp"
         tmp.write_text(json.dumps(record))
@@ -223,13 +227,16 @@ class LexicalIndex:
         self.saved_row, self.saved_seq = row, seq
 
     @classmethod
-    def load(cls, directory: Path) -> LexicalIndex | None:
-        """The index saved in ``directory`` (its segments memory-mapped), or None when there is none whole."""
+    def load(cls, directory: Path, sealer: Sealer | None = None) -> LexicalIndex | None:
+        """The index saved in ``directory`` (its segments memory-mapped), or None when there is none whole (or its words do not open)."""
         try:
             record = json.loads((directory / "lexical.json").read_text())
             stamp = record["stamp"]
             arrays = np.load(directory / f"documents-{stamp}.npz")
-            vocab = json.loads((directory / f"vocab-{stamp}.json").read_text())
+            words = (sealer or Sealer()).open((directory / f"vocab-{stamp}.json").read_bytes(), _VOCAB)
+            if words is None:
+                return None
+            vocab = json.loads(words)
             index = cls()
             index.vocab = {term: i for i, term in enumerate(vocab)}
             index.df = arrays["df"].copy()

@@ -21,6 +21,7 @@ import numpy as np
 
 from pcp_core.memory import index_terms
 
+from ..sealing import Sealer
 from .lexical import LexicalIndex
 from .store import MemoryStore, Stored, Written, vector_of
 from .vectors import VectorIndex, faiss_available
@@ -35,8 +36,9 @@ _BATCH = 4096
 
 
 class ScopeIndex:
-    def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None):
+    def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None, sealer: Sealer | None = None):
         self.directory = directory
+        self.sealer = sealer or Sealer()  # the store's: the keyword index's words are sealed as its pages are
         self.lexical = lexical
         self.vectors = vectors
         self.lock = threading.RLock()
@@ -49,7 +51,8 @@ class ScopeIndex:
     @classmethod
     def open(cls, store: MemoryStore, scope: str, directory: Path) -> ScopeIndex:
         """The scope's indexes as saved, caught up with the store; built from the store when not saved whole."""
-        lexical = LexicalIndex.load(directory)
+        sealer = store.bodies.sealer
+        lexical = LexicalIndex.load(directory, sealer)
         vectors = None
         if lexical is not None and faiss_available() and store.has_vectors(scope):
             dim = _saved_dim(directory)
@@ -58,7 +61,7 @@ class ScopeIndex:
                 lexical, vectors = None, None  # missing, or saved apart: both built again
         if lexical is None:
             lexical = LexicalIndex()
-        index = cls(directory, lexical, vectors)
+        index = cls(directory, lexical, vectors, sealer)
         index.catch_up(store, scope)
         index.changes = index.changes if index.seq != lexical.saved_seq else 0
         log.debug("memory index of %s open: %d pages", scope, index.lexical.live)
@@ -126,7 +129,7 @@ class ScopeIndex:
         if not (due or (force and self.changes)):
             return
         with self.lock:
-            self.lexical.save(self.directory, row, seq)
+            self.lexical.save(self.directory, row, seq, self.sealer)
             if self.vectors is not None:
                 self.vectors.save(self.directory, row, seq)
             self.changes, self.saved_at = 0, time.monotonic()

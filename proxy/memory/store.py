@@ -26,10 +26,9 @@ import numpy as np
 
 from pcp_core import ConsolidatedPage, Page
 
-__all__ = ["MemoryStore", "Stored", "SqliteMemoryStore", "Written", "scope_key"]
+from .bodies import PageBodies
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(Page).decode  # type: ignore[arg-type]
+__all__ = ["MemoryStore", "Stored", "SqliteMemoryStore", "Written", "scope_key"]
 
 
 def scope_key(namespace: str, scope: str) -> str:
@@ -57,6 +56,8 @@ class Written(msgspec.Struct, frozen=True):
 
 class MemoryStore(Protocol):
     """What memory asks of a store (an embedded SQLite file here; a shared server can sit beside it)."""
+
+    bodies: PageBodies  # how its pages are kept as bytes (sealed with PCP_DATA_KEY)
 
     def missing(self, scope: str, ids: Sequence[str]) -> set[str]: ...
     def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written: ...
@@ -100,9 +101,10 @@ _CHUNK = 500  # ids per IN (...) query: SQLite's variable limit is far above it
 class SqliteMemoryStore:
     """Memory in one SQLite file; a connection per thread (WAL: readers never wait on the writer)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, bodies: PageBodies | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
+        self.bodies = bodies or PageBodies()
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
@@ -176,7 +178,7 @@ class SqliteMemoryStore:
                 db.execute("INSERT INTO removed(scope, row) VALUES (?,?)", (scope, old[0]))
                 cursor = db.execute(
                     "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector, recalls) VALUES (?,?,?,?,?,?,?,?)",
-                    (scope, page.id, isinstance(page, ConsolidatedPage), old[1], page.timestamp, _encode(page), old[3], old[2]),
+                    (scope, page.id, isinstance(page, ConsolidatedPage), old[1], page.timestamp, self.bodies.encode(scope, page), old[3], old[2]),
                 )
                 db.execute("DELETE FROM edges WHERE scope=? AND parent=?", (scope, page.id))
                 db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", [(scope, child, page.id) for child in getattr(page, "source_ids", ())])
@@ -192,7 +194,7 @@ class SqliteMemoryStore:
         new = [pid for pid in fresh if pid in absent]  # in the order given: children before their containers
         db.executemany(
             "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector) VALUES (?,?,?,?,?,?,?)",
-            [(scope, pid, isinstance(fresh[pid], ConsolidatedPage), conversation, fresh[pid].timestamp, _encode(fresh[pid]), vectors.get(pid)) for pid in new],
+            [(scope, pid, isinstance(fresh[pid], ConsolidatedPage), conversation, fresh[pid].timestamp, self.bodies.encode(scope, fresh[pid]), vectors.get(pid)) for pid in new],
         )
         added: list[Stored] = []
         for chunk in _chunks(new):
@@ -230,7 +232,9 @@ class SqliteMemoryStore:
         """The pages of ``ids`` the scope holds, in the order asked."""
         found: dict[str, Page] = {}
         for chunk in _chunks(list(ids)):
-            found.update((pid, _decode(body)) for pid, body in self._db().execute(f"SELECT id, body FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk)))
+            for pid, body in self._db().execute(f"SELECT id, body FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk)):
+                if (page := self.bodies.decode(scope, body)) is not None:
+                    found[pid] = page
         return [found[pid] for pid in ids if pid in found]
 
     def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
@@ -238,9 +242,9 @@ class SqliteMemoryStore:
         found: dict[int, Stored] = {}
         for chunk in _chunks(list(rows)):
             # By row alone (the primary key): with the scope in the condition SQLite may walk the scope's index instead.
-            query = f"SELECT row, scope, body, conversation, recalls, vector FROM pages WHERE row IN ({_marks(chunk)})"
+            query = f"SELECT scope, row, body, conversation, recalls, vector FROM pages WHERE row IN ({_marks(chunk)})"
             rows_found = self._db().execute(query, chunk)
-            found.update((row, Stored(row, _decode(body), conv, recalls, vector)) for row, held, body, conv, recalls, vector in rows_found if held == scope)
+            found.update((stored.row, stored) for held, *values in rows_found if held == scope and (stored := self._stored(scope, *values)) is not None)
         return [found[row] for row in rows if row in found]
 
     def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
@@ -252,7 +256,7 @@ class SqliteMemoryStore:
 
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
         query = "SELECT row, body, conversation, recalls FROM pages WHERE scope=? AND row > ? ORDER BY row LIMIT ?"
-        return [Stored(row, _decode(body), conv, recalls) for row, body, conv, recalls in self._db().execute(query, (scope, after, limit))]
+        return [stored for values in self._db().execute(query, (scope, after, limit)) if (stored := self._stored(scope, *values)) is not None]
 
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
         """Rows of pages said from ``start`` to before ``end`` (ISO timestamps compare as strings)."""
@@ -289,8 +293,13 @@ class SqliteMemoryStore:
         removed = db.execute("SELECT seq, row FROM removed WHERE scope=? AND seq > ? ORDER BY seq", (scope, after_seq)).fetchall()
         last = removed[-1][0] if removed else after_seq
         query = "SELECT row, body, conversation, recalls, vector FROM pages WHERE scope=? AND row > ? ORDER BY row"
-        added = (Stored(row, _decode(body), conv, recalls, vector) for row, body, conv, recalls, vector in self._db().execute(query, (scope, after_row)))
+        added = (stored for values in self._db().execute(query, (scope, after_row)) if (stored := self._stored(scope, *values)) is not None)
         return added, [row for _, row in removed], int(last)
+
+    def _stored(self, scope: str, row: int, body: bytes, conversation: str, recalls: int, vector: bytes | None = None) -> Stored | None:
+        """A row as read; None when its page does not open (sealed under another key)."""
+        page = self.bodies.decode(scope, body)
+        return None if page is None else Stored(row, page, conversation, recalls, vector)
 
 
 def _last_seq(db: sqlite3.Connection, scope: str) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..datadir import install_secret as install_secret_file
 from ..datadir import private_tree
+from ..sealing import Sealer
 from .base import ANY, Commit, Key, Store, StoreUnavailable, new_version
 from .embedded import EmbeddedStore
 from .redis_store import RedisStore, StoreSettingError, connect, install_secret, shown
@@ -47,15 +48,17 @@ class Stores:
             return RedisStore(self.client, AREAS[name], ttl=0 if name in LASTING else TTL_SECONDS)
         return EmbeddedStore(private_tree(self.data / name), shared=self.shared, cull=name == "sessions")
 
-    def memory(self) -> Any:
-        """Where memory pages live (``proxy.memory.MemoryStore``): never expired."""
+    def memory(self, sealer: Sealer) -> Any:
+        """Where memory pages live (``proxy.memory.MemoryStore``), sealed with ``sealer``: never expired."""
+        from ..memory.bodies import PageBodies
+
         if self.client is not None:
             from .redis_memory import RedisMemoryStore
 
-            return RedisMemoryStore(self.client, f"pcp:{AREAS['memory']}:")
+            return RedisMemoryStore(self.client, f"pcp:{AREAS['memory']}:", PageBodies(sealer))
         from ..memory.store import SqliteMemoryStore
 
-        return SqliteMemoryStore(self.data / "memory" / "memory.db")
+        return SqliteMemoryStore(self.data / "memory" / "memory.db", PageBodies(sealer))
 
     def secret(self) -> bytes:
         """The install's secret, which names the callers' namespaces: in the shared store, so every replica names them alike."""

@@ -27,17 +27,14 @@ import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-import msgspec
-
 from pcp_core import ConsolidatedPage, Page
 
+from ..memory.bodies import PageBodies
 from ..memory.store import Stored, Written
 from .redis_store import unavailable
 
 __all__ = ["RedisMemoryStore"]
 
-_encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(Page).decode  # type: ignore[arg-type]
 LOCK_SECONDS = 60  # a scope's lock held by a process that died is free after this
 _BATCH = 1000
 
@@ -56,11 +53,12 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class RedisMemoryStore:
-    def __init__(self, client: Any, prefix: str):
+    def __init__(self, client: Any, prefix: str, bodies: PageBodies | None = None):
         import redis
 
         self.client = client
         self.p = prefix
+        self.bodies = bodies or PageBodies()
         self._errors = (redis.ConnectionError, redis.TimeoutError)
 
     def _k(self, scope: str, what: str) -> str:
@@ -88,7 +86,7 @@ class RedisMemoryStore:
     def pages(self, scope: str, ids: Sequence[str]) -> list[Page]:
         rows = self._rows_of(scope, ids)
         bodies = self._fields([rows[pid] for pid in ids if pid in rows], ["b"])
-        return [_decode(fields[0]) for fields in bodies if fields[0] is not None]
+        return [page for (body,) in bodies if body is not None and (page := self.bodies.decode(scope, body)) is not None]
 
     def _fields(self, rows: Sequence[int], names: list[str]) -> list[list[Any]]:
         pipe = self.client.pipeline(transaction=False)
@@ -100,8 +98,8 @@ class RedisMemoryStore:
     def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
         found = []
         for row, (held, body, conv, recalls, vector) in zip(rows, self._fields(rows, ["s", "b", "n", "r", "v"])):
-            if held is not None and held.decode() == scope:
-                found.append(Stored(row, _decode(body), conv.decode(), int(recalls or 0), vector))
+            if held is not None and held.decode() == scope and (page := self.bodies.decode(scope, body)) is not None:
+                found.append(Stored(row, page, conv.decode(), int(recalls or 0), vector))
         return found
 
     @_guarded
@@ -239,7 +237,7 @@ class RedisMemoryStore:
         for row, pid in enumerate(new, start=first):
             page = fresh[pid]
             container = isinstance(page, ConsolidatedPage)
-            fields = {"s": scope, "i": pid, "c": int(container), "n": conversation, "t": page.timestamp, "b": _encode(page), "r": 0}
+            fields = {"s": scope, "i": pid, "c": int(container), "n": conversation, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": 0}
             if pid in vectors:
                 fields["v"] = vectors[pid]
             pipe.hset(self._row_key(row), mapping=fields)
@@ -285,7 +283,7 @@ class RedisMemoryStore:
             pipe.zrem(self._k(scope, "rows"), str(row))
             pipe.zrem(self._k(scope, "time"), f"{timestamp.decode()}|{row}")
             pipe.delete(self._k(scope, f"parents:{pid}"))
-            for child in getattr(_decode(body), "source_ids", ()):
+            for child in getattr(self.bodies.decode(scope, body), "source_ids", ()):
                 pipe.srem(self._k(scope, f"parents:{child}"), pid)
             pipe.hincrby(self._k(scope, "counts"), "consolidated" if container == b"1" else "originals", -1)
             if vector is not None:
@@ -302,12 +300,12 @@ class RedisMemoryStore:
                 continue
             old = rows[page.id]
             conv, recalls, vector, body, timestamp = self.client.hmget(self._row_key(old), ["n", "r", "v", "b", "t"])
-            for child in getattr(_decode(body), "source_ids", ()):
+            for child in getattr(self.bodies.decode(scope, body), "source_ids", ()):
                 pipe.srem(self._k(scope, f"parents:{child}"), page.id)
             for child in getattr(page, "source_ids", ()):
                 pipe.sadd(self._k(scope, f"parents:{child}"), page.id)
             row = int(self.client.incr(self.p + "row"))
-            fields = {"s": scope, "i": page.id, "c": int(isinstance(page, ConsolidatedPage)), "n": conv, "t": page.timestamp, "b": _encode(page), "r": int(recalls or 0)}
+            fields = {"s": scope, "i": page.id, "c": int(isinstance(page, ConsolidatedPage)), "n": conv, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": int(recalls or 0)}
             if vector is not None:
                 fields["v"] = vector
             pipe.delete(self._row_key(old))
