@@ -171,15 +171,18 @@ class ProtocolRequest:
 
     # -- the rounds ----------------------------------------------------------------------
     async def advance(self, loop: Rounds, value: Any) -> CallWorker | Outcome:
-        """Send ``value`` into the rounds and fulfil effects until they want the worker or are done."""
-        try:
-            effect = loop.send(value)
-            while not isinstance(effect, CallWorker):
-                effect = loop.send(await self.fulfil(effect))
-        except StopIteration as done:
-            self._settle(done.value)
-            self.telemetry.ended(done.value, self.prepared)  # the request ends: its trace kept, counted, logged
-            return done.value
+        """Send ``value`` into the rounds and fulfil effects until they want the worker or are done.
+
+        Each step runs in a thread: ranking and synthesis over a long history take tens of
+        milliseconds of CPU, which on the event loop every other request would wait for.
+        """
+        effect = await asyncio.to_thread(_step, loop, value)
+        while not isinstance(effect, (CallWorker, Outcome)):
+            effect = await asyncio.to_thread(_step, loop, await self.fulfil(effect))
+        if isinstance(effect, Outcome):
+            self._settle(effect)
+            self.telemetry.ended(effect, self.prepared)  # the request ends: its trace kept, counted, logged
+            return effect
         if self.unsaved and self.prepared is not None:  # round 0: the next request keeps what still ranks of it
             self.prepared = remembered(self.prepared, effect.synthesis, self.policy)
         self._save_once()
@@ -327,6 +330,15 @@ class ProtocolRequest:
                 return
         for event in api.closing():
             yield event
+
+
+def _step(loop: Rounds, value: Any) -> Effect | Outcome:
+    """One step of the rounds: the next effect, or the outcome they end with (a thread cannot hand
+    ``StopIteration`` to the event loop: a future refuses it)."""
+    try:
+        return loop.send(value)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:

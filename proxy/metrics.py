@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
+import threading
 from collections import Counter
 
 __all__ = ["HELP", "HISTOGRAMS", "Metrics"]
@@ -72,36 +73,46 @@ def _number(value: float) -> str:
 
 
 class Metrics:
+    """Counters and histograms, written from the event loop and from threads (the rounds, the
+    stores' writers, the encoder's background): a lock keeps every count."""
+
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, Labels]] = Counter()
         self.histograms: dict[tuple[str, Labels], _Histogram] = {}
+        self.lock = threading.Lock()
 
     def inc(self, name: str, amount: int = 1, **labels: str) -> None:
         assert name in HELP, f"undeclared metric {name}"
-        self.counts[(name, tuple(sorted(labels.items())))] += amount
+        key = (name, tuple(sorted(labels.items())))
+        with self.lock:
+            self.counts[key] += amount
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """Count ``value`` into the histogram ``name`` (one of ``HISTOGRAMS``) under ``labels``."""
         key = (name, tuple(sorted(labels.items())))
-        series = self.histograms.get(key)
-        if series is None:
-            series = self.histograms[key] = _Histogram(HISTOGRAMS[name][1])
-        series.observe(value)
+        with self.lock:
+            series = self.histograms.get(key)
+            if series is None:
+                series = self.histograms[key] = _Histogram(HISTOGRAMS[name][1])
+            series.observe(value)
 
     def value(self, name: str, **labels: str) -> int:
         return self.counts[(name, tuple(sorted(labels.items())))]
 
     def exposition(self) -> str:
+        with self.lock:  # a thread may add a series meanwhile
+            counts = sorted(self.counts.items())
+            histograms = sorted(self.histograms.items(), key=lambda item: item[0])
         lines = []
         for name, help_text in HELP.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
-            for (metric, labels), value in sorted(self.counts.items()):
+            for (metric, labels), value in counts:
                 if metric == name:
                     rendered = ",".join(f'{k}="{v}"' for k, v in labels)
                     lines.append(f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}")
         for name, (help_text, _) in HISTOGRAMS.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-            for (metric, labels), series in sorted(self.histograms.items(), key=lambda item: item[0]):
+            for (metric, labels), series in histograms:
                 if metric == name:
                     lines += series.lines(name, labels)
         return "\n".join(lines) + "\n"

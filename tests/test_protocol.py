@@ -337,3 +337,33 @@ def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream)
     while upstream.disconnects == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert upstream.disconnects == 1
+
+
+def test_the_rounds_run_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+    """Ranking and synthesis over a long history take tens of ms: on the loop, every other request would wait."""
+    import asyncio
+
+    from proxy import drive
+
+    on_loop: list[bool] = []
+    real = drive.rounds
+
+    def recording(*args, **kwargs):
+        inner, value = real(*args, **kwargs), None
+        while True:
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:  # a thread with no event loop
+                on_loop.append(False)
+            try:
+                effect = inner.send(value)
+            except StopIteration as done:
+                return done.value
+            value = yield effect
+
+    monkeypatch.setattr(drive, "rounds", recording)
+    upstream.default = lambda recorded: completion("It is 5521.")
+    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
+    assert len(on_loop) >= 2 and not any(on_loop)  # round 0 built, and the worker's answer taken
