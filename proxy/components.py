@@ -82,16 +82,20 @@ class ComponentStore(KeyedStore[Tree]):
         with (``saw``), if it is remembered.
         """
         key = store_key(namespace, session_id)
-        with self.lock:
-            tree = self._get(store_key(namespace, base) if base is not None else key)
+        outcome: list[Tree] = []
+
+        def kept(held: Tree | None) -> Tree | None:
+            tree = self._get(store_key(namespace, base)) if base is not None else held
             if tree is None:
                 links = self.seen.get(key)
                 tree = Tree(count=len(chain), chain=chain) if links is not None and (chain := links()) is not None else Tree()
-            changed = step(tree)  # may refuse (a ClientError): then nothing is kept, nor forgotten
-            if changed is not tree:
+            outcome[:] = [step(tree)]  # may refuse (a ClientError): then nothing is kept, nor forgotten
+            return None if outcome[0] is tree else outcome[0]
+
+        with self.lock:
+            if self._change(key, kept)[1] is not None:
                 self.seen.pop(key, None)
-                self._put(key, changed)
-        return changed
+        return outcome[0]
 
 
 class Components:

@@ -44,14 +44,10 @@ class HybridStore(KeyedStore[HybridState]):
 
     def change(self, namespace: str, session_id: str, step: Callable[[HybridState | None], HybridState | None]) -> HybridState | None:
         """Keep ``step(state)`` as the session's state (None: leave it as it is), and return it."""
-        key = store_key(namespace, session_id)
         with self.lock:
-            state = self._get(key)
-            changed = step(state)
-            if changed is not None and changed is not state:
-                if changed.link != (state.link if state is not None else ""):
-                    self._relink(namespace, session_id, state.link if state is not None else "", changed.link)
-                self._put(key, changed)
+            state, changed = self._change(store_key(namespace, session_id), step)
+            if changed is not None and changed is not state and changed.link != (state.link if state is not None else ""):
+                self._relink(namespace, session_id, state.link if state is not None else "", changed.link)
         return changed
 
     def session_at(self, namespace: str, link: str) -> str | None:

@@ -8,15 +8,19 @@ go through one background thread in order, so that a request never waits on
 the disk; the recent values stay decoded in memory, and every key stored is
 known from the start, so a request learns that a session has nothing from a
 set, without reading the disk. With a shared store (workers, replicas) another
-process may change a value at any time: values are read from the store and
-written at once, the last write winning.
+process may change a value at any time: values are read from the store, and a
+change is written at once if the value's version is still the one it read; one
+that loses steps again from the value now held (``_change``), so no change is lost.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -24,7 +28,7 @@ from typing import Generic, TypeVar
 import msgspec
 
 from .sealing import Sealer
-from .stores.base import Store
+from .stores.base import Commit, Store, StoreUnavailable, new_version
 from .stores.embedded import EmbeddedStore
 
 __all__ = ["KeyedStore", "store_key"]
@@ -33,6 +37,7 @@ log = logging.getLogger("pcp.store")
 
 T = TypeVar("T")
 RECENT = 256  # values kept decoded in memory
+CHANGE_ATTEMPTS = 16  # conditional writes of one change against other processes' before it gives up
 _SEPARATOR = "\x1f"
 _encoder = msgspec.msgpack.Encoder()
 
@@ -47,7 +52,10 @@ def stored_as(key: str) -> tuple[str, ...]:
 
 
 class KeyedStore(Generic[T]):
-    """Values of type ``kind`` by key (``store_key``): in memory, and in the store. Callers hold ``lock`` around ``_get``/``_put``."""
+    """Values of type ``kind`` by key (``store_key``): in memory, and in the store.
+
+    A value is changed with ``_change`` (callers may hold ``lock`` around it and around ``_get``).
+    """
 
     def __init__(self, store: Store | Path, kind: type[T], what: str, sealer: Sealer | None = None, recent: int = RECENT):
         self.store: Store = EmbeddedStore(store) if isinstance(store, Path) else store
@@ -59,7 +67,7 @@ class KeyedStore(Generic[T]):
         self.known: set[str] = set() if self.shared else {_SEPARATOR.join(map(str, key)) for key in self.store.keys("")}
         self.recent: OrderedDict[str, T] = OrderedDict()
         self.recent_size = 0 if self.shared else recent
-        self.lock = threading.Lock()  # a change reads and writes a value as one step: a request and a route may meet
+        self.lock = threading.RLock()  # a change reads and writes a value as one step: a request and a route may meet
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-keyed")
 
     def holds(self, namespace: str, name: str) -> bool:
@@ -90,6 +98,33 @@ class KeyedStore(Generic[T]):
             if value is not None:
                 self._remember(key, value)
         return value
+
+    def _change(self, key: str, step: Callable[[T | None], T | None]) -> tuple[T | None, T | None]:
+        """The value held and ``step`` of it, which is kept unless it is None or the value itself.
+
+        Under ``lock``. With a shared store another process may change the value meanwhile:
+        the write is conditional on the version read, and a change that loses reads the value
+        again and steps from there, so that neither is lost.
+        """
+        with self.lock:
+            if not self.shared:
+                held = self._get(key)
+                changed = step(held)
+                if changed is not None and changed is not held:
+                    self._put(key, changed)
+                return held, changed
+            version_key = ("version", *stored_as(key))
+            for attempt in range(CHANGE_ATTEMPTS):
+                time.sleep(random.uniform(0, 0.002 * attempt))  # losers of a race spread out
+                version = self.store.get(version_key)
+                held = self._get(key)
+                changed = step(held)
+                if changed is None or changed is held:
+                    return held, changed
+                writes = {stored_as(key): self.sealer.seal(_encoder.encode(changed), key)}
+                if self.store.commit(Commit(version_key, version.decode() if version else "", new_version(), writes)):
+                    return held, changed
+        raise StoreUnavailable(f"{self.what} changed under each of {CHANGE_ATTEMPTS} attempts by other processes")
 
     def _put(self, key: str, value: T) -> None:
         self._remember(key, value)

@@ -281,6 +281,39 @@ def two_stores(request, tmp_path):
         store.close()
 
 
+@pytest.fixture(params=["embedded", "redis"])
+def two_shared(request, tmp_path):
+    """Two stores of a kind kept beside sessions (components, Hybrid state, a scope's core) on one shared store, as two processes have them."""
+    import msgspec
+
+    from proxy.keyed_store import KeyedStore
+    from proxy.stores import EmbeddedStore, RedisStore
+
+    class Count(msgspec.Struct, frozen=True):
+        n: int
+
+    if request.param == "redis":
+        server = request.getfixturevalue("redis_server")
+        made = [KeyedStore(RedisStore(server.client(), "c"), Count, "a count") for _ in range(2)]
+    else:
+        made = [KeyedStore(EmbeddedStore(tmp_path / "components", shared=True), Count, "a count") for _ in range(2)]
+    yield made, Count
+    for store in made:
+        store.close()
+
+
+def test_changes_of_one_value_from_two_processes_at_once_are_all_kept(two_shared):
+    (one, two), Count = two_shared
+
+    def add_one(_: int) -> None:
+        for store in (one, two):
+            store._change("ns\x1fs-1", lambda held: Count(held.n + 1 if held is not None else 1))
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(add_one, range(40)))  # 80 changes, from two stores and eight threads at once
+    assert one.get("ns", "s-1") == two.get("ns", "s-1") == Count(80)
+
+
 def _page(messages: list[dict], known=None):
     from proxy.testing import paged_session
     from tests.test_sessions import COUNT

@@ -43,17 +43,13 @@ class ScopeCores(KeyedStore[_Core]):
 
     def keep(self, scope: str, blocks: Sequence[Block], seen: Collection[str]) -> None:
         """What a round kept of the core, having been shown the scope's ``seen`` ids."""
-        key = store_key(_NAMESPACE, scope)
-        with self.lock:
-            stored = self._get(key)
-            merged = scope_core(stored.blocks if stored is not None else (), blocks, seen, self.limits)
-            if stored is None and not merged or stored is not None and merged == stored.blocks:
-                return
-            self._put(key, _Core(merged))
+
+        def merged(stored: _Core | None) -> _Core | None:
+            kept = scope_core(stored.blocks if stored is not None else (), blocks, seen, self.limits)
+            return None if kept == (stored.blocks if stored is not None else ()) else _Core(kept)
+
+        self._change(store_key(_NAMESPACE, scope), merged)
 
     def forget(self, scope: str) -> None:
         """The scope's core gone (it is dropped): kept empty, which reads as none."""
-        key = store_key(_NAMESPACE, scope)
-        with self.lock:
-            if self._get(key) is not None:
-                self._put(key, _Core())
+        self._change(store_key(_NAMESPACE, scope), lambda stored: _Core() if stored is not None else None)
