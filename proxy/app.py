@@ -21,6 +21,7 @@ from pcp_core.memory import MemoryPolicy
 
 from .components import Components
 from .control import Controls
+from .cors import UpstreamCorsDropped, cors_config
 from .datadir import Namespaces, private_tree
 from .embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault, anthropic_envelope
@@ -181,6 +182,8 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         lifespan=[lifespan],
         exception_handlers=EXCEPTION_HANDLERS,
         request_max_body_size=settings.max_body_mb * 2**20,
+        cors_config=cors_config(settings.cors_origins),
+        middleware=[UpstreamCorsDropped] if settings.cors_origins else [],
         state=State({"services": services}),
         openapi_config=None,
         logging_config=None,

@@ -9,6 +9,7 @@ attribute are the same name in different case: ``context_budget`` in TOML is
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -84,6 +85,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     client_timeout: float = 60.0
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
+    # Origins of web pages that may call the proxy from a browser (CORS), or "*"; empty: none.
+    cors_origins: list[str] = []
     # The key that opens /metrics (Authorization: Bearer <key>); empty: any proxy key
     # does, or, with no proxy keys, nothing is needed.
     metrics_key: str = ""
@@ -151,6 +154,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
         _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
+        for origin in self.cors_origins:
+            _require(origin, bool(_ORIGIN.match(origin)), "cors_origins", "must each be * or an origin: scheme://host[:port], no path")
         if self.data_key:
             try:
                 data_key(self.data_key)
@@ -169,6 +174,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+
+_ORIGIN = re.compile(r"^https?://[^/\s]+$|^\*$")
 
 
 def _require(value: object, ok: bool, name: str, what: str) -> None:
@@ -214,7 +222,7 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
         name = key[len(ENV_PREFIX) :].lower()
         if name not in fields:
             raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(ENV_PREFIX + f.upper() for f in fields))}")
-        values[name] = [k.strip() for k in raw.split(",") if k.strip()] if name == "api_keys" else raw
+        values[name] = [k.strip() for k in raw.split(",") if k.strip()] if name in ("api_keys", "cors_origins") else raw
     return values
 
 
