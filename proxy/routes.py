@@ -34,7 +34,7 @@ def _services(request: Request[Any, Any, Any]) -> Services:
 
 
 # Every method a /v1 path may be called with; what the proxy does not page is forwarded.
-METHODS = [HttpMethod.GET, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]
+METHODS = [HttpMethod.GET, HttpMethod.HEAD, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]
 PASSTHROUGH = {"x-pcp-mode": "passthrough"}
 
 

@@ -102,6 +102,14 @@ def test_other_methods_and_stored_completions_are_forwarded(proxy, upstream):
     assert calls == [("DELETE", "/v1/files/file-1", ""), ("GET", "/v1/chat/completions", "limit=2"), ("GET", "/v1/chat/completions/chatcmpl-1", "")]
 
 
+def test_a_head_request_is_forwarded_as_one(proxy, upstream):
+    upstream.enqueue(Reply(body=b"", headers={"content-type": "application/json", "x-request-id": "req-head"}))
+    response = proxy.http.head("/v1/models/gpt-4o")
+    assert (response.status_code, response.headers["x-request-id"], response.content) == (200, "req-head", b"")
+    sent = upstream.requests[-1]
+    assert (sent.method, sent.path, sent.body) == ("HEAD", "/v1/models/gpt-4o", b"")
+
+
 def test_an_empty_post_keeps_its_empty_body(proxy, upstream):
     upstream.enqueue(Reply(body=b'{"id":"batch_1","object":"batch","status":"cancelling"}'))
     proxy.http.post("/v1/batches/batch_1/cancel", content=b"")
