@@ -243,6 +243,23 @@ def test_sessions_of_one_scope_add_to_its_core_and_a_block_the_model_lets_fade_i
     assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
 
 
+def test_the_scopes_core_travels_with_its_export(hybrid, upstream):
+    scoped = {**KEY, "x-pcp-memory": "team"}
+    upstream.enqueue(model("Noted.", with_memory(core=[block("units", content="metric units")])))
+    ask(hybrid, "I use metric units.", {**scoped, "x-pcp-session": "one"})
+    hybrid.services.memory.wait()
+    exported = hybrid.http.get("/v1/pcp/memory/team/export", headers=KEY).content
+    last = json.loads(exported.splitlines()[-1])
+    assert last["type"] == "Core" and [b["content"] for b in last["blocks"]] == ["metric units"]
+    imported = hybrid.http.post("/v1/pcp/memory/moved/import", content=exported, headers=KEY).json()
+    assert imported["core_blocks"] == 1 and imported["imported"] >= 1
+    upstream.enqueue(model("Hi."))
+    ask(hybrid, "Hello", {**KEY, "x-pcp-memory": "moved", "x-pcp-session": "two"})
+    assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["metric units"]
+    bad = hybrid.http.post("/v1/pcp/memory/moved/import", content=b'{"type": "Core", "blocks": [{"id": 3}]}\n', headers=KEY)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "line 1"
+
+
 @pytest.mark.embedded_store
 def test_the_scopes_core_is_kept_on_disk_sealed_and_dropped_with_the_scope(start_proxy, upstream, tmp_path):
     settings = {"hybrid": "enabled", "data_dir": str(tmp_path), "data_key": "a" * 64}

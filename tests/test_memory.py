@@ -121,7 +121,7 @@ def test_export_and_import_keep_the_tree(start_proxy):
         assert all(child in seen for child in page.get("source_ids", []))
         seen.add(page["id"])
     imported = proxy.http.post("/v1/pcp/memory/bob/import", content=exported, headers=auth).json()
-    assert imported == {"imported": len(lines), "skipped": 0}
+    assert imported == {"imported": len(lines), "skipped": 0, "core_blocks": 0}
     assert proxy.http.get("/v1/pcp/memory/bob/export", headers=auth).content == exported
     bad = proxy.http.post("/v1/pcp/memory/bob/import", content=b'{"type": "Original", "id": 3}\n', headers=auth)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "line 1"

@@ -16,7 +16,8 @@ import msgspec
 from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
 
-from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, Page
+from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, OriginalPage, Page
+from pcp_core.hybrid import Block
 from pcp_core.memory import memory_intent, ranked
 from pcp_core.pages import Origin
 
@@ -32,7 +33,15 @@ __all__ = ["MEMORY_ROUTES"]
 
 MAX_LIMIT = 200
 EXPORT_BATCH = 1000
-_page_decoder = msgspec.json.Decoder(Page)  # type: ignore[arg-type]
+
+
+class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
+    """The scope's Hybrid-mode core blocks (``proxy.memory.core``), the export's last line when it has any."""
+
+    blocks: tuple[Block, ...]
+
+
+_line_decoder = msgspec.json.Decoder(OriginalPage | ConsolidatedPage | CoreLine)
 
 
 def _memory(request: Request[Any, Any, Any]) -> tuple[Memory, str]:
@@ -127,51 +136,60 @@ async def forget(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get("/v1/pcp/memory/{name:str}/export")
 async def export(request: Request[Any, Any, Any]) -> Stream:
-    """Every page as one JSON line, in the order written: a container after the pages it holds (``source_ids``)."""
+    """Every page as one JSON line, in the order written: a container after the pages it holds (``source_ids``);
+    then the scope's core blocks, if it has any (``{"type": "Core", "blocks": [...]}``)."""
     memory, key = _memory(request)
 
     async def lines() -> AsyncIterator[bytes]:
         after = 0
-        while True:
-            batch = await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH)
-            if not batch:
-                return
+        while batch := await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH):
             yield b"".join(msgspec.json.encode(s.page) + b"\n" for s in batch)
             after = batch[-1].row
+        blocks = await asyncio.to_thread(memory.cores.recall, key) if memory.cores is not None else ()
+        if blocks:
+            yield msgspec.json.encode(CoreLine(tuple(blocks))) + b"\n"
 
     return Stream(lines(), media_type="application/x-ndjson")
 
 
 @post("/v1/pcp/memory/{name:str}/import", status_code=200)
 async def import_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped."""
+    """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped. Core
+    blocks join the scope's (a block of the same id is the import's)."""
     memory, key = _memory(request)
-    pages = _read_lines(await request.body())
+    pages, core = _read_lines(await request.body())
+    if core and memory.cores is not None:
+        await asyncio.to_thread(memory.cores.keep, key, core, ())
     known = set(await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])}))
     given = {p.id for p in pages}
     for n, page in enumerate(pages, 1):
         absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
         if absent:
             raise ClientError(f"line {n}: page {page.id} holds {absent[0]!r}, which is neither in the import nor in the scope", param=f"line {n}")
-    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import")))
-    return _json({"imported": len(written.added), "skipped": len(pages) - len(written.added)})
+    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import"))) if pages else None
+    imported = len(written.added) if written is not None else 0
+    return _json({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(core)})
 
 
-def _read_lines(body: bytes) -> list[Page]:
+def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
     pages: list[Page] = []
+    core: list[Block] = []
     for n, line in enumerate(body.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            page = _page_decoder.decode(line)
+            item = _line_decoder.decode(line)
         except msgspec.DecodeError as error:
-            raise ClientError(f"line {n} is not a page: {error}", param=f"line {n}") from None
-        if not SESSION_ID.match(page.id):
+            raise ClientError(f"line {n} is neither a page nor core blocks: {error}", param=f"line {n}") from None
+        if isinstance(item, CoreLine):
+            core += item.blocks
+            continue
+        if not SESSION_ID.match(item.id):
             raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
-        pages.append(msgspec.structs.replace(page, origin=Origin.STORAGE, draft=False))
-    if not pages:
+        pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
+    if not pages and not core:
         raise ClientError("the body holds no pages: send JSON lines, one page each, as export writes them", param="body")
-    return pages
+    return pages, core
 
 
 @delete("/v1/pcp/memory/{name:str}", status_code=200)
