@@ -115,22 +115,21 @@ class KeyedStore(Generic[T]):
                 return held, changed
             version_key = ("version", *stored_as(key))
             for attempt in range(CHANGE_ATTEMPTS):
-                time.sleep(random.uniform(0, 0.002 * attempt))  # losers of a race spread out
+                if attempt:
+                    time.sleep(random.uniform(0, 0.002 * attempt))  # losers of a race spread out
                 version = self.store.get(version_key)
                 held = self._get(key)
                 changed = step(held)
                 if changed is None or changed is held:
                     return held, changed
-                writes = {stored_as(key): self.sealer.seal(_encoder.encode(changed), key)}
+                writes = {stored_as(key): self._sealed(key, changed)}
                 if self.store.commit(Commit(version_key, version.decode() if version else "", new_version(), writes)):
                     return held, changed
         raise StoreUnavailable(f"{self.what} changed under each of {CHANGE_ATTEMPTS} attempts by other processes")
 
     def _put(self, key: str, value: T) -> None:
+        """Keep ``value`` in a store of this process alone: in memory now, in the store by the writer thread."""
         self._remember(key, value)
-        if self.shared:  # another process's next request must find it
-            self._write(key, value, quietly=False)
-            return
         self.known.add(key)
         self.writer.submit(self._write, key, value)
 
@@ -150,10 +149,11 @@ class KeyedStore(Generic[T]):
         while len(self.recent) > self.recent_size:
             self.recent.popitem(last=False)
 
-    def _write(self, key: str, value: T, quietly: bool = True) -> None:
+    def _sealed(self, key: str, value: T) -> bytes:
+        return self.sealer.seal(_encoder.encode(value), key)
+
+    def _write(self, key: str, value: T) -> None:
         try:
-            self.store.set_many({stored_as(key): self.sealer.seal(_encoder.encode(value), key)})
+            self.store.set_many({stored_as(key): self._sealed(key, value)})
         except Exception:  # a full disk costs the value's survival of a restart, not the request
-            if not quietly:
-                raise
             log.exception("%s was not saved", self.what)
