@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 
 from .encoders import ENCODERS, model_path
-from .stored_vectors import StoredVectors
+from .stored_vectors import stored_vectors
 from .stores.base import Store
-from .stores.embedded import EmbeddedStore
 from .vectors import VectorCache
 
 __all__ = ["Embedder", "embeddings_available"]
@@ -148,11 +147,7 @@ class Embedder:
         # Where a model that comes in parts is joined (``proxy.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
         self.cache = VectorCache(cache_size, self.encoder.variant)
-        if store is None and directory is not None:
-            store = EmbeddedStore(directory)
-        self.stored = StoredVectors(store, self.cache) if store is not None else None
-        if self.stored is not None:
-            self.stored.listen()  # with Redis: the vectors every other process encodes, as they are
+        self.stored = stored_vectors(self.cache, store, directory)
         self.batch_size = batch_size
         self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
         self._serving = 0

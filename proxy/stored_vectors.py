@@ -14,14 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .stores.base import Store, StoreUnavailable
+from .stores.embedded import EmbeddedStore
 from .vectors import VectorCache, text_key
 
-__all__ = ["StoredVectors"]
+__all__ = ["StoredVectors", "stored_vectors"]
 
 log = logging.getLogger("pcp.embeddings")
 
@@ -95,3 +97,15 @@ class StoredVectors:
         if self._listener is not None:
             self._listener.join(timeout=5)
         self.store.close()
+
+
+def stored_vectors(cache: VectorCache, store: Store | None, directory: Path | None) -> StoredVectors | None:
+    """Where an encoder keeps its vectors: ``store`` (the app's), else diskcache in ``directory``, else
+    nowhere; listening, with Redis, for the vectors the other processes encode, as they do."""
+    if store is None and directory is not None:
+        store = EmbeddedStore(directory)
+    if store is None:
+        return None
+    stored = StoredVectors(store, cache)
+    stored.listen()
+    return stored

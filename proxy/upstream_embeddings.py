@@ -32,9 +32,8 @@ import msgspec
 import numpy as np
 
 from .errors import PcpError, UpstreamError
-from .stored_vectors import StoredVectors
+from .stored_vectors import stored_vectors
 from .stores.base import Store
-from .stores.embedded import EmbeddedStore
 from .upstream import Upstream
 from .vectors import VectorCache, unit_rows
 
@@ -90,11 +89,7 @@ class UpstreamVectors:
         self.upstream, self.model, self.fallback = upstream, model, fallback
         self.variant = hashlib.sha256(f"upstream|{upstream.shown_url}|{model}".encode()).digest()
         self.cache = VectorCache(200_000, self.variant)
-        if store is None and directory is not None:
-            store = EmbeddedStore(directory)
-        self.stored = StoredVectors(store, self.cache) if store is not None else None
-        if self.stored is not None:
-            self.stored.listen()  # with Redis: the vectors the other processes fetch, as they do
+        self.stored = stored_vectors(self.cache, store, directory)
         self.on_call = on_call or (lambda: None)
         self.on_encoded = on_encoded or (lambda state, n: None)
         self.batch_texts, self.retry_seconds, self.clock = batch_texts, retry_seconds, clock
