@@ -258,6 +258,12 @@ def test_the_scopes_core_travels_with_its_export(hybrid, upstream):
     assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["metric units"]
     bad = hybrid.http.post("/v1/pcp/memory/moved/import", content=b'{"type": "Core", "blocks": [{"id": 3}]}\n', headers=KEY)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "line 1"
+    refused = exported.replace(b'"Core","blocks":[{', b'"Core","blocks":[{"id":"tz","type":"fact","decay":0.0,"confidence":1.0,"round":1,"tags":[],"content":"times in UTC"},{', 1)
+    refused += b'{"type":"Consolidated","id":"c-x","origin":"Storage","depth":1,"timestamp":"2026-01-01T00:00","keywords":[],"summary":"s","source_ids":["nowhere"]}\n'
+    assert hybrid.http.post("/v1/pcp/memory/elsewhere/import", content=refused, headers=KEY).status_code == 400
+    upstream.enqueue(model("Hi."))
+    ask(hybrid, "Hello", {**KEY, "x-pcp-memory": "elsewhere", "x-pcp-session": "three"})
+    assert shown(upstream.requests[-1])["memory"]["core"] == []  # a refused import keeps none of its blocks
 
 
 @pytest.mark.embedded_store

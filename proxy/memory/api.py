@@ -158,17 +158,19 @@ async def import_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
     blocks join the scope's (a block of the same id is the import's)."""
     memory, key = _memory(request)
     pages, core = _read_lines(await request.body())
-    if core and memory.cores is not None:
-        await asyncio.to_thread(memory.cores.keep, key, core, ())
     known = set(await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])}))
     given = {p.id for p in pages}
     for n, page in enumerate(pages, 1):
         absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
         if absent:
             raise ClientError(f"line {n}: page {page.id} holds {absent[0]!r}, which is neither in the import nor in the scope", param=f"line {n}")
+    cores = memory.cores
+    kept_core = core if cores is not None else []  # a memory without Hybrid's store keeps none
+    if cores is not None and core:  # only once the whole import is known good: a refused one keeps nothing
+        await asyncio.to_thread(cores.keep, key, core, ())
     written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import"))) if pages else None
     imported = len(written.added) if written is not None else 0
-    return _json({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(core)})
+    return _json({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 
 
 def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
