@@ -84,7 +84,6 @@ class ProtocolRequest:
         self.upstream = services.upstream_of(codec.api)
         self.conversation = conversation
         self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
-        self.headers.pop("x-pcp-session", None)  # ours, not the upstream's
         self.headers.pop("accept-encoding", None)
         self.namespace = namespace
         self.pinned = pinned

@@ -47,7 +47,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     headers = services.upstream_headers(request.headers)
     body = await request.body()
     chat = parse_chat_request(body)
-    scope = _scope(services, request, headers, body)
+    scope = _scope(services, request, body)
     tokens = prompt_tokens(chat.messages, services.tokenizer.count)
     control = _paged(services, headers, chat.model, tokens, scope) if chat.messages else None
     if control is not None:
@@ -99,7 +99,7 @@ async def _api(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
     upstream = services.upstream_of(api.name)
     pcp_headers = dict(PASSTHROUGH)
     if reading.untouched is None:
-        scope = _scope(services, request, headers, body)
+        scope = _scope(services, request, body)
         tokens = prompt_tokens(reading.messages, services.tokenizer.count)
         pcp_headers["x-pcp-prompt-tokens"] = str(tokens)
         control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
@@ -112,11 +112,10 @@ async def _api(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
     return response
 
 
-def _scope(services: Services, request: Request[Any, Any, Any], headers: dict[str, str], body: bytes) -> Scope | None:
-    """The request's memory scope (``x-pcp-memory``, or its ``user``), taken off what goes upstream; None: no memory."""
-    scope = memory_scope(services, request.headers, body, lambda: services.namespaces.of(request.headers))
-    headers.pop(MEMORY_HEADER, None)  # ours, not the upstream's
-    return scope
+def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> Scope | None:
+    """The request's memory scope (``x-pcp-memory``, or its ``user``); None: no memory. (Like every
+    ``x-pcp-*`` header it never goes upstream: ``proxy.upstream.outgoing``.)"""
+    return memory_scope(services, request.headers, body, lambda: services.namespaces.of(request.headers))
 
 
 def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None) -> Control | None:
