@@ -11,6 +11,15 @@ question is recalled when every evidence turn appears verbatim in the
 (≤ 3 Consults). Beside it, flat dense retrieval (MiniLM) over all the
 conversation's turns at the same budget, the baseline of ``bench/recall.py``.
 
+Two figures say where the misses are. The Memory Router's ceiling, as
+``bench/ranking_ceiling.py`` gives the session Router's: walking down the
+Router's order for the question (``GET …/pages?query=``, the first stage and
+the ranking a request gets) and adding each Original page's tokens as a
+Detail node, the share of questions whose evidence is all in before T
+tokens (the Router's order without the request's time, so no fade). And
+the distinct pages a request's prompts showed with their text, and their
+tokens: how far down that order the rounds reached.
+
     .venv/bin/python bench/memory_recall.py [--budgets 2048 4096] [--embeddings] [--limit N]
 """
 
@@ -23,13 +32,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+from lxml import etree
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.ranking_ceiling import detail_node  # noqa: E402
 from bench.recall import DEFAULT_DATA, ENCODING, DenseRanker, ProxyStats, Row, baseline_outcome, category_counts, evidence_texts, fit_in_order, load_data, markdown_table, proxy_outcomes, recall, running_proxy  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
+from pcp_core.pages import OriginalPage  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
+
+CEILING_TOKENS = (1500, 1800, 3500, 7000)
 
 Message = dict[str, Any]
 
@@ -56,11 +72,38 @@ def remember(client: Any, url: str, scope: str, messages: Sequence[Message]) -> 
     return len(sessions), time.perf_counter() - started
 
 
+def ceiling_tokens(client: Any, url: str, scope: str, question: str, needles: Sequence[str], count: Any) -> float:
+    """Tokens of the Memory Router's Original pages for ``question``, best first, until every needle is in (inf: never)."""
+    response = client.get(f"{url}/v1/pcp/memory/{scope}/pages", params={"query": question, "limit": 200})
+    assert response.status_code == 200, response.text[:300]
+    spent, missing = 0, set(needles)
+    for page in response.json()["data"]:
+        if page["type"] != "Original":
+            continue
+        spent += count(detail_node(msgspec.convert(page, OriginalPage)))
+        missing = {n for n in missing if n not in page["content"]}
+        if not missing:
+            return spent
+    return float("inf")
+
+
+def shown_pages(calls: Sequence[dict[str, Any]], count: Any) -> tuple[int, int]:
+    """The distinct pages with <Content> in a request's worker prompts, and their tokens as Detail nodes."""
+    nodes: dict[str, int] = {}
+    for call in calls:
+        for node in etree.fromstring(call["messages"][0]["content"].encode()).iter("Node"):
+            if node.find("Content") is not None and node.get("id") not in nodes:
+                nodes[node.get("id", "")] = count(etree.tostring(node, encoding="unicode", with_tail=False))
+    return len(nodes), sum(nodes.values())
+
+
 def run(conversations: dict[str, list[Message]], questions: Sequence[Any], budget: int, count: Any, embeddings: bool) -> tuple[list[Row], str]:
     import httpx
 
     rows = [Row("pcp-proxy memory, round 0", []), Row("pcp-proxy memory, ≤3 Consults", [])]
     stats = ProxyStats()
+    ceiling: list[float] = []
+    shown: list[tuple[int, int]] = []
     started = time.perf_counter()
     with running_proxy(budget, simulated_worker, embeddings) as (fake, url), httpx.Client(timeout=300) as client:
         ingest = []
@@ -79,7 +122,10 @@ def run(conversations: dict[str, list[Message]], questions: Sequence[Any], budge
                 continue
             stats.worker_calls += len(calls)
             stats.most_calls = max(stats.most_calls, len(calls))
-            outcomes = proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))
+            needles = evidence_texts(question, messages)
+            outcomes = proxy_outcomes(question, messages, calls, count, needles)
+            ceiling.append(ceiling_tokens(client, url, question.conv_id, question.text, needles, count))
+            shown.append(shown_pages(calls, count))
             rows[0].outcomes.append(outcomes[0])
             rows[1].outcomes.append(outcomes[1])
     stats.seconds = time.perf_counter() - started
@@ -89,7 +135,11 @@ def run(conversations: dict[str, list[Message]], questions: Sequence[Any], budge
     note = (
         f"{exact}\n"
         f"memory: {sum(n for n, _ in ingest)} sessions sent as conversations in {sum(t for _, t in ingest):.0f} s, "
-        f"{pages} pages ({sum(s['originals'] for s in status.values())} Originals) in {len(status)} scopes\n" + stats.summary(budget, over)
+        f"{pages} pages ({sum(s['originals'] for s in status.values())} Originals) in {len(status)} scopes\n"
+        f"the Memory Router's ceiling (share with all evidence within T tokens of its order): "
+        + ", ".join(f"T={t:,}: {sum(c <= t for c in ceiling) / max(len(ceiling), 1):.3f}" for t in CEILING_TOKENS)
+        + f"\ndistinct pages a request's prompts showed: {sum(n for n, _ in shown) / max(len(shown), 1):.1f}, "
+        f"{sum(t for _, t in shown) / max(len(shown), 1):,.0f} tokens (mean)\n" + stats.summary(budget, over)
     )
     return rows, note
 
