@@ -168,7 +168,8 @@ class ContextTurn:
         facts = RoundFacts(round=self.round, workspace=workspace, now=now, startup_at=self.startup_at, todo=state.todo, query=query)
         hybrid = self.hybrid
         shared = hybrid.memory.recall(self.scope) if hybrid.memory is not None and self.scope else ()
-        self.shown, self.cold = this_round(state.snapshot, facts, state.cold, hybrid.room, hybrid.count, limits=hybrid.limits, shared_core=shared)
+        given = state.given if self.scope else ()
+        self.shown, self.cold = this_round(state.snapshot, facts, state.cold, hybrid.room, hybrid.count, limits=hybrid.limits, shared_core=shared, given=given)
         shared_ids = {block.id for block in shared}  # those shown: a block past the tier's room was not
         self.seen = frozenset(block.id for block in self.shown.memory.core if block.id in shared_ids)
         self._count_cold(state.cold)
@@ -265,7 +266,8 @@ class ContextTurn:
             todo = current.todo if current is not None else ()  # set by the API meanwhile: the client's
             link = self.link or (current.link if current is not None else "")
             rounds = max(self.round, current.round if current is not None else 0)
-            return HybridState(snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=kept_cold(snapshot, self.cold), link=link)
+            given = tuple(block.id for block in snapshot.memory.core) if self.scope else ()
+            return HybridState(snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=kept_cold(snapshot, self.cold), link=link, given=given)
 
         self.hybrid.store.change(self.namespace, self.session_id, step)
         if self.hybrid.memory is not None and self.scope:

@@ -35,6 +35,7 @@ class HybridState(msgspec.Struct, frozen=True, kw_only=True):
     todo: tuple[TodoItem, ...] = ()
     cold: Cold = Cold()  # the payloads of its placeholders, and the placeholders that no longer fit
     link: str = ""  # the conversation's link at its last round, when the session was recognised by it
+    given: tuple[str, ...] = ()  # the ids of the core blocks its last round gave its memory scope, if it named one
 
 
 class HybridStore(KeyedStore[HybridState]):

@@ -271,6 +271,15 @@ def test_a_scopes_core_keeps_what_a_round_kept_and_what_it_never_saw_and_drops_w
     assert len(scope_core(stored, [_block(f"b{i}") for i in range(10)], seen=(), limits=Limits(max_blocks=4))) == 4
 
 
+def test_a_block_the_session_gave_its_scope_that_the_scope_no_longer_holds_leaves_the_session_too():
+    facts = RoundFacts(round=3, workspace="", now=NOW, startup_at=1_700_000_000_000)
+    mine = msgspec.structs.replace(system(round=2), memory=Memory(core=(_block("dropped-elsewhere"), _block("never-given"), _block("kept"))))
+    shown, _ = this_round(mine, facts, Cold(), 2000, COUNT, shared_core=[_block("kept")], given={"dropped-elsewhere", "kept"})
+    assert sorted(b.id for b in shown.memory.core) == ["kept", "never-given"]
+    shown, _ = this_round(mine, facts, Cold(), 2000, COUNT, given={"dropped-elsewhere", "kept"})  # the scope holds none now
+    assert sorted(b.id for b in shown.memory.core) == ["never-given"]
+
+
 def test_a_shared_core_block_written_at_a_later_round_of_another_session_joins_this_round_as_its_own():
     facts = RoundFacts(round=2, workspace="", now=NOW, startup_at=1_700_000_000_000)
     shown, _ = this_round(None, facts, Cold(), 2000, COUNT, shared_core=[_block("from-elsewhere", round=40)])

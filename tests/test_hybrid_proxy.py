@@ -243,6 +243,23 @@ def test_sessions_of_one_scope_add_to_its_core_and_a_block_the_model_lets_fade_i
     assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
 
 
+def test_a_block_one_session_drops_from_the_scope_does_not_come_back_from_another_sessions_snapshot(hybrid, upstream):
+    scoped = {**KEY, "x-pcp-memory": "team"}
+    upstream.enqueue(model("a", with_memory(core=[block("units", content="metric units"), block("tz", content="times in UTC")])))
+    ask(hybrid, "one", {**scoped, "x-pcp-session": "one"})  # session one's snapshot holds units, as the scope does
+    upstream.enqueue(model("b", with_memory(core=[block("units", decay=0.95), block("tz", content="times in UTC")])))  # shown both, it lets units fade
+    ask(hybrid, "two", {**scoped, "x-pcp-session": "two"})
+    upstream.enqueue(model("c"))  # session one again: its own snapshot still holds units
+    ask(hybrid, "one again", {**scoped, "x-pcp-session": "one"})
+    assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
+    upstream.enqueue(model("d"))
+    ask(hybrid, "three", {**scoped, "x-pcp-session": "three"})
+    assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
+    upstream.enqueue(model("e"))
+    ask(hybrid, "one, no scope", {**KEY, "x-pcp-session": "one"})  # without its scope, the session's own core is its own
+    assert [b["id"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["tz"]
+
+
 def test_the_scopes_core_travels_with_its_export(hybrid, upstream):
     scoped = {**KEY, "x-pcp-memory": "team"}
     upstream.enqueue(model("Noted.", with_memory(core=[block("units", content="metric units")])))

@@ -47,23 +47,26 @@ class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
     query: str = ""  # what the request asks: placeholders whose tags it names come back
 
 
-def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = ()) -> tuple[Snapshot, Cold]:
+def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = (), given: Collection[str] = ()) -> tuple[Snapshot, Cold]:
     """The snapshot the model is shown this round, and what the session keeps cold beside it.
 
     The previous snapshot ages to this round, takes the system's fields as
     they are now (and ``shared_core``: the core blocks its memory scope keeps
-    across sessions, which win over the session's own by id), brings back the
-    placeholders the query asks for, and sends its weakest blocks cold until
-    it fits in ``room`` tokens.
+    across sessions, which win over the session's own by id; ``given``: the
+    ids of the core blocks the session's last round gave the scope, so one
+    the scope no longer holds was dropped there, and does not come back from
+    this session's snapshot), brings back the placeholders the query asks
+    for, and sends its weakest blocks cold until it fits in ``room`` tokens.
     """
     task_done = bool(facts.todo) and all(item.done for item in facts.todo)
     aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
     snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
-    if shared_core:
+    if shared_core or given:
         shared = {block.id for block in shared_core}
+        dropped = set(given) - shared
         # A block another session wrote at a later round of its own is this round's here (rule: no round after the current).
         joined = (msgspec.structs.replace(b, round=min(b.round, facts.round)) for b in shared_core)
-        core = sorted([*joined, *(b for b in snapshot.memory.core if b.id not in shared)], key=lambda b: -b.quality)
+        core = sorted([*joined, *(b for b in snapshot.memory.core if b.id not in shared and b.id not in dropped)], key=lambda b: -b.quality)
         others = {tier: tuple(b for b in snapshot.memory.tier(tier) if b.id not in shared) for tier in TIERS if tier != "core"}
         snapshot = msgspec.structs.replace(snapshot, memory=Memory(core=tuple(core[: limits.max_blocks]), **others))
     stamp = snapshot.runtime.datetime
