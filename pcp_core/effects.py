@@ -54,6 +54,9 @@ class CallWorker(msgspec.Struct, frozen=True):
     synthesis: Synthesis
     # The directives carried out before this call, in order (what its Reasoning_Trace shows).
     trace: list[Step] = []
+    # Where its system text divides for a provider whose prompt cache needs marks (Anthropic's):
+    # after the prefix the call before it kept (its cache entry), and after the one this call keeps.
+    cuts: list[int] = []
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -212,12 +212,13 @@ class _Loop:
             appendix=context.appendix,
         )
         synthesis = synthesize(self.index, self.views.raised(), request, self.count)
-        self.kept = kept_nodes(synthesis, policy)  # what the next round keeps in its place
+        before, self.kept = self.kept, kept_nodes(synthesis, policy)  # what the next round keeps in its place
+        cuts = sorted({cut for cut in (synthesis.end_of(before), synthesis.end_of(self.kept)) if cut is not None})
         self.standalone = set(synthesis.standalone)
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
-        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis, trace=list(self.trace))
+        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis, trace=list(self.trace), cuts=cuts)
 
     def unloaded(self, reply: WorkerReply) -> list[str]:
         """The pages a memory container the reply Consults holds that the request has not loaded (a page fault)."""

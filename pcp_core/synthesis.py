@@ -106,6 +106,15 @@ class Synthesis(msgspec.Struct):
     dehydrated: list[str]  # raised pages shown below their wanted view
     layout: list[str] = []  # the Linear_Flow's top-level nodes, in document order
     starts: list[int] = []  # the token at which each of them starts in the document
+    ends: list[int] = []  # the character at which each of them ends in the document (where the next starts)
+
+    def end_of(self, nodes: Sequence[str]) -> int | None:
+        """Where the run of top-level nodes that opens the flow and is all of ``nodes`` ends in the document (None: no such run)."""
+        wanted = set(nodes)
+        run = 0
+        while run < len(self.layout) and self.layout[run] in wanted:
+            run += 1
+        return self.ends[run - 1] if run else None
 
 
 def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
@@ -173,7 +182,7 @@ class _Builder:
         layout = self._layout(shown, unfolded)
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
-            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, layout, self.count),
+            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, layout, self.count), ends=_ends(document, layout),
         )  # fmt: skip
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
@@ -350,12 +359,26 @@ class _Builder:
 def _starts(document: str, layout: Sequence[str], count: CountText) -> list[int]:
     """The token at which each top-level node of ``layout`` starts in ``document``, counted a line at a time."""
     starts, at, tokens = [], 0, 0
-    for page_id in layout:
-        line = document.find(f'\n<Node id="{page_id}"', at) + 1
+    for line in _lines(document, layout):
         tokens += count(document[at:line])
         starts.append(tokens)
         at = line
     return starts
+
+
+def _ends(document: str, layout: Sequence[str]) -> list[int]:
+    """The character at which each top-level node of ``layout`` ends in ``document``: where the next one, or the flow's end tag, starts."""
+    lines = _lines(document, layout)
+    return [*lines[1:], document.find("</Linear_Flow>", lines[-1])] if lines else []
+
+
+def _lines(document: str, layout: Sequence[str]) -> list[int]:
+    """The character at which each top-level node of ``layout`` starts in ``document``."""
+    lines, at = [], 0
+    for page_id in layout:
+        at = document.find(f'\n<Node id="{page_id}"', at) + 1
+        lines.append(at)
+    return lines
 
 
 def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:

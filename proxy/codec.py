@@ -15,7 +15,7 @@ The helpers below are the pieces two or three codecs share.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -119,7 +119,7 @@ class ToolsCodec:
         return str(self.body.get("model") or "")
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
-        body = {**self.base, **self.prompt(call.messages)}
+        body = {**self.base, **self.prompt(call.messages, call.cuts)}
         tools = [*self.tools, *directive_tools(call, self.client_tools, self.directive_tool)]
         if tools:
             body["tools"] = tools
@@ -129,7 +129,8 @@ class ToolsCodec:
             body["stream"] = True
         return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
 
-    def prompt(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+        """A call's chat messages in the API's shape (``cuts``: where its system text may divide, ``CallWorker.cuts``)."""
         raise NotImplementedError
 
     @staticmethod

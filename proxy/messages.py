@@ -13,14 +13,16 @@ are in Anthropic's envelope.
 Prompt caching: the client's ``cache_control`` marks are kept where the prompt
 still has what they mark (its tools, an image or document sent again); its
 system prompt is inside the ``<PagedContext>``'s ``<Static_Registry>``, which
-opens every worker prompt of a request, and the proxy marks that prefix
-itself while the request has marks to spare (Anthropic takes four).
+opens every worker prompt of a request. The proxy marks that prefix, and the
+longer one a later round keeps in place (``_system``), while the request has
+marks to spare (Anthropic takes four).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -249,13 +251,13 @@ class MessagesCodec(ToolsCodec):
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
-    def prompt(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
         prompt: dict[str, Any] = {"messages": [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]}
         if system:
-            prompt["system"] = _system(system, marked=room[0] > 0)
+            prompt["system"] = _system(system, room[0], cuts)
         return prompt
 
     def _marked(self, content: Any, room: list[int]) -> Any:
@@ -300,12 +302,21 @@ def new_message_id() -> str:
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
-def _system(text: str, marked: bool) -> str | list[Block]:
-    """The ``<PagedContext>`` as ``system``: its ``<Static_Registry>`` (instructions, the client's system
-    prompt), the same in every round of a request, as a block of its own the proxy marks for the cache."""
+def _system(text: str, marks: int, cuts: Sequence[int] = ()) -> str | list[Block]:
+    """The ``<PagedContext>`` as ``system``, in blocks the proxy marks for Anthropic's cache while ``marks`` are left.
+
+    Anthropic caches a prefix only where a mark is, and finds an earlier
+    entry only at a block's end. The ``<Static_Registry>`` (instructions, the
+    client's system prompt) opens every worker prompt; ``cuts`` are where the
+    prefix the call before this one kept ends (its entry) and where the one
+    this call keeps ends (the next call's entry), as ``CallWorker.cuts``.
+    The longest is marked first: a hit there reads the rest of it too.
+    """
     end = text.find("</Static_Registry>")
-    if not marked or end < 0:
+    if marks <= 0 or end < 0:
         return text
-    cut = text.find("\n", end) + 1 or len(text)
-    blocks: list[Block] = [{"type": "text", "text": text[:cut], MARK: OWN_MARK}]
-    return [*blocks, {"type": "text", "text": text[cut:]}] if text[cut:] else blocks
+    registry = text.find("\n", end) + 1 or len(text)
+    bounds = sorted({registry, *(cut for cut in cuts if registry < cut < len(text))})
+    marked = {len(bounds) - 1, 0} if marks > 1 else {len(bounds) - 1}
+    blocks: list[Block] = [{"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))]
+    return [*blocks, {"type": "text", "text": text[bounds[-1]:]}] if text[bounds[-1]:] else blocks

