@@ -19,7 +19,12 @@ each conversation's questions as one chat would: the history, then every
 earlier question and its answer, then the question; ``--shape history``
 asks each against the history alone, as ``bench/recall.py`` does.
 
-    .venv/bin/python bench/prefix_cache.py [--budgets 4096] [--shape chat|history] [--limit N]
+``--api messages`` asks through Anthropic's Messages API instead, in front of
+a cache that keeps Anthropic's rules (``proxy.testing_prompt_cache``: an
+entry only where a ``cache_control`` mark is, from 1,024 tokens, found only
+at a block's end), and counts what each call reads from it.
+
+    .venv/bin/python bench/prefix_cache.py [--budgets 4096] [--shape chat|history] [--api chat|messages] [--limit N]
 """
 
 from __future__ import annotations
@@ -126,6 +131,37 @@ def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) 
     return rounds, follow_ups, over
 
 
+def measure_messages(budget: int, shape: str, limit: int | None, data: Path) -> tuple[Shares, Shares, int]:
+    """As ``measure``, through ``/v1/messages``: the share of each call's input Anthropic's cache rules would read."""
+    import httpx
+
+    from proxy.testing_prompt_cache import PromptCache
+
+    conversations, questions = load_data(data, [1, 2, 3, 4], limit)
+    cache = PromptCache(Tokenizer(ENCODING).count)
+    rounds, follow_ups, over = Shares(), Shares(), 0
+    asked: dict[str, list[tuple[str, str]]] = {}
+    with running_proxy(budget, cache.replying(simulated_worker), False) as (_, url), httpx.Client(timeout=300) as client:
+        for question in questions:
+            conv = question.conv_id
+            first = conv not in asked
+            messages = compose(conversations[conv], asked.setdefault(conv, []), question.text, shape)
+            before = len(cache.calls)
+            response = client.post(f"{url}/v1/messages", json={"model": "sim", "max_tokens": 256, "messages": messages})
+            calls = cache.calls[before:]
+            if response.status_code != 200 or not calls:
+                print(f"  {conv} q{question.qa_idx}: status {response.status_code}, {len(calls)} worker calls", file=sys.stderr)
+                continue
+            sizes = [sum(call.values()) for call in calls]
+            over += any(size > budget for size in sizes)
+            for call, size in zip(calls[1:], sizes[1:]):
+                rounds.add(call["cache_read_input_tokens"], size, 0)
+            if not first:
+                follow_ups.add(calls[0]["cache_read_input_tokens"], sizes[0], 0)
+            asked[conv].append((question.text, response.json()["content"][0]["text"]))
+    return rounds, follow_ups, over
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budgets", type=int, nargs="+", default=[4096])
@@ -133,13 +169,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most N questions a conversation")
     parser.add_argument("--least", type=int, default=CACHE_FLOOR, help="shortest prefix a provider caches")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--api", choices=["chat", "messages"], default="chat", help="messages: Anthropic's API, its cache rules")
     args = parser.parse_args(argv)
     print(f"LoCoMo {args.data.name}, questions asked as {'one chat a conversation' if args.shape == 'chat' else 'new requests on the history'}; a prefix counts from {args.least:,} tokens\n")
     header = ["budget", "calls", "with a cached prefix", "share of the prompt (mean)", "cached / prompt tokens (mean)"]
     print("| " + " | ".join(["", *header]) + " |")
     print("|" + "---|" * (len(header) + 1))
     for budget in args.budgets:
-        rounds, follow_ups, over = measure(budget, args.shape, args.limit, args.data, args.least)
+        if args.api == "messages":
+            rounds, follow_ups, over = measure_messages(budget, args.shape, args.limit, args.data)
+        else:
+            rounds, follow_ups, over = measure(budget, args.shape, args.limit, args.data, args.least)
         print(f"| later rounds | {budget:,} | " + " | ".join(rounds.cells()) + " |")
         print(f"| follow-ups | {budget:,} | " + " | ".join(follow_ups.cells()) + " |")
         if over:
