@@ -128,8 +128,10 @@ class ProtocolRequest:
         summariser = services.summariser
         if summariser is not None and self.upstream is services.upstream:  # it asks for chat completions
             await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
-        # Each worker call's synthesis is recorded, each upstream call timed.
-        return self.telemetry.watch(prepared, rounds(prepared, services.tokenizer.count_built, services.bm25))
+        # Each worker call's synthesis is recorded, each upstream call timed. The rounds' index of a
+        # long history is built in a thread, as their steps run (``_step``).
+        loop = await asyncio.to_thread(rounds, prepared, services.tokenizer.count_built, services.bm25)
+        return self.telemetry.watch(prepared, loop)
 
     async def _paged(self) -> Prepared:
         """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Callable, Mapping
 from time import perf_counter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from litestar import HttpMethod, Request, Response, get, route
 
-from pcp_core import SESSION_ID, Conversation, engaged, prompt_tokens
+from pcp_core import SESSION_ID, Conversation, CountText, engaged, prompt_tokens
 
-from .chat import ChatCodec, parse_chat_request
-from .codec import Api, Codec, whole_body
+from .chat import ChatCodec, ChatRequest, parse_chat_request
+from .codec import Api, Codec, Reading, whole_body
 from .control import Control
 from .drive import serve_protocol
 from .errors import ClientError, anthropic_event
@@ -28,11 +29,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ROUTES"]
 
+T = TypeVar("T")
+
 
 def _services(request: Request[Any, Any, Any]) -> Services:
     return request.app.state.services
 
 
+# A body over this is read (decoded, counted, its conversation found) in a thread: at a million
+# tokens (~4.4 MB) that is ~20 ms of the event loop's that the requests it serves meanwhile would wait for.
+LARGE_BODY = 256 * 1024
 # Every method a /v1 path may be called with; what the proxy does not page is forwarded.
 METHODS = [HttpMethod.GET, HttpMethod.HEAD, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]
 PASSTHROUGH = {"x-pcp-mode": "passthrough"}
@@ -46,13 +52,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     services = _services(request)
     headers = services.upstream_headers(request.headers)
     body = await request.body()
-    chat = parse_chat_request(body)
+    chat, tokens = await _read(body, lambda: _chat_read(body, services.tokenizer.count))
     scope = _scope(services, request, body)
-    tokens = prompt_tokens(chat.messages, services.tokenizer.count)
     control = _paged(services, headers, chat.model, tokens, scope) if chat.messages else None
     if control is not None:
-        codec = ChatCodec(whole_body(body, _CHAT_READS, {"messages": chat.messages}))
-        return await _protocol(request, services, codec, chat.messages, tokens, headers, control, scope)
+        codec = lambda: ChatCodec(whole_body(body, _CHAT_READS, {"messages": chat.messages}))  # noqa: E731
+        return await _protocol(request, services, body, codec, chat.messages, tokens, headers, control, scope)
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
     # PACT components: the session's live ones in place; a request without any goes as it came.
@@ -95,21 +100,36 @@ async def _api(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
     services = _services(request)
     headers = services.upstream_headers(request.headers, anthropic=api.name == "messages")
     body = await request.body()
-    reading = api.read(body)
+    reading, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
     upstream = services.upstream_of(api.name)
     pcp_headers = dict(PASSTHROUGH)
     if reading.untouched is None:
         scope = _scope(services, request, body)
-        tokens = prompt_tokens(reading.messages, services.tokenizer.count)
         pcp_headers["x-pcp-prompt-tokens"] = str(tokens)
         control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
         if control is not None:
-            codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
-            return await _protocol(request, services, codec, reading.messages, tokens, headers, control, scope)
+            codec = lambda: api.codec(whole_body(body, api.read_fields, reading.decoded))  # noqa: E731
+            return await _protocol(request, services, body, codec, reading.messages, tokens, headers, control, scope)
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     response = await forward(upstream, request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure)
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
+
+
+async def _read(body: bytes, read: Callable[[], T]) -> T:
+    """``read()``: in a thread when ``body`` is over ``LARGE_BODY``, so the requests the event loop serves meanwhile do not wait for it."""
+    return await asyncio.to_thread(read) if len(body) > LARGE_BODY else read()
+
+
+def _chat_read(body: bytes, count: CountText) -> tuple[ChatRequest, int]:
+    chat = parse_chat_request(body)
+    return chat, prompt_tokens(chat.messages, count)
+
+
+def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int]:
+    """The request as ``api`` reads it, and its prompt's tokens (0 for one forwarded untouched, which is not counted)."""
+    reading = api.read(body)
+    return reading, prompt_tokens(reading.messages, count) if reading.untouched is None else 0
 
 
 def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> Scope | None:
@@ -127,11 +147,11 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
     return control if paged else None
 
 
-async def _protocol(request: Request[Any, Any, Any], services: Services, codec: Codec, messages: list[dict[str, Any]], tokens: int, headers: dict[str, str], control: Control, scope: Scope | None) -> Response[Any]:
+async def _protocol(request: Request[Any, Any, Any], services: Services, body: bytes, codec_of: Callable[[], Codec], messages: list[dict[str, Any]], tokens: int, headers: dict[str, str], control: Control, scope: Scope | None) -> Response[Any]:
     services.metrics.inc("pcp_requests_total", mode="protocol")
     namespace = services.namespaces.of(request.headers)
+    codec, conversation = await _read(body, lambda: (codec_of(), Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)))
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
-    conversation = Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)
     work = serve_protocol(services, codec, conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
     # Worker rounds run before any byte is sent: a client that leaves cancels them.
     response = await unless_client_leaves(request, work)

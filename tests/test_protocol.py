@@ -339,6 +339,37 @@ def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream)
     assert upstream.disconnects == 1
 
 
+def test_a_large_body_is_read_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+    """Decoding, counting and reading a conversation of megabytes take tens of ms: on the loop, every other request would wait."""
+    import asyncio
+
+    from proxy import routes
+
+    on_loop: list[bool] = []
+
+    def recording(real):
+        def read(*args, **kwargs):
+            try:
+                asyncio.get_running_loop()
+                on_loop.append(True)
+            except RuntimeError:  # a thread with no event loop
+                on_loop.append(False)
+            return real(*args, **kwargs)
+
+        return read
+
+    for name in ("parse_chat_request", "prompt_tokens"):
+        monkeypatch.setattr(routes, name, recording(getattr(routes, name)))
+    monkeypatch.setattr(routes.Conversation, "of", recording(routes.Conversation.of))
+    upstream.default = lambda recorded: completion("It is 5521.")
+    for messages, off in ((long_history(), False), (long_history(5000), True)):
+        assert (len(json.dumps(messages)) > routes.LARGE_BODY) == off
+        on_loop.clear()
+        response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+        assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
+        assert len(on_loop) == 3 and on_loop == [not off] * 3
+
+
 def test_the_rounds_run_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
     """Ranking and synthesis over a long history take tens of ms: on the loop, every other request would wait."""
     import asyncio
