@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes  # noqa: E402
+from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes, recall  # noqa: E402
 from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
@@ -118,7 +118,7 @@ def one_budget(conversations: dict[str, Any], questions: Sequence[Any], sessions
             later.add(shared_prefix(before["messages"], now["messages"], count), prompt_tokens(now["messages"], count), CACHE_FLOOR)
         for row, outcome in zip(rows, proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))):
             row.outcomes.append(outcome)
-    lines = [markdown_table(budget, rows, [1, 2, 3, 4]), ""]
+    lines = [markdown_table(budget, rows, [1, 2, 3, 4]), "", ", ".join(f"{row.method.split(', ')[-1]}: {recall(row.outcomes) or 0:.3f}" for row in rows)]
     for name, shares in (("later rounds", later), ("follow-ups (on the history)", follow_ups)):
         calls_n, hits, share, tokens = shares.cells()
         lines.append(f"{name}: {calls_n} calls, {hits} with a cached prefix (≥ {CACHE_FLOOR:,} tokens), {share} of the prompt ({tokens} tokens)")
