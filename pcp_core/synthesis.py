@@ -182,9 +182,10 @@ class _Builder:
         folded = [r for r in self._listed() if r not in unfolded]
         standalone = [p for p in shown if self._detached(p, shown)]
         layout = self._layout(shown, unfolded)
+        lines = _lines(document, layout)
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
-            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, layout, self.count), ends=_ends(document, layout),
+            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, lines, self.count), ends=_ends(document, lines),
         )  # fmt: skip
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
@@ -358,19 +359,18 @@ class _Builder:
         return element
 
 
-def _starts(document: str, layout: Sequence[str], count: CountText) -> list[int]:
-    """The token at which each top-level node of ``layout`` starts in ``document``, counted a line at a time."""
+def _starts(document: str, lines: Sequence[int], count: CountText) -> list[int]:
+    """The token at which each top-level node starts in ``document`` (``lines``: the characters, ``_lines``), counted a line at a time."""
     starts, at, tokens = [], 0, 0
-    for line in _lines(document, layout):
+    for line in lines:
         tokens += count(document[at:line])
         starts.append(tokens)
         at = line
     return starts
 
 
-def _ends(document: str, layout: Sequence[str]) -> list[int]:
-    """The character at which each top-level node of ``layout`` ends in ``document``: where the next one, or the flow's end tag, starts."""
-    lines = _lines(document, layout)
+def _ends(document: str, lines: Sequence[int]) -> list[int]:
+    """The character at which each top-level node ends in ``document`` (``lines``: where each starts): where the next one, or the flow's end tag, starts."""
     return [*lines[1:], document.find("</Linear_Flow>", lines[-1])] if lines else []
 
 

@@ -84,8 +84,9 @@ def _prefixes(blocks: Sequence[dict[str, Any]], count: Callable[[str], int]) -> 
     digest, total = hashlib.sha256(), 0
     for at, block in enumerate(blocks):
         plain = {k: v for k, v in block.items() if k != MARK}
-        text = plain["text"] if plain.get("type") == "text" and isinstance(plain.get("text"), str) else json.dumps(plain, sort_keys=True)
-        digest.update(json.dumps(plain, sort_keys=True).encode() + b"\x00")
+        encoded = json.dumps(plain, sort_keys=True)
+        text = plain["text"] if plain.get("type") == "text" and isinstance(plain.get("text"), str) else encoded
+        digest.update(encoded.encode() + b"\x00")
         total += count(text)
         keys.append(digest.copy().hexdigest())
         tokens.append(total)
