@@ -29,7 +29,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, Message, Question, category_counts, load_data, load_worker, markdown_table, run_proxy  # noqa: E402
-from proxy.testing_apis import PATHS  # noqa: E402
+from proxy.testing.apis import PATHS  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 APIS = tuple(PATHS)

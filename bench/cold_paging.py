@@ -87,7 +87,7 @@ def main() -> None:
     upstream_port, proxy_port = free_port(), free_port()
     with tempfile.TemporaryDirectory() as data:
         env = proxy_env(data_dir=data, log_level="warning", router_embeddings=False, sentry_threshold=1024, paging_timeout=3600, request_timeout=3600)
-        fake = subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(upstream_port)], env=env)
+        fake = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(upstream_port)], env=env)
         proxy = start_proxy(f"http://127.0.0.1:{upstream_port}/v1", proxy_port, env)
         try:
             wait_until_up(upstream_port, "/v1/models")

@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.chat import parse_chat_request  # noqa: E402
-from proxy.hybrid import Hybrid  # noqa: E402
-from proxy.hybrid_store import HybridStore  # noqa: E402
+from proxy.apis.chat import parse_chat_request  # noqa: E402
+from proxy.hybrid.turn import Hybrid  # noqa: E402
+from proxy.hybrid.store import HybridStore  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
-from proxy.testing import sse_chunks  # noqa: E402
+from proxy.testing.upstream import sse_chunks  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 LINE = "We moved the release of build 4.2.1 to Thursday 14 March because the migration on db-07 took 3 hours. "

@@ -32,7 +32,7 @@ from lxml import etree  # noqa: E402
 
 from bench.recall import DEFAULT_DATA, ENCODING, load_data  # noqa: E402
 from bench.rounds import worker_calls  # noqa: E402
-from proxy.testing import paged_session  # noqa: E402
+from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 _ROLE_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)

@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="pcp-durability-"))
     upstream_port, port = free_port(), free_port()
-    fake = subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(upstream_port)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fake = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(upstream_port)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     upstream, url = f"http://127.0.0.1:{upstream_port}/v1", f"http://127.0.0.1:{port}"
     ever: set[str] = set()
     lost = broken = 0

@@ -116,7 +116,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as data_dir:
         upstream_port = free_port()
         env = proxy_env(data_dir=data_dir, log_level="warning")
-        procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(upstream_port)], env=env)]
+        procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(upstream_port)], env=env)]
         try:
             wait_until_up(upstream_port, "/v1/models")
             upstream = f"http://127.0.0.1:{upstream_port}/v1"

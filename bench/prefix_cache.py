@@ -135,7 +135,7 @@ def measure_messages(budget: int, shape: str, limit: int | None, data: Path) -> 
     """As ``measure``, through ``/v1/messages``: the share of each call's input Anthropic's cache rules would read."""
     import httpx
 
-    from proxy.testing_prompt_cache import PromptCache
+    from proxy.testing.prompt_cache import PromptCache
 
     conversations, questions = load_data(data, [1, 2, 3, 4], limit)
     cache = PromptCache(Tokenizer(ENCODING).count)

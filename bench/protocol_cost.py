@@ -46,7 +46,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.proxy_overhead import free_port, proxy_env, start_proxy, wait_until_up  # noqa: E402
-from proxy.testing import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, wait_for_background  # noqa: E402
+from proxy.testing.upstream import EMBEDDING_DONE, SUMMARY_DONE, FakeUpstream, Recorded, Reply, completion, wait_for_background  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 WORDS = """garden invoice release meeting river budget deploy server kitchen concert

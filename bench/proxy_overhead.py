@@ -74,7 +74,7 @@ def start_servers(data_dir: str, others: dict[str, Path] | None = None) -> tuple
     ports = {"direct": free_port(), "bare forwarder": free_port(), "pcp-proxy": free_port(), "pcp-proxy, BM25 only": free_port()}
     upstream = f"http://127.0.0.1:{ports['direct']}/v1"
     env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
-    procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(ports["direct"])], env=env)]
+    procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(ports["direct"])], env=env)]
     wait_until_up(ports["direct"], "/v1/models")
     procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare_forwarder:app", "--app-dir", str(HERE), "--port", str(ports["bare forwarder"]), "--log-level", "warning", "--no-access-log"], env=env))
     procs.append(start_proxy(upstream, ports["pcp-proxy"], env))

@@ -166,7 +166,7 @@ class DenseRanker:
     def __init__(self, encoder: str = "minilm") -> None:
         from sentence_transformers import SentenceTransformer
 
-        from proxy.encoders import ENCODERS, model_path
+        from proxy.recall.encoders import ENCODERS, model_path
 
         self.model = SentenceTransformer(str(model_path(ENCODERS[encoder], Path(tempfile.gettempdir()) / "pcp-bench-models")), device="cpu")
         self.indexes: dict[str, Any] = {}
@@ -225,9 +225,9 @@ class ProtocolModeMissing(Exception):
 def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, **more: Any) -> Iterator[tuple[Any, str]]:
     """A fake upstream played by ``worker``, and pcp-proxy in protocol mode in front of it (``more``: other settings)."""
     from proxy.app import create_app
-    from proxy.cli import tune_process
+    from proxy.cli.main import tune_process
     from proxy.settings import Settings
-    from proxy.testing import FakeUpstream, serve_in_thread
+    from proxy.testing.upstream import FakeUpstream, serve_in_thread
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
         settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings, **more)
@@ -324,7 +324,7 @@ def run_proxy(
     """
     import httpx
 
-    from proxy.testing import EMBEDDING_DONE, wait_for_background
+    from proxy.testing.upstream import EMBEDDING_DONE, wait_for_background
 
     label = label or ("pcp-proxy (BM25 + dense)" if embeddings else "pcp-proxy")
     rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
@@ -366,7 +366,7 @@ def with_router(worker: Callable[[Any], Any], url: str, key: str = "") -> Callab
     """``worker`` for the worker's calls; the proxy's router calls (``x-pcp-role: router``) go to a real model at ``url``."""
     import httpx
 
-    from proxy.testing import Reply
+    from proxy.testing.upstream import Reply
 
     client = httpx.Client(timeout=60)
     headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}

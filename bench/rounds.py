@@ -42,7 +42,7 @@ from pcp_core.engine import RoundContext, RoundPolicy, kept_nodes, run_rounds  #
 from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
-from proxy.testing import paged_session  # noqa: E402
+from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every conversation
@@ -83,7 +83,7 @@ def steady_state(sessions: dict[str, Any], dense: bool, vectors: Path | None = N
     if not dense:
         yield None
         return
-    from proxy.embeddings import Embedder
+    from proxy.recall.embeddings import Embedder
 
     with tempfile.TemporaryDirectory(prefix="pcp-rounds-") as scratch:
         directory = vectors or Path(scratch)

@@ -192,7 +192,7 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         direct = free_port()
-        procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing", "--port", str(direct)])]
+        procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(direct)])]
         redis_dir = Path(scratch, "redis")
         redis_dir.mkdir()
         redis, url = start_redis(str(redis_dir))

@@ -30,9 +30,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.protocol_cost import history  # noqa: E402
-from proxy.sealing import Sealer  # noqa: E402
-from proxy.sessions import SessionStore  # noqa: E402
-from proxy.testing import paged_session  # noqa: E402
+from proxy.storage.sealing import Sealer  # noqa: E402
+from proxy.storage.sessions import SessionStore  # noqa: E402
+from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 Count = Callable[[str], int]

@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, DenseRanker, Message, Question, Row, baseline_outcome, category_counts, fit_in_order, load_data, markdown_table, proxy_outcomes  # noqa: E402
 from bench.rounds import steady_state, worker_calls  # noqa: E402
 from pcp_core.synthesis import xml_safe  # noqa: E402
-from proxy.testing import paged_session  # noqa: E402
+from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 _HEADER = re.compile(r"^\[Session \d+ - (\d{1,2}:\d{2} [ap]m) on (\d{1,2} \w+, \d{4})\]\n")

@@ -19,32 +19,32 @@ from litestar.exceptions import HTTPException
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 from pcp_core.memory import MemoryPolicy
 
-from .components import Components
-from .control import Controls
-from .cors import UpstreamCorsDropped, cors_config
-from .datadir import Namespaces, private_tree
-from .embeddings import Embedder, embeddings_available
+from .pact.components import Components
+from .protocol.control import Controls
+from .web.cors import UpstreamCorsDropped, cors_config
+from .storage.datadir import Namespaces, private_tree
+from .recall.embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault, anthropic_envelope
-from .hybrid import Hybrid
-from .hybrid_api import HYBRID_ROUTES
-from .hybrid_store import HybridStore
+from .hybrid.turn import Hybrid
+from .hybrid.api import HYBRID_ROUTES
+from .hybrid.store import HybridStore
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .memory import Memory
 from .memory.core import ScopeCores
 from .memory.api import MEMORY_ROUTES
 from .metrics import Metrics
-from .pcp_api import PCP_ROUTES
-from .routes import ROUTES, not_the_proxys, speaks_anthropic
-from .sealing import Sealer, data_key
-from .sessions import SessionStore
+from .pact.api import PCP_ROUTES
+from .web.routes import ROUTES, not_the_proxys, speaks_anthropic
+from .storage.sealing import Sealer, data_key
+from .storage.sessions import SessionStore
 from .settings import Settings
-from .stores import Stores
-from .summariser import Summariser
-from .telemetry import Traces
+from .storage import Stores
+from .protocol.summary_writer import Summariser
+from .protocol.telemetry import Traces
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
-from .upstream_embeddings import UpstreamVectors
+from .recall.upstream_embeddings import UpstreamVectors
 
 __all__ = ["DenseRecall", "Services", "create_app", "policy_of"]
 

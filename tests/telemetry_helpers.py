@@ -5,7 +5,7 @@ from __future__ import annotations
 from lxml import etree
 
 from pcp_core.markup import node_view
-from proxy.testing import Recorded, Reply, completion, stream_reply
+from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
 TOPICS = ["the allotment and its seedlings", "the choir's spring concert", "a leaking kitchen tap", "the trip to Lisbon", "a chess opening", "the new espresso grinder", "grandma's birthday cake", "the office move"]
 

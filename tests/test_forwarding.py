@@ -9,7 +9,7 @@ import threading
 import openai
 import pytest
 
-from proxy.testing import Reply, completion, sse_chunks
+from proxy.testing.upstream import Reply, completion, sse_chunks
 
 MESSAGES = [{"role": "user", "content": "Say hi."}]
 

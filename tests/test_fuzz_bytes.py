@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.app import create_app
-from proxy.server import server_options
+from proxy.cli.server import server_options
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, serve_in_thread
+from proxy.testing.upstream import FakeUpstream, serve_in_thread
 
 SEARCH = os.environ.get("FUZZ_EXAMPLES")
 EXAMPLES = settings(max_examples=int(SEARCH or 30), derandomize=SEARCH is None, deadline=None, suppress_health_check=list(HealthCheck))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from proxy.testing import completion
+from proxy.testing.upstream import completion
 
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} about gardens and the river trip {i}"} for i in range(60)]
 MODES = {"passthrough": 1_000_000, "protocol": 200}

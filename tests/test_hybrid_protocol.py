@@ -12,7 +12,7 @@ from lxml import etree
 
 from pcp_core import prompt_tokens
 from pcp_core.hybrid import SEPARATOR
-from proxy.testing import Recorded, Reply, completion, stream_reply
+from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
 from .hybrid_helpers import BUDGET, COUNT, KEY, ask, block, long_history, model, shown, stored, violations, with_memory
 

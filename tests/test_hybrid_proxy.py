@@ -7,7 +7,7 @@ import json
 import pytest
 
 from pcp_core.hybrid import SEPARATOR
-from proxy.testing import Reply, completion, metric_value, stream_reply
+from proxy.testing.upstream import Reply, completion, metric_value, stream_reply
 
 from .hybrid_helpers import API, COUNT, KEY, PINNED, ask, block, model, shown, stored, violations, with_memory
 

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from proxy.sessions_cli import Progress, list_sessions, show_session
-from proxy.testing import completion
+from proxy.cli.sessions import Progress, list_sessions, show_session
+from proxy.testing.upstream import completion
 from tests.telemetry_helpers import consult_first_summary, conversation
 
 KEY = {"authorization": "Bearer k1"}

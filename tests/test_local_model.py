@@ -42,7 +42,7 @@ def worker_calls():
 def local_proxy(tmp_path_factory, worker_calls):
     from proxy.app import create_app
     from proxy.settings import Settings
-    from proxy.testing import serve_in_thread
+    from proxy.testing.upstream import serve_in_thread
 
     # A low threshold so that a long history takes the protocol path through the real model.
     settings = Settings(upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048, sentry_threshold=600, context_budget=1024, max_rounds=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from proxy.testing import StandInEmbedder, completion
+from proxy.testing.upstream import StandInEmbedder, completion
 
 SCOPE = {"x-pcp-memory": "alice"}
 TOLD = [

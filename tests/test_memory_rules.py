@@ -13,7 +13,7 @@ from pcp_core.replies import WorkerReply
 from pcp_core.request import Facts
 from pcp_core.router import anchor_intent
 from pcp_core.terms import TermStats
-from proxy.testing import paged_session
+from proxy.testing.upstream import paged_session
 
 from proxy.tokenizer import Tokenizer
 

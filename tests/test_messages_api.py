@@ -7,9 +7,9 @@ import json
 
 import anthropic
 import pytest
-from proxy.testing import Recorded, Reply
-from proxy.testing_apis import api_requests, message, messages_stream, worker_document
-from proxy.testing_prompt_cache import PromptCache
+from proxy.testing.upstream import Recorded, Reply
+from proxy.testing.apis import api_requests, message, messages_stream, worker_document
+from proxy.testing.prompt_cache import PromptCache
 from proxy.tokenizer import Tokenizer
 
 from .api_helpers import consult, document

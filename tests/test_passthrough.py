@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from pcp_core.tokens import prompt_tokens
-from proxy.testing import Reply, completion, sse_chunks, stream_reply
+from proxy.testing.upstream import Reply, completion, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]

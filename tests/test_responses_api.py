@@ -7,8 +7,8 @@ import json
 
 import openai
 import pytest
-from proxy.testing import Recorded, Reply
-from proxy.testing_apis import api_requests, response, responses_stream
+from proxy.testing.upstream import Recorded, Reply
+from proxy.testing.apis import api_requests, response, responses_stream
 
 from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, Recorded, Reply, completion, serve_in_thread, stream_reply
+from proxy.testing.upstream import FakeUpstream, Recorded, Reply, completion, serve_in_thread, stream_reply
 
 # The same 40 examples in every run; FUZZ_EXAMPLES=2000 searches further, with new ones each time.
 SEARCH = os.environ.get("FUZZ_EXAMPLES")

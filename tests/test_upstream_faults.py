@@ -81,7 +81,7 @@ def faulty():
 def proxies(faulty, tmp_path_factory):
     from proxy.app import create_app
     from proxy.settings import Settings
-    from proxy.testing import serve_in_thread
+    from proxy.testing.upstream import serve_in_thread
 
     servers = {}
     for mode, threshold in (("passthrough", 1_000_000), ("protocol", 200)):

@@ -10,7 +10,7 @@ from litestar.testing import TestClient
 
 from proxy.app import create_app
 from proxy.settings import Settings
-from proxy.testing import FakeUpstream, completion, stream_reply
+from proxy.testing.upstream import FakeUpstream, completion, stream_reply
 
 BASE = "http://alice:pw-secret@upstream.test/v1?api-key=key-secret&api-version=2024-02-01"
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} about the river trip {i}"} for i in range(60)]

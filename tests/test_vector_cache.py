@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 
-from proxy import vectors as vector_module
-from proxy.vectors import VectorCache
+from proxy.recall import vectors as vector_module
+from proxy.recall.vectors import VectorCache
 
 
 def unit(*values: float) -> np.ndarray:

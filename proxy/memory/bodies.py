@@ -13,7 +13,7 @@ import msgspec
 
 from pcp_core import Page
 
-from ..sealing import Sealer
+from ..storage.sealing import Sealer
 
 __all__ = ["PageBodies"]
 

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..sealing import Sealer
+from ..storage.sealing import Sealer
 
 __all__ = ["LexicalIndex"]
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from pcp_core.memory import index_terms
 
-from ..sealing import Sealer
+from ..storage.sealing import Sealer
 from .lexical import LexicalIndex
 from .store import MemoryStore, Stored, Written, vector_of
 from .vectors import VectorIndex, faiss_available

@@ -33,7 +33,7 @@ from pcp_core.router import Intent
 from pcp_core.terms import TermStats
 from pcp_core.tokens import CountText
 
-from ..stores.base import StoreUnavailable
+from ..storage.base import StoreUnavailable
 from .forgetting import forget_ids, forget_query
 from .search import ScopeIndex
 from .core import ScopeCores

@@ -1,0 +1,185 @@
+"""What the one loop of protocol mode (``drive``) asks of an API: a codec per request, a round stream per streamed call.
+
+Three APIs are paged: chat completions (``chat``), OpenAI's Responses
+(``responses``) and Anthropic's Messages (``messages``). Each codec reads its
+API's conversation as chat messages (``pcp_core.chat_messages``) for the rules,
+turns the rounds' worker calls (chat messages: the ``<PagedContext>`` as system
+text, a user line with its parts) into calls of its own API, reads the
+upstream's answers back as ``WorkerReply`` values, and writes the client's
+answer in its API's shape. Everything else (sessions, paging, rounds, the
+answer gate, deadlines) is the loop's and the same for every API.
+
+The helpers below are the pieces two or three codecs share.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from pcp_core import CallWorker, Outcome, WorkerReply, message_text
+
+from .chat import Usage, decode_json
+from ..errors import PcpError
+from ..sse import StreamRules
+
+__all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "count_of", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+
+
+class Reading(msgspec.Struct, frozen=True):
+    """What a route reads of a request before it decides how to serve it."""
+
+    messages: list[dict[str, Any]]  # the conversation as chat messages, its head first: what the Sentry measures
+    stream: bool = False
+    untouched: str | None = None  # why it goes through untouched whatever its size (state the proxy cannot see)
+    decoded: dict[str, Any] = {}  # fields already decoded, which the codec's body reuses
+    model: str | None = None  # the model asked for: its settings (``[models."…"]``) apply
+
+
+class Api(Protocol):
+    """One paged API, as a route meets it."""
+
+    name: str  # as ``Codec.api``
+    path: str
+    read_fields: frozenset[str]  # the fields the codec reads; the others go upstream as the client sent them
+
+    def read(self, body: bytes) -> Reading:
+        """The request read, or the 400 that says what is wrong with it."""
+
+    def codec(self, body: dict[str, Any]) -> Codec: ...
+    def failure(self, error: PcpError) -> bytes:
+        """A failure midway through a stream, as the API tells it."""
+
+
+class RoundStream(Protocol):
+    """One streamed worker call: the upstream's events read, the client's written (in the codec's API)."""
+
+    def read(self, event: dict[str, Any]) -> str:
+        """Take in one upstream event; the answer text it adds."""
+
+    def calls(self) -> list[dict[str, Any]]:
+        """The round's tool calls so far, as chat tool calls (``{"id", "function": {"name", "arguments"}}``)."""
+
+    def opening(self) -> bytes: ...
+    def text(self, text: str) -> bytes: ...
+    def failure(self, error: PcpError) -> bytes: ...
+    def closing(self) -> Iterator[bytes]: ...
+    def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """The round as the upstream sent it (a call of the client's own tools), with the request's usage."""
+
+
+class Codec(Protocol):
+    api: str  # "chat", "responses", "messages": which upstream serves it (``Services.upstream_of``)
+    path: str  # below the upstream's base URL
+    body: dict[str, Any]
+    client_tools: list[dict[str, Any]]  # as chat tools: what the rounds read of the client's tools
+    choices: int
+    streamed: bool
+    components: Any  # PACT components the request carries inline (chat's ``pcp_components``)
+
+    @property
+    def model(self) -> str: ...
+    def worker_body(self, call: CallWorker, stream: bool) -> bytes: ...
+    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes: ...
+    def check(self, body: bytes) -> dict[str, Any]:
+        """An answer decoded, once it has the shape the proxy reads (else the 502 that says where)."""
+
+    def rules(self) -> StreamRules: ...
+    def reply(self, data: dict[str, Any]) -> WorkerReply: ...
+    def count(self, usage: Usage, data: dict[str, Any]) -> None:
+        """Add the usage of one answer to the request's."""
+
+    def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]: ...
+    def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]: ...
+    def round(self, usage: Usage) -> RoundStream: ...
+
+
+class ToolsCodec:
+    """What the Responses and Messages codecs share: the client's tools sent as it wrote them, the
+    directives' after them in the tools channel, and every field the proxy does not set as the client
+    sent it. A subclass says how a call's chat messages are written (``prompt``) and how a tool is
+    read (``chat_tool``) and written (``directive_tool``) in its API."""
+
+    own_fields: tuple[str, ...] = ()  # fields the proxy sets itself on worker calls
+    choices = 1
+    components = None  # inline PACT components are chat's (``pcp_components``)
+
+    def __init__(self, body: dict[str, Any]):
+        self.body = body
+        self.streamed = bool(body.get("stream"))
+        self.tools: list[dict[str, Any]] = list(body.get("tools") or [])
+        self.client_tools = [self.chat_tool(tool) for tool in self.tools]
+        self.base = {k: v for k, v in body.items() if k not in self.own_fields}
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model") or "")
+
+    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        body = {**self.base, **self.prompt(call.messages, call.cuts)}
+        tools = [*self.tools, *directive_tools(call, self.client_tools, self.directive_tool)]
+        if tools:
+            body["tools"] = tools
+            if self.tools and "tool_choice" in self.body:
+                body["tool_choice"] = self.body["tool_choice"]
+        if stream:
+            body["stream"] = True
+        return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
+
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+        """A call's chat messages in the API's shape (``cuts``: where its system text may divide, ``CallWorker.cuts``)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]:
+        raise NotImplementedError("the API asks for one answer")  # ``choices`` is 1
+
+
+_ENCODER = msgspec.json.Encoder()
+
+
+def whole_body(body: bytes, read: frozenset[str], decoded: dict[str, Any]) -> dict[str, Any]:
+    """Every field of the request: those ``decoded`` already, those in ``read`` decoded now, the
+    rest as the bytes the client sent (``msgspec.Raw``), so what the proxy does not read (a number
+    past a double's range, text that is not UTF-8) is the upstream's to judge, as in passthrough."""
+    fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+    return {key: decoded[key] if key in decoded else decode_json(raw, msgspec.json.decode) if key in read else raw for key, raw in fields.items()}
+
+
+def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """A worker call's messages as its system text (the ``<PagedContext>``) and the others."""
+    system, rest = [], []
+    for message in messages:
+        (system if message.get("role") == "system" else rest).append(message)
+    return "\n\n".join(message_text(m) for m in system), rest
+
+
+def directive_tools(call: CallWorker, client_tools: list[Any], shape: Callable[[dict[str, Any]], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The directives' tools a worker call carries after the client's (the tools channel), in the API's ``shape``."""
+    return [shape(tool["function"]) for tool in call.tools[len(client_tools) :]]
+
+
+def count_of(counts: Any, name: str) -> int:
+    """``counts[name]`` when it is a count; 0 for anything else (an upstream's usage is read, never trusted)."""
+    value = counts.get(name) if isinstance(counts, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def named_event(kind: str, payload: dict[str, Any]) -> bytes:
+    """One server-sent event as the Responses and Messages APIs write them: its type named twice."""
+    return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    """A tool call as the rounds read it (chat's shape)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}

@@ -1,0 +1,322 @@
+"""Anthropic's Messages API (``POST /v1/messages``): what the proxy reads of a request, and how it speaks to both sides.
+
+The conversation is ``system`` (the head) and ``messages`` of content blocks,
+read as chat messages (``pcp_core.chat_messages``): text as text, images and
+documents as attachments, a ``tool_use`` and the ``tool_result`` that answers
+it one turn, thinking blocks left out (opaque, and their turn stays whole).
+Worker calls go upstream as Messages calls (to ``PCP_ANTHROPIC_BASE_URL`` when
+set, with the client's ``x-api-key`` and ``anthropic-version``): the
+``<PagedContext>`` as ``system``, the user line as the one message. The client
+gets one message, or its events (``messages_stream``); the proxy's own errors
+are in Anthropic's envelope.
+
+Prompt caching: the client's ``cache_control`` marks are kept where the prompt
+still has what they mark (its tools, an image or document sent again); its
+system prompt is inside the ``<PagedContext>``'s ``<Static_Registry>``, which
+opens every worker prompt of a request. The proxy marks that prefix, and the
+longer one a later round keeps in place (``_system``), while the request has
+marks to spare (Anthropic takes four).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
+
+from .chat import Usage, decode_json
+from .codec import Reading, ToolsCodec, count_of, function_call, split_system
+from ..errors import ClientError, anthropic_event
+from ..sse import said
+from ..upstream import checked
+
+if TYPE_CHECKING:
+    from .messages_stream import MessagesRound
+
+__all__ = ["MESSAGES", "MessagesCodec", "MessagesRules", "anthropic_messages", "usage_of"]
+
+Block = dict[str, Any]
+MARK = "cache_control"
+MAX_MARKS = 4  # cache_control marks Anthropic takes in one request
+OWN_MARK = {"type": "ephemeral"}
+
+
+class MessagesRequest(msgspec.Struct):
+    """What the proxy reads of a request; messages and blocks stay plain dicts, so fields it does not model survive."""
+
+    messages: list[dict[str, Any]]
+    system: str | list[Block] | None = None
+    model: str | None = None
+    stream: bool = False
+    tools: list[Block] | None = None
+
+
+_DECODER = msgspec.json.Decoder(MessagesRequest)
+
+
+class _Messages:
+    name = "messages"
+    path = "/messages"
+    read_fields = frozenset({"system", "model", "stream", "tools", "tool_choice"})
+
+    @staticmethod
+    def read(body: bytes) -> Reading:
+        request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
+        for i, message in enumerate(request.messages):
+            if not isinstance(message.get("role"), str):
+                raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
+        return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
+
+    @staticmethod
+    def codec(body: dict[str, Any]) -> MessagesCodec:
+        return MessagesCodec(body)
+
+    failure = staticmethod(anthropic_event)
+
+
+MESSAGES = _Messages()
+
+
+# -- the conversation ------------------------------------------------------------------
+
+
+def anthropic_messages(system: str | list[Block] | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as chat messages: ``system`` as its head, then the messages."""
+    head = [{"role": "system", "content": _text(system)}] if system else []
+    return [*head, *chat_messages(Said(m["role"], _pieces(m.get("content"))) for m in messages)]
+
+
+def _pieces(content: Any) -> list[Any]:
+    if not isinstance(content, list):
+        return [Part(text_part(_text(content)))]
+    pieces: list[Any] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            pieces.append(Part(text_part(_text(block.get("text")))))
+        elif isinstance(kind, str) and kind.endswith("tool_use"):  # tool_use, server_tool_use, mcp_tool_use
+            pieces.append(Call(str(block.get("id") or ""), str(block.get("name") or ""), json.dumps(block.get("input"))))
+        elif isinstance(kind, str) and kind.endswith("tool_result"):
+            pieces.append(Result(str(block.get("tool_use_id") or ""), _result_parts(block.get("content")), bool(block.get("is_error"))))
+        elif kind not in ("thinking", "redacted_thinking"):  # opaque: signed, or encrypted
+            pieces.append(Part(unmarked(block)))
+    return pieces
+
+
+def _result_parts(content: Any) -> list[Any]:
+    """A tool result's content: its text; images and documents as attachments; a search result by its title and address."""
+    if not isinstance(content, list):
+        return [text_part(_text(content))]
+    parts: list[Any] = []
+    for block in content:
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text":
+            parts.append(text_part(_text(block.get("text"))))
+        elif kind in ("image", "document", "search_result"):
+            parts.append(unmarked(block))
+        elif isinstance(block, dict) and "url" in block:  # web_search_result and the like
+            parts.append(text_part(f"{_text(block.get('title'))} ({_text(block.get('url'))})"))
+    return parts
+
+
+def _text(value: Any) -> str:
+    """Text, or text blocks' text joined (``system`` may be either)."""
+    if isinstance(value, list):
+        return "\n\n".join(t for t in (part_text(block) for block in value) if t)
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
+
+
+def unmarked(block: Any) -> Any:
+    """A block without its ``cache_control``: where a client puts its marks moves from request to request
+    (the newest message), and the same block must be the same turn in every one."""
+    return {k: v for k, v in block.items() if k != MARK} if isinstance(block, dict) and MARK in block else block
+
+
+def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The client's marks on its attachments, by the handle of what they mark."""
+    marks: dict[str, Any] = {}
+    for message in messages:
+        content = message.get("content")
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and MARK in block and block.get("type") != "text":
+                marks[part_handle(unmarked(block))] = block[MARK]
+    return marks
+
+
+# -- the upstream's answers --------------------------------------------------------------
+
+
+class _Block(msgspec.Struct):
+    type: str
+    text: str | None = None
+    id: str | None = None
+    name: str | None = None
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cache_creation_input_tokens: int | None = None
+    cache_read_input_tokens: int | None = None
+
+
+class _Message(msgspec.Struct):
+    content: list[_Block]
+    usage: _Usage | None = None
+
+
+def check_message(body: bytes) -> dict[str, Any]:
+    return checked(body, _Message, "a message", "upstream_bad_response")
+
+
+def message_reply(message: dict[str, Any]) -> WorkerReply:
+    """A message's text and tool calls (``tool_use``; a server tool's call is the upstream's own), as the rounds read them."""
+    content = message.get("content") or []
+    text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
+    calls = [function_call(block.get("id") or "", block.get("name") or "", json.dumps(block.get("input"))) for block in content if block.get("type") == "tool_use"]
+    return WorkerReply(text=text, tool_calls=calls)
+
+
+def add_usage(usage: Usage, message: dict[str, Any]) -> None:
+    said = message.get("usage")
+    written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
+    # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
+    usage.add_counts(count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read)
+
+
+def usage_of(usage: Usage) -> dict[str, int]:
+    """The sum over every upstream call, as a message's ``usage``."""
+    written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
+    return {"input_tokens": usage.prompt_tokens - written - read, "output_tokens": usage.completion_tokens, "cache_creation_input_tokens": written, "cache_read_input_tokens": read}
+
+
+def relayed_stop(stop_reason: str | None) -> str:
+    """The answering round's stop reason, but ``end_turn`` where its tool calls were directives, taken out of the answer."""
+    return "end_turn" if stop_reason in (None, "tool_use") else stop_reason
+
+
+class MessagesRules:
+    """A Messages stream is whole when it ends with ``message_stop``; an ``error`` event is the upstream's failure."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.ended = False
+
+    @staticmethod
+    def check(data: bytes) -> dict[str, Any]:
+        return checked(data, _Event, "a Messages stream event", "upstream_bad_stream")
+
+    def failure(self, event: dict[str, Any]) -> str | None:
+        if event["type"] == "error":
+            return said(event.get("error"))
+        self.ended = self.ended or event["type"] == "message_stop"
+        return None
+
+    def missing(self) -> str | None:
+        return None if self.ended else "no message_stop (cut short?)"
+
+
+class _Event(msgspec.Struct):
+    type: str
+    index: int = 0
+    message: dict[str, Any] | None = None
+    content_block: dict[str, Any] | None = None
+    delta: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+
+# -- the codec ---------------------------------------------------------------------------
+
+class MessagesCodec(ToolsCodec):
+    """One Messages request in protocol mode: its worker calls, and the answer it gets."""
+
+    api = "messages"
+    path = "/messages"
+    own_fields = ("messages", "system", "stream", "tools", "tool_choice", "pcp_components")
+    check = staticmethod(check_message)
+    reply = staticmethod(message_reply)
+    count = staticmethod(add_usage)
+    rules = MessagesRules
+
+    def __init__(self, body: dict[str, Any]):
+        super().__init__(body)
+        self.marks = _marks(body.get("messages") or [])
+        self.tool_marks = sum(isinstance(tool, dict) and MARK in tool for tool in self.tools)
+
+    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
+
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+        """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
+        system, rest = split_system(messages)
+        room = [MAX_MARKS - self.tool_marks]
+        prompt: dict[str, Any] = {"messages": [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]}
+        if system:
+            prompt["system"] = _system(system, room[0], cuts)
+        return prompt
+
+    def _marked(self, content: Any, room: list[int]) -> Any:
+        """``content`` with each attachment the client marked marked again, while marks are left (``room``)."""
+        if not isinstance(content, list) or not self.marks:
+            return content
+        marked = []
+        for part in content:
+            mark = self.marks.get(part_handle(part)) if isinstance(part, dict) and part.get("type") != "text" else None
+            if mark is not None and room[0] > 0:
+                room[0] -= 1
+                part = {**part, MARK: mark}
+            marked.append(part)
+        return marked
+
+    def final(self, message: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
+        """The message the client gets: the answer as one text block (a call of its own tools as it came), the usage of every call."""
+        final = {**message, "usage": usage_of(usage)}
+        if outcome.kind == "answer":
+            final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
+        return final
+
+    def round(self, usage: Usage) -> MessagesRound:
+        from .messages_stream import MessagesRound  # which reads this module's shapes
+
+        return MessagesRound(self, usage)
+
+    @staticmethod
+    def chat_tool(tool: Block) -> dict[str, Any]:
+        """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
+        a server tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
+        if isinstance(tool.get("name"), str) and "input_schema" in tool:
+            return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""), "parameters": tool["input_schema"]}}
+        return tool
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
+
+
+def new_message_id() -> str:
+    return f"msg_pcp{short_hash(str(time.time_ns()))}"
+
+
+def _system(text: str, marks: int, cuts: Sequence[int] = ()) -> str | list[Block]:
+    """The ``<PagedContext>`` as ``system``, in blocks the proxy marks for Anthropic's cache while ``marks`` are left.
+
+    Anthropic caches a prefix only where a mark is, and finds an earlier
+    entry only at a block's end. The ``<Static_Registry>`` (instructions, the
+    client's system prompt) opens every worker prompt; ``cuts`` are where the
+    prefix the call before this one kept ends (its entry) and where the one
+    this call keeps ends (the next call's entry), as ``CallWorker.cuts``.
+    The longest is marked first: a hit there reads the rest of it too.
+    """
+    end = text.find("</Static_Registry>")
+    if marks <= 0 or end < 0:
+        return text
+    registry = text.find("\n", end) + 1 or len(text)
+    bounds = sorted({registry, *(cut for cut in cuts if registry < cut < len(text))})
+    marked = {len(bounds) - 1, 0} if marks > 1 else {len(bounds) - 1}
+    blocks: list[Block] = [{"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))]
+    return [*blocks, {"type": "text", "text": text[bounds[-1]:]}] if text[bounds[-1]:] else blocks

@@ -1,0 +1,333 @@
+"""OpenAI's Responses API (``POST /v1/responses``): what the proxy reads of a request, and how it speaks to both sides.
+
+Only the stateless form is paged: the conversation is the request's ``input``
+items and its ``instructions``. A request that leans on state the proxy cannot
+see (``previous_response_id``, ``conversation``, a stored ``prompt``, an
+``item_reference``, ``background``) goes through untouched, whatever its size.
+
+Input items are read as chat messages (``pcp_core.chat_messages``): messages
+as they are, a function call and its output one turn, reasoning items left
+out. Worker calls go upstream as Responses calls: the ``<PagedContext>`` as
+``instructions``, the user line as ``input``. The client gets one response
+object, its ``instructions`` and ``tools`` its own; streamed, the events of one
+(``responses_stream``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
+
+from .chat import Usage, decode_json
+from .codec import Reading, ToolsCodec, count_of, function_call, named_event, split_system
+from ..errors import PcpError
+from ..sse import said
+from ..upstream import checked
+
+if TYPE_CHECKING:
+    from .responses_stream import ResponsesRound
+
+__all__ = ["ENDED", "RESPONSES", "ResponsesCodec", "ResponsesRules", "item_call", "message_item", "new_item_id", "output_text", "responses_event", "responses_messages", "usage_of"]
+
+Item = dict[str, Any]
+
+
+class ResponsesRequest(msgspec.Struct):
+    """What the proxy reads of a request; items stay plain dicts, so fields it does not model survive."""
+
+    input: str | list[Item] = []
+    instructions: str | None = None
+    model: str | None = None
+    stream: bool = False
+    tools: list[Item] | None = None
+    # State the proxy cannot see: such a request goes through untouched.
+    previous_response_id: str | None = None
+    conversation: Any = None
+    prompt: Any = None
+    background: bool | None = None
+
+
+_DECODER = msgspec.json.Decoder(ResponsesRequest)
+STATEFUL = ("previous_response_id", "conversation", "prompt", "background")
+
+
+class _Responses:
+    name = "responses"
+    path = "/responses"
+    read_fields = frozenset({"input", "instructions", "model", "stream", "tools", "tool_choice"})
+
+    @staticmethod
+    def read(body: bytes) -> Reading:
+        request: ResponsesRequest = decode_json(body, _DECODER.decode, "Responses request")
+        untouched = next((field for field in STATEFUL if getattr(request, field)), None)
+        items = request.input if isinstance(request.input, list) else []
+        if untouched is None and any(item.get("type") == "item_reference" for item in items):
+            untouched = "item_reference"
+        messages = [] if untouched else responses_messages(request.instructions, request.input)
+        return Reading(messages, request.stream, untouched, {"input": request.input}, request.model)
+
+    @staticmethod
+    def codec(body: dict[str, Any]) -> ResponsesCodec:
+        return ResponsesCodec(body)
+
+    @staticmethod
+    def failure(error: PcpError) -> bytes:
+        return responses_event("error", {"code": error.body.code, "message": error.body.message, "param": error.body.param, "sequence_number": 0})
+
+
+RESPONSES = _Responses()
+
+
+# -- the conversation ------------------------------------------------------------------
+
+
+def responses_messages(instructions: str | None, input: str | list[Item]) -> list[dict[str, Any]]:
+    """The conversation as chat messages: ``instructions`` as its head, then the input items."""
+    head = [{"role": "system", "content": instructions}] if instructions else []
+    items = [{"role": "user", "content": input}] if isinstance(input, str) else input
+    return [*head, *chat_messages(_said(items))]
+
+
+# The items of the model's side of a turn: they make one turn together, whatever their order.
+_ASSISTANT, _TOOL = "assistant", "tool"
+
+
+def _said(items: list[Item]) -> list[Said]:
+    """The items as messages: the model's calls join its turn, outputs one another; a message starts
+    a turn of its own (an assistant message joins only the reasoning that came before it)."""
+    said: list[Said] = []
+    for item in items:
+        role, pieces = _read(item)
+        if role is None:
+            continue
+        message = item.get("type") in (None, "message")
+        if said and role in (_ASSISTANT, _TOOL) and said[-1].role == role and not (message and said[-1].pieces):
+            said[-1].pieces.extend(pieces)
+        else:
+            said.append(Said(role, pieces))
+    return said
+
+
+def _read(item: Item) -> tuple[str | None, list[Any]]:
+    """Whose an item is, and what it says. Reasoning is the model's and says nothing here (opaque)."""
+    kind = item.get("type")
+    if kind in (None, "message") and isinstance(item.get("role"), str):
+        return item["role"], [Part(part) for part in _parts(item.get("content"))]
+    if not isinstance(kind, str) or kind == "reasoning":
+        return (_ASSISTANT, []) if kind == "reasoning" else (None, [])
+    call_id = str(item.get("call_id") or item.get("id") or "")
+    if kind.endswith("_output"):  # function_call_output, custom_tool_call_output, computer_call_output, …
+        return _TOOL, [Result(call_id, _parts(item.get("output")))]
+    if kind in ("function_call", "custom_tool_call"):
+        arguments = item.get("arguments") if kind == "function_call" else item.get("input")
+        return _ASSISTANT, [Call(call_id, str(item.get("name") or ""), _text(arguments))]
+    if kind.endswith("_call"):  # a hosted tool's call (web_search_call, …): what it did, without what it carries opaque
+        shown = {k: v for k, v in item.items() if k not in _NOT_SHOWN}
+        return _ASSISTANT, [Call(call_id, str(item.get("name") or kind.removesuffix("_call")), json.dumps(shown))]
+    return None, []
+
+
+_NOT_SHOWN = frozenset({"type", "id", "call_id", "status", "name", "result", "encrypted_content"})
+
+
+def _parts(content: Any) -> list[Any]:
+    """Content as chat parts: text as chat's text parts, refusals as they are, anything else an attachment."""
+    if content is None:
+        return []
+    if not isinstance(content, list):
+        return [text_part(_text(content))]
+    return [_part(part) for part in content]
+
+
+def _part(part: Any) -> Any:
+    if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
+        return text_part(_text(part.get("text")))
+    return part
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
+
+
+# -- the upstream's answers --------------------------------------------------------------
+
+
+class _Content(msgspec.Struct):
+    type: str = ""
+    text: str | None = None
+
+
+class _Item(msgspec.Struct):
+    type: str = ""
+    content: list[_Content] | None = None
+
+
+class _Usage(msgspec.Struct):
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+class _Response(msgspec.Struct):
+    output: list[_Item]
+    usage: _Usage | None = None
+
+
+def check_response(body: bytes) -> dict[str, Any]:
+    return checked(body, _Response, "a response", "upstream_bad_response")
+
+
+def response_reply(response: dict[str, Any]) -> WorkerReply:
+    """A response's text and tool calls, as the rounds read them."""
+    output = response.get("output") or []
+    text = "".join(part.get("text") or "" for item in output if item.get("type") == "message" for part in item.get("content") or () if part.get("type") == "output_text")
+    return WorkerReply(text=text, tool_calls=[call for item in output if (call := item_call(item))])
+
+
+def item_call(item: Item) -> dict[str, Any] | None:
+    """An output item that calls a tool, as a chat tool call."""
+    kind = item.get("type")
+    if kind not in ("function_call", "custom_tool_call"):
+        return None
+    arguments = item.get("arguments") if kind == "function_call" else item.get("input")
+    return function_call(str(item.get("call_id") or ""), str(item.get("name") or ""), _text(arguments))
+
+
+def add_usage(usage: Usage, response: dict[str, Any]) -> None:
+    said = response.get("usage")
+    cached = count_of(said.get("input_tokens_details") if isinstance(said, dict) else None, "cached_tokens")
+    reasoning = count_of(said.get("output_tokens_details") if isinstance(said, dict) else None, "reasoning_tokens")
+    usage.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), cached_tokens=cached, reasoning_tokens=reasoning)
+
+
+def usage_of(usage: Usage) -> dict[str, Any]:
+    """The sum over every upstream call, as a response's ``usage``."""
+    return {
+        "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.more.get("cached_tokens", 0)},
+        "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": usage.more.get("reasoning_tokens", 0)},
+        "total_tokens": usage.total_tokens,
+    }  # fmt: skip
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> Item:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [output_text(text)]}
+
+
+def output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+ENDED = ("response.completed", "response.incomplete")
+
+
+def responses_event(kind: str, payload: dict[str, Any]) -> bytes:
+    return named_event(kind, {"type": kind, **payload})
+
+
+class _Event(msgspec.Struct):
+    type: str
+    output_index: int = 0
+    response: dict[str, Any] | None = None
+    item: dict[str, Any] | None = None
+
+
+class ResponsesRules:
+    """A Responses stream is whole when it ends with ``response.completed`` (or ``response.incomplete``);
+    an ``error`` or ``response.failed`` event is the upstream's failure."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self.ended = False
+
+    @staticmethod
+    def check(data: bytes) -> dict[str, Any]:
+        return checked(data, _Event, "a Responses stream event", "upstream_bad_stream")
+
+    def failure(self, event: dict[str, Any]) -> str | None:
+        kind = event["type"]
+        if kind == "error":
+            return said(event)
+        if kind == "response.failed":
+            response = event.get("response")
+            return said((response.get("error") if isinstance(response, dict) else None) or "the response failed")
+        self.ended = self.ended or kind in ENDED
+        return None
+
+    def missing(self) -> str | None:
+        return None if self.ended else "no response.completed (cut short?)"
+
+
+# -- the codec ---------------------------------------------------------------------------
+
+class ResponsesCodec(ToolsCodec):
+    """One Responses request in protocol mode: its worker calls, and the answer it gets."""
+
+    api = "responses"
+    path = "/responses"
+    own_fields = ("input", "instructions", "stream", "tools", "tool_choice", "pcp_components")
+    check = staticmethod(check_response)
+    reply = staticmethod(response_reply)
+    count = staticmethod(add_usage)
+    rules = ResponsesRules
+
+    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        return msgspec.json.encode({"model": model, **self.prompt(messages), "max_output_tokens": max(16, max_tokens), "store": False})
+
+    def shown(self, response: dict[str, Any]) -> dict[str, Any]:
+        """A worker call's response object as the client's: its instructions and tools the client's own."""
+        shown = {**response, "instructions": self.body.get("instructions"), "tools": self.tools}
+        if "tool_choice" in self.body:
+            shown["tool_choice"] = self.body["tool_choice"]
+        return shown
+
+    def final(self, response: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
+        """The response the client gets: the answer as one message (a call of its own tools as it came), the usage of every call."""
+        shown = {**self.shown(response), "usage": usage_of(usage)}
+        if outcome.kind == "answer":
+            first = next((item for item in response.get("output") or () if item.get("type") == "message"), {})
+            status = "incomplete" if response.get("status") == "incomplete" else "completed"
+            shown["output"] = [message_item(str(first.get("id") or new_item_id()), outcome.text, status)]
+        return shown
+
+    def round(self, usage: Usage) -> ResponsesRound:
+        from .responses_stream import ResponsesRound  # which reads this module's shapes
+
+        return ResponsesRound(self, usage)
+
+    @staticmethod
+    def prompt(messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+        """A worker call's chat messages as ``instructions`` and ``input`` (OpenAI caches a prefix unasked: ``cuts`` are not needed)."""
+        system, rest = split_system(messages)
+        prompt: dict[str, Any] = {"input": [{"role": m["role"], "content": _input_content(m["content"])} for m in rest]}
+        if system:
+            prompt["instructions"] = system
+        return prompt
+
+    @staticmethod
+    def chat_tool(tool: Item) -> dict[str, Any]:
+        """A client's tool as the rounds read it: a function by name (its definition counted for the budget);
+        a hosted tool (web_search, …) as it is: the upstream runs it, so it never ends the loop."""
+        if tool.get("type") in ("function", "custom") and isinstance(tool.get("name"), str):
+            return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters") if k in tool}}
+        return tool
+
+    @staticmethod
+    def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        # Not strict: the directives' schemas leave additionalProperties open.
+        return {"type": "function", "name": function["name"], "description": function["description"], "parameters": function["parameters"], "strict": False}
+
+
+def new_item_id() -> str:
+    return f"msg_pcp{short_hash(str(time.time_ns()))}"
+
+
+def _input_content(content: Any) -> Any:
+    """Chat's text parts as ``input_text``; the query's attachments (``input_image``, …) as they came."""
+    if not isinstance(content, list):
+        return content
+    return [{"type": "input_text", "text": part["text"]} if isinstance(part, dict) and part.get("type") == "text" else part for part in content]

@@ -1,0 +1,105 @@
+"""The proxy's own API for Hybrid mode, under ``/v1/pcp/sessions/{id}``:
+
+* ``GET …/context`` is the session's snapshot as the model last left it (the
+  header ``x-pcp-context-round`` carries its round);
+* ``PUT …/todo`` sets the session's todo list (``{"items": [{"id", "title", "done"}]}``),
+  from which the system computes ``todo.summary``, ``total`` and ``step``;
+  ``GET …/todo`` reads it back.
+
+Sessions are the caller's, named under its namespace as chat requests name them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+from litestar import Request, Response, get, put
+
+from pcp_core.hybrid import TodoItem, render, todo_projection
+
+from ..apis.chat import error_param
+from ..errors import ClientError
+from .store import HybridState
+from ..pact.api import _caller, _json
+
+if TYPE_CHECKING:
+    from ..app import Services
+
+__all__ = ["HYBRID_ROUTES"]
+
+_BASE = "/v1/pcp/sessions/{session_id:str}"
+MAX_ITEMS = 1000
+
+
+class _Item(msgspec.Struct, forbid_unknown_fields=True):
+    # A positive integer: the todo.cursor's targetId names items by it.
+    id: Annotated[int, msgspec.Meta(ge=1)]
+    title: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+    done: bool = False
+
+
+class _TodoList(msgspec.Struct, forbid_unknown_fields=True):
+    items: Annotated[list[_Item], msgspec.Meta(max_length=MAX_ITEMS)]
+
+
+_TODO = msgspec.json.Decoder(_TodoList)
+
+
+@get(f"{_BASE}/context")
+async def session_context(request: Request[Any, Any, Any]) -> Response[bytes]:
+    services, namespace, session_id = _hybrid_caller(request)
+    state = await asyncio.to_thread(services.hybrid.store.get, namespace, session_id)
+    if state is None or state.snapshot is None:
+        raise ClientError(f"session {session_id!r} has no context yet: it has had no request in Hybrid mode", status=404, type="not_found_error", param="session_id", code="context_not_found")
+    return Response(render(state.snapshot).encode(), media_type="application/json", headers={"x-pcp-context-round": str(state.round)})
+
+
+@put(f"{_BASE}/todo", status_code=200)
+async def set_todo(request: Request[Any, Any, Any]) -> Response[bytes]:
+    services, namespace, session_id = _hybrid_caller(request)
+    items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(await request.body()))
+
+    def step(state: HybridState | None) -> HybridState:
+        return msgspec.structs.replace(state or HybridState(), todo=items)
+
+    await asyncio.to_thread(services.hybrid.store.change, namespace, session_id, step)
+    return _json(_todo(session_id, items))
+
+
+@get(f"{_BASE}/todo")
+async def get_todo(request: Request[Any, Any, Any]) -> Response[bytes]:
+    services, namespace, session_id = _hybrid_caller(request)
+    state = await asyncio.to_thread(services.hybrid.store.get, namespace, session_id)
+    return _json(_todo(session_id, state.todo if state is not None else ()))
+
+
+def _hybrid_caller(request: Request[Any, Any, Any]) -> tuple[Services, str, str]:
+    services, namespace, session_id = _caller(request)
+    if services.settings.hybrid == "off":
+        raise ClientError("Hybrid mode is off on this proxy: set PCP_HYBRID to enabled or disabled", status=404, type="not_found_error", code="hybrid_off")
+    return services, namespace, session_id
+
+
+def _todo_list(body: bytes) -> list[_Item]:
+    try:
+        items = _TODO.decode(body).items
+    except msgspec.ValidationError as exc:
+        raise ClientError(f"invalid todo list: {exc}", param=error_param(str(exc)), code="invalid_todo") from None
+    except msgspec.DecodeError as exc:
+        raise ClientError(f"request body is not valid JSON: {exc}") from None
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        twice = sorted(i for i, n in Counter(ids).items() if n > 1)
+        raise ClientError(f"invalid todo list: the ids {twice} are given more than once", param="items", code="invalid_todo")
+    return items
+
+
+def _todo(session_id: str, items: tuple[TodoItem, ...]) -> dict[str, Any]:
+    projection = todo_projection(items)
+    return {"object": "pcp.todo", "session": session_id, "items": msgspec.to_builtins(items), "summary": projection.summary, "total": projection.total, "step": projection.step}
+
+
+HYBRID_ROUTES = [session_context, set_todo, get_todo]

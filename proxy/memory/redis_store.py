@@ -1,0 +1,334 @@
+"""Memory pages in Redis: ``MemoryStore`` for replicas that share one memory.
+
+The same model as the SQLite store (``proxy.memory.store``): every page has
+a row that only grows (one counter for the store), every removal is logged
+with a seq, and a scope's indexes catch up from the (row, seq) they reflect.
+Keys, under ``pcp:m:`` and the scope (the caller's namespace, ``/``, the
+scope's name; ``|`` is in no scope's name)::
+
+    r:<row>                 hash: scope, id, container, conversation, timestamp, body, vector, recalls
+    <scope>|ids             hash: page id -> row
+    <scope>|rows            sorted set of the scope's rows (by row)
+    <scope>|time            sorted set "timestamp|row" (by text: the periods a question names)
+    <scope>|owned:<conv>    set: the pages a conversation holds;  <scope>|owners:<id>: the conversations holding a page
+    <scope>|parents:<id>    set: the containers holding a page
+    <scope>|convs, |forgotten, |removed ("seq:row" by seq), |counts (originals, consolidated, vectors)
+
+A scope's writes take its lock (``<scope>|lock``, expiring): they read what
+they change, allocate rows and log removals under it, and apply everything
+in one MULTI/EXEC, so a write is whole or absent, and a scope's rows are
+committed in the order they were allocated — an index that has applied
+every row up to n has missed none below it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+from pcp_core import ConsolidatedPage, Page
+
+from .bodies import PageBodies
+from .store import Stored, Written
+from ..storage.redis_store import unavailable
+
+__all__ = ["RedisMemoryStore"]
+
+LOCK_SECONDS = 60  # a scope's lock held by a process that died is free after this
+_BATCH = 1000
+
+
+def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A Redis that cannot be reached is ``StoreUnavailable`` (the writer retries; a request is a 503)."""
+
+    @functools.wraps(method)
+    def guarded(self: RedisMemoryStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except self._errors as error:
+            raise unavailable(error) from None
+
+    return guarded
+
+
+class RedisMemoryStore:
+    def __init__(self, client: Any, prefix: str, bodies: PageBodies | None = None):
+        import redis
+
+        self.client = client
+        self.p = prefix
+        self.bodies = bodies or PageBodies()
+        self._errors = (redis.ConnectionError, redis.TimeoutError)
+
+    def _k(self, scope: str, what: str) -> str:
+        return f"{self.p}{scope}|{what}"
+
+    def _row_key(self, row: int) -> str:
+        return f"{self.p}r:{row}"
+
+    def _lock(self, scope: str) -> Any:
+        return self.client.lock(self._k(scope, "lock"), timeout=LOCK_SECONDS, blocking_timeout=LOCK_SECONDS)
+
+    # -- reading -------------------------------------------------------------------------
+    def _rows_of(self, scope: str, ids: Sequence[str]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for start in range(0, len(ids), _BATCH):
+            chunk = list(ids[start : start + _BATCH])
+            found.update((pid, int(row)) for pid, row in zip(chunk, self.client.hmget(self._k(scope, "ids"), chunk)) if row is not None)
+        return found
+
+    @_guarded
+    def missing(self, scope: str, ids: Sequence[str]) -> set[str]:
+        return set(ids) - set(self._rows_of(scope, ids))
+
+    @_guarded
+    def pages(self, scope: str, ids: Sequence[str]) -> list[Page]:
+        rows = self._rows_of(scope, ids)
+        bodies = self._fields([rows[pid] for pid in ids if pid in rows], ["b"])
+        return [page for (body,) in bodies if body is not None and (page := self.bodies.decode(scope, body)) is not None]
+
+    def _fields(self, rows: Sequence[int], names: list[str]) -> list[list[Any]]:
+        pipe = self.client.pipeline(transaction=False)
+        for row in rows:
+            pipe.hmget(self._row_key(row), names)
+        return pipe.execute() if rows else []
+
+    @_guarded
+    def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
+        found = []
+        for row, (held, body, conv, recalls, vector) in zip(rows, self._fields(rows, ["s", "b", "n", "r", "v"])):
+            if held is not None and held.decode() == scope and (page := self.bodies.decode(scope, body)) is not None:
+                found.append(Stored(row, page, conv.decode(), int(recalls or 0), vector))
+        return found
+
+    @_guarded
+    def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for pid in ids:
+            pipe.smembers(self._k(scope, f"parents:{pid}"))
+        return {pid: sorted(p.decode() for p in held) for pid, held in zip(ids, pipe.execute() if ids else []) if held}
+
+    @_guarded
+    def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
+        rows = [int(r) for r in self.client.zrangebyscore(self._k(scope, "rows"), f"({after}", "+inf", start=0, num=limit)]
+        return [Stored(s.row, s.page, s.conversation, s.recalls) for s in self.stored(scope, rows)]
+
+    @_guarded
+    def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
+        said = self.client.zrangebylex(self._k(scope, "time"), f"[{start}", f"({end}", start=0, num=limit)
+        return [int(member.rsplit(b"|", 1)[1]) for member in said]
+
+    @_guarded
+    def counts(self, scope: str) -> dict[str, int]:
+        originals, consolidated = self.client.hmget(self._k(scope, "counts"), ["originals", "consolidated"])
+        return {"originals": int(originals or 0), "consolidated": int(consolidated or 0), "conversations": int(self.client.scard(self._k(scope, "convs"))), "forgotten_turns": int(self.client.scard(self._k(scope, "forgotten")))}
+
+    @_guarded
+    def holds(self, scope: str) -> bool:
+        return bool(self.client.exists(self._k(scope, "ids")))
+
+    @_guarded
+    def has_vectors(self, scope: str) -> bool:
+        return int(self.client.hget(self._k(scope, "counts"), "vectors") or 0) > 0
+
+    @_guarded
+    def forgotten(self, scope: str) -> set[str]:
+        return {h.decode() for h in self.client.smembers(self._k(scope, "forgotten"))}
+
+    @_guarded
+    def watermark(self) -> tuple[int, int]:
+        row, seq = self.client.mget([self.p + "row", self.p + "seq"])
+        return int(row or 0), int(seq or 0)
+
+    @_guarded
+    def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]:
+        logged = self.client.zrangebyscore(self._k(scope, "removed"), f"({after_seq}", "+inf", withscores=True)
+        removed = [int(member.split(b":")[1]) for member, _ in logged]
+        last = int(logged[-1][1]) if logged else after_seq
+        rows = [int(r) for r in self.client.zrangebyscore(self._k(scope, "rows"), f"({after_row}", "+inf")]
+        return self._batched(scope, rows), removed, last
+
+    def _batched(self, scope: str, rows: list[int]) -> Iterator[Stored]:
+        for start in range(0, len(rows), _BATCH):
+            yield from self.stored(scope, rows[start : start + _BATCH])
+
+    # -- writing (one process at a time per scope: its lock) -------------------------------
+    @_guarded
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written:
+        """The conversation's pages are now ``pages``: new ones added, those it no longer holds and no one else does removed."""
+        with self._lock(scope):
+            before = {m.decode() for m in self.client.smembers(self._k(scope, f"owned:{conversation}"))}
+            mine = {page.id for page in pages}
+            gone = sorted(before - mine)
+            orphans = [pid for pid, owners in zip(gone, self._owner_counts(scope, gone)) if owners <= 1]
+            pipe = self.client.pipeline(transaction=True)
+            added = self._insert(pipe, scope, conversation, pages, vectors)
+            self._own(pipe, scope, conversation, mine - before)
+            for pid in gone:
+                pipe.srem(self._k(scope, f"owned:{conversation}"), pid)
+                pipe.srem(self._k(scope, f"owners:{pid}"), conversation)
+            if conversation and not mine:
+                pipe.srem(self._k(scope, "convs"), conversation)
+            removed, seq = self._delete(pipe, scope, orphans)
+            pipe.execute()
+        return Written(added=added, removed=removed, seq=seq)
+
+    @_guarded
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written:
+        with self._lock(scope):
+            pipe = self.client.pipeline(transaction=True)
+            added = self._insert(pipe, scope, owner, pages, vectors)
+            self._own(pipe, scope, owner, {page.id for page in pages})
+            pipe.execute()
+        return Written(added=added)
+
+    @_guarded
+    def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written:
+        """Forget ``ids`` for good; ``rewritten`` containers replace their own at new rows; ``hashes``: forgotten turns."""
+        with self._lock(scope):
+            pipe = self.client.pipeline(transaction=True)
+            hashes = list(hashes)
+            if hashes:
+                pipe.sadd(self._k(scope, "forgotten"), *hashes)
+            owners = self._owners(scope, ids)
+            removed, seq = self._delete(pipe, scope, list(ids))
+            for pid, convs in owners.items():
+                for conv in convs:
+                    pipe.srem(self._k(scope, f"owned:{conv}"), pid)
+                pipe.delete(self._k(scope, f"owners:{pid}"))
+            added, replaced, seq = self._rewrite(pipe, scope, rewritten, seq)
+            pipe.execute()
+            self._tidy_conversations(scope, {c for convs in owners.values() for c in convs})
+        return Written(added=added, removed=[*removed, *replaced], seq=seq)
+
+    @_guarded
+    def recalled(self, scope: str, ids: Sequence[str]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for row in self._rows_of(scope, ids).values():
+            pipe.hincrby(self._row_key(row), "r", 1)
+        pipe.execute()
+
+    @_guarded
+    def drop(self, scope: str) -> int:
+        with self._lock(scope):
+            rows = [int(r) for r in self.client.zrange(self._k(scope, "rows"), 0, -1)]
+            keys = [k for k in self.client.scan_iter(match=f"{self.p}{scope}|*", count=1000) if not k.endswith((b"|removed", b"|lock"))]
+            pipe = self.client.pipeline(transaction=True)
+            for start in range(0, len(keys), _BATCH):
+                pipe.delete(*keys[start : start + _BATCH])
+            for row in rows:
+                pipe.delete(self._row_key(row))
+            self._log_removed(pipe, scope, rows)
+            pipe.execute()
+        return len(rows)
+
+    def close(self) -> None:
+        pass  # the client is the process's
+
+    # -- the pieces of a write -------------------------------------------------------------
+    def _insert(self, pipe: Any, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> list[Stored]:
+        """Queue the pages the scope does not hold (children before their containers), and every container's edges."""
+        fresh = {p.id: p for p in pages}
+        absent = self.missing(scope, list(fresh))
+        new = [pid for pid in fresh if pid in absent]
+        first = int(self.client.incrby(self.p + "row", len(new))) - len(new) + 1 if new else 0
+        added = []
+        for row, pid in enumerate(new, start=first):
+            page = fresh[pid]
+            container = isinstance(page, ConsolidatedPage)
+            fields = {"s": scope, "i": pid, "c": int(container), "n": conversation, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": 0}
+            if pid in vectors:
+                fields["v"] = vectors[pid]
+            pipe.hset(self._row_key(row), mapping=fields)
+            pipe.hset(self._k(scope, "ids"), pid, row)
+            pipe.zadd(self._k(scope, "rows"), {str(row): row})
+            pipe.zadd(self._k(scope, "time"), {f"{page.timestamp}|{row}": 0})
+            pipe.hincrby(self._k(scope, "counts"), "consolidated" if container else "originals", 1)
+            if pid in vectors:
+                pipe.hincrby(self._k(scope, "counts"), "vectors", 1)
+            added.append(Stored(row, page, conversation, 0, vectors.get(pid)))
+        for page in pages:
+            for child in getattr(page, "source_ids", ()):
+                pipe.sadd(self._k(scope, f"parents:{child}"), page.id)
+        return added
+
+    def _own(self, pipe: Any, scope: str, conversation: str, ids: set[str]) -> None:
+        for pid in ids:
+            pipe.sadd(self._k(scope, f"owned:{conversation}"), pid)
+            pipe.sadd(self._k(scope, f"owners:{pid}"), conversation)
+        if conversation and ids:
+            pipe.sadd(self._k(scope, "convs"), conversation)
+
+    def _owners(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        pipe = self.client.pipeline(transaction=False)
+        for pid in ids:
+            pipe.smembers(self._k(scope, f"owners:{pid}"))
+        return {pid: [c.decode() for c in held] for pid, held in zip(ids, pipe.execute() if ids else [])}
+
+    def _owner_counts(self, scope: str, ids: Sequence[str]) -> list[int]:
+        pipe = self.client.pipeline(transaction=False)
+        for pid in ids:
+            pipe.scard(self._k(scope, f"owners:{pid}"))
+        return [int(n) for n in pipe.execute()] if ids else []
+
+    def _delete(self, pipe: Any, scope: str, ids: Sequence[str]) -> tuple[list[int], int]:
+        """Queue the removal of ``ids`` (rows, edges both ways, counts) and log it; the rows and the last seq."""
+        rows = self._rows_of(scope, ids)
+        held = dict(zip(rows, self._fields(list(rows.values()), ["t", "c", "v", "b"])))
+        for pid, row in rows.items():
+            timestamp, container, vector, body = held[pid]
+            pipe.delete(self._row_key(row))
+            pipe.hdel(self._k(scope, "ids"), pid)
+            pipe.zrem(self._k(scope, "rows"), str(row))
+            pipe.zrem(self._k(scope, "time"), f"{timestamp.decode()}|{row}")
+            pipe.delete(self._k(scope, f"parents:{pid}"))
+            for child in getattr(self.bodies.decode(scope, body), "source_ids", ()):
+                pipe.srem(self._k(scope, f"parents:{child}"), pid)
+            pipe.hincrby(self._k(scope, "counts"), "consolidated" if container == b"1" else "originals", -1)
+            if vector is not None:
+                pipe.hincrby(self._k(scope, "counts"), "vectors", -1)
+        seq = self._log_removed(pipe, scope, list(rows.values()))
+        return list(rows.values()), seq
+
+    def _rewrite(self, pipe: Any, scope: str, pages: Sequence[Page], seq: int) -> tuple[list[Stored], list[int], int]:
+        """Containers consolidated again: each at a new row in place of its old one (which is logged removed)."""
+        rows = self._rows_of(scope, [p.id for p in pages])
+        added, replaced = [], []
+        for page in pages:
+            if page.id not in rows:
+                continue
+            old = rows[page.id]
+            conv, recalls, vector, body, timestamp = self.client.hmget(self._row_key(old), ["n", "r", "v", "b", "t"])
+            for child in getattr(self.bodies.decode(scope, body), "source_ids", ()):
+                pipe.srem(self._k(scope, f"parents:{child}"), page.id)
+            for child in getattr(page, "source_ids", ()):
+                pipe.sadd(self._k(scope, f"parents:{child}"), page.id)
+            row = int(self.client.incr(self.p + "row"))
+            fields = {"s": scope, "i": page.id, "c": int(isinstance(page, ConsolidatedPage)), "n": conv, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": int(recalls or 0)}
+            if vector is not None:
+                fields["v"] = vector
+            pipe.delete(self._row_key(old))
+            pipe.hset(self._row_key(row), mapping=fields)
+            pipe.hset(self._k(scope, "ids"), page.id, row)
+            pipe.zrem(self._k(scope, "rows"), str(old))
+            pipe.zadd(self._k(scope, "rows"), {str(row): row})
+            pipe.zrem(self._k(scope, "time"), f"{timestamp.decode()}|{old}")
+            pipe.zadd(self._k(scope, "time"), {f"{page.timestamp}|{row}": 0})
+            seq = max(seq, self._log_removed(pipe, scope, [old]))
+            replaced.append(old)
+            added.append(Stored(row, page, conv.decode(), int(recalls or 0), vector))
+        return added, replaced, seq
+
+    def _log_removed(self, pipe: Any, scope: str, rows: list[int]) -> int:
+        if not rows:
+            return 0
+        last = int(self.client.incrby(self.p + "seq", len(rows)))
+        pipe.zadd(self._k(scope, "removed"), {f"{seq}:{row}": seq for seq, row in zip(range(last - len(rows) + 1, last + 1), rows)})
+        return last
+
+    def _tidy_conversations(self, scope: str, conversations: set[str]) -> None:
+        """Conversations left with no page no longer count (a count only: outside the transaction)."""
+        for conv in conversations:
+            if conv and not self.client.scard(self._k(scope, f"owned:{conv}")):
+                self.client.srem(self._k(scope, "convs"), conv)

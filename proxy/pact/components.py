@@ -1,0 +1,169 @@
+"""PACT components on sessions: where the host keeps them, and where a request meets them.
+
+A session's components are one ``pcp_core.Tree``, kept in
+``PCP_DATA_DIR/components`` (diskcache) under the caller's namespace and the
+session's id, beside the sessions; the recent ones stay decoded in memory.
+Every tree on disk is known by its key from the start, so a request learns
+that its session has none from a set, without reading the disk.
+
+A request meets its session's components in one of two places:
+
+* below the threshold (``passthrough``), only when it names its session in
+  ``x-pcp-session`` or carries components inline (``pcp_components``): a
+  request that does neither is forwarded as it came, with no lookup and no
+  copy; one whose session has no live component to render, byte for byte;
+* in protocol mode (``attach``), the session the store resolved (pinned or
+  recognised) is the one whose components it renders; a fork starts from
+  its parent's and leaves the parent's as they were.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pcp_core import (
+    ComponentSpec,
+    Conversation,
+    PactError,
+    Prepared,
+    Resolution,
+    Tree,
+    chain_links,
+    conversation_links,
+    on_request,
+    onto_messages,
+    placement,
+    with_components,
+)
+from pcp_core.conversation import conversation_start
+
+from ..apis.chat import ChatRequest
+from ..storage.datadir import Namespaces
+from ..errors import ClientError
+from ..storage.keyed_store import RECENT, KeyedStore, store_key
+from ..storage.sealing import Sealer
+from ..storage.base import Store
+
+__all__ = ["ComponentStore", "Components"]
+
+SEEN = 64  # sessions without components whose last conversation is remembered
+
+
+class ComponentStore(KeyedStore[Tree]):
+    """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
+
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None, recent: int = RECENT):
+        super().__init__(store, Tree, "the components of a session", sealer, recent)
+        # The last conversation of each recent session that has no components yet, as a function giving its
+        # hash chain (computed only if asked): a component the API attaches to it then knows which message d0 is.
+        self.seen: OrderedDict[str, Callable[[], list[str]]] = OrderedDict()
+
+    def saw(self, namespace: str, session_id: str, links: Callable[[], list[str]]) -> None:
+        """Remember the conversation of a request of a session without components (memory only, the ``SEEN`` latest)."""
+        key = store_key(namespace, session_id)
+        with self.lock:
+            self.seen[key] = links
+            self.seen.move_to_end(key)
+            if len(self.seen) > SEEN:
+                self.seen.popitem(last=False)
+
+    def change(self, namespace: str, session_id: str, step: Callable[[Tree], Tree], base: str | None = None) -> Tree:
+        """Keep ``step(tree)`` as the session's tree, and return it.
+
+        ``tree`` is ``base``'s when given (a fork's parent), else the session's
+        own; a new one is placed in the conversation the session was last seen
+        with (``saw``), if it is remembered.
+        """
+        key = store_key(namespace, session_id)
+        outcome: list[Tree] = []
+
+        def kept(held: Tree | None) -> Tree | None:
+            tree = self._get(store_key(namespace, base)) if base is not None else held
+            if tree is None:
+                links = self.seen.get(key)
+                tree = Tree(count=len(chain), chain=chain) if links is not None and (chain := links()) is not None else Tree()
+            outcome[:] = [step(tree)]  # may refuse (a ClientError): then nothing is kept, nor forgotten
+            return None if outcome[0] is tree else outcome[0]
+
+        with self.lock:
+            if self._change(key, kept)[1] is not None:
+                self.seen.pop(key, None)
+        return outcome[0]
+
+
+class Components:
+    """The two places a request meets its session's components."""
+
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None):
+        self.store = ComponentStore(store, sealer)
+
+    async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+        """The body to forward below the threshold: with the session's live components in place.
+
+        As it came, without a lookup, when the request neither names a session
+        nor carries components; byte for byte when there is nothing to render.
+        ``pcp_headers`` gains ``x-pcp-components`` when the session has components.
+        """
+        if chat.pcp_components is None and "x-pcp-session" not in headers:
+            return body
+        from ..web.routes import pinned_session  # the one reading of x-pcp-session (routes imports this module)
+
+        pinned = pinned_session(headers)
+        namespace = namespaces.of(headers)  # a keyed hash: only for a request that may have components
+        messages = chat.messages
+        if chat.pcp_components is None and (pinned is None or not self.store.holds(namespace, pinned)):
+            if pinned is not None:
+                self.store.saw(namespace, pinned, lambda: chain_links(messages[conversation_start(messages) :]))
+            return body
+        links = chain_links(messages[conversation_start(messages) :])
+        step = _step(links, chat.pcp_components or [])
+        if pinned is None:  # no session to keep them in: they render in this request alone
+            tree = step(Tree())
+        elif self.store.in_memory(namespace, pinned):
+            tree = self.store.change(namespace, pinned, step)
+        else:
+            tree = await asyncio.to_thread(self.store.change, namespace, pinned, step)
+        placed = placement(tree)
+        pcp_headers["x-pcp-components"] = str(placed.count)
+        if not placed.count and chat.pcp_components is None:
+            return body
+        fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came
+        fields.pop("pcp_components", None)
+        return msgspec.json.encode({**fields, "messages": onto_messages(chat.messages, placed)})
+
+    def attach(self, namespace: str, conversation: Conversation, resolution: Resolution, prepared: Prepared, inline: Sequence[Any] | None) -> Prepared:
+        """``prepared`` with its session's live components where they render, the session's tree advanced to this request.
+
+        Blocking (the store may read the disk): called where the request is prepared, in a thread.
+        """
+        source = resolution.pinned or (resolution.found.id if resolution.found is not None else None)
+        links = conversation_links(conversation, resolution.links)  # the chain's links and one hash: its messages are not kept
+        if not inline and (source is None or not self.store.holds(namespace, source)):
+            self.store.saw(namespace, prepared.session.id, lambda: links)
+            return prepared
+        specs = msgspec.convert(inline, list[ComponentSpec]) if inline else []  # checked when the request was read
+        tree = self.store.change(namespace, prepared.session.id, _step(links, specs), base=source)
+        return with_components(prepared, conversation, tree)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _step(links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree], Tree]:
+    """The change one request makes to its session's tree; a component it carries that the rules refuse is the client's 400."""
+
+    def step(tree: Tree) -> Tree:
+        try:
+            return on_request(tree, links, inline, time.time_ns())
+        except PactError as error:
+            raise ClientError(str(error), param=error.param, code="invalid_component") from None
+
+    return step
+

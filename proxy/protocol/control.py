@@ -1,0 +1,117 @@
+"""Per-request and per-model control: which mode a chat completion is served in, under which ``Policy``.
+
+The settings give the default policy (``app.policy_of``); ``[models."NAME"]``
+tables change it for the models a name or glob matches; a request may then ask,
+by header, for less than its model's policy allows, never for more:
+
+* ``x-pcp-mode-request: auto | off | force`` — ``off`` forwards the request as it
+  came even above the threshold; ``force`` pages it even below;
+* ``x-pcp-threshold: N`` — protocol mode engages above ``N`` prompt tokens
+  (at most the model's threshold);
+* ``x-pcp-budget: N`` — the most prompt tokens a worker call may carry (512 up
+  to the model's budget).
+
+A request that sends none of these headers costs three dictionary lookups
+(``Controls.of``): passthrough stays as cheap as it was. The headers are the
+proxy's and are not forwarded upstream.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Literal
+
+import msgspec
+
+from pcp_core import Policy
+
+from ..errors import ClientError
+from ..settings import ModelSettings, Settings
+
+__all__ = ["CONTROL_HEADERS", "Control", "Controls", "Mode"]
+
+Mode = Literal["auto", "off", "force"]
+MODES: tuple[Mode, ...] = ("auto", "off", "force")
+MODE, THRESHOLD, BUDGET = "x-pcp-mode-request", "x-pcp-threshold", "x-pcp-budget"
+CONTROL_HEADERS = (MODE, THRESHOLD, BUDGET)
+MIN_BUDGET = 512  # as the settings require: below it the frame alone may not fit
+# Model names are the client's to choose: the memo of their policies is bounded.
+KNOWN_MODELS = 256
+
+
+class Control(msgspec.Struct, frozen=True):
+    """How one request is served: ``mode`` (auto: the Sentry decides), under ``policy``."""
+
+    mode: Mode
+    policy: Policy
+    requested: bool = False  # the request's headers changed it
+
+
+class Controls:
+    """The control of each request: its model's policy, narrowed by the request's headers."""
+
+    def __init__(self, settings: Settings, default: Policy):
+        self.default = Control("auto", default)
+        models = settings.models
+        self.exact = {name: spec for name, spec in models.items() if not _is_glob(name)}
+        self.globs = [(name, spec) for name, spec in models.items() if _is_glob(name)]
+        self.by_model: dict[str, Control] = {}
+
+    def of(self, headers: dict[str, str], model: str | None) -> Control:
+        """The control of a request with these (forwardable, lower-case) ``headers``, which lose the control headers."""
+        base = self.for_model(model) if model is not None and (self.exact or self.globs) else self.default
+        if MODE not in headers and THRESHOLD not in headers and BUDGET not in headers:
+            return base
+        return _requested(base, headers.pop(MODE, None), headers.pop(THRESHOLD, None), headers.pop(BUDGET, None))
+
+    def for_model(self, model: str) -> Control:
+        """The policy the settings give ``model``: an exact ``[models."NAME"]`` first, else the first glob that matches."""
+        known = self.by_model.get(model)
+        if known is not None:
+            return known
+        spec = self.exact.get(model) or next((spec for pattern, spec in self.globs if fnmatchcase(model, pattern)), None)
+        control = self.default if spec is None else Control("auto", _narrowed(self.default.policy, spec))
+        if len(self.by_model) >= KNOWN_MODELS:
+            self.by_model.clear()
+        self.by_model[model] = control
+        return control
+
+
+def _is_glob(name: str) -> bool:
+    return any(c in name for c in "*?[")
+
+
+def _narrowed(policy: Policy, spec: ModelSettings) -> Policy:
+    rounds = policy.rounds
+    rounds = msgspec.structs.replace(
+        rounds,
+        budget=spec.context_budget if spec.context_budget is not None else rounds.budget,
+        max_rounds=spec.max_rounds if spec.max_rounds is not None else rounds.max_rounds,
+    )
+    return msgspec.structs.replace(policy, threshold=spec.sentry_threshold if spec.sentry_threshold is not None else policy.threshold, rounds=rounds)
+
+
+def _requested(base: Control, mode: str | None, threshold: str | None, budget: str | None) -> Control:
+    """``base`` as the request's headers narrow it; a value that is not one is a 400 that names its header."""
+    policy = base.policy
+    if mode is not None:
+        mode = mode.strip().lower()
+        if mode not in MODES:
+            raise ClientError(f"{MODE} must be auto, off or force, not {mode[:40]!r}", param=MODE, code="invalid_header")
+    if threshold is not None:
+        # At most the model's threshold: a client may page sooner, not later (that is what "off" says).
+        policy = msgspec.structs.replace(policy, threshold=min(_tokens(THRESHOLD, threshold, 1), policy.threshold))
+    if budget is not None:
+        rounds = msgspec.structs.replace(policy.rounds, budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget))
+        policy = msgspec.structs.replace(policy, rounds=rounds)
+    return Control(mode or base.mode, policy, requested=True)  # type: ignore[arg-type]
+
+
+def _tokens(header: str, value: str, least: int) -> int:
+    text = value.strip()
+    # Past 12 digits it is more than any model reads: the maximum applies (and int() of
+    # thousands of digits is refused by Python, or slow).
+    number = (int(text) if len(text) <= 12 else 10**12) if text.isascii() and text.isdigit() else -1
+    if number < least:
+        raise ClientError(f"{header} must be a whole number of tokens, at least {least:,}, not {value[:40]!r}", param=header, code="invalid_header")
+    return number

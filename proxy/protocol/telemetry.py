@@ -1,0 +1,229 @@
+"""What a protocol-mode request did, for programs (response headers), people (the inspector) and operators (metrics, the log).
+
+``RequestTelemetry`` follows one request: it watches the rounds as the
+driver runs them (each worker call's ``Synthesis``: what was shown at which
+view, and the directives before it), gives the response its headers, and,
+where the request ends, keeps its ``RequestTrace`` in ``Traces`` (a bounded
+store in memory, per session, within the caller's namespace), counts it into
+the histograms and writes one log line.
+
+Headers (``RequestTelemetry.headers``):
+
+* ``x-pcp-tokens-saved`` — over the rounds, the client's prompt tokens less
+  the prompt tokens each worker call carried (negative when a forced request
+  pages a short conversation);
+* ``x-pcp-pages`` — ``shown-detail/shown-summary/folded/total`` of the
+  answering round: every page of the session is one of these; ``folded`` is
+  what the worker saw no text of (a root's one line in Background_Context,
+  a page inside a container shown by its summary);
+* ``x-pcp-consulted`` — the ids the worker opened with ``Consult``, in order;
+* ``x-pcp-trace`` — the id to find this request by (``/v1/pcp/requests/{id}``,
+  the inspector, the log).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Generator
+from typing import Any
+
+import msgspec
+
+from pcp_core import CallRouter, CallWorker, Effect, Outcome, Paged, PagedHistory, Prepared, Step, View
+
+from .control import Control
+from ..logs import TRACE_ID
+from ..metrics import Metrics
+
+__all__ = ["PageCounts", "RequestTelemetry", "RequestTrace", "RoundTrace", "Traces"]
+
+log = logging.getLogger("pcp.requests")
+
+TRACES_PER_SESSION = 32  # the latest requests of a session
+TRACED_SESSIONS = 512  # sessions with traces, the least recently traced forgotten first
+
+
+class RoundTrace(msgspec.Struct):
+    round: int
+    final: bool
+    tokens: int  # prompt tokens the worker call carried
+    seconds: float = 0.0  # the call, until its answer's last byte
+    views: dict[str, str] = {}  # page id -> the view it was shown at (Detail | Summary | Unpacked)
+    folded: list[str] = []  # roots folded into Background_Context
+    dehydrated: list[str] = []  # pages wanted above the view the budget let them have
+    directives: list[Step] = []  # what the worker asked for at the end of this round
+
+
+class PageCounts(msgspec.Struct):
+    """The answering round's pages: shown in detail, shown by summary, folded; of ``total``."""
+
+    detail: int = 0
+    summary: int = 0
+    folded: int = 0
+    total: int = 0
+
+    def header(self) -> str:
+        return f"{self.detail}/{self.summary}/{self.folded}/{self.total}"
+
+
+class RequestTrace(msgspec.Struct, kw_only=True):
+    id: str
+    at: float  # seconds since 1970, as the request arrived
+    model: str | None
+    session: str = ""
+    mode: str = "auto"  # as the request asked for it (x-pcp-mode-request): auto | force
+    prompt_tokens: int  # the client's: the size of the history it sent
+    messages: int = 0
+    threshold: int
+    budget: int
+    rounds: list[RoundTrace] = []
+    tokens_sent: int = 0
+    tokens_saved: int = 0
+    pages: PageCounts = msgspec.field(default_factory=PageCounts)
+    consulted: list[str] = []
+    hot: list[str] = []  # pages the Router made Hot (evidence shown first), and the latest turns
+    paged: Paged | None = None
+    kind: str = ""  # answer | client_tool_calls
+    seconds: float = 0.0  # until the request's last round ended
+
+
+class Traces:
+    """The latest traces of each session, per caller's namespace; bounded, in memory only."""
+
+    def __init__(self, per_session: int = TRACES_PER_SESSION, sessions: int = TRACED_SESSIONS):
+        self.per_session, self.sessions_kept = per_session, sessions
+        self.sessions: OrderedDict[tuple[str, str], deque[RequestTrace]] = OrderedDict()
+        self.ids: dict[str, tuple[str, str]] = {}  # trace id -> (namespace, session)
+        self.lock = threading.Lock()  # the inspector's handlers may read from threads
+
+    def add(self, namespace: str, trace: RequestTrace) -> None:
+        key = (namespace, trace.session)
+        with self.lock:
+            kept = self.sessions.get(key)
+            if kept is None:
+                kept = self.sessions[key] = deque()
+            self.sessions.move_to_end(key)
+            if len(kept) >= self.per_session:
+                self.ids.pop(kept.popleft().id, None)
+            kept.append(trace)
+            self.ids[trace.id] = key
+            while len(self.sessions) > self.sessions_kept:
+                for old in self.sessions.popitem(last=False)[1]:
+                    self.ids.pop(old.id, None)
+
+    def of_session(self, namespace: str, session: str) -> list[RequestTrace]:
+        with self.lock:
+            return list(self.sessions.get((namespace, session), ()))
+
+    def get(self, namespace: str, trace_id: str) -> RequestTrace | None:
+        """The trace ``trace_id`` if it is one of ``namespace``'s: another caller's is not found."""
+        with self.lock:
+            key = self.ids.get(trace_id)
+            if key is None or key[0] != namespace:
+                return None
+            return next((t for t in self.sessions[key] if t.id == trace_id), None)
+
+    def sessions_of(self, namespace: str) -> dict[str, int]:
+        """The sessions of ``namespace`` with traces, and how many."""
+        with self.lock:
+            return {session: len(kept) for (owner, session), kept in self.sessions.items() if owner == namespace}
+
+
+class RequestTelemetry:
+    """One protocol-mode request, followed from its arrival to the end of its last round."""
+
+    def __init__(self, traces: Traces, metrics: Metrics, namespace: str, model: str | None, prompt_tokens: int, control: Control, messages: int = 0):
+        self.traces, self.metrics, self.namespace = traces, metrics, namespace
+        self.id = secrets.token_hex(8)
+        self.started = time.perf_counter()
+        policy = control.policy
+        self.trace = RequestTrace(
+            id=self.id, at=time.time(), model=model, mode=control.mode, prompt_tokens=prompt_tokens, messages=messages,
+            threshold=policy.threshold, budget=policy.rounds.budget,
+        )  # fmt: skip
+        self.calls: list[CallWorker] = []
+        self.total = 0
+        self.answered = False  # the response has started: its latency is counted
+        TRACE_ID.set(self.id)  # this request's log lines carry it (logs.py)
+
+    # -- the rounds, as the driver runs them ----------------------------------------------
+    def watch(self, prepared: Prepared, loop: Generator[Effect, Any, Outcome]) -> Generator[Effect, Any, Outcome]:
+        """``loop`` as it is, each worker call recorded and each upstream call timed."""
+        self.total = _total(prepared.pages if prepared.pages is not None else prepared.session.pages)
+        self.trace.paged = prepared.paged
+        value = None
+        while True:
+            try:
+                effect = loop.send(value)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(effect, CallWorker):
+                self._called(effect)
+            started = time.perf_counter()
+            value = yield effect
+            seconds = time.perf_counter() - started
+            if isinstance(effect, CallWorker):
+                self.trace.rounds[-1].seconds = seconds
+                self.metrics.observe("pcp_upstream_seconds", seconds, role="worker")
+            elif isinstance(effect, CallRouter):
+                self.metrics.observe("pcp_upstream_seconds", seconds, role="router")
+
+    def _called(self, call: CallWorker) -> None:
+        synthesis = call.synthesis
+        if self.calls:  # what the worker asked for at the end of the round before
+            self.trace.rounds[-1].directives = call.trace[len(self.calls[-1].trace) :]
+        self.calls.append(call)
+        views = {page: str(view) for page, view in synthesis.shown.items()}
+        self.trace.rounds.append(RoundTrace(call.round, call.final, synthesis.tokens, views=views, folded=list(synthesis.folded), dehydrated=list(synthesis.dehydrated)))
+
+    # -- what the response says ------------------------------------------------------------
+    def headers(self) -> dict[str, str]:
+        """The telemetry headers, as the rounds stand when the response starts (the answering round is the latest)."""
+        if not self.answered:
+            self.answered = True
+            self.metrics.observe("pcp_request_seconds", time.perf_counter() - self.started, mode="protocol")
+        trace = self._summed()
+        return {
+            "x-pcp-tokens-saved": str(trace.tokens_saved),
+            "x-pcp-pages": trace.pages.header(),
+            "x-pcp-consulted": ",".join(trace.consulted),
+            "x-pcp-trace": self.id,
+        }
+
+    def _summed(self) -> RequestTrace:
+        trace = self.trace
+        trace.tokens_sent = sum(r.tokens for r in trace.rounds)
+        trace.tokens_saved = trace.prompt_tokens * len(trace.rounds) - trace.tokens_sent
+        if self.calls:
+            trace.pages = _counts(trace.rounds[-1].views, self.total)
+            trace.consulted = list(dict.fromkeys(step.target for step in self.calls[-1].trace if step.action == "Consult"))
+        return trace
+
+    # -- where the request ends ------------------------------------------------------------
+    def ended(self, outcome: Outcome, prepared: Prepared | None) -> None:
+        """Keep the request's trace under its session, count it, and log it."""
+        trace = self._summed()
+        trace.session = prepared.session.id if prepared is not None else ""
+        trace.kind = outcome.kind
+        trace.hot = [page for page, state in outcome.pages.items() if state.activation == "Hot"]
+        trace.seconds = time.perf_counter() - self.started
+        self.traces.add(self.namespace, trace)
+        self.metrics.observe("pcp_rounds_per_request", len(trace.rounds))
+        self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
+        fields = {"session": trace.session, "model": trace.model, "rounds": len(trace.rounds), "prompt_tokens": trace.prompt_tokens, "tokens_sent": trace.tokens_sent, "tokens_saved": trace.tokens_saved, "pages": trace.pages.header(), "consulted": trace.consulted, "seconds": round(trace.seconds, 4)}
+        log.info("protocol request %s: session %s, %d round(s), %d prompt tokens sent for %d, pages %s", self.id, trace.session, len(trace.rounds), trace.tokens_sent, trace.prompt_tokens, trace.pages.header(), extra={"trace": self.id, "fields": fields})
+
+
+def _total(pages: PagedHistory) -> int:
+    """Every page the rounds could address: the history's, and the Draft pages of its File blocks."""
+    return len(pages.leaves) + len(pages.containers) + sum(len(block.drafts) for block in pages.blocks)
+
+
+def _counts(views: dict[str, str], total: int) -> PageCounts:
+    detail = sum(1 for view in views.values() if view == View.DETAIL)
+    summary = len(views) - detail  # by its summary, or (Unpacked) by its keywords around the pages inside
+    return PageCounts(detail, summary, max(total - detail - summary, 0), total)

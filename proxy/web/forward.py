@@ -1,0 +1,149 @@
+"""Passthrough: a request forwarded upstream as it came, and its answer relayed as it comes.
+
+Every ``/v1`` path the proxy does not page is forwarded so: method, path,
+query string, headers and body as the client sent them. A client that
+disconnects cancels the upstream request, streaming or not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, Protocol, TypeVar
+from urllib.parse import unquote
+
+import httpx
+from litestar import Request, Response
+from litestar.response import Stream
+
+from ..errors import ClientClosed, ClientError
+from ..sse import error_event
+from ..upstream import Failure, Upstream, forwardable
+
+__all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
+
+T = TypeVar("T")
+
+
+class Rewrite(Protocol):
+    """What changes a successful answer on its way to the client: read whole, or as a stream."""
+
+    async def whole(self, content: bytes) -> bytes: ...
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+
+
+# An answer longer than this, or of unknown length, is relayed as it arrives rather than read whole first.
+WHOLE_BYTES = 1 << 20
+_SEPARATORS = re.compile(r"[/\\]")
+
+
+async def forward(
+    upstream: Upstream,
+    request: Request[Any, Any, Any],
+    method: str,
+    path: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    pcp_headers: dict[str, str],
+    *,
+    stream: bool | None = False,
+    rewrite: Rewrite | None = None,
+    failure: Failure = error_event,
+) -> Response[Any]:
+    """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
+    when it is an event stream, of unknown length or large, else read whole (a cheaper response).
+    ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came.
+    ``failure``: how a stream that fails midway says so (an error event of the client's API)."""
+    if stream:
+        # The response starts with the upstream's first chunk: until then a failure is a status.
+        # Litestar cancels the relay when the client disconnects; the relay's
+        # finally then closes the upstream stream, which cancels the generation.
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure))
+        if rewrite is not None and response.status_code < 300:
+            chunks = rewrite.stream(chunks)
+        return Stream(chunks, **_relayed(response, pcp_headers))
+
+    async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
+        response = await upstream.open(method, path, content=body, headers=headers)
+        if stream is None and _relayed_as_it_comes(response):
+            return response, await upstream.started(response, failure)  # until its first chunk, a failure is a status
+        return response, await upstream.read(response)
+
+    response, content = await unless_client_leaves(request, exchange())
+    if not isinstance(content, bytes):
+        length = response.headers.get("content-length")
+        return Stream(content, **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
+    if rewrite is not None and response.status_code < 300:
+        content = await rewrite.whole(content)
+    return Response(content, **_relayed(response, pcp_headers))
+
+
+def _relayed_as_it_comes(response: httpx.Response) -> bool:
+    length = response.headers.get("content-length")
+    event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
+    return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
+
+
+async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    response = await upstream.open(method, path, content=body, headers=headers)
+    return response, await upstream.started(response, failure)
+
+
+def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
+    headers = forwardable(response.headers)
+    media_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
+    headers.update(pcp_headers)
+    return {"status_code": response.status_code, "headers": headers, "media_type": media_type}
+
+
+def upstream_target(scope: Mapping[str, Any], prefix: bytes = b"/v1") -> str:
+    """The path and query string the client asked for, below ``prefix``, as it sent them (still percent-encoded).
+
+    A segment that is, once decoded, "." or ".." ("%2e%2e", "..%2f..") would
+    climb out of the upstream's base URL to any path of its host, with the
+    proxy's upstream key; an empty one ("//host") would name another host.
+    Either is refused.
+    """
+    raw, _, query = bytes(scope.get("raw_path") or scope["path"].encode()).partition(b"?")
+    query = query or scope.get("query_string") or b""
+    path = raw[len(prefix) :].decode("latin-1")
+    segments = path.split("/")[1:]
+    for i, segment in enumerate(segments):
+        decoded = unquote(segment)
+        if (segment == "" and i < len(segments) - 1) or any(piece in (".", "..") for piece in _SEPARATORS.split(decoded)):
+            raise ClientError(f"invalid path {path!r}: a segment is empty, '.' or '..'", param="path")
+    return path + ("?" + query.decode("latin-1") if query else "")
+
+
+# Most answers come sooner: they never pay for a watcher (a task, ~15 us a request).
+WATCH_AFTER = 0.05
+
+
+async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Await ``work``, cancelling it if the client disconnects first (noticed from ``WATCH_AFTER`` seconds on)."""
+    handler = asyncio.current_task()
+    assert handler is not None
+    watchers: list[asyncio.Future[None]] = []
+
+    def watch() -> None:
+        watcher = asyncio.ensure_future(_disconnected(request))
+        watcher.add_done_callback(lambda w: w.cancelled() or handler.cancel())
+        watchers.append(watcher)
+
+    timer = asyncio.get_running_loop().call_later(WATCH_AFTER, watch)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if any(w.done() and not w.cancelled() for w in watchers):
+            raise ClientClosed("client closed the connection") from None
+        raise
+    finally:
+        timer.cancel()
+        for watcher in watchers:
+            watcher.cancel()
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
