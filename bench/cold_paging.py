@@ -34,8 +34,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.proxy_overhead import free_port, proxy_env, start_proxy, wait_until_up  # noqa: E402
 from bench.protocol_cost import NAMES, WORDS  # noqa: E402
+from bench.proxy_overhead import free_port, proxy_env, start_proxy, wait_until_up  # noqa: E402
 
 SYLLABLES = "ka lo mi ne ru ta po si ve zu bra ster qui dor fen".split()
 

@@ -27,8 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from proxy.apis.chat import parse_chat_request  # noqa: E402
-from proxy.hybrid.turn import Hybrid  # noqa: E402
 from proxy.hybrid.store import HybridStore  # noqa: E402
+from proxy.hybrid.turn import Hybrid  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
 from proxy.settings import Settings  # noqa: E402
 from proxy.testing.upstream import sse_chunks  # noqa: E402

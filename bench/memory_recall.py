@@ -40,7 +40,22 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.ranking_ceiling import detail_node  # noqa: E402
-from bench.recall import DEFAULT_DATA, ENCODING, DenseRanker, ProxyStats, Row, baseline_outcome, category_counts, evidence_texts, fit_in_order, load_data, markdown_table, proxy_outcomes, recall, running_proxy  # noqa: E402
+from bench.recall import (  # noqa: E402
+    DEFAULT_DATA,
+    ENCODING,
+    DenseRanker,
+    ProxyStats,
+    Row,
+    baseline_outcome,
+    category_counts,
+    evidence_texts,
+    fit_in_order,
+    load_data,
+    markdown_table,
+    proxy_outcomes,
+    recall,
+    running_proxy,
+)
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from pcp_core.pages import OriginalPage  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402

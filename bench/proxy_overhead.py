@@ -31,8 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import httpx
 

@@ -36,12 +36,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
-from pcp_core.pages import Origin, OriginalPage, View  # noqa: E402
-
 from pcp_core.bm25 import Bm25  # noqa: E402
-from pcp_core.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
-from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
 from pcp_core.markup import node_lines  # noqa: E402
+from pcp_core.pages import Origin, OriginalPage, View  # noqa: E402
+from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
+from pcp_core.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
 from pcp_core.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 

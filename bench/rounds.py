@@ -32,16 +32,16 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes, recall  # noqa: E402
 from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
+from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes, recall  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
-from pcp_core.tokens import prompt_tokens  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
 from pcp_core.effects import CallRouter, CallWorker, Similarity  # noqa: E402
 from pcp_core.engine import RoundContext, RoundPolicy, kept_nodes, run_rounds  # noqa: E402
-from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
+from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
+from pcp_core.tokens import prompt_tokens  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 

@@ -39,8 +39,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.proxy_overhead import cpu_seconds, exchange, free_port, history, proxy_env, wait_until_up  # noqa: E402
 from bench.protocol_cost import history as generated_history  # noqa: E402
+from bench.proxy_overhead import cpu_seconds, exchange, free_port, history, proxy_env, wait_until_up  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 TARGETS = {"embedded, 1 worker": ("", 1), "embedded, 2 workers": ("", 2), "Redis, 1 worker": ("redis", 1), "Redis, 2 workers": ("redis", 2)}

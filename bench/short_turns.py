@@ -42,7 +42,22 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, DenseRanker, Message, Question, Row, baseline_outcome, category_counts, fit_in_order, load_data, markdown_table, proxy_outcomes  # noqa: E402
+from bench.recall import (  # noqa: E402
+    DEFAULT_DATA,
+    ENCODING,
+    LEGEND,
+    PROXY_ROWS,
+    DenseRanker,
+    Message,
+    Question,
+    Row,
+    baseline_outcome,
+    category_counts,
+    fit_in_order,
+    load_data,
+    markdown_table,
+    proxy_outcomes,
+)
 from bench.rounds import steady_state, worker_calls  # noqa: E402
 from pcp_core.synthesis import xml_safe  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from lxml import etree
 
 from pcp_core.markup import node_type, node_view
-from proxy.testing.upstream import Recorded, Reply
 from proxy.testing.apis import answer, api_of, worker_document
+from proxy.testing.upstream import Recorded, Reply
 
 __all__ = [
     "ANSWER",

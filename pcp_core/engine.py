@@ -42,7 +42,18 @@ from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
 from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
-from .router import ROUTER_CANDIDATES, Intent, anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, precision_selection, router_prompt, unit_texts
+from .router import (
+    ROUTER_CANDIDATES,
+    Intent,
+    anchor_intent,
+    broad_match,
+    dense_scores,
+    dense_texts,
+    lexical_scores,
+    precision_selection,
+    router_prompt,
+    unit_texts,
+)
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .timeline import moment
 from .tokens import CountText

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from .terms import TermStats, terms
 from .pages import Page, without_turn_markers
+from .terms import TermStats, terms
 
 __all__ = ["Metabolism", "assign_topics", "branches", "horizontal_merge", "signature"]
 

@@ -12,14 +12,14 @@ from typing import Any
 
 import msgspec
 
-from .summaries import consolidate, extractive_summary
-from .terms import TermStats, terms, top_keywords
+from .conversation import message_text
 from .index import PageIndex
 from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
-from .pblock import PBlock, Scan, block_handle, handle_line, scan
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
+from .pblock import PBlock, Scan, block_handle, handle_line, scan
+from .summaries import consolidate, extractive_summary
+from .terms import TermStats, terms, top_keywords
 from .timeline import moment, opens_with_date, stated_time
-from .conversation import message_text
 from .tokens import Checkpoint, CountText, split_words, unchecked
 
 __all__ = ["PagedHistory", "PagingPolicy", "page_history", "reopened_from", "retroactive_paging", "segment_turns", "topic_groups", "turns_from_messages"]

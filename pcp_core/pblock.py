@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import msgspec
 
-from .summaries import consolidate, extractive_summary
-from .terms import TermStats, top_keywords
 from .index import PageIndex
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
+from .summaries import consolidate, extractive_summary
+from .terms import TermStats, top_keywords
 from .timeline import time_in
 from .tokens import Checkpoint, CountText, split_words, unchecked
 

@@ -34,8 +34,8 @@ from .pact_render import Placement, around, onto_messages, onto_pages, placement
 from .pages import Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
-from .synthesis import Synthesis
 from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
+from .synthesis import Synthesis
 from .tokens import Checkpoint, CountText, unchecked
 
 __all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "remembered", "rounds", "settle", "with_appendix", "with_components"]

@@ -24,8 +24,8 @@ import msgspec
 from .pages import Page, Turn, short_hash
 from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
 from .pblock import PBlock
-from .tokens import Checkpoint, CountText, unchecked
 from .timeline import stated_time
+from .tokens import Checkpoint, CountText, unchecked
 
 __all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "reconciled", "resume", "solidified", "transcript", "turns_to_page"]
 

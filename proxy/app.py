@@ -19,32 +19,32 @@ from litestar.exceptions import HTTPException
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
 from pcp_core.memory import MemoryPolicy
 
-from .pact.components import Components
-from .protocol.control import Controls
-from .web.cors import UpstreamCorsDropped, cors_config
-from .storage.datadir import Namespaces, private_tree
-from .recall.embeddings import Embedder, embeddings_available
 from .errors import ClientError, PcpError, ProxyFault, anthropic_envelope
-from .hybrid.turn import Hybrid
 from .hybrid.api import HYBRID_ROUTES
 from .hybrid.store import HybridStore
+from .hybrid.turn import Hybrid
 from .inspector import INSPECTOR_ROUTES
 from .local_model import LocalModel
 from .memory import Memory
-from .memory.core import ScopeCores
 from .memory.api import MEMORY_ROUTES
+from .memory.core import ScopeCores
 from .metrics import Metrics
 from .pact.api import PCP_ROUTES
-from .web.routes import ROUTES, not_the_proxys, speaks_anthropic
-from .storage.sealing import Sealer, data_key
-from .storage.sessions import SessionStore
-from .settings import Settings
-from .storage import Stores
+from .pact.components import Components
+from .protocol.control import Controls
 from .protocol.summary_writer import Summariser
 from .protocol.telemetry import Traces
+from .recall.embeddings import Embedder, embeddings_available
+from .recall.upstream_embeddings import UpstreamVectors
+from .settings import Settings
+from .storage import Stores
+from .storage.datadir import Namespaces, private_tree
+from .storage.sealing import Sealer, data_key
+from .storage.sessions import SessionStore
 from .tokenizer import Tokenizer
 from .upstream import Upstream, forwardable
-from .recall.upstream_embeddings import UpstreamVectors
+from .web.cors import UpstreamCorsDropped, cors_config
+from .web.routes import ROUTES, not_the_proxys, speaks_anthropic
 
 __all__ = ["DenseRecall", "Services", "create_app", "policy_of"]
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bisect import bisect_left
 import threading
+from bisect import bisect_left
 from collections import Counter
 
 __all__ = ["HELP", "HISTOGRAMS", "Metrics"]

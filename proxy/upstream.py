@@ -11,8 +11,16 @@ from typing import Annotated, Any
 import httpx
 import msgspec
 
+from . import headers as pcp
 from .errors import PcpError, UpstreamError
-from .sse import ChatRules, StreamReader, StreamRules, error_event, event_end, is_event_stream
+from .sse import (
+    ChatRules,
+    StreamReader,
+    StreamRules,
+    error_event,
+    event_end,
+    is_event_stream,
+)
 
 __all__ = ["Upstream", "HOP_BY_HOP", "check_chunk", "check_completion", "checked", "forwardable", "passed_back"]
 
@@ -111,9 +119,9 @@ def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
 def outgoing(headers: Mapping[str, str]) -> Mapping[str, str]:
     """What goes upstream of a request's headers: not the client's ``x-pcp-*``, which speak to this proxy;
     ``x-pcp-role``, the proxy's own word to its upstream on the calls it makes, stays."""
-    if not any(k[:6].lower() == "x-pcp-" for k in headers):
+    if not any(k[:6].lower() == pcp.PREFIX for k in headers):
         return headers
-    return {k: v for k, v in headers.items() if not k.lower().startswith("x-pcp-") or k.lower() == "x-pcp-role"}
+    return {k: v for k, v in headers.items() if not k.lower().startswith(pcp.PREFIX) or k.lower() == pcp.ROLE}
 
 
 # What an answer the proxy rewrites (protocol mode) cannot keep of the upstream's: it has a body of its own.
@@ -123,7 +131,7 @@ _REWRITTEN = HOP_BY_HOP | {"content-type", "content-encoding", "etag", "content-
 def passed_back(headers: httpx.Headers) -> dict[str, str]:
     """The upstream's headers for a client that gets the proxy's rewrite of its answer: the request id,
     rate limits, processing time; not those that describe the body, nor the proxy's own ``x-pcp-*``."""
-    return {k: v for k, v in headers.items() if k.lower() not in _REWRITTEN and not k.lower().startswith("x-pcp-")}
+    return {k: v for k, v in headers.items() if k.lower() not in _REWRITTEN and not k.lower().startswith(pcp.PREFIX)}
 
 
 class Upstream:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 from lxml import etree
 
 from pcp_core.markup import node_view
-from proxy.testing.upstream import Recorded, Reply
 from proxy.testing.apis import answer, api_of, worker_document
+from proxy.testing.upstream import Recorded, Reply
 
 
 def document(recorded: Recorded) -> etree._Element:

@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.testing.upstream import Recorded, Reply, metric_value
 from proxy.testing.apis import PATHS, answer, api_of, api_requests
+from proxy.testing.upstream import Recorded, Reply, metric_value
 
 from .api_helpers import document
 from .test_protocol import BUDGET, long_history

@@ -10,8 +10,8 @@ import httpx
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proxy.testing.upstream import Reply
 from proxy.testing.apis import PATHS, answer
+from proxy.testing.upstream import Reply
 
 # The proxy on loopback in front of the fake upstream, one for the module: test_robustness's.
 from .test_robustness import EXAMPLES, FILLER, INTERNAL, json_value, proxy_url, text, upstream  # noqa: F401

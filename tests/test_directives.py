@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from pcp_core.answers import AnswerGate
 from pcp_core.directives import (
-    Markup,
     MAX_DIRECTIVE_CHARS,
     BusFault,
     Consult,
@@ -19,6 +18,7 @@ from pcp_core.directives import (
     DirectiveParser,
     Event,
     Explore,
+    Markup,
     Shelve,
     Text,
     parse_directives,

@@ -31,9 +31,9 @@ def test_vectors_survive_a_restart_without_encoding_again(tmp_path):
 
 
 def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_models(tmp_path):
-    import diskcache
     import hashlib
 
+    import diskcache
     import numpy as np
     import torch
 

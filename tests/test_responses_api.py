@@ -7,8 +7,9 @@ import json
 
 import openai
 import pytest
-from proxy.testing.upstream import Recorded, Reply
+
 from proxy.testing.apis import api_requests, response, responses_stream
+from proxy.testing.upstream import Recorded, Reply
 
 from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history

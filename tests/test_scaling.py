@@ -157,8 +157,8 @@ def _sessions_in_redis(client) -> list[tuple[str, str]]:
 
 
 def test_a_worker_killed_mid_write_leaves_no_half_written_session(served, redis_server, tmp_path):
-    from proxy.storage.sessions import SessionStore
     from proxy.storage import RedisStore
+    from proxy.storage.sessions import SessionStore
 
     client = redis_server.client()
     rounds = 0
@@ -268,8 +268,8 @@ def test_workers_sharing_the_data_dir_never_serve_a_session_another_has_changed(
 @pytest.fixture(params=["embedded", "redis"])
 def two_stores(request, tmp_path):
     """Two session stores on one shared store, as two processes have them."""
-    from proxy.storage.sessions import SessionStore
     from proxy.storage import EmbeddedStore, RedisStore
+    from proxy.storage.sessions import SessionStore
 
     if request.param == "redis":
         server = request.getfixturevalue("redis_server")
@@ -286,8 +286,8 @@ def two_shared(request, tmp_path):
     """Two stores of a kind kept beside sessions (components, Hybrid state, a scope's core) on one shared store, as two processes have them."""
     import msgspec
 
-    from proxy.storage.keyed_store import KeyedStore
     from proxy.storage import EmbeddedStore, RedisStore
+    from proxy.storage.keyed_store import KeyedStore
 
     class Count(msgspec.Struct, frozen=True):
         n: int
@@ -362,9 +362,9 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
 def test_vectors_one_replica_encodes_reach_the_others_and_no_text_is_encoded_twice(redis_server):
     import numpy as np
 
-    from proxy.storage import RedisStore
     from proxy.recall.stored_vectors import StoredVectors
     from proxy.recall.vectors import VectorCache
+    from proxy.storage import RedisStore
 
     def replica(variant: bytes = b"minilm") -> StoredVectors:
         stored = StoredVectors(RedisStore(redis_server.client(), "v"), VectorCache(1000, variant))

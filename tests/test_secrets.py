@@ -13,9 +13,9 @@ import time
 import httpx
 import pytest
 
+from proxy.settings import SettingsError, load_settings
 from proxy.storage.datadir import Namespaces, install_secret, normalised_credential, private_tree
 from proxy.storage.sealing import MAGIC, Sealer, data_key
-from proxy.settings import SettingsError, load_settings
 from proxy.testing.upstream import completion, metric_value
 from tests.serving import free_port, wait_healthy
 

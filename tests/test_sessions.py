@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pcp_core.conversation import Conversation
 from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
-from pcp_core.conversation import Conversation
 from proxy.storage.datadir import Namespaces, install_secret
 from proxy.storage.sessions import SessionStore
 from proxy.testing import upstream as testing

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-import msgspec
-
 from pcp_core.index import PageIndex
+from pcp_core.markup import node_type, node_view, shown_time
 from pcp_core.pages import Origin, View
 from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.markup import node_type, node_view, shown_time
 from pcp_core.synthesis import Step, SynthesisRequest, synthesize
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from lxml import etree
 
-from proxy.testing.upstream import EMBEDDING_DONE, Reply, StandInEmbedder, embeddings_reply, metric_value, wait_for_background
 from proxy.recall.upstream_embeddings import decoded
+from proxy.testing.upstream import EMBEDDING_DONE, Reply, StandInEmbedder, embeddings_reply, metric_value, wait_for_background
 
 from .test_protocol import BUDGET, long_history
 
@@ -99,9 +99,9 @@ def test_an_answer_that_is_not_embeddings_for_the_texts_is_refused():
 def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
     import asyncio
 
+    from proxy.recall.upstream_embeddings import UpstreamVectors
     from proxy.testing.upstream import FakeUpstream
     from proxy.upstream import Upstream
-    from proxy.recall.upstream_embeddings import UpstreamVectors
 
     fake = FakeUpstream()
     model = StandInEmbedder()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-
 from proxy.recall import vectors as vector_module
 from proxy.recall.vectors import VectorCache
 

@@ -7,8 +7,8 @@ continues when it names none (``continuity``), and what the model is told
 (``prompt``).
 """
 
-from .continuity import continued_links, normal_workspace
 from .cold import Cold, Shelved, fit, kept_cold, rehydrate
+from .continuity import continued_links, normal_workspace
 from .lifecycle import Aging, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer

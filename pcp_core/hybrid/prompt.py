@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .snapshot import render
 from .separator import SEPARATOR
-from .snapshot import Snapshot
+from .snapshot import Snapshot, render
 
 __all__ = ["context_prompt", "with_system_text"]
 

@@ -7,7 +7,19 @@ tidied in the background. The host keeps them, indexes them, and runs both.
 """
 
 from .consolidator import ConsolidatorPolicy, Root, horizontal_merges, similarity
-from .pages import MEMORY_ID_LENGTH, container_id, conversation_pages, index_terms, memory_pages, page_turns, rebuilt, turn_hash, turn_hashes, vector_text, without_turns
+from .pages import (
+    MEMORY_ID_LENGTH,
+    container_id,
+    conversation_pages,
+    index_terms,
+    memory_pages,
+    page_turns,
+    rebuilt,
+    turn_hash,
+    turn_hashes,
+    vector_text,
+    without_turns,
+)
 from .router import Candidate, MemoryPolicy, fade, index_weights, memory_intent, ranked, recalled_order, selection
 
 __all__ = [

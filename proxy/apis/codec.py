@@ -22,9 +22,9 @@ import msgspec
 
 from pcp_core import CallWorker, Outcome, WorkerReply, message_text
 
-from .chat import Usage, decode_json
 from ..errors import PcpError
 from ..sse import StreamRules
+from .chat import Usage, decode_json
 
 __all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "count_of", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
 

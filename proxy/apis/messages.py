@@ -27,13 +27,25 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
+from pcp_core import (
+    Call,
+    Outcome,
+    Part,
+    Result,
+    Said,
+    WorkerReply,
+    chat_messages,
+    part_handle,
+    part_text,
+    short_hash,
+    text_part,
+)
 
-from .chat import Usage, decode_json
-from .codec import Reading, ToolsCodec, count_of, function_call, split_system
 from ..errors import ClientError, anthropic_event
 from ..sse import said
 from ..upstream import checked
+from .chat import Usage, decode_json
+from .codec import Reading, ToolsCodec, count_of, function_call, split_system
 
 if TYPE_CHECKING:
     from .messages_stream import MessagesRound

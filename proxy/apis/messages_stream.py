@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..errors import anthropic_event
 from .chat import Usage
 from .codec import function_call, named_event
-from ..errors import anthropic_event
 from .messages import new_message_id, relayed_stop, usage_of
 
 if TYPE_CHECKING:

@@ -22,13 +22,30 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
+from pcp_core import (
+    Call,
+    Outcome,
+    Part,
+    Result,
+    Said,
+    WorkerReply,
+    chat_messages,
+    short_hash,
+    text_part,
+)
 
-from .chat import Usage, decode_json
-from .codec import Reading, ToolsCodec, count_of, function_call, named_event, split_system
 from ..errors import PcpError
 from ..sse import said
 from ..upstream import checked
+from .chat import Usage, decode_json
+from .codec import (
+    Reading,
+    ToolsCodec,
+    count_of,
+    function_call,
+    named_event,
+    split_system,
+)
 
 if TYPE_CHECKING:
     from .responses_stream import ResponsesRound

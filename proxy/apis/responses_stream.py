@@ -13,10 +13,18 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
+from ..errors import PcpError
 from .chat import Usage
 from .codec import named_event
-from ..errors import PcpError
-from .responses import ENDED, item_call, message_item, new_item_id, output_text, responses_event, usage_of
+from .responses import (
+    ENDED,
+    item_call,
+    message_item,
+    new_item_id,
+    output_text,
+    responses_event,
+    usage_of,
+)
 
 if TYPE_CHECKING:
     from .responses import ResponsesCodec

@@ -101,7 +101,7 @@ def _store_problem(settings: Settings) -> str | None:
         return "setting workers (env PCP_WORKERS): more than one worker needs an upstream (upstream_base_url); the embedded local model runs in one process"
     if not settings.store:
         return None
-    from ..storage import StoreSettingError, Stores
+    from ..storage import Stores, StoreSettingError
 
     try:
         Stores(settings.store, settings.data_path).close()

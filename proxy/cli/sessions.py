@@ -15,9 +15,9 @@ from typing import IO
 from pcp_core import Session
 
 from ..inspector.data import TreePage, page_tree, session_summary
+from ..settings import Settings
 from ..storage.sealing import Sealer, data_key
 from ..storage.sessions import SessionStore
-from ..settings import Settings
 from ..tokenizer import Tokenizer
 
 __all__ = ["Progress", "list_sessions", "show_session"]

@@ -45,8 +45,8 @@ def _worker(encoded: bytes) -> None:
     import uvicorn
 
     from ..app import create_app
-    from .main import tune_process
     from ..logs import configure_logging
+    from .main import tune_process
     from .server import server_options
 
     settings = msgspec.json.decode(encoded, type=Settings)

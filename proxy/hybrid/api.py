@@ -20,10 +20,11 @@ from litestar import Request, Response, get, put
 
 from pcp_core.hybrid import TodoItem, render, todo_projection
 
+from .. import headers as pcp
 from ..apis.chat import error_param
 from ..errors import ClientError
-from .store import HybridState
 from ..pact.api import _caller, _json
+from .store import HybridState
 
 if TYPE_CHECKING:
     from ..app import Services
@@ -54,7 +55,7 @@ async def session_context(request: Request[Any, Any, Any]) -> Response[bytes]:
     state = await asyncio.to_thread(services.hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
         raise ClientError(f"session {session_id!r} has no context yet: it has had no request in Hybrid mode", status=404, type="not_found_error", param="session_id", code="context_not_found")
-    return Response(render(state.snapshot).encode(), media_type="application/json", headers={"x-pcp-context-round": str(state.round)})
+    return Response(render(state.snapshot).encode(), media_type="application/json", headers={pcp.CONTEXT_ROUND: str(state.round)})
 
 
 @put(f"{_BASE}/todo", status_code=200)

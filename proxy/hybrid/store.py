@@ -17,9 +17,9 @@ import msgspec
 
 from pcp_core.hybrid import Cold, Snapshot, TodoItem
 
+from ..storage.base import Store
 from ..storage.keyed_store import KeyedStore, store_key, stored_as
 from ..storage.sealing import Sealer
-from ..storage.base import Store
 
 __all__ = ["HybridState", "HybridStore"]
 

@@ -27,7 +27,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from pcp_core import Conversation, Prepared, Resolution, chain_links, conversation_links, message_text, with_appendix
+from pcp_core import (
+    Conversation,
+    Prepared,
+    Resolution,
+    chain_links,
+    conversation_links,
+    message_text,
+    with_appendix,
+)
 from pcp_core.conversation import conversation_start
 from pcp_core.hybrid import (
     Block,
@@ -49,6 +57,7 @@ from pcp_core.hybrid import (
 )
 from pcp_core.session import new_session_id
 
+from .. import headers as pcp
 from ..errors import ClientError
 from .relay import Sections
 from .store import HybridState, HybridStore
@@ -99,12 +108,12 @@ class Hybrid:
         """
         if self.default == "off":
             return None
-        asked = headers.get("x-pcp-context-mode")
+        asked = headers.get(pcp.CONTEXT_MODE)
         if asked is None and self.default != "enabled":
             return None
         mode = "enabled" if asked is None else asked.strip().lower()
         if mode not in MODES:
-            raise ClientError(f"x-pcp-context-mode must be enabled or disabled, not {asked[:40]!r}", param="x-pcp-context-mode", code="invalid_context_mode")
+            raise ClientError(f"{pcp.CONTEXT_MODE} must be enabled or disabled, not {asked[:40]!r}", param=pcp.CONTEXT_MODE, code="invalid_context_mode")
         return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled", scope=scope)
 
     def close(self) -> None:
@@ -124,7 +133,7 @@ class ContextTurn:
         self.namespace = namespace
         self.enabled = enabled
         self.headers = headers
-        workspace = headers.get("x-pcp-workspace")
+        workspace = headers.get(pcp.WORKSPACE)
         self.workspace = normal_workspace(workspace) if workspace is not None else None
         self.scope = scope if hybrid.memory is not None else None
         self.seen: frozenset[str] = frozenset()  # the ids of the scope's core blocks the model is shown
@@ -142,7 +151,7 @@ class ContextTurn:
         return context_prompt(self.shown)
 
     def response_headers(self) -> dict[str, str]:
-        return {"x-pcp-context-round": str(self.round)} if self.shown is not None else {}
+        return {pcp.CONTEXT_ROUND: str(self.round)} if self.shown is not None else {}
 
     # -- loading the session's snapshot -------------------------------------------------------
     def _load(self, session_id: str | None, parents: Sequence[str], messages: Sequence[Mapping[str, Any]], links: Sequence[str]) -> None:
@@ -184,9 +193,8 @@ class ContextTurn:
     async def passthrough(self, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward: the rules and the session's snapshot at the end of the leading system message."""
         if self.enabled:
-            from ..web.routes import pinned_session  # the one reading of x-pcp-session (routes imports this module)
 
-            pinned = pinned_session(self.headers)
+            pinned = pcp.pinned_session(self.headers)
             messages = chat.messages[conversation_start(chat.messages) :]
             links = chain_links(messages) if pinned is None else []  # a named session needs no recognising
             self.link = links[-1] if links else ""
@@ -196,7 +204,7 @@ class ContextTurn:
                 await asyncio.to_thread(self._load, pinned, (), messages, links)
             pcp_headers.update(self.response_headers())
             if pinned is None:
-                pcp_headers["x-pcp-session"] = self.session_id  # how the client finds its context (GET …/context)
+                pcp_headers[pcp.SESSION] = self.session_id  # how the client finds its context (GET …/context)
         fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came
         messages = msgspec.json.decode(fields["messages"])  # as sent, or as PACT components left them
         return msgspec.json.encode({**fields, "messages": with_system_text(messages, self.prompt)})

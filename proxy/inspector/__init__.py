@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib.resources import files
-
 from typing import Any
 
 from litestar import Request, Response, get

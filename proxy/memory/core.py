@@ -17,9 +17,9 @@ import msgspec
 
 from pcp_core.hybrid import Block, Limits, scope_core
 
+from ..storage.base import Store
 from ..storage.keyed_store import KeyedStore, store_key
 from ..storage.sealing import Sealer
-from ..storage.base import Store
 
 __all__ = ["ScopeCores"]
 

@@ -29,9 +29,9 @@ from typing import Any
 
 from pcp_core import ConsolidatedPage, Page
 
+from ..storage.redis_store import unavailable
 from .bodies import PageBodies
 from .store import Stored, Written
-from ..storage.redis_store import unavailable
 
 __all__ = ["RedisMemoryStore"]
 

@@ -8,12 +8,13 @@ import msgspec
 
 from pcp_core import SESSION_ID, short_hash
 
+from .. import headers as pcp
 from ..errors import ClientError
 from .store import scope_key
 
 __all__ = ["HEADER", "Scope", "checked_scope", "request_scope"]
 
-HEADER = "x-pcp-memory"
+HEADER = pcp.MEMORY
 
 
 class Scope(msgspec.Struct, frozen=True):

@@ -26,17 +26,39 @@ from typing import Any
 
 import numpy as np
 
-from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy, Session, prepare, short_hash
-from pcp_core.memory import Candidate, ConsolidatorPolicy, MemoryPolicy, Root, conversation_pages, horizontal_merges, index_weights, memory_intent, memory_pages, selection, vector_text
+from pcp_core import (
+    Conversation,
+    Facts,
+    LoadPages,
+    OriginalPage,
+    Page,
+    Policy,
+    Session,
+    prepare,
+    short_hash,
+)
+from pcp_core.memory import (
+    Candidate,
+    ConsolidatorPolicy,
+    MemoryPolicy,
+    Root,
+    conversation_pages,
+    horizontal_merges,
+    index_weights,
+    memory_intent,
+    memory_pages,
+    selection,
+    vector_text,
+)
 from pcp_core.pages import iso_timestamp
 from pcp_core.router import Intent
 from pcp_core.terms import TermStats
 from pcp_core.tokens import CountText
 
 from ..storage.base import StoreUnavailable
+from .core import ScopeCores
 from .forgetting import forget_ids, forget_query
 from .search import ScopeIndex
-from .core import ScopeCores
 from .store import MemoryStore, Written, vector_bytes, vector_of
 
 __all__ = ["Memory"]

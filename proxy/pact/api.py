@@ -19,7 +19,17 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from litestar import Request, Response, delete, get, post
 
-from pcp_core import SESSION_ID, ComponentSpec, PactError, Tree, insert, node, parse_selector, select, snapshot
+from pcp_core import (
+    SESSION_ID,
+    ComponentSpec,
+    PactError,
+    Tree,
+    insert,
+    node,
+    parse_selector,
+    select,
+    snapshot,
+)
 from pcp_core import delete as detach
 
 from ..apis.chat import error_param

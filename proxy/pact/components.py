@@ -44,12 +44,13 @@ from pcp_core import (
 )
 from pcp_core.conversation import conversation_start
 
+from .. import headers as pcp
 from ..apis.chat import ChatRequest
-from ..storage.datadir import Namespaces
 from ..errors import ClientError
+from ..storage.base import Store
+from ..storage.datadir import Namespaces
 from ..storage.keyed_store import RECENT, KeyedStore, store_key
 from ..storage.sealing import Sealer
-from ..storage.base import Store
 
 __all__ = ["ComponentStore", "Components"]
 
@@ -111,11 +112,10 @@ class Components:
         nor carries components; byte for byte when there is nothing to render.
         ``pcp_headers`` gains ``x-pcp-components`` when the session has components.
         """
-        if chat.pcp_components is None and "x-pcp-session" not in headers:
+        if chat.pcp_components is None and pcp.SESSION not in headers:
             return body
-        from ..web.routes import pinned_session  # the one reading of x-pcp-session (routes imports this module)
 
-        pinned = pinned_session(headers)
+        pinned = pcp.pinned_session(headers)
         namespace = namespaces.of(headers)  # a keyed hash: only for a request that may have components
         messages = chat.messages
         if chat.pcp_components is None and (pinned is None or not self.store.holds(namespace, pinned)):
@@ -131,7 +131,7 @@ class Components:
         else:
             tree = await asyncio.to_thread(self.store.change, namespace, pinned, step)
         placed = placement(tree)
-        pcp_headers["x-pcp-components"] = str(placed.count)
+        pcp_headers[pcp.COMPONENTS] = str(placed.count)
         if not placed.count and chat.pcp_components is None:
             return body
         fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came

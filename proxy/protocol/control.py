@@ -25,6 +25,7 @@ import msgspec
 
 from pcp_core import Policy
 
+from .. import headers as pcp
 from ..errors import ClientError
 from ..settings import ModelSettings, Settings
 
@@ -32,7 +33,7 @@ __all__ = ["CONTROL_HEADERS", "Control", "Controls", "Mode"]
 
 Mode = Literal["auto", "off", "force"]
 MODES: tuple[Mode, ...] = ("auto", "off", "force")
-MODE, THRESHOLD, BUDGET = "x-pcp-mode-request", "x-pcp-threshold", "x-pcp-budget"
+MODE, THRESHOLD, BUDGET = pcp.MODE_REQUEST, pcp.THRESHOLD, pcp.BUDGET
 CONTROL_HEADERS = (MODE, THRESHOLD, BUDGET)
 MIN_BUDGET = 512  # as the settings require: below it the frame alone may not fit
 # Model names are the client's to choose: the memo of their policies is bounded.

@@ -25,18 +25,39 @@ from typing import TYPE_CHECKING, Any
 from litestar import Response
 from litestar.response import Stream
 
-from pcp_core import CallRouter, CallWorker, Checkpoint, Conversation, Effect, Facts, LoadPages, Outcome, Page, Policy, Prepared, Resolution, Similarity, asked, prepare, prompt_tokens, remembered, rounds, settle
+from pcp_core import (
+    CallRouter,
+    CallWorker,
+    Checkpoint,
+    Conversation,
+    Effect,
+    Facts,
+    LoadPages,
+    Outcome,
+    Page,
+    Policy,
+    Prepared,
+    Resolution,
+    Similarity,
+    asked,
+    prepare,
+    prompt_tokens,
+    remembered,
+    rounds,
+    settle,
+)
 
+from .. import headers as pcp
 from ..apis.chat import Usage
-from .streaming import StreamedRound
 from ..errors import ClientError, PcpError, UpstreamError
-from .interrupt import Interrupt, Stopped
-from .telemetry import RequestTelemetry
 from ..upstream import passed_back
+from .interrupt import Interrupt, Stopped
+from .streaming import StreamedRound
+from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:
-    from ..app import Services
     from ..apis.codec import Codec
+    from ..app import Services
     from ..memory.scopes import Scope
 
 __all__ = ["serve_protocol"]
@@ -83,7 +104,7 @@ class ProtocolRequest:
         self.codec = codec
         self.upstream = services.upstream_of(codec.api)
         self.conversation = conversation
-        self.headers = {**headers, "x-pcp-role": "worker", "content-type": "application/json"}
+        self.headers = {**headers, pcp.ROLE: "worker", "content-type": "application/json"}
         self.headers.pop("accept-encoding", None)
         self.namespace = namespace
         self.pinned = pinned
@@ -104,9 +125,9 @@ class ProtocolRequest:
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
         session = self.session_id or (self.prepared.session.id if self.prepared is not None else "")
-        headers = {**self.answered, "x-pcp-mode": "protocol", "x-pcp-rounds": str(rounds), "x-pcp-session": session}
+        headers = {**self.answered, pcp.MODE: "protocol", pcp.ROUNDS: str(rounds), pcp.SESSION: session}
         if self.prepared is not None and self.prepared.components is not None:
-            headers["x-pcp-components"] = str(self.prepared.components)
+            headers[pcp.COMPONENTS] = str(self.prepared.components)
         headers.update(self.telemetry.headers())  # x-pcp-tokens-saved, x-pcp-pages, x-pcp-consulted, x-pcp-trace
         if self.context is not None:
             headers.update(self.context.response_headers())
@@ -209,7 +230,7 @@ class ProtocolRequest:
         codec = self.codec
         body = codec.router_body(call.messages, model, ROUTER_MAX_TOKENS)
         try:
-            data, _ = await self.upstream.complete(body, {**self.headers, "x-pcp-role": role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline, path=codec.path, check=codec.check)
+            data, _ = await self.upstream.complete(body, {**self.headers, pcp.ROLE: role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline, path=codec.path, check=codec.check)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None

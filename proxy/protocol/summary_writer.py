@@ -18,12 +18,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
+from pcp_core import (
+    ConsolidatedPage,
+    Page,
+    PagedHistory,
+    fold_system,
+    model_summary,
+    short_hash,
+    summary_prompt,
+)
 
+from .. import headers as pcp
 from ..metrics import Metrics
-from ..storage.sealing import Sealer
 from ..storage.base import Store
 from ..storage.embedded import EmbeddedStore
+from ..storage.sealing import Sealer
 from ..upstream import Upstream
 
 __all__ = ["Summariser", "closed_pages"]
@@ -120,7 +129,7 @@ class Summariser:
         self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
         messages = summary_prompt(job.text)
         body = {"model": job.model, "messages": fold_system(messages) if self.fold_system else messages, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
-        headers = {**job.headers, "x-pcp-role": "consolidator", "content-type": "application/json"}
+        headers = {**job.headers, pcp.ROLE: "consolidator", "content-type": "application/json"}
         started = time.perf_counter()
         data, _ = await self.upstream.complete(json.dumps(body).encode(), headers)
         self.metrics.observe("pcp_upstream_seconds", time.perf_counter() - started, role="consolidator")

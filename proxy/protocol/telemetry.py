@@ -33,11 +33,22 @@ from typing import Any
 
 import msgspec
 
-from pcp_core import CallRouter, CallWorker, Effect, Outcome, Paged, PagedHistory, Prepared, Step, View
+from pcp_core import (
+    CallRouter,
+    CallWorker,
+    Effect,
+    Outcome,
+    Paged,
+    PagedHistory,
+    Prepared,
+    Step,
+    View,
+)
 
-from .control import Control
+from .. import headers as pcp
 from ..logs import TRACE_ID
 from ..metrics import Metrics
+from .control import Control
 
 __all__ = ["PageCounts", "RequestTelemetry", "RequestTrace", "RoundTrace", "Traces"]
 
@@ -188,10 +199,10 @@ class RequestTelemetry:
             self.metrics.observe("pcp_request_seconds", time.perf_counter() - self.started, mode="protocol")
         trace = self._summed()
         return {
-            "x-pcp-tokens-saved": str(trace.tokens_saved),
-            "x-pcp-pages": trace.pages.header(),
-            "x-pcp-consulted": ",".join(trace.consulted),
-            "x-pcp-trace": self.id,
+            pcp.TOKENS_SAVED: str(trace.tokens_saved),
+            pcp.PAGES: trace.pages.header(),
+            pcp.CONSULTED: ",".join(trace.consulted),
+            pcp.TRACE: self.id,
         }
 
     def _summed(self) -> RequestTrace:

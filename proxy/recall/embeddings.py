@@ -28,16 +28,16 @@ import os
 import threading
 import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
-from ..storage.base import Store
 from .vectors import VectorCache
 
 __all__ = ["Embedder", "embeddings_available"]

@@ -31,10 +31,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from .. import headers as pcp
 from ..errors import PcpError, UpstreamError
-from .stored_vectors import stored_vectors
 from ..storage.base import Store
 from ..upstream import Upstream
+from .stored_vectors import stored_vectors
 from .vectors import VectorCache, unit_rows
 
 __all__ = ["UpstreamVectors", "decoded", "done"]
@@ -68,7 +69,7 @@ def done(value: Any = None) -> asyncio.Future[Any]:
 
 def _ours(headers: Mapping[str, str] | None) -> dict[str, str]:
     """A request's headers as an embeddings call of the proxy's own carries them."""
-    return {**(headers or {}), "x-pcp-role": "embeddings", "content-type": "application/json"}
+    return {**(headers or {}), pcp.ROLE: "embeddings", "content-type": "application/json"}
 
 
 def decoded(body: bytes, texts: int) -> Any:

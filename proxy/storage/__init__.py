@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .base import ANY, Commit, Key, Store, StoreUnavailable, new_version
 from .datadir import install_secret as install_secret_file
 from .datadir import private_tree
-from .sealing import Sealer
-from .base import ANY, Commit, Key, Store, StoreUnavailable, new_version
 from .embedded import EmbeddedStore
 from .redis_store import RedisStore, StoreSettingError, connect, install_secret, shown
+from .sealing import Sealer
 
 __all__ = ["ANY", "Commit", "EmbeddedStore", "Key", "RedisStore", "Store", "StoreSettingError", "StoreUnavailable", "Stores", "new_version", "shown"]
 

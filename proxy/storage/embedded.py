@@ -13,8 +13,8 @@ from pathlib import Path
 
 import diskcache
 
-from .datadir import private_tree
 from .base import ANY, Commit, Key
+from .datadir import private_tree
 
 __all__ = ["EmbeddedStore"]
 

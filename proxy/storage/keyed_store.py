@@ -27,9 +27,9 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from .sealing import Sealer
 from .base import Commit, Store, StoreUnavailable, new_version
 from .embedded import EmbeddedStore
+from .sealing import Sealer
 
 __all__ = ["KeyedStore", "store_key"]
 

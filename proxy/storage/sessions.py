@@ -33,12 +33,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pcp_core import Conversation, Resolution, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
+from pcp_core import (
+    Conversation,
+    Resolution,
+    Session,
+    begins_with,
+    chain_links,
+    common_prefix,
+    new_session_id,
+    reconciled,
+    transcript,
+)
 
-from .sealing import Sealer
-from .session_parts import KnownParts, Layout, prefix_digests, said_digest
 from .base import ANY, Commit, Store, new_version
 from .embedded import EmbeddedStore
+from .sealing import Sealer
+from .session_parts import KnownParts, Layout, prefix_digests, said_digest
 
 __all__ = ["Kept", "SessionStore"]
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..headers import ROLE
 from .upstream import Recorded, Reply, completion, stream_reply
 
 __all__ = ["answer", "api_of", "api_requests", "default_reply", "message", "messages_stream", "response", "responses_stream", "worker_document"]
@@ -29,7 +30,7 @@ PATHS = {"chat": "/chat/completions", "responses": "/responses", "messages": "/m
 
 def api_requests(fake: Any, api: str, role: str | None = None) -> list[Recorded]:
     """The calls ``fake`` got of one API ("chat", "responses", "messages"), of one ``x-pcp-role`` if given."""
-    return [r for r in fake.requests if r.path.endswith(PATHS[api]) and (role is None or r.headers.get("x-pcp-role") == role)]
+    return [r for r in fake.requests if r.path.endswith(PATHS[api]) and (role is None or r.headers.get(ROLE) == role)]
 
 
 def api_of(recorded: Recorded) -> str:

@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..headers import ROLE
 from .upstream import Recorded, Reply
 
 __all__ = ["PromptCache"]
@@ -58,7 +59,7 @@ class PromptCache:
 
         def reply(recorded: Recorded) -> Reply:
             answer = worker(recorded)
-            if recorded.headers.get("x-pcp-role") != "worker" or not recorded.path.endswith("/messages") or answer.chunks is not None:
+            if recorded.headers.get(ROLE) != "worker" or not recorded.path.endswith("/messages") or answer.chunks is not None:
                 return answer
             message = json.loads(answer.body)
             message["usage"] = {**message.get("usage", {}), **self.usage(recorded.json)}

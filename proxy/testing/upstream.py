@@ -33,6 +33,7 @@ import uvicorn
 
 from pcp_core.session import Session, chain_links, page_on, resume
 
+from ..headers import ROLE
 from .embedder import StandInEmbedder
 
 __all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "embeddings_reply", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
@@ -123,7 +124,7 @@ def embeddings_reply(vector: Callable[[str], Any]) -> Callable[[Recorded], Reply
 
 def by_role(replies: dict[str, Reply], default: Reply) -> Callable[[Recorded], Reply]:
     """A script that answers each ``x-pcp-role`` (worker, router, consolidator) with its own reply."""
-    return lambda recorded: replies.get(recorded.headers.get("x-pcp-role", ""), default)
+    return lambda recorded: replies.get(recorded.headers.get(ROLE, ""), default)
 
 
 def _embeddings_asked(body: bytes) -> Reply:
@@ -134,7 +135,9 @@ def _embeddings_asked(body: bytes) -> Reply:
 
 
 def _answer_in_kind(recorded: Recorded) -> Reply:
-    from .apis import default_reply  # "ok" in the shape of the API called; it builds on this module's Reply
+    from .apis import (
+        default_reply,  # "ok" in the shape of the API called; it builds on this module's Reply
+    )
     return default_reply(recorded)
 
 
@@ -155,7 +158,7 @@ class FakeUpstream:
         self.script.extend(replies)
 
     def chat_requests(self, role: str | None = None) -> list[Recorded]:
-        return [r for r in self.requests if r.path.endswith("/chat/completions") and (role is None or r.headers.get("x-pcp-role") == role)]
+        return [r for r in self.requests if r.path.endswith("/chat/completions") and (role is None or r.headers.get(ROLE) == role)]
 
     def reply_to(self, recorded: Recorded) -> Reply:
         """Record ``recorded`` and answer it from the script."""

@@ -3,26 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from time import perf_counter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from litestar import HttpMethod, Request, Response, get, route
 
-from pcp_core import SESSION_ID, Conversation, CountText, engaged, prompt_tokens
+from pcp_core import Conversation, CountText, engaged, prompt_tokens
 
+from .. import headers as pcp
 from ..apis.chat import ChatCodec, ChatRequest, parse_chat_request
 from ..apis.codec import Api, Codec, Reading, whole_body
-from ..protocol.control import Control
-from ..protocol.drive import serve_protocol
-from ..errors import ClientError, anthropic_event
-from .forward import forward, unless_client_leaves, upstream_target
-from ..memory.hooks import MEMORY_HEADER, faults, memory_scope, remember_forwarded
-from ..memory.scopes import Scope
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
-from ..sse import error_event
+from ..errors import ClientError, anthropic_event
+from ..memory.hooks import MEMORY_HEADER, faults, memory_scope, remember_forwarded
+from ..memory.scopes import Scope
+from ..protocol.control import Control
+from ..protocol.drive import serve_protocol
 from ..protocol.telemetry import RequestTelemetry
+from ..sse import error_event
+from .forward import forward, unless_client_leaves, upstream_target
 
 if TYPE_CHECKING:
     from ..app import Services
@@ -41,7 +42,7 @@ def _services(request: Request[Any, Any, Any]) -> Services:
 LARGE_BODY = 256 * 1024
 # Every method a /v1 path may be called with; what the proxy does not page is forwarded.
 METHODS = [HttpMethod.GET, HttpMethod.HEAD, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]
-PASSTHROUGH = {"x-pcp-mode": "passthrough"}
+PASSTHROUGH = {pcp.MODE: "passthrough"}
 
 
 @route("/v1/chat/completions", http_method=METHODS, status_code=200)
@@ -59,7 +60,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         codec = lambda: ChatCodec(whole_body(body, _CHAT_READS, {"messages": chat.messages}))  # noqa: E731
         return await _protocol(request, services, body, codec, chat.messages, tokens, headers, control, scope)
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    pcp_headers = {"x-pcp-mode": "passthrough", "x-pcp-prompt-tokens": str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
+    pcp_headers = {pcp.MODE: "passthrough", pcp.PROMPT_TOKENS: str(tokens), **({MEMORY_HEADER: scope.name} if scope else {})}
     # PACT components: the session's live ones in place; a request without any goes as it came.
     body = await services.components.passthrough(request.headers, services.namespaces, chat, body, pcp_headers)
     # Hybrid mode: the session's snapshot in, the model's out of the answer; None (nothing changes) unless it is on.
@@ -68,7 +69,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
         body = await context.passthrough(chat, body, pcp_headers)
     response = await forward(services.upstream, request, "POST", "/chat/completions", body, headers, pcp_headers, stream=chat.stream, rewrite=context)
     if scope is not None:  # memory: what a forwarded request said, written back in the background
-        remember_forwarded(services, scope, services.namespaces.of(request.headers), chat.messages, response.status_code, pinned_session(request.headers))
+        remember_forwarded(services, scope, services.namespaces.of(request.headers), chat.messages, response.status_code, pcp.pinned_session(request.headers))
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
 
@@ -105,7 +106,7 @@ async def _api(request: Request[Any, Any, Any], api: Api) -> Response[Any]:
     pcp_headers = dict(PASSTHROUGH)
     if reading.untouched is None:
         scope = _scope(services, request, body)
-        pcp_headers["x-pcp-prompt-tokens"] = str(tokens)
+        pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
         control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
         if control is not None:
             codec = lambda: api.codec(whole_body(body, api.read_fields, reading.decoded))  # noqa: E731
@@ -152,21 +153,14 @@ async def _protocol(request: Request[Any, Any, Any], services: Services, body: b
     namespace = services.namespaces.of(request.headers)
     codec, conversation = await _read(body, lambda: (codec_of(), Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)))
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
-    work = serve_protocol(services, codec, conversation, headers, namespace, pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
+    work = serve_protocol(services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
     # Worker rounds run before any byte is sent: a client that leaves cancels them.
     response = await unless_client_leaves(request, work)
-    response.headers["x-pcp-prompt-tokens"] = str(tokens)
+    response.headers[pcp.PROMPT_TOKENS] = str(tokens)
     if scope is not None:
         response.headers[MEMORY_HEADER] = scope.name
     return response
 
-
-def pinned_session(headers: Mapping[str, str]) -> str | None:
-    """The session the client names in ``x-pcp-session``, if it names one."""
-    pinned = headers.get("x-pcp-session")
-    if pinned is not None and not SESSION_ID.match(pinned):
-        raise ClientError("x-pcp-session must be 1 to 128 letters, digits or . _ : -", param="x-pcp-session", code="invalid_session")
-    return pinned
 
 
 def speaks_anthropic(request: Request[Any, Any, Any]) -> bool:
