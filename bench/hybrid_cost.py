@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.apis.chat import parse_chat_request  # noqa: E402
+from proxy.apis.chat import CHAT  # noqa: E402
 from proxy.hybrid.store import HybridStore  # noqa: E402
 from proxy.hybrid.turn import Hybrid  # noqa: E402
 from proxy.metrics import Metrics  # noqa: E402
@@ -57,7 +57,7 @@ async def chunks(events: list[bytes]) -> AsyncIterator[bytes]:
 async def one(hybrid: Hybrid, messages: list[dict], headers: dict[str, str], stream: bool, blocks: int, n: int) -> float:
     """One request's Hybrid time, in seconds (the model's answer is made outside the clock)."""
     body = json.dumps({"model": "m", "messages": [*messages, {"role": "user", "content": f"Question {n}: what moved the release?"}]}).encode()
-    chat = parse_chat_request(body)
+    chat = CHAT.read(body)
     start = time.perf_counter()
     turn = hybrid.begin(headers, "bench")
     if turn is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import msgspec
 
-__all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError", "anthropic_envelope", "anthropic_event"]
+__all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError", "anthropic_envelope"]
 
 
 class ErrorBody(msgspec.Struct):
@@ -105,7 +105,3 @@ def anthropic_envelope(error: PcpError) -> bytes:
     code = f" ({error.body.code})" if error.body.code else ""
     return _ENCODER.encode(AnthropicEnvelope(AnthropicError(kind, error.body.message + code)))
 
-
-def anthropic_event(error: PcpError) -> bytes:
-    """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
-    return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"

@@ -7,20 +7,27 @@ with no ``[DONE]`` after it (the openai SDK raises ``APIError`` on it).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import json
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 import msgspec
 
-from .errors import PcpError, UpstreamError
+from .errors import UpstreamError
 
-__all__ = ["ChatRules", "StreamReader", "StreamRules", "error_event", "event_end", "is_event_stream", "said"]
+__all__ = ["DONE", "StreamReader", "StreamRules", "data_event", "event_end", "is_event_stream", "named_event", "said"]
 
-DONE = b"[DONE]"
+DONE = b"[DONE]"  # the data of the event that ends a chat completion's stream
 
 
-def error_event(error: PcpError) -> bytes:
-    return b"data: " + error.envelope() + b"\n\n"
+def data_event(data: bytes) -> bytes:
+    """One server-sent event of ``data`` alone, as chat completions write them."""
+    return b"data: " + data + b"\n\n"
+
+
+def named_event(kind: str, payload: dict[str, Any]) -> bytes:
+    """One server-sent event as the Responses and Messages APIs write them: its type named twice."""
+    return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
 def is_event_stream(content_type: str | None) -> bool:
@@ -46,30 +53,6 @@ class StreamRules(Protocol):
 
     def missing(self) -> str | None:
         """What the stream lacks to be whole, once it has ended (None: nothing)."""
-
-
-class ChatRules:
-    """A streamed chat completion is whole when it carried at least one choice and
-    ended with ``[DONE]`` or a ``finish_reason``."""
-
-    def __init__(self, check: Callable[[bytes], dict[str, Any]]):
-        self.check = check
-        self.choices = False  # an event carried a choice
-        self.finished = False  # a choice carried its finish_reason
-        self.done = False  # [DONE] came
-
-    def failure(self, chunk: dict[str, Any]) -> str | None:
-        if "error" in chunk and not chunk.get("choices"):
-            return said(chunk["error"])
-        for choice in chunk.get("choices") or ():
-            self.choices = True
-            self.finished = self.finished or bool(isinstance(choice, dict) and choice.get("finish_reason"))
-        return None
-
-    def missing(self) -> str | None:
-        if self.choices and (self.done or self.finished):
-            return None
-        return "no finish_reason and no [DONE] (cut short?)" if self.choices else "no event carried a choice"
 
 
 class StreamReader:

@@ -6,23 +6,15 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Annotated, Any
+from typing import Any
 
 import httpx
-import msgspec
 
 from . import headers as pcp
 from .errors import PcpError, UpstreamError
-from .sse import (
-    ChatRules,
-    StreamReader,
-    StreamRules,
-    error_event,
-    event_end,
-    is_event_stream,
-)
+from .sse import StreamReader, StreamRules, event_end, is_event_stream
 
-__all__ = ["Upstream", "HOP_BY_HOP", "check_chunk", "check_completion", "checked", "forwardable", "passed_back"]
+__all__ = ["HOP_BY_HOP", "Check", "Failure", "Upstream", "forwardable", "outgoing", "passed_back"]
 
 log = logging.getLogger("pcp.upstream")
 
@@ -46,70 +38,8 @@ HOP_BY_HOP = frozenset(
 )
 
 
-# What the proxy reads of the upstream's answers in protocol mode. An answer is
-# checked against these shapes before it is read, so a malformed one is a 502
-# that says what was wrong where, not a failure inside the proxy. Fields not
-# named here are not checked: the answer is passed on as it came.
-class _Function(msgspec.Struct):
-    name: str | None = None
-    arguments: Any = None  # a JSON string by the API; anything else reads as a malformed directive
-
-
-class _ToolCall(msgspec.Struct):
-    index: int = 0
-    id: str | None = None
-    function: _Function = msgspec.field(default_factory=_Function)
-
-
-class _Message(msgspec.Struct):
-    content: str | None = None
-    tool_calls: list[_ToolCall] | None = None
-
-
-class _Usage(msgspec.Struct):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-
-
-class _Choice(msgspec.Struct):
-    message: _Message
-
-
-class _Completion(msgspec.Struct):
-    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
-    usage: _Usage | None = None
-
-
-class _ChunkChoice(msgspec.Struct):
-    delta: _Message = msgspec.field(default_factory=_Message)
-
-
-class _Chunk(msgspec.Struct):
-    choices: list[_ChunkChoice] | None = None
-    usage: _Usage | None = None
-
-
-def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
-    """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
-    try:
-        data = msgspec.json.decode(text)  # strict JSON: no NaN, no number past a double's range
-        msgspec.convert(data, shape)
-    except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
-        raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
-    return data
-
-
-Check = Callable[[bytes], dict[str, Any]]
+Check = Callable[[bytes], dict[str, Any]]  # an API's answer decoded and checked (``apis.codec.checked``)
 Failure = Callable[[PcpError], bytes]  # how a relayed stream tells a failure midway (the API's error event)
-
-
-def check_completion(body: bytes) -> dict[str, Any]:
-    return checked(body, _Completion, "a chat completion", "upstream_bad_response")
-
-
-def check_chunk(data: bytes) -> dict[str, Any]:
-    return checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
 
 
 def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
@@ -202,15 +132,14 @@ class Upstream:
     def _late(self) -> UpstreamError:
         return UpstreamError(f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)", status=504, type="upstream_timeout", code="upstream_timeout")
 
-    async def complete(self, content: bytes, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None, *, path: str = "/chat/completions", check: Check | None = None) -> tuple[dict[str, Any], dict[str, str]]:
-        """POST a non-streamed call (a chat completion, unless ``path`` and ``check`` say another API's)
-        and decode its answer, with the headers to pass back (``passed_back``); an error status raises as
-        the upstream sent it."""
+    async def complete(self, path: str, content: bytes, headers: Mapping[str, str], check: Check, *, timeout: float | None = None, deadline: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+        """POST a non-streamed call of the API at ``path`` and decode its answer with the API's ``check``,
+        with the headers to pass back (``passed_back``); an error status raises as the upstream sent it."""
         response = await self.open("POST", path, content=content, headers=headers, timeout=timeout, deadline=deadline)
         body = await self.read(response)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
-        return (check or check_completion)(body), passed_back(response.headers)
+        return check(body), passed_back(response.headers)
 
     async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:
         """The raw body as it arrives, until the call's deadline; a failure on the way is an UpstreamError."""
@@ -229,7 +158,7 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def relay(self, response: httpx.Response, failure: Failure = error_event) -> AsyncIterator[bytes]:
+    async def relay(self, response: httpx.Response, failure: Failure) -> AsyncIterator[bytes]:
         """Yield the raw body as it arrives; closing the iterator closes the upstream stream.
 
         An event stream is relayed a whole event at a time, so that if the
@@ -261,7 +190,7 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def started(self, response: httpx.Response, failure: Failure = error_event) -> AsyncIterator[bytes]:
+    async def started(self, response: httpx.Response, failure: Failure) -> AsyncIterator[bytes]:
         """``relay(response)`` once its first chunk is in: a failure before it raises here, while the client can still get a status."""
         chunks = self.relay(response, failure)
         try:
@@ -270,15 +199,14 @@ class Upstream:
             return _relayed(b"", chunks)
         return _relayed(first, chunks)
 
-    async def sse_events(self, response: httpx.Response, rules: StreamRules | None = None) -> AsyncIterator[dict]:
-        """Decode an event stream into its JSON events, checked whole by ``rules`` (a chat stream's
-        unless they say another API's); closes the response at the end."""
+    async def sse_events(self, response: httpx.Response, rules: StreamRules) -> AsyncIterator[dict[str, Any]]:
+        """Decode an event stream into its JSON events, checked whole by the API's ``rules``; closes the response at the end."""
         try:
             content_type = response.headers.get("content-type")
             if content_type and not is_event_stream(content_type):
                 body = await self.read(response)
                 raise UpstreamError(f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}", code="upstream_bad_stream")
-            reader = StreamReader(rules or ChatRules(check_chunk), self.shown_url)
+            reader = StreamReader(rules, self.shown_url)
             async for chunk in reader.chunks(self._chunks(response)):
                 yield chunk
         finally:

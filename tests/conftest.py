@@ -41,7 +41,7 @@ class RunningProxy:
     def __init__(self, settings: Settings, upstream: FakeUpstream | None, sockets: bool = False, embedder: Any = None):
         self.settings = settings
         app = create_app(settings, transport=upstream.transport() if upstream is not None else None, embedder=embedder)
-        self.services = app.state.services
+        self.app = app
         if sockets:
             self.server = serve_in_thread(app, **server_options(settings))
             self.url = self.server.url
@@ -52,6 +52,11 @@ class RunningProxy:
             self.http = TestClient(app, base_url=self.url, raise_server_exceptions=False, timeout=30)
             self.http.__enter__()  # the app's lifespan starts
         self.stopped = False
+
+    @property
+    def services(self) -> Any:
+        """The running proxy's services (``proxy.services.Services``), opened by its lifespan."""
+        return self.app.state.services
 
     def client(self, api_key: str = "sk-client", **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=api_key, max_retries=0, timeout=30, http_client=self.http, **kwargs)

@@ -10,19 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcp_core.answers import AnswerGate
-from pcp_core.directives import (
-    MAX_DIRECTIVE_CHARS,
-    BusFault,
-    Consult,
-    Directive,
-    DirectiveParser,
-    Event,
-    Explore,
-    Markup,
-    Shelve,
-    Text,
-    parse_directives,
-)
+from pcp_core.directives import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, DirectiveParser, Event, Explore, Markup, Shelve, Text, parse_directives
 
 REPLIES = [
     'I need the date. Consult("the date is missing", "a1b2c3d4")',

@@ -1,28 +1,29 @@
-"""The chat-completions API: what the proxy reads of a request, and how it speaks to both sides in protocol mode (``codec``).
+"""The chat-completions API: what the proxy reads of a request, and how it speaks to both sides in protocol mode.
 
 Only what the proxy needs is decoded; the rest of a request stays as the
-client sent it and goes upstream with each worker call.
+client sent it and goes upstream with each worker call. A failure once a
+stream has started is told as OpenAI-compatible servers tell it, an event
+``data: {"error": {…}}`` with no ``[DONE]`` after it (the openai SDK raises
+``APIError`` on it).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
 
 import msgspec
 
 from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash, spoken
 
+from ..decoding import decode_json
 from ..errors import ClientError, PcpError
-from ..sse import ChatRules, error_event
-from ..upstream import check_chunk, check_completion
+from ..sse import DONE, data_event, said
+from .codec import Api, Reading, Usage, checked
 
-__all__ = ["ChatCodec", "ChatRequest", "ChatRound", "Usage", "decode_json", "error_param", "parse_chat_request", "relayed_finish", "sse_event"]
-
-T = TypeVar("T")
+__all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
 
 
 class ToolFunction(msgspec.Struct):
@@ -48,94 +49,125 @@ class ChatRequest(msgspec.Struct):
     tools: list[Tool] | None = None
     stream_options: dict[str, Any] | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    # PACT components the request attaches to its session (``proxy.components``): the proxy's, never forwarded.
+    # PACT components the request attaches to its session (``proxy.pact``): the proxy's, never forwarded.
     pcp_components: list[ComponentSpec] | None = None
 
 
 _DECODER = msgspec.json.Decoder(ChatRequest)
 
 
-def parse_chat_request(body: bytes) -> ChatRequest:
+def read(body: bytes) -> Reading:
     request: ChatRequest = decode_json(body, _DECODER.decode)
     for i, message in enumerate(request.messages):
         if not isinstance(message.get("role"), str):
             raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
-    return request
+    return Reading(request.messages, request.stream, None, {"messages": request.messages}, request.model, request.pcp_components)
 
 
-def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat request") -> T:
-    """``decode(body)``, or the 400 that says what is wrong with the body.
-
-    Besides what is not JSON or not of the API's shape, msgspec refuses text
-    that is not UTF-8 and raises RecursionError past some thousand levels of
-    nesting: both are the request's fault, not the proxy's.
-    """
-    try:
-        return decode(body)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        raise ClientError(f"invalid {what}: {text}", param=error_param(text)) from None
-    except msgspec.DecodeError as exc:
-        raise ClientError(f"request body is not valid JSON: {exc}") from None
-    except UnicodeDecodeError:
-        raise ClientError(f"request body is not valid UTF-8 ({_bad_utf8(body)})", code="invalid_encoding") from None
-    except RecursionError:
-        raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+# -- the upstream's answers --------------------------------------------------------------
+# Checked against these shapes before they are read, so a malformed one is a 502 that says
+# what was wrong where, not a failure inside the proxy. Fields not named are not checked.
 
 
-def _bad_utf8(body: bytes) -> str:
-    try:
-        body.decode()
-    except UnicodeDecodeError as exc:
-        return f"byte 0x{body[exc.start]:02x} at offset {exc.start}"
-    return "in a string"  # not reached: msgspec found what Python finds
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: Any = None  # a JSON string by the API; anything else reads as a malformed directive
 
 
-# msgspec ends a message with where it failed: "… - at `$.messages[0].role`".
-_AT = re.compile(r"at `\$\.([^`]*)`$")
-_MISSING = re.compile(r"missing required field `([^`]*)`")
+class _ToolCall(msgspec.Struct):
+    index: int = 0
+    id: str | None = None
+    function: _Function = msgspec.field(default_factory=_Function)
 
 
-def error_param(message: str) -> str | None:
-    """The field a validation error is about, written as OpenAI writes ``param`` (``messages.[0].role``)."""
-    at = _AT.search(message) or _MISSING.search(message)
-    return at.group(1).replace("[", ".[") if at else None
+class _Message(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCall] | None = None
 
 
-class Usage(msgspec.Struct):
-    """Tokens of every upstream call made for one request, summed."""
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
 
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    total_tokens: int = 0
-    # Counts another API tells that chat has no name for (Anthropic's cache reads and writes), summed by name.
-    more: dict[str, int] = {}
-    # The prompt tokens the upstream's prompt cache served, summed, when it says (OpenAI, vLLM, llama.cpp).
-    cached_tokens: int | None = None
 
-    def add(self, usage: dict[str, Any] | None) -> None:
-        """Add a chat completion's usage."""
-        for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
-            setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
-        details = (usage or {}).get("prompt_tokens_details")
-        cached = details.get("cached_tokens") if isinstance(details, dict) else None
-        if isinstance(cached, int):
-            self.cached_tokens = (self.cached_tokens or 0) + cached
+class _Choice(msgspec.Struct):
+    message: _Message
 
-    def add_counts(self, prompt: int, completion: int, **more: int) -> None:
-        """Add another API's usage: the tokens it read and wrote, and what else it counts."""
-        self.prompt_tokens += prompt
-        self.completion_tokens += completion
-        self.total_tokens += prompt + completion
-        for name, tokens in more.items():
-            self.more[name] = self.more.get(name, 0) + tokens
 
-    def chat(self) -> dict[str, Any]:
-        """The sum as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
-        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
-        if self.cached_tokens is not None:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
-        return usage
+class _Completion(msgspec.Struct):
+    choices: Annotated[list[_Choice], msgspec.Meta(min_length=1)]
+    usage: _Usage | None = None
+
+
+class _ChunkChoice(msgspec.Struct):
+    delta: _Message = msgspec.field(default_factory=_Message)
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_ChunkChoice] | None = None
+    usage: _Usage | None = None
+
+
+def check(body: bytes) -> dict[str, Any]:
+    return checked(body, _Completion, "a chat completion", "upstream_bad_response")
+
+
+def check_chunk(data: bytes) -> dict[str, Any]:
+    return checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
+
+
+def reply(completion: dict[str, Any]) -> WorkerReply:
+    message = completion["choices"][0]["message"]
+    return WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
+
+
+def usage(total: Usage, completion: dict[str, Any]) -> None:
+    total.add(completion.get("usage"))
+
+
+class ChatRules:
+    """A streamed chat completion is whole when it carried at least one choice and
+    ended with ``[DONE]`` or a ``finish_reason``."""
+
+    check = staticmethod(check_chunk)
+
+    def __init__(self) -> None:
+        self.choices = False  # an event carried a choice
+        self.finished = False  # a choice carried its finish_reason
+        self.done = False  # [DONE] came
+
+    def failure(self, chunk: dict[str, Any]) -> str | None:
+        if "error" in chunk and not chunk.get("choices"):
+            return said(chunk["error"])
+        for choice in chunk.get("choices") or ():
+            self.choices = True
+            self.finished = self.finished or bool(isinstance(choice, dict) and choice.get("finish_reason"))
+        return None
+
+    def missing(self) -> str | None:
+        if self.choices and (self.done or self.finished):
+            return None
+        return "no finish_reason and no [DONE] (cut short?)" if self.choices else "no event carried a choice"
+
+
+# -- the client's answer -----------------------------------------------------------------
+
+DONE_EVENT = data_event(DONE)
+
+
+def event(payload: dict[str, Any]) -> bytes:
+    return data_event(json.dumps(payload).encode())
+
+
+def failure(error: PcpError) -> bytes:
+    return data_event(error.envelope())
+
+
+def relayed_finish(finish: str | None) -> str:
+    """The finish reason of the round that answered, as the client gets it: its own (``length``,
+    ``content_filter``), but "stop" where the round's tool calls were directives, taken out of the answer."""
+    return "stop" if finish in (None, "tool_calls") else finish
 
 
 # Fields of the client's request that the proxy sets itself on worker calls.
@@ -145,11 +177,13 @@ OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice
 class ChatCodec:
     """One chat-completions request in protocol mode: its worker calls, and the answer it gets."""
 
-    api = "chat"
-    path = "/chat/completions"
-    check = staticmethod(check_completion)
+    check = staticmethod(check)
+    reply = staticmethod(reply)
+    usage = staticmethod(usage)
+    rules = ChatRules
 
     def __init__(self, body: dict[str, Any]):
+        self.api = CHAT
         self.body = body
         self.client_tools: list[dict[str, Any]] = list(body.get("tools") or [])
         self.choices: int = body.get("n") or 1  # answers the client asked for (checked when the body was read)
@@ -179,19 +213,6 @@ class ChatCodec:
     def router_body(messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
 
-    @staticmethod
-    def rules() -> ChatRules:
-        return ChatRules(check_chunk)
-
-    @staticmethod
-    def reply(completion: dict[str, Any]) -> WorkerReply:
-        message = completion["choices"][0]["message"]
-        return WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
-
-    @staticmethod
-    def count(usage: Usage, completion: dict[str, Any]) -> None:
-        usage.add(completion.get("usage"))
-
     def final(self, completion: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
         """The completion the client gets: the answer (with ``n``, one per choice), the usage of every call."""
         if outcome.kind == "answer":
@@ -210,10 +231,10 @@ class ChatCodec:
             if message.get("tool_calls"):
                 delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
             for part, finish in ((delta, None), ({}, choice.get("finish_reason") or "stop")):
-                yield sse_event({**meta, "choices": [{"index": choice.get("index", n), "delta": part, "finish_reason": finish}]})
+                yield event({**meta, "choices": [{"index": choice.get("index", n), "delta": part, "finish_reason": finish}]})
         if self.include_usage:
-            yield sse_event({**meta, "choices": [], "usage": completion["usage"]})
-        yield DONE
+            yield event({**meta, "choices": [], "usage": completion["usage"]})
+        yield DONE_EVENT
 
     def round(self, usage: Usage) -> ChatRound:
         return ChatRound(self.model, usage, self.include_usage)
@@ -221,6 +242,8 @@ class ChatCodec:
 
 class ChatRound:
     """One streamed worker call of the chat API: its chunks read, the client's chunks written."""
+
+    failure = staticmethod(failure)
 
     def __init__(self, model: str, usage: Usage, include_usage: bool):
         self.usage = usage
@@ -257,48 +280,39 @@ class ChatRound:
     def text(self, text: str) -> bytes:
         return self.chunk({"content": text})
 
-    @staticmethod
-    def failure(error: PcpError) -> bytes:
-        return error_event(error)
-
     def closing(self) -> Iterator[bytes]:
         yield self.chunk({}, finish_reason=relayed_finish(self.finish_reason))
         yield from self.ending()
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         """The round as the upstream sent it, but for the usage the proxy asked it for (``ending`` tells the sum)."""
-        for event in events:
-            if event.get("choices") or not event.get("usage"):
-                yield self.event({k: v for k, v in event.items() if k != "usage"})
-        for event in self.ending():
-            yield event
+        for chunk in events:
+            if chunk.get("choices") or not chunk.get("usage"):
+                yield self.event({k: v for k, v in chunk.items() if k != "usage"})
+        for chunk in self.ending():
+            yield chunk
 
     def ending(self) -> Iterator[bytes]:
         """What follows an answer's last chunk: the usage of every upstream call, when the client asked for it; [DONE]."""
         if self.include_usage:
             yield self.event({"choices": [], "usage": self.usage.chat()})
-        yield DONE
+        yield DONE_EVENT
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
         return self.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
     def event(self, payload: dict[str, Any]) -> bytes:
-        return sse_event({**self.meta, "object": "chat.completion.chunk", **payload})
+        return event({**self.meta, "object": "chat.completion.chunk", **payload})
 
 
-DONE = b"data: [DONE]\n\n"
 _ENCODER = msgspec.json.Encoder()
-
-
-def sse_event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-def relayed_finish(finish: str | None) -> str:
-    """The finish reason of the round that answered, as the client gets it: its own (``length``,
-    ``content_filter``), but "stop" where the round's tool calls were directives, taken out of the answer."""
-    return "stop" if finish in (None, "tool_calls") else finish
 
 
 def _answer(choice: dict[str, Any], index: int, text: str) -> dict[str, Any]:
     return {**choice, "index": index, "message": {"role": "assistant", "content": text}, "finish_reason": relayed_finish(choice.get("finish_reason"))}
+
+
+# The fields chat's protocol mode reads; every other one goes upstream as the bytes the client sent.
+READ_FIELDS = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
+
+CHAT = Api("chat", "/chat/completions", READ_FIELDS, read, ChatCodec, failure, chat_body=True)

@@ -1,32 +1,57 @@
-"""What the one loop of protocol mode (``drive``) asks of an API: a codec per request, a round stream per streamed call.
+"""What every paged API gives the routes and the one loop of protocol mode: an ``Api``, a codec per request, a round stream per streamed call.
 
 Three APIs are paged: chat completions (``chat``), OpenAI's Responses
-(``responses``) and Anthropic's Messages (``messages``). Each codec reads its
-API's conversation as chat messages (``pcp_core.chat_messages``) for the rules,
-turns the rounds' worker calls (chat messages: the ``<PagedContext>`` as system
-text, a user line with its parts) into calls of its own API, reads the
-upstream's answers back as ``WorkerReply`` values, and writes the client's
-answer in its API's shape. Everything else (sessions, paging, rounds, the
-answer gate, deadlines) is the loop's and the same for every API.
+(``responses``) and Anthropic's Messages (``messages``). Each is one module with
+the same names for the same jobs:
 
-The helpers below are the pieces two or three codecs share.
+* ``read`` — a request's body as a ``Reading``: its conversation as chat messages
+  (``pcp_core.chat_messages``) for the rules, or the 400 that says what is wrong;
+* ``check`` — an upstream answer decoded, once it has the shape the proxy reads;
+* ``reply`` — an answer as the rounds read it (``WorkerReply``);
+* ``usage`` — an answer's usage added to the request's (``Usage``);
+* ``Rules`` — what makes the API's stream whole (``sse.StreamRules``);
+* ``Round`` — one streamed worker call: its events read, the client's written;
+* ``event`` — one server-sent event as the API writes it; ``failure``, an error as one.
+
+A codec turns the rounds' worker calls (chat messages: the ``<PagedContext>`` as
+system text, a user line with its parts) into calls of its own API and writes
+the client's answer in its API's shape. Everything else (sessions, paging,
+rounds, the answer gate, deadlines) is the loop's and the same for every API.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 
 from pcp_core import CallWorker, Outcome, WorkerReply, message_text
 
-from ..errors import PcpError
+from ..decoding import decode_json
+from ..errors import PcpError, UpstreamError
 from ..sse import StreamRules
-from .chat import Usage, decode_json
 
-__all__ = ["Api", "Codec", "Reading", "RoundStream", "ToolsCodec", "count_of", "directive_tools", "function_call", "named_event", "split_system", "whole_body"]
+__all__ = [
+    "Api",
+    "Codec",
+    "Reading",
+    "RoundStream",
+    "ToolsCodec",
+    "Usage",
+    "checked",
+    "count_of",
+    "directive_tools",
+    "function_call",
+    "split_system",
+    "text_of",
+    "whole_body",
+]
+
+Check = Callable[[bytes], dict[str, Any]]
+Failure = Callable[[PcpError], bytes]
 
 
 class Reading(msgspec.Struct, frozen=True):
@@ -37,21 +62,58 @@ class Reading(msgspec.Struct, frozen=True):
     untouched: str | None = None  # why it goes through untouched whatever its size (state the proxy cannot see)
     decoded: dict[str, Any] = {}  # fields already decoded, which the codec's body reuses
     model: str | None = None  # the model asked for: its settings (``[models."…"]``) apply
+    components: list[Any] | None = None  # PACT components the request carries inline (chat's ``pcp_components``)
 
 
-class Api(Protocol):
-    """One paged API, as a route meets it."""
+@dataclass(frozen=True)
+class Api:
+    """One paged API, as the routes and the loop meet it."""
 
-    name: str  # as ``Codec.api``
-    path: str
+    name: str  # "chat", "responses", "messages"
+    path: str  # below the upstream's base URL
     read_fields: frozenset[str]  # the fields the codec reads; the others go upstream as the client sent them
+    read: Callable[[bytes], Reading]  # the request read, or the 400 that says what is wrong with it
+    codec: Callable[[dict[str, Any]], Codec]
+    failure: Failure  # a failure midway through a stream, as the API tells it
+    # Its bodies and answers are chat's: PACT components and Hybrid mode edit them below the
+    # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one said.
+    chat_body: bool = False
 
-    def read(self, body: bytes) -> Reading:
-        """The request read, or the 400 that says what is wrong with it."""
 
-    def codec(self, body: dict[str, Any]) -> Codec: ...
-    def failure(self, error: PcpError) -> bytes:
-        """A failure midway through a stream, as the API tells it."""
+class Usage(msgspec.Struct):
+    """Tokens of every upstream call made for one request, summed."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    # Counts another API tells that chat has no name for (Anthropic's cache reads and writes), summed by name.
+    more: dict[str, int] = {}
+    # The prompt tokens the upstream's prompt cache served, summed, when it says (OpenAI, vLLM, llama.cpp).
+    cached_tokens: int | None = None
+
+    def add(self, usage: dict[str, Any] | None) -> None:
+        """Add a chat completion's usage."""
+        for field in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            setattr(self, field, getattr(self, field) + int((usage or {}).get(field) or 0))
+        details = (usage or {}).get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(cached, int):
+            self.cached_tokens = (self.cached_tokens or 0) + cached
+
+    def add_counts(self, prompt: int, completion: int, **more: int) -> None:
+        """Add another API's usage: the tokens it read and wrote, and what else it counts."""
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.total_tokens += prompt + completion
+        for name, tokens in more.items():
+            self.more[name] = self.more.get(name, 0) + tokens
+
+    def chat(self) -> dict[str, Any]:
+        """The sum as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
+        usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
+        if self.cached_tokens is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 class RoundStream(Protocol):
@@ -72,8 +134,7 @@ class RoundStream(Protocol):
 
 
 class Codec(Protocol):
-    api: str  # "chat", "responses", "messages": which upstream serves it (``Services.upstream_of``)
-    path: str  # below the upstream's base URL
+    api: Api
     body: dict[str, Any]
     client_tools: list[dict[str, Any]]  # as chat tools: what the rounds read of the client's tools
     choices: int
@@ -89,7 +150,7 @@ class Codec(Protocol):
 
     def rules(self) -> StreamRules: ...
     def reply(self, data: dict[str, Any]) -> WorkerReply: ...
-    def count(self, usage: Usage, data: dict[str, Any]) -> None:
+    def usage(self, usage: Usage, data: dict[str, Any]) -> None:
         """Add the usage of one answer to the request's."""
 
     def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]: ...
@@ -156,6 +217,16 @@ def whole_body(body: bytes, read: frozenset[str], decoded: dict[str, Any]) -> di
     return {key: decoded[key] if key in decoded else decode_json(raw, msgspec.json.decode) if key in read else raw for key, raw in fields.items()}
 
 
+def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:
+    """``text`` decoded, once it is known to have ``shape``; else the 502 that says where it differs."""
+    try:
+        data = msgspec.json.decode(text)  # strict JSON: no NaN, no number past a double's range
+        msgspec.convert(data, shape)
+    except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
+        raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
+    return data  # type: ignore[no-any-return]
+
+
 def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """A worker call's messages as its system text (the ``<PagedContext>``) and the others."""
     system, rest = [], []
@@ -175,11 +246,11 @@ def count_of(counts: Any, name: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def named_event(kind: str, payload: dict[str, Any]) -> bytes:
-    """One server-sent event as the Responses and Messages APIs write them: its type named twice."""
-    return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
-
-
 def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """A tool call as the rounds read it (chat's shape)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def text_of(value: Any) -> str:
+    """A field that should hold text, as text: JSON for anything else, nothing for null."""
+    return value if isinstance(value, str) else "" if value is None else json.dumps(value)

@@ -22,35 +22,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import msgspec
 
-from pcp_core import (
-    Call,
-    Outcome,
-    Part,
-    Result,
-    Said,
-    WorkerReply,
-    chat_messages,
-    part_handle,
-    part_text,
-    short_hash,
-    text_part,
-)
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
 
-from ..errors import ClientError, anthropic_event
-from ..sse import said
-from ..upstream import checked
-from .chat import Usage, decode_json
-from .codec import Reading, ToolsCodec, count_of, function_call, split_system
+from ..decoding import decode_json
+from ..errors import ClientError, PcpError, anthropic_envelope
+from ..sse import named_event, said
+from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
 
-if TYPE_CHECKING:
-    from .messages_stream import MessagesRound
-
-__all__ = ["MESSAGES", "MessagesCodec", "MessagesRules", "anthropic_messages", "usage_of"]
+__all__ = ["MESSAGES", "MessagesCodec", "MessagesRound", "MessagesRules", "anthropic_messages", "check", "event", "failure", "read", "reply", "usage", "usage_of"]
 
 Block = dict[str, Any]
 MARK = "cache_control"
@@ -71,27 +55,12 @@ class MessagesRequest(msgspec.Struct):
 _DECODER = msgspec.json.Decoder(MessagesRequest)
 
 
-class _Messages:
-    name = "messages"
-    path = "/messages"
-    read_fields = frozenset({"system", "model", "stream", "tools", "tool_choice"})
-
-    @staticmethod
-    def read(body: bytes) -> Reading:
-        request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
-        for i, message in enumerate(request.messages):
-            if not isinstance(message.get("role"), str):
-                raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
-        return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
-
-    @staticmethod
-    def codec(body: dict[str, Any]) -> MessagesCodec:
-        return MessagesCodec(body)
-
-    failure = staticmethod(anthropic_event)
-
-
-MESSAGES = _Messages()
+def read(body: bytes) -> Reading:
+    request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
+    for i, message in enumerate(request.messages):
+        if not isinstance(message.get("role"), str):
+            raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
+    return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
 
 
 # -- the conversation ------------------------------------------------------------------
@@ -140,7 +109,7 @@ def _text(value: Any) -> str:
     """Text, or text blocks' text joined (``system`` may be either)."""
     if isinstance(value, list):
         return "\n\n".join(t for t in (part_text(block) for block in value) if t)
-    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
+    return text_of(value)
 
 
 def unmarked(block: Any) -> Any:
@@ -182,11 +151,11 @@ class _Message(msgspec.Struct):
     usage: _Usage | None = None
 
 
-def check_message(body: bytes) -> dict[str, Any]:
+def check(body: bytes) -> dict[str, Any]:
     return checked(body, _Message, "a message", "upstream_bad_response")
 
 
-def message_reply(message: dict[str, Any]) -> WorkerReply:
+def reply(message: dict[str, Any]) -> WorkerReply:
     """A message's text and tool calls (``tool_use``; a server tool's call is the upstream's own), as the rounds read them."""
     content = message.get("content") or []
     text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
@@ -194,11 +163,11 @@ def message_reply(message: dict[str, Any]) -> WorkerReply:
     return WorkerReply(text=text, tool_calls=calls)
 
 
-def add_usage(usage: Usage, message: dict[str, Any]) -> None:
+def usage(total: Usage, message: dict[str, Any]) -> None:
     said = message.get("usage")
     written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
     # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
-    usage.add_counts(count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read)
+    total.add_counts(count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read)
 
 
 def usage_of(usage: Usage) -> dict[str, int]:
@@ -210,6 +179,15 @@ def usage_of(usage: Usage) -> dict[str, int]:
 def relayed_stop(stop_reason: str | None) -> str:
     """The answering round's stop reason, but ``end_turn`` where its tool calls were directives, taken out of the answer."""
     return "end_turn" if stop_reason in (None, "tool_use") else stop_reason
+
+
+def event(kind: str, **fields: Any) -> bytes:
+    return named_event(kind, {"type": kind, **fields})
+
+
+def failure(error: PcpError) -> bytes:
+    """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
+    return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"
 
 
 class MessagesRules:
@@ -247,16 +225,15 @@ class _Event(msgspec.Struct):
 class MessagesCodec(ToolsCodec):
     """One Messages request in protocol mode: its worker calls, and the answer it gets."""
 
-    api = "messages"
-    path = "/messages"
     own_fields = ("messages", "system", "stream", "tools", "tool_choice", "pcp_components")
-    check = staticmethod(check_message)
-    reply = staticmethod(message_reply)
-    count = staticmethod(add_usage)
+    check = staticmethod(check)
+    reply = staticmethod(reply)
+    usage = staticmethod(usage)
     rules = MessagesRules
 
     def __init__(self, body: dict[str, Any]):
         super().__init__(body)
+        self.api = MESSAGES
         self.marks = _marks(body.get("messages") or [])
         self.tool_marks = sum(isinstance(tool, dict) and MARK in tool for tool in self.tools)
 
@@ -293,8 +270,6 @@ class MessagesCodec(ToolsCodec):
         return final
 
     def round(self, usage: Usage) -> MessagesRound:
-        from .messages_stream import MessagesRound  # which reads this module's shapes
-
         return MessagesRound(self, usage)
 
     @staticmethod
@@ -332,3 +307,79 @@ def _system(text: str, marks: int, cuts: Sequence[int] = ()) -> str | list[Block
     marked = {len(bounds) - 1, 0} if marks > 1 else {len(bounds) - 1}
     blocks: list[Block] = [{"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))]
     return [*blocks, {"type": "text", "text": text[bounds[-1]:]}] if text[bounds[-1]:] else blocks
+
+
+# -- a streamed call: the upstream's events read, the client's written ---------------------
+
+
+class MessagesRound:
+    def __init__(self, codec: MessagesCodec, usage: Usage):
+        self.codec = codec
+        self.usage = usage
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        # The upstream's message as message_start tells it, and how message_delta ends it.
+        self.message: dict[str, Any] = {"id": new_message_id(), "type": "message", "role": "assistant", "model": codec.model}
+        self.said_usage: dict[str, Any] = {}
+        self.stop_reason: str | None = None
+        self.stop_sequence: str | None = None
+
+    # -- reading the upstream's events -------------------------------------------------
+    def read(self, event: dict[str, Any]) -> str:
+        kind = event["type"]
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            self.message = {k: v for k, v in event["message"].items() if k not in ("content", "usage", "stop_reason", "stop_sequence")}
+            usage = event["message"].get("usage")
+            self.said_usage = dict(usage) if isinstance(usage, dict) else {}
+        elif kind == "content_block_start":
+            return self._started(event.get("index", 0), event.get("content_block") or {})
+        elif kind == "content_block_delta":
+            return self._delta(event.get("index", 0), event.get("delta") or {})
+        elif kind == "message_delta":
+            delta = event.get("delta") or {}
+            self.stop_reason, self.stop_sequence = delta.get("stop_reason"), delta.get("stop_sequence")
+            # message_delta's counts are the message's so far; it leaves out what it does not update.
+            said = {**self.said_usage, **{k: v for k, v in (event.get("usage") or {}).items() if v is not None}}
+            self.codec.usage(self.usage, {"usage": said})
+        return ""
+
+    def _started(self, index: int, block: dict[str, Any]) -> str:
+        if block.get("type") == "tool_use":
+            self.tool_calls[index] = function_call(str(block.get("id") or ""), str(block.get("name") or ""), "")
+        return str(block.get("text") or "") if block.get("type") == "text" else ""
+
+    def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        if delta.get("type") == "text_delta":
+            return str(delta.get("text") or "")
+        if delta.get("type") == "input_json_delta" and index in self.tool_calls:
+            self.tool_calls[index]["function"]["arguments"] += str(delta.get("partial_json") or "")
+        return ""
+
+    def calls(self) -> list[dict[str, Any]]:
+        return list(self.tool_calls.values())
+
+    # -- writing the client's ----------------------------------------------------------
+    def opening(self) -> bytes:
+        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(self.usage)}
+        return event("message_start", message=message) + event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+
+    @staticmethod
+    def text(text: str) -> bytes:
+        return event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+
+    failure = staticmethod(failure)
+
+    def closing(self) -> Iterator[bytes]:
+        yield event("content_block_stop", index=0)
+        delta = {"stop_reason": relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
+        yield event("message_delta", delta=delta, usage=usage_of(self.usage))
+        yield event("message_stop")
+
+    async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """The round as the upstream sent it, its message_delta with the usage of every upstream call."""
+        for event in events:
+            if event["type"] == "message_delta":
+                event = {**event, "usage": usage_of(self.usage)}
+            yield named_event(event["type"], event)
+
+
+MESSAGES = Api("messages", "/messages", frozenset({"system", "model", "stream", "tools", "tool_choice"}), read, MessagesCodec, failure)

@@ -10,47 +10,26 @@ as they are, a function call and its output one turn, reasoning items left
 out. Worker calls go upstream as Responses calls: the ``<PagedContext>`` as
 ``instructions``, the user line as ``input``. The client gets one response
 object, its ``instructions`` and ``tools`` its own; streamed, the events of one
-(``responses_stream``).
+(``ResponsesRound``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
 
 import msgspec
 
-from pcp_core import (
-    Call,
-    Outcome,
-    Part,
-    Result,
-    Said,
-    WorkerReply,
-    chat_messages,
-    short_hash,
-    text_part,
-)
+from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, short_hash, text_part
 
+from ..decoding import decode_json
 from ..errors import PcpError
-from ..sse import said
-from ..upstream import checked
-from .chat import Usage, decode_json
-from .codec import (
-    Reading,
-    ToolsCodec,
-    count_of,
-    function_call,
-    named_event,
-    split_system,
-)
+from ..sse import named_event, said
+from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
 
-if TYPE_CHECKING:
-    from .responses_stream import ResponsesRound
-
-__all__ = ["ENDED", "RESPONSES", "ResponsesCodec", "ResponsesRules", "item_call", "message_item", "new_item_id", "output_text", "responses_event", "responses_messages", "usage_of"]
+__all__ = ["RESPONSES", "ResponsesCodec", "ResponsesRound", "ResponsesRules", "check", "event", "failure", "read", "reply", "responses_messages", "usage", "usage_of"]
 
 Item = dict[str, Any]
 
@@ -74,31 +53,14 @@ _DECODER = msgspec.json.Decoder(ResponsesRequest)
 STATEFUL = ("previous_response_id", "conversation", "prompt", "background")
 
 
-class _Responses:
-    name = "responses"
-    path = "/responses"
-    read_fields = frozenset({"input", "instructions", "model", "stream", "tools", "tool_choice"})
-
-    @staticmethod
-    def read(body: bytes) -> Reading:
-        request: ResponsesRequest = decode_json(body, _DECODER.decode, "Responses request")
-        untouched = next((field for field in STATEFUL if getattr(request, field)), None)
-        items = request.input if isinstance(request.input, list) else []
-        if untouched is None and any(item.get("type") == "item_reference" for item in items):
-            untouched = "item_reference"
-        messages = [] if untouched else responses_messages(request.instructions, request.input)
-        return Reading(messages, request.stream, untouched, {"input": request.input}, request.model)
-
-    @staticmethod
-    def codec(body: dict[str, Any]) -> ResponsesCodec:
-        return ResponsesCodec(body)
-
-    @staticmethod
-    def failure(error: PcpError) -> bytes:
-        return responses_event("error", {"code": error.body.code, "message": error.body.message, "param": error.body.param, "sequence_number": 0})
-
-
-RESPONSES = _Responses()
+def read(body: bytes) -> Reading:
+    request: ResponsesRequest = decode_json(body, _DECODER.decode, "Responses request")
+    untouched = next((field for field in STATEFUL if getattr(request, field)), None)
+    items = request.input if isinstance(request.input, list) else []
+    if untouched is None and any(item.get("type") == "item_reference" for item in items):
+        untouched = "item_reference"
+    messages = [] if untouched else responses_messages(request.instructions, request.input)
+    return Reading(messages, request.stream, untouched, {"input": request.input}, request.model)
 
 
 # -- the conversation ------------------------------------------------------------------
@@ -143,7 +105,7 @@ def _read(item: Item) -> tuple[str | None, list[Any]]:
         return _TOOL, [Result(call_id, _parts(item.get("output")))]
     if kind in ("function_call", "custom_tool_call"):
         arguments = item.get("arguments") if kind == "function_call" else item.get("input")
-        return _ASSISTANT, [Call(call_id, str(item.get("name") or ""), _text(arguments))]
+        return _ASSISTANT, [Call(call_id, str(item.get("name") or ""), text_of(arguments))]
     if kind.endswith("_call"):  # a hosted tool's call (web_search_call, …): what it did, without what it carries opaque
         shown = {k: v for k, v in item.items() if k not in _NOT_SHOWN}
         return _ASSISTANT, [Call(call_id, str(item.get("name") or kind.removesuffix("_call")), json.dumps(shown))]
@@ -158,18 +120,14 @@ def _parts(content: Any) -> list[Any]:
     if content is None:
         return []
     if not isinstance(content, list):
-        return [text_part(_text(content))]
+        return [text_part(text_of(content))]
     return [_part(part) for part in content]
 
 
 def _part(part: Any) -> Any:
     if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
-        return text_part(_text(part.get("text")))
+        return text_part(text_of(part.get("text")))
     return part
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else "" if value is None else json.dumps(value)
 
 
 # -- the upstream's answers --------------------------------------------------------------
@@ -195,11 +153,11 @@ class _Response(msgspec.Struct):
     usage: _Usage | None = None
 
 
-def check_response(body: bytes) -> dict[str, Any]:
+def check(body: bytes) -> dict[str, Any]:
     return checked(body, _Response, "a response", "upstream_bad_response")
 
 
-def response_reply(response: dict[str, Any]) -> WorkerReply:
+def reply(response: dict[str, Any]) -> WorkerReply:
     """A response's text and tool calls, as the rounds read them."""
     output = response.get("output") or []
     text = "".join(part.get("text") or "" for item in output if item.get("type") == "message" for part in item.get("content") or () if part.get("type") == "output_text")
@@ -212,14 +170,14 @@ def item_call(item: Item) -> dict[str, Any] | None:
     if kind not in ("function_call", "custom_tool_call"):
         return None
     arguments = item.get("arguments") if kind == "function_call" else item.get("input")
-    return function_call(str(item.get("call_id") or ""), str(item.get("name") or ""), _text(arguments))
+    return function_call(str(item.get("call_id") or ""), str(item.get("name") or ""), text_of(arguments))
 
 
-def add_usage(usage: Usage, response: dict[str, Any]) -> None:
+def usage(total: Usage, response: dict[str, Any]) -> None:
     said = response.get("usage")
     cached = count_of(said.get("input_tokens_details") if isinstance(said, dict) else None, "cached_tokens")
     reasoning = count_of(said.get("output_tokens_details") if isinstance(said, dict) else None, "reasoning_tokens")
-    usage.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), cached_tokens=cached, reasoning_tokens=reasoning)
+    total.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), cached_tokens=cached, reasoning_tokens=reasoning)
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:
@@ -242,8 +200,12 @@ def output_text(text: str) -> dict[str, Any]:
 ENDED = ("response.completed", "response.incomplete")
 
 
-def responses_event(kind: str, payload: dict[str, Any]) -> bytes:
+def event(kind: str, payload: dict[str, Any]) -> bytes:
     return named_event(kind, {"type": kind, **payload})
+
+
+def failure(error: PcpError) -> bytes:
+    return event("error", {"code": error.body.code, "message": error.body.message, "param": error.body.param, "sequence_number": 0})
 
 
 class _Event(msgspec.Struct):
@@ -284,13 +246,15 @@ class ResponsesRules:
 class ResponsesCodec(ToolsCodec):
     """One Responses request in protocol mode: its worker calls, and the answer it gets."""
 
-    api = "responses"
-    path = "/responses"
     own_fields = ("input", "instructions", "stream", "tools", "tool_choice", "pcp_components")
-    check = staticmethod(check_response)
-    reply = staticmethod(response_reply)
-    count = staticmethod(add_usage)
+    check = staticmethod(check)
+    reply = staticmethod(reply)
+    usage = staticmethod(usage)
     rules = ResponsesRules
+
+    def __init__(self, body: dict[str, Any]):
+        super().__init__(body)
+        self.api = RESPONSES
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return msgspec.json.encode({"model": model, **self.prompt(messages), "max_output_tokens": max(16, max_tokens), "store": False})
@@ -312,8 +276,6 @@ class ResponsesCodec(ToolsCodec):
         return shown
 
     def round(self, usage: Usage) -> ResponsesRound:
-        from .responses_stream import ResponsesRound  # which reads this module's shapes
-
         return ResponsesRound(self, usage)
 
     @staticmethod
@@ -348,3 +310,95 @@ def _input_content(content: Any) -> Any:
     if not isinstance(content, list):
         return content
     return [{"type": "input_text", "text": part["text"]} if isinstance(part, dict) and part.get("type") == "text" else part for part in content]
+
+
+# -- a streamed call: the upstream's events read, the client's written ---------------------
+
+
+class ResponsesRound:
+    """The client's stream is the one a response with one message would have: created, in progress,
+    the item and part added, a text delta as the answer is released, the ``…done`` events, then
+    ``response.completed`` with the usage of every call. A call of the client's own tools is replayed."""
+
+    def __init__(self, codec: ResponsesCodec, usage: Usage):
+        self.codec = codec
+        self.usage = usage
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.response: dict[str, Any] = {}  # the upstream's response object, as the latest event that carries it
+        self.released: list[str] = []  # the answer's text, as the client got it
+        self.sequence = 0
+        self.item_id = new_item_id()
+
+    # -- reading the upstream's events -------------------------------------------------
+    def read(self, event: dict[str, Any]) -> str:
+        kind = event["type"]
+        if isinstance(event.get("response"), dict):
+            self.response = event["response"]
+            if kind in ENDED:
+                self.codec.usage(self.usage, self.response)
+        if kind == "response.output_text.delta":
+            return str(event.get("delta") or "")
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            self._called(event.get("output_index", 0), event.get("item"))
+        elif kind in ("response.function_call_arguments.delta", "response.custom_tool_call_input.delta") and event.get("output_index", 0) in self.tool_calls:
+            self.tool_calls[event.get("output_index", 0)]["function"]["arguments"] += str(event.get("delta") or "")
+        return ""
+
+    def _called(self, index: int, item: Any) -> None:
+        call = item_call(item) if isinstance(item, dict) else None
+        if call is None:
+            return
+        known = self.tool_calls.setdefault(index, call)
+        if call["function"]["arguments"]:  # an item done holds its arguments whole
+            known["function"]["arguments"] = call["function"]["arguments"]
+
+    def calls(self) -> list[dict[str, Any]]:
+        return list(self.tool_calls.values())
+
+    # -- writing the client's ----------------------------------------------------------
+    def _event(self, kind: str, **fields: Any) -> bytes:
+        self.sequence += 1
+        return event(kind, {"sequence_number": self.sequence - 1, **fields})
+
+    def _response(self, status: str, output: list[Any], usage: Any = None) -> dict[str, Any]:
+        return {**self.codec.shown(self.response), "status": status, "output": output, "usage": usage}
+
+    def opening(self) -> bytes:
+        item = {**message_item(self.item_id, "", "in_progress"), "content": []}
+        return b"".join(
+            [
+                self._event("response.created", response=self._response("in_progress", [])),
+                self._event("response.in_progress", response=self._response("in_progress", [])),
+                self._event("response.output_item.added", output_index=0, item=item),
+                self._event("response.content_part.added", item_id=self.item_id, output_index=0, content_index=0, part=output_text("")),
+            ]
+        )
+
+    def text(self, text: str) -> bytes:
+        self.released.append(text)
+        return self._event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=text, logprobs=[])
+
+    def failure(self, error: PcpError) -> bytes:
+        return self._event("error", code=error.body.code, message=error.body.message, param=error.body.param)
+
+    def closing(self) -> Iterator[bytes]:
+        text = "".join(self.released)
+        status = "incomplete" if self.response.get("status") == "incomplete" else "completed"
+        item = message_item(self.item_id, text, status)
+        place = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
+        yield self._event("response.output_text.done", **place, text=text, logprobs=[])
+        yield self._event("response.content_part.done", **place, part=output_text(text))
+        yield self._event("response.output_item.done", output_index=0, item=item)
+        yield self._event(f"response.{status}", response=self._response(status, [item], usage_of(self.usage)))
+
+    async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
+        """The round as the upstream sent it; its response objects the client's, the last with the usage of every call."""
+        for event in events:
+            response = event.get("response")
+            if isinstance(response, dict):
+                usage = usage_of(self.usage) if event["type"] in ENDED else response.get("usage")
+                event = {**event, "response": {**self.codec.shown(response), "usage": usage}}
+            yield named_event(event["type"], event)
+
+
+RESPONSES = Api("responses", "/responses", frozenset({"input", "instructions", "model", "stream", "tools", "tool_choice"}), read, ResponsesCodec, failure)

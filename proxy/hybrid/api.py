@@ -13,25 +13,25 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, Response, get, put
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from pcp_core.hybrid import TodoItem, render, todo_projection
 
 from .. import headers as pcp
-from ..apis.chat import error_param
+from ..decoding import decode_json
 from ..errors import ClientError
-from ..pact.api import _caller, _json
+from ..own_api import checked_session, json_response
 from .store import HybridState
-
-if TYPE_CHECKING:
-    from ..app import Services
+from .turn import Hybrid
 
 __all__ = ["HYBRID_ROUTES"]
 
-_BASE = "/v1/pcp/sessions/{session_id:str}"
+_BASE = "/sessions/{session_id:str}"  # under /v1/pcp
 MAX_ITEMS = 1000
 
 
@@ -50,47 +50,43 @@ _TODO = msgspec.json.Decoder(_TodoList)
 
 
 @get(f"{_BASE}/context")
-async def session_context(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _hybrid_caller(request)
-    state = await asyncio.to_thread(services.hybrid.store.get, namespace, session_id)
+async def session_context(hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session_id = _checked(hybrid, session_id)
+    state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
         raise ClientError(f"session {session_id!r} has no context yet: it has had no request in Hybrid mode", status=404, type="not_found_error", param="session_id", code="context_not_found")
     return Response(render(state.snapshot).encode(), media_type="application/json", headers={pcp.CONTEXT_ROUND: str(state.round)})
 
 
 @put(f"{_BASE}/todo", status_code=200)
-async def set_todo(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _hybrid_caller(request)
+async def set_todo(request: Request[Any, Any, Any], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session_id = _checked(hybrid, session_id)
     items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(await request.body()))
 
     def step(state: HybridState | None) -> HybridState:
         return msgspec.structs.replace(state or HybridState(), todo=items)
 
-    await asyncio.to_thread(services.hybrid.store.change, namespace, session_id, step)
-    return _json(_todo(session_id, items))
+    await asyncio.to_thread(hybrid.store.change, namespace, session_id, step)
+    return json_response(_todo(session_id, items))
 
 
 @get(f"{_BASE}/todo")
-async def get_todo(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _hybrid_caller(request)
-    state = await asyncio.to_thread(services.hybrid.store.get, namespace, session_id)
-    return _json(_todo(session_id, state.todo if state is not None else ()))
+async def get_todo(hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session_id = _checked(hybrid, session_id)
+    state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
+    return json_response(_todo(session_id, state.todo if state is not None else ()))
 
 
-def _hybrid_caller(request: Request[Any, Any, Any]) -> tuple[Services, str, str]:
-    services, namespace, session_id = _caller(request)
-    if services.settings.hybrid == "off":
+def _checked(hybrid: Hybrid, session_id: str) -> str:
+    """The session's id, once it is one and Hybrid mode is on."""
+    session_id = checked_session(session_id)
+    if hybrid.default == "off":
         raise ClientError("Hybrid mode is off on this proxy: set PCP_HYBRID to enabled or disabled", status=404, type="not_found_error", code="hybrid_off")
-    return services, namespace, session_id
+    return session_id
 
 
 def _todo_list(body: bytes) -> list[_Item]:
-    try:
-        items = _TODO.decode(body).items
-    except msgspec.ValidationError as exc:
-        raise ClientError(f"invalid todo list: {exc}", param=error_param(str(exc)), code="invalid_todo") from None
-    except msgspec.DecodeError as exc:
-        raise ClientError(f"request body is not valid JSON: {exc}") from None
+    items = decode_json(body, _TODO.decode, "todo list", code="invalid_todo").items
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)

@@ -27,15 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from pcp_core import (
-    Conversation,
-    Prepared,
-    Resolution,
-    chain_links,
-    conversation_links,
-    message_text,
-    with_appendix,
-)
+from pcp_core import Conversation, Prepared, Resolution, chain_links, conversation_links, message_text, with_appendix
 from pcp_core.conversation import conversation_start
 from pcp_core.hybrid import (
     Block,
@@ -65,7 +57,7 @@ from .store import HybridState, HybridStore
 if TYPE_CHECKING:
     from pcp_core import CountText
 
-    from ..apis.chat import ChatRequest
+    from ..apis.codec import Reading
     from ..metrics import Metrics
     from ..settings import Settings
 
@@ -190,12 +182,12 @@ class ContextTurn:
         metrics.inc("pcp_context_cold_total", sum(block.rehydrated_at == stamp for _, block in self.shown.memory.blocks()), event="rehydrated")
 
     # -- below the threshold -----------------------------------------------------------------
-    async def passthrough(self, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+    async def passthrough(self, request: Reading, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward: the rules and the session's snapshot at the end of the leading system message."""
         if self.enabled:
 
             pinned = pcp.pinned_session(self.headers)
-            messages = chat.messages[conversation_start(chat.messages) :]
+            messages = request.messages[conversation_start(request.messages) :]
             links = chain_links(messages) if pinned is None else []  # a named session needs no recognising
             self.link = links[-1] if links else ""
             if pinned is not None and self.hybrid.store.in_memory(self.namespace, pinned):

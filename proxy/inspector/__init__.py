@@ -18,7 +18,7 @@ from litestar import Request, Response, get
 
 from .api import INSPECTOR_API
 
-__all__ = ["INSPECTOR_ROUTES"]
+__all__ = ["INSPECTOR_API", "INSPECTOR_PAGES"]
 
 ASSETS = {"inspect.js": "text/javascript; charset=utf-8", "inspect.css": "text/css; charset=utf-8"}
 SECURITY = {
@@ -48,4 +48,4 @@ async def inspector_asset(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(_asset(name), media_type=media_type, headers=SECURITY)
 
 
-INSPECTOR_ROUTES = [inspector_page, inspector_asset, *INSPECTOR_API]
+INSPECTOR_PAGES = [inspector_page, inspector_asset]  # at the root, without a key; their data is INSPECTOR_API's, under /v1/pcp

@@ -13,18 +13,18 @@ With ``PCP_API_KEYS`` set a proxy key is needed, as for a chat request.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import msgspec
-from litestar import Request, Response, get
-
-from pcp_core import SESSION_ID
+from litestar import Response, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 
 from ..errors import ClientError
+from ..own_api import checked_session, json_response
+from ..protocol.telemetry import Traces
+from ..storage.sessions import SessionStore
+from ..tokenizer import Tokenizer
 from .data import page_tree, session_summary
-
-if TYPE_CHECKING:
-    from ..app import Services
 
 __all__ = ["INSPECTOR_API"]
 
@@ -32,43 +32,31 @@ __all__ = ["INSPECTOR_API"]
 MAX_LISTED = 500
 
 
-@get("/v1/pcp/sessions")
-async def list_sessions(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace = _caller(request)
-    return _json(await asyncio.to_thread(_listed, services, namespace))
+@get("/sessions")  # under /v1/pcp
+async def list_sessions(sessions: NamedDependency[SessionStore], traces: NamedDependency[Traces], namespace: NamedDependency[str]) -> Response[bytes]:
+    return _json(await asyncio.to_thread(_listed, sessions, traces, namespace))
 
 
-@get("/v1/pcp/sessions/{session_id:str}")
-async def show_session(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace = _caller(request)
-    session_id: str = request.path_params["session_id"]
-    if not SESSION_ID.match(session_id):
-        raise ClientError("a session id is 1 to 128 letters, digits or . _ : -", param="session_id", code="invalid_session")
-    shown = await asyncio.to_thread(_shown, services, namespace, session_id)
+@get("/sessions/{session_id:str}")
+async def show_session(sessions: NamedDependency[SessionStore], traces: NamedDependency[Traces], tokenizer: NamedDependency[Tokenizer], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session_id = checked_session(session_id)
+    shown = await asyncio.to_thread(_shown, sessions, traces, tokenizer, namespace, session_id)
     if shown is None:
         raise ClientError(f"no session {session_id!r} for this key", status=404, type="not_found_error", code="session_not_found")
     return _json(shown)
 
 
-@get("/v1/pcp/requests/{trace_id:str}")
-async def show_request(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace = _caller(request)
-    trace = services.traces.get(namespace, request.path_params["trace_id"])
+@get("/requests/{trace_id:str}")
+async def show_request(traces: NamedDependency[Traces], namespace: NamedDependency[str], trace_id: FromPath[str]) -> Response[bytes]:
+    trace = traces.get(namespace, trace_id)
     if trace is None:
         raise ClientError("no traced request with that id for this key (traces are kept in memory, the latest of each session)", status=404, type="not_found_error", code="trace_not_found")
     return _json(trace)
 
 
-def _caller(request: Request[Any, Any, Any]) -> tuple[Services, str]:
-    services: Services = request.app.state.services
-    services.upstream_headers(request.headers)  # checks the proxy's key, as a chat request does
-    return services, services.namespaces.of(request.headers)
-
-
-def _listed(services: Services, namespace: str) -> dict[str, Any]:
-    store = services.sessions
+def _listed(store: SessionStore, traces: Traces, namespace: str) -> dict[str, Any]:
     store.flush()  # a session saved a moment ago is on its way to the disk
-    traced = services.traces.sessions_of(namespace)
+    traced = traces.sessions_of(namespace)
     ids = [sid for owner, sid in store.stored() if owner == namespace]
     found = [store.read(namespace, session_id) for session_id in ids]
     sessions = [session_summary(session, traced.get(session.id, 0)) for session in found if session is not None]
@@ -76,18 +64,18 @@ def _listed(services: Services, namespace: str) -> dict[str, Any]:
     return {"object": "list", "data": sessions[:MAX_LISTED], "truncated": len(sessions) > MAX_LISTED}
 
 
-def _shown(services: Services, namespace: str, session_id: str) -> dict[str, Any] | None:
-    services.sessions.flush()
-    session = services.sessions.read(namespace, session_id)
+def _shown(store: SessionStore, traces: Traces, tokenizer: Tokenizer, namespace: str, session_id: str) -> dict[str, Any] | None:
+    store.flush()
+    session = store.read(namespace, session_id)
     if session is None:
         return None
-    traces = services.traces.of_session(namespace, session_id)
-    roots, pages = page_tree(session, services.tokenizer.count)
-    return {**session_summary(session, len(traces)), "roots": roots, "pages": pages, "requests": traces}
+    traced = traces.of_session(namespace, session_id)
+    roots, pages = page_tree(session, tokenizer.count)
+    return {**session_summary(session, len(traced)), "roots": roots, "pages": pages, "requests": traced}
 
 
 def _json(content: Any) -> Response[bytes]:
-    return Response(msgspec.json.encode(content), media_type="application/json", headers={"cache-control": "no-store"})
+    return json_response(content, headers={"cache-control": "no-store"})
 
 
 INSPECTOR_API = [list_sessions, show_session, show_request]

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, delete, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Stream
 
 from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, OriginalPage, Page
@@ -22,12 +24,10 @@ from pcp_core.memory import memory_intent, ranked
 from pcp_core.pages import Origin
 
 from ..errors import ClientError
+from ..own_api import json_response
 from .scopes import checked_scope
+from .service import Memory
 from .store import scope_key
-
-if TYPE_CHECKING:
-    from ..app import Services
-    from .service import Memory
 
 __all__ = ["MEMORY_ROUTES"]
 
@@ -44,46 +44,38 @@ class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
 _line_decoder = msgspec.json.Decoder(OriginalPage | ConsolidatedPage | CoreLine)
 
 
-def _memory(request: Request[Any, Any, Any]) -> tuple[Memory, str]:
-    """The memory service and the caller's scope key; the proxy key checked as for any route."""
-
-    services: Services = request.app.state.services
-    services.upstream_headers(request.headers)  # a missing or wrong proxy key is a 401 here too
-    if services.memory is None:
+def _scope(memory: Memory | None, namespace: str, name: str) -> tuple[Memory, str]:
+    """The memory service and the caller's scope key, once memory is there and the name is a scope's."""
+    if memory is None:
         raise ClientError("memory is not available on this proxy", status=404, code="memory_unavailable")
-    name = checked_scope(request.path_params["name"], param="scope")
-    return services.memory, scope_key(services.namespaces.of(request.headers), name)
-
-
-def _json(data: Any, status: int = 200) -> Response[bytes]:
-    return Response(msgspec.json.encode(data), media_type="application/json", status_code=status)
+    return memory, scope_key(namespace, checked_scope(name, param="scope"))
 
 
 def _shown(page: Page, **more: Any) -> dict[str, Any]:
     return {**msgspec.to_builtins(page), **more}
 
 
-@get("/v1/pcp/memory/{name:str}")
-async def scope_status(request: Request[Any, Any, Any]) -> Response[bytes]:
-    memory, key = _memory(request)
+@get("/memory/{name:str}")
+async def scope_status(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+    memory, key = _scope(memory, namespace, name)
     counts = await asyncio.to_thread(memory.store.counts, key)
-    return _json({"scope": request.path_params["name"], "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
+    return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
 
 
-@get("/v1/pcp/memory/{name:str}/pages")
-async def list_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
+@get("/memory/{name:str}/pages")
+async def list_pages(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
     """Pages in the order they were written (``cursor``: the last row seen), or the best for ``query`` (``cursor``: an offset)."""
-    memory, key = _memory(request)
+    memory, key = _scope(memory, namespace, name)
     query = request.query_params.get("query", "")
     limit = _number(request.query_params.get("limit", "20"), "limit", 1, MAX_LIMIT)
     cursor = _number(request.query_params.get("cursor", "0"), "cursor", 0, 2**62)
     if query:
         pages, more = await asyncio.to_thread(_searched, memory, key, query, limit, cursor)
-        return _json({"data": [_shown(p) for p in pages], "next_cursor": str(cursor + limit) if more else None})
+        return json_response({"data": [_shown(p) for p in pages], "next_cursor": str(cursor + limit) if more else None})
     stored = await asyncio.to_thread(memory.store.listing, key, cursor, limit + 1)
     shown = stored[:limit]
     more = len(stored) > limit
-    return _json({"data": [_shown(s.page, recalls=s.recalls) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+    return json_response({"data": [_shown(s.page, recalls=s.recalls) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
 
 
 def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> tuple[list[Page], bool]:
@@ -94,25 +86,25 @@ def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> 
     return order[offset : offset + limit], len(order) > offset + limit
 
 
-@get("/v1/pcp/memory/{name:str}/pages/{page_id:str}")
-async def one_page(request: Request[Any, Any, Any]) -> Response[bytes]:
-    memory, key = _memory(request)
+@get("/memory/{name:str}/pages/{page_id:str}")
+async def one_page(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+    memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     found = await asyncio.to_thread(memory.store.pages, key, [page_id])
     if not found:
         raise ClientError(f"no page {page_id!r} in this scope", status=404, param="page_id", code="page_not_found")
     parents = await asyncio.to_thread(memory.store.parents, key, [page_id])
-    return _json(_shown(found[0], parents=parents.get(page_id, [])))
+    return json_response(_shown(found[0], parents=parents.get(page_id, [])))
 
 
-@delete("/v1/pcp/memory/{name:str}/pages/{page_id:str}", status_code=200)
-async def delete_page(request: Request[Any, Any, Any]) -> Response[bytes]:
-    memory, key = _memory(request)
+@delete("/memory/{name:str}/pages/{page_id:str}", status_code=200)
+async def delete_page(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+    memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     if not await asyncio.to_thread(memory.store.pages, key, [page_id]):
         raise ClientError(f"no page {page_id!r} in this scope", status=404, param="page_id", code="page_not_found")
     removed = await asyncio.wrap_future(memory.forget(key, ids=[page_id]))
-    return _json({"deleted": removed})
+    return json_response({"deleted": removed})
 
 
 class _Forget(msgspec.Struct, forbid_unknown_fields=True):
@@ -120,10 +112,10 @@ class _Forget(msgspec.Struct, forbid_unknown_fields=True):
     query: str = ""
 
 
-@post("/v1/pcp/memory/{name:str}/forget", status_code=200)
-async def forget(request: Request[Any, Any, Any]) -> Response[bytes]:
+@post("/memory/{name:str}/forget", status_code=200)
+async def forget(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
     """Remove pages for good: ``{"ids": [...]}`` (each with the pages under it) or ``{"query": "..."}`` (the Originals holding all its words)."""
-    memory, key = _memory(request)
+    memory, key = _scope(memory, namespace, name)
     try:
         asked = msgspec.json.decode(await request.body(), type=_Forget)
     except msgspec.DecodeError as error:
@@ -131,14 +123,14 @@ async def forget(request: Request[Any, Any, Any]) -> Response[bytes]:
     if bool(asked.ids) == bool(asked.query.strip()):
         raise ClientError('give one of "ids" (a list of page ids) or "query" (words the pages hold)', param="body")
     removed = await asyncio.wrap_future(memory.forget(key, ids=asked.ids, query=asked.query))
-    return _json({"forgotten": removed})
+    return json_response({"forgotten": removed})
 
 
-@get("/v1/pcp/memory/{name:str}/export")
-async def export(request: Request[Any, Any, Any]) -> Stream:
+@get("/memory/{name:str}/export")
+async def export(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Stream:
     """Every page as one JSON line, in the order written: a container after the pages it holds (``source_ids``);
     then the scope's core blocks, if it has any (``{"type": "Core", "blocks": [...]}``)."""
-    memory, key = _memory(request)
+    memory, key = _scope(memory, namespace, name)
 
     async def lines() -> AsyncIterator[bytes]:
         after = 0
@@ -152,11 +144,11 @@ async def export(request: Request[Any, Any, Any]) -> Stream:
     return Stream(lines(), media_type="application/x-ndjson")
 
 
-@post("/v1/pcp/memory/{name:str}/import", status_code=200)
-async def import_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
+@post("/memory/{name:str}/import", status_code=200)
+async def import_pages(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
     """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped. Core
     blocks join the scope's (a block of the same id is the import's)."""
-    memory, key = _memory(request)
+    memory, key = _scope(memory, namespace, name)
     pages, core = _read_lines(await request.body())
     known = set(await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])}))
     given = {p.id for p in pages}
@@ -170,7 +162,7 @@ async def import_pages(request: Request[Any, Any, Any]) -> Response[bytes]:
         await asyncio.to_thread(cores.keep, key, core, ())
     written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import"))) if pages else None
     imported = len(written.added) if written is not None else 0
-    return _json({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
+    return json_response({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 
 
 def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
@@ -194,12 +186,12 @@ def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
     return pages, core
 
 
-@delete("/v1/pcp/memory/{name:str}", status_code=200)
-async def drop_scope(request: Request[Any, Any, Any]) -> Response[bytes]:
+@delete("/memory/{name:str}", status_code=200)
+async def drop_scope(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
     """Everything the scope holds, gone (forgotten turns included)."""
-    memory, key = _memory(request)
+    memory, key = _scope(memory, namespace, name)
     removed = await asyncio.wrap_future(memory.run(key, lambda: memory.drop(key)))
-    return _json({"deleted_pages": removed})
+    return json_response({"deleted_pages": removed})
 
 
 def _number(raw: str, name: str, low: int, high: int) -> int:

@@ -1,37 +1,35 @@
-"""Where memory meets a chat request: its scope, whether it faults memory in, what a forwarded request leaves."""
+"""Where memory meets a request of a paged API: its scope, whether it faults memory in, what a forwarded request leaves."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pcp_core import Conversation
 
-from .scopes import HEADER as MEMORY_HEADER
 from .scopes import Scope, request_scope
+from .service import Memory
 
-if TYPE_CHECKING:
-    from ..app import Services
-
-__all__ = ["MEMORY_HEADER", "faults", "memory_scope", "remember_forwarded"]
+__all__ = ["faults", "memory_scope", "remember_forwarded"]
 
 
-def memory_scope(services: Services, headers: Mapping[str, str], body: bytes, namespace: Callable[[], str]) -> Scope | None:
-    """The request's memory scope (a 400 for a malformed header), or None: then nothing is read or written."""
-    if services.memory is None:
+def memory_scope(memory: Memory | None, headers: Mapping[str, str], body: bytes, namespace: Callable[[], str], from_user: bool) -> Scope | None:
+    """The request's memory scope (a 400 for a malformed header), or None: then nothing is read or written.
+    ``from_user``: a body's ``user`` names the scope when no header does (``memory_scope_from_user``)."""
+    if memory is None:
         return None
-    return request_scope(headers, body, namespace, services.settings.memory_scope_from_user)
+    return request_scope(headers, body, namespace, from_user)
 
 
-def faults(services: Services, scope: Scope | None) -> bool:
+def faults(memory: Memory | None, scope: Scope | None) -> bool:
     """Whether the request's scope holds pages: they are brought in, so the request goes out in protocol mode."""
-    return scope is not None and services.memory is not None and services.memory.has_pages(scope.key)
+    return scope is not None and memory is not None and memory.has_pages(scope.key)
 
 
-def remember_forwarded(services: Services, scope: Scope | None, namespace: str, messages: list[dict[str, Any]], status: int, pinned: str | None) -> None:
+def remember_forwarded(memory: Memory | None, scope: Scope | None, namespace: str, messages: list[dict[str, Any]], status: int, pinned: str | None) -> None:
     """A forwarded request's messages, written back in the background (an upstream that refused it: not)."""
-    if scope is None or services.memory is None or status >= 400 or not messages:
+    if scope is None or memory is None or status >= 400 or not messages:
         return
-    conversation = Conversation.of(messages, services.policy.paging.blocks, services.tokenizer.count)
-    services.memory.ingest(scope.key, namespace, conversation, time.time_ns(), pinned)
+    conversation = Conversation.of(messages, memory.policy.paging.blocks, memory.count)
+    memory.ingest(scope.key, namespace, conversation, time.time_ns(), pinned)

@@ -26,17 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from pcp_core import (
-    Conversation,
-    Facts,
-    LoadPages,
-    OriginalPage,
-    Page,
-    Policy,
-    Session,
-    prepare,
-    short_hash,
-)
+from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy, Session, prepare, short_hash
 from pcp_core.memory import (
     Candidate,
     ConsolidatorPolicy,

@@ -14,39 +14,30 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Request, Response, delete, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 
-from pcp_core import (
-    SESSION_ID,
-    ComponentSpec,
-    PactError,
-    Tree,
-    insert,
-    node,
-    parse_selector,
-    select,
-    snapshot,
-)
+from pcp_core import ComponentSpec, PactError, Tree, insert, node, parse_selector, select, snapshot
 from pcp_core import delete as detach
 
-from ..apis.chat import error_param
+from ..decoding import decode_json
 from ..errors import ClientError
+from ..own_api import checked_session, json_response
+from .components import Components
 
-if TYPE_CHECKING:
-    from ..app import Services
-
-__all__ = ["PCP_ROUTES"]
+__all__ = ["COMPONENT_ROUTES"]
 
 _SPEC = msgspec.json.Decoder(ComponentSpec)
-_BASE = "/v1/pcp/sessions/{session_id:str}"
+_BASE = "/sessions/{session_id:str}"  # under /v1/pcp
 
 
 @post(f"{_BASE}/components", status_code=201)
-async def add_component(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _caller(request)
+async def add_component(request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session = checked_session(session_id)
     spec = _spec(await request.body())
     added: list[Any] = []
 
@@ -58,74 +49,57 @@ async def add_component(request: Request[Any, Any, Any]) -> Response[bytes]:
         added.append(component)
         return tree
 
-    tree = await asyncio.to_thread(services.components.store.change, namespace, session_id, step)
-    return _json(node(added[0], tree), status=201)
+    tree = await asyncio.to_thread(components.store.change, namespace, session, step)
+    return json_response(node(added[0], tree), status=201)
 
 
 @get(f"{_BASE}/components")
-async def list_components(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _caller(request)
+async def list_components(request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session = checked_session(session_id)
     text = request.query_params.get("select")
     try:
         selector = parse_selector(text) if text is not None else None
     except PactError as error:
         raise ClientError(f"select {error}", param="select", code="invalid_selector") from None
-    tree = await _tree(services, namespace, session_id)
-    return _json({"object": "list", "session": session_id, "data": [node(c, tree) for c in select(tree, selector)]})
+    tree = await _tree(components, namespace, session)
+    return json_response({"object": "list", "session": session, "data": [node(c, tree) for c in select(tree, selector)]})
 
 
 @delete(f"{_BASE}/components/{{ref:str}}", status_code=200)
-async def delete_component(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _caller(request)
-    ref = request.path_params["ref"]
+async def delete_component(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]) -> Response[bytes]:
+    session = checked_session(session_id)
     removed: list[Any] = []
 
     def step(tree: Tree) -> Tree:
         tree, component = detach(tree, ref)
         if component is None:
-            raise ClientError(f"session {session_id!r} has no component whose id or key is {ref!r}", status=404, param="ref", code="component_not_found")
+            raise ClientError(f"session {session!r} has no component whose id or key is {ref!r}", status=404, param="ref", code="component_not_found")
         removed.append(node(component, tree))
         return tree
 
-    await asyncio.to_thread(services.components.store.change, namespace, session_id, step)
-    return _json({**removed[0], "deleted": True})
+    await asyncio.to_thread(components.store.change, namespace, session, step)
+    return json_response({**removed[0], "deleted": True})
 
 
 @get(f"{_BASE}/tree")
-async def component_tree(request: Request[Any, Any, Any]) -> Response[bytes]:
-    services, namespace, session_id = _caller(request)
-    return _json(snapshot(await _tree(services, namespace, session_id), session_id))
+async def component_tree(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+    session = checked_session(session_id)
+    return json_response(snapshot(await _tree(components, namespace, session), session))
 
 
-def _caller(request: Request[Any, Any, Any]) -> tuple[Services, str, str]:
-    """The services, the caller's namespace and the session's id, once the caller's key (if the proxy asks for one) and the id are checked."""
-    services: Services = request.app.state.services
-    session_id: str = request.path_params["session_id"]
-    services.upstream_headers(request.headers)  # checks the proxy's key, as a chat request does
-    if not SESSION_ID.match(session_id):
-        raise ClientError("a session id is 1 to 128 letters, digits or . _ : -", param="session_id", code="invalid_session")
-    return services, services.namespaces.of(request.headers), session_id
-
-
-async def _tree(services: Services, namespace: str, session_id: str) -> Tree:
+async def _tree(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Tree:
     """The session's tree (an empty one for a session without components)."""
-    return await asyncio.to_thread(services.components.store.get, namespace, session_id) or Tree()
+    return await asyncio.to_thread(components.store.get, namespace, session_id) or Tree()
 
 
 def _spec(body: bytes) -> ComponentSpec:
     try:
-        return _SPEC.decode(body)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
+        return decode_json(body, _SPEC.decode, "component", code="invalid_component")
+    except ClientError as error:
         # Coordinates are checked once the fields are read, and their message (which quotes them) names no field.
-        param = error_param(text) or ("at" if text.startswith("'") else None)
-        raise ClientError(f"invalid component: {text}", param=param, code="invalid_component") from None
-    except msgspec.DecodeError as exc:
-        raise ClientError(f"request body is not valid JSON: {exc}") from None
+        if error.body.code == "invalid_component" and error.body.param is None and error.body.message.startswith("invalid component: '"):
+            error.body.param = "at"
+        raise
 
 
-def _json(content: Any, status: int = 200) -> Response[bytes]:
-    return Response(msgspec.json.encode(content), status_code=status, media_type="application/json")
-
-
-PCP_ROUTES = [add_component, list_components, delete_component, component_tree]
+COMPONENT_ROUTES = [add_component, list_components, delete_component, component_tree]

@@ -45,7 +45,7 @@ from pcp_core import (
 from pcp_core.conversation import conversation_start
 
 from .. import headers as pcp
-from ..apis.chat import ChatRequest
+from ..apis.codec import Reading
 from ..errors import ClientError
 from ..storage.base import Store
 from ..storage.datadir import Namespaces
@@ -105,25 +105,25 @@ class Components:
     def __init__(self, store: Store | Path, sealer: Sealer | None = None):
         self.store = ComponentStore(store, sealer)
 
-    async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, chat: ChatRequest, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+    async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, request: Reading, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.
 
         As it came, without a lookup, when the request neither names a session
         nor carries components; byte for byte when there is nothing to render.
         ``pcp_headers`` gains ``x-pcp-components`` when the session has components.
         """
-        if chat.pcp_components is None and pcp.SESSION not in headers:
+        if request.components is None and pcp.SESSION not in headers:
             return body
 
         pinned = pcp.pinned_session(headers)
         namespace = namespaces.of(headers)  # a keyed hash: only for a request that may have components
-        messages = chat.messages
-        if chat.pcp_components is None and (pinned is None or not self.store.holds(namespace, pinned)):
+        messages = request.messages
+        if request.components is None and (pinned is None or not self.store.holds(namespace, pinned)):
             if pinned is not None:
                 self.store.saw(namespace, pinned, lambda: chain_links(messages[conversation_start(messages) :]))
             return body
         links = chain_links(messages[conversation_start(messages) :])
-        step = _step(links, chat.pcp_components or [])
+        step = _step(links, request.components or [])
         if pinned is None:  # no session to keep them in: they render in this request alone
             tree = step(Tree())
         elif self.store.in_memory(namespace, pinned):
@@ -132,11 +132,11 @@ class Components:
             tree = await asyncio.to_thread(self.store.change, namespace, pinned, step)
         placed = placement(tree)
         pcp_headers[pcp.COMPONENTS] = str(placed.count)
-        if not placed.count and chat.pcp_components is None:
+        if not placed.count and request.components is None:
             return body
         fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])  # the fields the proxy does not read stay as they came
         fields.pop("pcp_components", None)
-        return msgspec.json.encode({**fields, "messages": onto_messages(chat.messages, placed)})
+        return msgspec.json.encode({**fields, "messages": onto_messages(request.messages, placed)})
 
     def attach(self, namespace: str, conversation: Conversation, resolution: Resolution, prepared: Prepared, inline: Sequence[Any] | None) -> Prepared:
         """``prepared`` with its session's live components where they render, the session's tree advanced to this request.

@@ -48,7 +48,7 @@ from pcp_core import (
 )
 
 from .. import headers as pcp
-from ..apis.chat import Usage
+from ..apis.codec import Usage
 from ..errors import ClientError, PcpError, UpstreamError
 from ..upstream import passed_back
 from .interrupt import Interrupt, Stopped
@@ -57,8 +57,8 @@ from .telemetry import RequestTelemetry
 
 if TYPE_CHECKING:
     from ..apis.codec import Codec
-    from ..app import Services
     from ..memory.scopes import Scope
+    from ..services import Services
 
 __all__ = ["serve_protocol"]
 
@@ -119,7 +119,7 @@ class ProtocolRequest:
         self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
-        self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api == "chat" else None
+        self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
         self.recalled: list[Page] = []
 
     def response_headers(self, rounds: int) -> dict[str, str]:
@@ -146,9 +146,9 @@ class ProtocolRequest:
         self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
-        summariser = services.summariser
-        if summariser is not None and self.upstream is services.upstream:  # it asks for chat completions
-            await summariser.submit(prepared.session.pages, self.codec.model, self.headers)
+        writer = services.summary_writer
+        if writer is not None and self.upstream is services.upstream:  # it asks for chat completions
+            await writer.submit(prepared.session.pages, self.codec.model, self.headers)
         # Each worker call's synthesis is recorded, each upstream call timed. The rounds' index of a
         # long history is built in a thread, as their steps run (``_step``).
         loop = await asyncio.to_thread(rounds, prepared, services.tokenizer.count_built, services.bm25)
@@ -175,7 +175,7 @@ class ProtocolRequest:
             now_ns=time.time_ns(),
             client_tools=self.codec.client_tools,
             dense=services.embedder is not None,
-            summaries=services.summariser.landed if services.summariser is not None else {},
+            summaries=services.summary_writer.landed if services.summary_writer is not None else {},
             memory=self.recalled,
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
@@ -230,11 +230,11 @@ class ProtocolRequest:
         codec = self.codec
         body = codec.router_body(call.messages, model, ROUTER_MAX_TOKENS)
         try:
-            data, _ = await self.upstream.complete(body, {**self.headers, pcp.ROLE: role}, timeout=ROUTER_TIMEOUT, deadline=self.deadline, path=codec.path, check=codec.check)
+            data, _ = await self.upstream.complete(codec.api.path, body, {**self.headers, pcp.ROLE: role}, codec.check, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
-        codec.count(self.usage, data)
+        codec.usage(self.usage, data)
         return codec.reply(data).text
 
     async def _recall(self) -> list[Page]:
@@ -297,8 +297,8 @@ class ProtocolRequest:
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
         codec = self.codec
-        data, self.answered = await self.upstream.complete(codec.worker_body(call, stream=False), self.headers, deadline=self.deadline, path=codec.path, check=codec.check)
-        codec.count(self.usage, data)
+        data, self.answered = await self.upstream.complete(codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline)
+        codec.usage(self.usage, data)
         if self.context is not None:
             self.context.sections().completion(data)  # the context section out of every choice
         return data
@@ -327,7 +327,7 @@ class ProtocolRequest:
     async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
         upstream, codec = self.upstream, self.codec
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        response = await upstream.open("POST", codec.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
+        response = await upstream.open("POST", codec.api.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
             raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
         self.answered = passed_back(response.headers)

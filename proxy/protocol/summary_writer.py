@@ -18,24 +18,17 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import NamedTuple
 
-from pcp_core import (
-    ConsolidatedPage,
-    Page,
-    PagedHistory,
-    fold_system,
-    model_summary,
-    short_hash,
-    summary_prompt,
-)
+from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
 
 from .. import headers as pcp
+from ..apis.chat import CHAT, check
 from ..metrics import Metrics
 from ..storage.base import Store
 from ..storage.embedded import EmbeddedStore
 from ..storage.sealing import Sealer
 from ..upstream import Upstream
 
-__all__ = ["Summariser", "closed_pages"]
+__all__ = ["SummaryWriter", "closed_pages"]
 
 log = logging.getLogger("pcp.proxy")
 
@@ -51,7 +44,7 @@ class Job(NamedTuple):
     headers: Mapping[str, str]
 
 
-class Summariser:
+class SummaryWriter:
     def __init__(self, store: Store | Path, upstream: Upstream, metrics: Metrics, max_chars: int, sealer: Sealer | None = None, *, fold_system: bool = False):
         self.store: Store = EmbeddedStore(store) if isinstance(store, Path) else store  # by the hash of the text: shared by every caller
         self.sealer = sealer or Sealer()  # summaries are the conversation's text, retold
@@ -66,7 +59,7 @@ class Summariser:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name="pcp-summariser")
+        self.task = asyncio.create_task(self._run(), name="pcp-summary-writer")
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -119,7 +112,7 @@ class Summariser:
                 raise
             except Exception as exc:  # a summary is an improvement, never a failure of anyone's request
                 self.failed.add(job.page_id)
-                log.warning("summariser: no summary for page %s: %s", job.page_id, exc)
+                log.warning("summary writer: no summary for page %s: %s", job.page_id, exc)
             finally:
                 self.metrics.inc("pcp_summaries_total", state=state)
                 self.queued.discard(job.page_id)
@@ -131,7 +124,7 @@ class Summariser:
         body = {"model": job.model, "messages": fold_system(messages) if self.fold_system else messages, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}
         headers = {**job.headers, pcp.ROLE: "consolidator", "content-type": "application/json"}
         started = time.perf_counter()
-        data, _ = await self.upstream.complete(json.dumps(body).encode(), headers)
+        data, _ = await self.upstream.complete(CHAT.path, json.dumps(body).encode(), headers, check)
         self.metrics.observe("pcp_upstream_seconds", time.perf_counter() - started, role="consolidator")
         return model_summary(data["choices"][0]["message"].get("content") or "", self.max_chars)
 

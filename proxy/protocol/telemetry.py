@@ -33,17 +33,7 @@ from typing import Any
 
 import msgspec
 
-from pcp_core import (
-    CallRouter,
-    CallWorker,
-    Effect,
-    Outcome,
-    Paged,
-    PagedHistory,
-    Prepared,
-    Step,
-    View,
-)
+from pcp_core import CallRouter, CallWorker, Effect, Outcome, Paged, PagedHistory, Prepared, Step, View
 
 from .. import headers as pcp
 from ..logs import TRACE_ID

@@ -33,17 +33,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pcp_core import (
-    Conversation,
-    Resolution,
-    Session,
-    begins_with,
-    chain_links,
-    common_prefix,
-    new_session_id,
-    reconciled,
-    transcript,
-)
+from pcp_core import Conversation, Resolution, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
 
 from .base import ANY, Commit, Store, new_version
 from .embedded import EmbeddedStore

@@ -135,9 +135,7 @@ def _embeddings_asked(body: bytes) -> Reply:
 
 
 def _answer_in_kind(recorded: Recorded) -> Reply:
-    from .apis import (
-        default_reply,  # "ok" in the shape of the API called; it builds on this module's Reply
-    )
+    from .apis import default_reply  # "ok" in the shape of the API called; it builds on this module's Reply
     return default_reply(recorded)
 
 

@@ -18,7 +18,6 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from ..errors import ClientClosed, ClientError
-from ..sse import error_event
 from ..upstream import Failure, Upstream, forwardable
 
 __all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
@@ -47,9 +46,9 @@ async def forward(
     headers: dict[str, str],
     pcp_headers: dict[str, str],
     *,
-    stream: bool | None = False,
+    stream: bool | None,
+    failure: Failure,
     rewrite: Rewrite | None = None,
-    failure: Failure = error_event,
 ) -> Response[Any]:
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
     when it is an event stream, of unknown length or large, else read whole (a cheaper response).

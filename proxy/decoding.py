@@ -1,0 +1,59 @@
+"""Request bodies decoded, or the 400 that says what is wrong with them and where.
+
+Every body the proxy reads, on a paged API or its own, goes through
+``decode_json``: what is not JSON, not of the expected shape, not UTF-8, or
+nested past what a decoder can follow is the request's fault, never a 500.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import TypeVar
+
+import msgspec
+
+from .errors import ClientError
+
+__all__ = ["decode_json", "error_param"]
+
+T = TypeVar("T")
+
+
+def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat request", code: str | None = None) -> T:
+    """``decode(body)``, or the 400 that says what is wrong with the body (``code``: the code of one of the wrong shape).
+
+    Besides what is not JSON or not of the API's shape, msgspec refuses text
+    that is not UTF-8 and raises RecursionError past some thousand levels of
+    nesting: both are the request's fault, not the proxy's.
+    """
+    try:
+        return decode(body)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        raise ClientError(f"invalid {what}: {text}", param=error_param(text), code=code) from None
+    except msgspec.DecodeError as exc:
+        raise ClientError(f"request body is not valid JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise ClientError(f"request body is not valid UTF-8 ({_bad_utf8(body)})", code="invalid_encoding") from None
+    except RecursionError:
+        raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+
+
+def _bad_utf8(body: bytes) -> str:
+    try:
+        body.decode()
+    except UnicodeDecodeError as exc:
+        return f"byte 0x{body[exc.start]:02x} at offset {exc.start}"
+    return "in a string"  # not reached: msgspec found what Python finds
+
+
+# msgspec ends a message with where it failed: "… - at `$.messages[0].role`".
+_AT = re.compile(r"at `\$\.([^`]*)`$")
+_MISSING = re.compile(r"missing required field `([^`]*)`")
+
+
+def error_param(message: str) -> str | None:
+    """The field a validation error is about, written as OpenAI writes ``param`` (``messages.[0].role``)."""
+    at = _AT.search(message) or _MISSING.search(message)
+    return at.group(1).replace("[", ".[") if at else None

