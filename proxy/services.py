@@ -23,7 +23,7 @@ from pcp_core.memory import MemoryPolicy
 from .apis.codec import Api
 from .hybrid import Hybrid, HybridStore
 from .local_model import LocalModel
-from .memory import Memory
+from .memory import Memory, open_memory_store
 from .memory.core import ScopeCores
 from .metrics import Metrics
 from .pact import Components
@@ -197,7 +197,7 @@ def _memory(settings: Settings, stores: Stores, sealer: Sealer, embedder: DenseR
     bundled = embedder.fallback if isinstance(embedder, UpstreamVectors) else embedder
     return Memory(
         settings.data_path / "memory",
-        stores.memory(sealer),
+        open_memory_store(stores, sealer),
         shared=stores.shared,
         policy=policy,
         count=tokenizer.count,

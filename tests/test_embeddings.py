@@ -50,7 +50,7 @@ def test_the_model_runs_in_int8_and_its_vectors_are_not_confused_with_another_mo
 
 def test_serving_leaves_what_the_model_brings_out_of_garbage_collection():
     # torch's hundreds of thousands of objects made a full collection cost ~270 ms of a request.
-    from proxy.cli.main import YOUNG_GENERATION, tune_process
+    from proxy.cli.process import YOUNG_GENERATION, tune_process
     from proxy.settings import Settings
 
     gc.unfreeze()

@@ -46,7 +46,7 @@ def _worker(encoded: bytes) -> None:
 
     from ..app import create_app
     from ..logs import configure_logging
-    from .main import tune_process
+    from .process import tune_process
     from .server import server_options
 
     settings = msgspec.json.decode(encoded, type=Settings)

@@ -19,7 +19,6 @@ from .datadir import install_secret as install_secret_file
 from .datadir import private_tree
 from .embedded import EmbeddedStore
 from .redis_store import RedisStore, StoreSettingError, connect, install_secret, shown
-from .sealing import Sealer
 
 __all__ = ["ANY", "Commit", "EmbeddedStore", "Key", "RedisStore", "Store", "StoreSettingError", "StoreUnavailable", "Stores", "new_version", "shown"]
 
@@ -48,17 +47,9 @@ class Stores:
             return RedisStore(self.client, AREAS[name], ttl=0 if name in LASTING else TTL_SECONDS)
         return EmbeddedStore(private_tree(self.data / name), shared=self.shared, cull=name == "sessions")
 
-    def memory(self, sealer: Sealer) -> Any:
-        """Where memory pages live (``proxy.memory.MemoryStore``), sealed with ``sealer``: never expired."""
-        from ..memory.bodies import PageBodies
-
-        if self.client is not None:
-            from ..memory.redis_store import RedisMemoryStore
-
-            return RedisMemoryStore(self.client, f"pcp:{AREAS['memory']}:", PageBodies(sealer))
-        from ..memory.store import SqliteMemoryStore
-
-        return SqliteMemoryStore(self.data / "memory" / "memory.db", PageBodies(sealer))
+    def prefix(self, name: str) -> str:
+        """The prefix of an area's keys in the shared store (memory pages keep their own layout under it)."""
+        return f"pcp:{AREAS[name]}:"
 
     def secret(self) -> bytes:
         """The install's secret, which names the callers' namespaces: in the shared store, so every replica names them alike."""

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..headers import ROLE
-from .upstream import Recorded, Reply, completion, stream_reply
+from .replies import Recorded, Reply, completion, stream_reply
 
 __all__ = ["answer", "api_of", "api_requests", "default_reply", "message", "messages_stream", "response", "responses_stream", "worker_document"]
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..headers import ROLE
-from .upstream import Recorded, Reply
+from .replies import Recorded, Reply
 
 __all__ = ["PromptCache"]
 
