@@ -46,7 +46,12 @@ def request_body(api: str, messages: Sequence[Message]) -> dict[str, Any]:
 
 def _item(message: Message) -> dict[str, Any]:
     if message["role"] == "assistant":
-        return {"type": "message", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": message["content"], "annotations": []}]}
+        return {
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": message["content"], "annotations": []}],
+        }
     return {"role": message["role"], "content": [{"type": "input_text", "text": message["content"]}]}
 
 
@@ -69,7 +74,9 @@ def _text(content: Any) -> str:
 def asker(api: str) -> Callable[..., tuple[Any, list[dict[str, Any]]]]:
     """``recall.ask_proxy`` for ``api``: POST one question, return the response and its worker calls as chat."""
 
-    def ask(client: Any, url: str, fake: Any, messages: list[Message], question: Question, compose: Callable[..., list[Message]]) -> tuple[Any, list[dict[str, Any]]]:
+    def ask(
+        client: Any, url: str, fake: Any, messages: list[Message], question: Question, compose: Callable[..., list[Message]]
+    ) -> tuple[Any, list[dict[str, Any]]]:
         start = len(fake.requests)
         response = client.post(f"{url}/v1{PATHS[api]}", json=request_body(api, compose(messages, question)))
         calls = [as_chat(api, r.json) for r in fake.requests[start:] if r.headers.get("x-pcp-role") == "worker"]
@@ -89,7 +96,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     count = Tokenizer(ENCODING).count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], args.limit)
-    print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); one proxy per API\n")
+    print(
+        f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); one proxy per API\n"
+    )
     worker = load_worker("flow")
     for budget in args.budgets:
         rows, notes = [], []

@@ -43,7 +43,13 @@ SYLLABLES = "ka lo mi ne ru ta po si ve zu bra ster qui dor fen".split()
 def generated(n: int) -> list[dict[str, str]]:
     """Chat turns over one small vocabulary: every topic group shares most terms with every other."""
     rng = random.Random(n)
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"{rng.choice(NAMES)}: on day {i} we discussed the {' '.join(rng.choice(WORDS) for _ in range(rng.randint(12, 40)))}."} for i in range(n)]
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"{rng.choice(NAMES)}: on day {i} we discussed the {' '.join(rng.choice(WORDS) for _ in range(rng.randint(12, 40)))}.",
+        }
+        for i in range(n)
+    ]
 
 
 def varied(n: int) -> list[dict[str, str]]:
@@ -112,7 +118,9 @@ def measure(port: int, pid: int, sizes: list[int], runs: int, make) -> list[tupl
             for run in range(runs):
                 before = settled_cpu(pid)
                 start = time.perf_counter()
-                response = client.post("/v1/chat/completions", content=body, headers={"authorization": f"Bearer cold-{n}-{run}", "content-type": "application/json"})
+                response = client.post(
+                    "/v1/chat/completions", content=body, headers={"authorization": f"Bearer cold-{n}-{run}", "content-type": "application/json"}
+                )
                 walls.append(time.perf_counter() - start)
                 cpus.append(settled_cpu(pid) - before)
                 assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text[:300]
@@ -130,6 +138,7 @@ def report(rows: list[tuple[int, int, float, float]], memory: float, args: argpa
         ratios = (f"{cpu / previous[1]:.2f}", f"{wall / previous[0]:.2f}") if previous else ("—", "—")
         print(f"| {n:,} | {size / 2**20:.1f} | {wall:.2f} | {cpu:.2f} | {cpu / n * 1e6:.0f} | {ratios[0]} | {ratios[1]} |")
         previous = (wall, cpu)
+
 
 if __name__ == "__main__":
     main()

@@ -89,11 +89,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     originals, questions = load_data(args.data, args.categories, args.limit)
     files = {conv_id: as_file(messages) for conv_id, messages in originals.items()}
     sizes = sorted(count(messages[0]["content"]) for messages in files.values())
-    print(f"LoCoMo {args.data.name} as files: {len(files)} files of {sizes[0]:,}–{sizes[-1]:,} tokens, {len(questions)} questions ({category_counts(questions, args.categories)})\n")
+    print(
+        f"LoCoMo {args.data.name} as files: {len(files)} files of {sizes[0]:,}–{sizes[-1]:,} tokens, {len(questions)} questions ({category_counts(questions, args.categories)})\n"
+    )
     for budget in args.budgets:
         rows, notes = [], []
         for label, block_tokens, compose in (("File block", 1500, asked), ("turns", 0, asked), ("File block in the query", 1500, with_the_question)):
-            more, stats = run_proxy(files, questions, budget, count, load_worker(args.worker), args.embeddings, needles=file_needles(originals), compose=compose, label=label, block_tokens=block_tokens)
+            more, stats = run_proxy(
+                files,
+                questions,
+                budget,
+                count,
+                load_worker(args.worker),
+                args.embeddings,
+                needles=file_needles(originals),
+                compose=compose,
+                label=label,
+                block_tokens=block_tokens,
+            )
             rows += more
             over = sum(o.max_prompt > budget for o in more[1].outcomes)
             notes.append(f"{label}: {stats.summary(budget, over)}")

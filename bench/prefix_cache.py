@@ -171,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--api", choices=["chat", "messages"], default="chat", help="messages: Anthropic's API, its cache rules")
     args = parser.parse_args(argv)
-    print(f"LoCoMo {args.data.name}, questions asked as {'one chat a conversation' if args.shape == 'chat' else 'new requests on the history'}; a prefix counts from {args.least:,} tokens\n")
+    print(
+        f"LoCoMo {args.data.name}, questions asked as {'one chat a conversation' if args.shape == 'chat' else 'new requests on the history'}; a prefix counts from {args.least:,} tokens\n"
+    )
     header = ["budget", "calls", "with a cached prefix", "share of the prompt (mean)", "cached / prompt tokens (mean)"]
     print("| " + " | ".join(["", *header]) + " |")
     print("|" + "---|" * (len(header) + 1))

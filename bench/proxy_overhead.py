@@ -76,7 +76,24 @@ def start_servers(data_dir: str, others: dict[str, Path] | None = None) -> tuple
     env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
     procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(ports["direct"])], env=env)]
     wait_until_up(ports["direct"], "/v1/models")
-    procs.append(subprocess.Popen([sys.executable, "-m", "uvicorn", "bare_forwarder:app", "--app-dir", str(HERE), "--port", str(ports["bare forwarder"]), "--log-level", "warning", "--no-access-log"], env=env))
+    procs.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "bare_forwarder:app",
+                "--app-dir",
+                str(HERE),
+                "--port",
+                str(ports["bare forwarder"]),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            env=env,
+        )
+    )
     procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
     bm25_only = proxy_env(data_dir=f"{data_dir}/bm25", log_level="warning", router_embeddings=False)
     procs.append(start_proxy(upstream, ports["pcp-proxy, BM25 only"], bm25_only))
@@ -211,14 +228,18 @@ def endpoints(ports: dict[str, int], args: argparse.Namespace) -> dict[tuple[str
 
 def print_endpoints(times: dict[tuple[str, str], list[float]]) -> None:
     kinds = list(dict.fromkeys(kind for kind, _ in times))
-    print(f"\nChat completion (passthrough) against forwarded /v1/embeddings calls (1,536-dimension vectors back), one client, {len(times[kinds[0], 'direct'])} sequential requests of each per target\n")
+    print(
+        f"\nChat completion (passthrough) against forwarded /v1/embeddings calls (1,536-dimension vectors back), one client, {len(times[kinds[0], 'direct'])} sequential requests of each per target\n"
+    )
     print("| request | direct p50 ms | pcp-proxy p50 ms | added p50 ms | added p95 ms | bare forwarder: added p50 ms |")
     print("|---|---|---|---|---|---|")
     added = {}
     for kind in kinds:
         direct, proxied, bare = times[kind, "direct"], times[kind, "pcp-proxy"], times[kind, "bare forwarder"]
         added[kind] = pct(proxied, 50) - pct(direct, 50)
-        print(f"| {kind} | {pct(direct, 50):.2f} | {pct(proxied, 50):.2f} | {added[kind]:+.2f} | {pct(proxied, 95) - pct(direct, 95):+.2f} | {pct(bare, 50) - pct(direct, 50):+.2f} |")
+        print(
+            f"| {kind} | {pct(direct, 50):.2f} | {pct(proxied, 50):.2f} | {added[kind]:+.2f} | {pct(proxied, 95) - pct(direct, 95):+.2f} | {pct(bare, 50) - pct(direct, 50):+.2f} |"
+        )
     chat, *forwarded = kinds
     for kind in forwarded:
         print(f"\n{kind}: {added[kind] - added[chat]:+.2f} ms at p50 against a chat completion.", end="")
@@ -232,7 +253,9 @@ def main() -> None:
     parser.add_argument("--history-tokens", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--endpoints-only", action="store_true", help="only compare a chat completion with a forwarded embeddings call")
-    parser.add_argument("--also", action="append", default=[], metavar="NAME=DIR", help="also measure pcp-proxy from another checkout (the code before a change, say)")
+    parser.add_argument(
+        "--also", action="append", default=[], metavar="NAME=DIR", help="also measure pcp-proxy from another checkout (the code before a change, say)"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -270,8 +293,12 @@ def main() -> None:
                 proc.wait(timeout=10)
 
     tokens = args.history_tokens
-    print(f"\nPassthrough overhead, one run, {len(seq['direct'])} sequential + {len(conc['direct'])} concurrent requests per target, ~{tokens}-token history, new last message each request\n")
-    print("| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | its own CPU µs a request | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |")
+    print(
+        f"\nPassthrough overhead, one run, {len(seq['direct'])} sequential + {len(conc['direct'])} concurrent requests per target, ~{tokens}-token history, new last message each request\n"
+    )
+    print(
+        "| target | 1 client p50 ms | p95 ms | added p50 ms | added p95 ms | its own CPU µs a request | 16 clients p50 ms | p95 ms | added p50 ms | throughput vs direct |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     base = {"s50": pct(seq["direct"], 50), "s95": pct(seq["direct"], 95), "c50": pct(conc["direct"], 50), "rps": statistics.median(rps["direct"])}
     for name in ports:
@@ -279,9 +306,13 @@ def main() -> None:
         ratio = statistics.median(rps[name]) / base["rps"]
         added = lambda v, k: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
         own = cpu[name] / len(seq[name]) * 1e6
-        print(f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {own:.0f} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |")
-    print("\nIts own CPU: what each server process used over its sequential requests, per request (for direct, the fake upstream's):"
-          " unlike latency, it does not grow with what else the machine runs.")
+        print(
+            f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {own:.0f} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |"
+        )
+    print(
+        "\nIts own CPU: what each server process used over its sequential requests, per request (for direct, the fake upstream's):"
+        " unlike latency, it does not grow with what else the machine runs."
+    )
     print_endpoints(by_endpoint)
 
 

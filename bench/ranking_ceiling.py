@@ -95,7 +95,9 @@ class Conversation:
         self.pages = page_history(turns, count).leaves
         self.page_cost = [count(detail_node(p)) for p in self.pages]
         self.page_bm25 = Bm25(self.pages)
-        as_pages = [OriginalPage(id=str(i), origin=Origin.HISTORY, depth=0, timestamp="", keywords=(), summary="", content=m["content"]) for i, m in enumerate(messages)]
+        as_pages = [
+            OriginalPage(id=str(i), origin=Origin.HISTORY, depth=0, timestamp="", keywords=(), summary="", content=m["content"]) for i, m in enumerate(messages)
+        ]
         self.turn_bm25 = Bm25(as_pages)
         contents = [m["content"] for m in messages]
         self.alone = dense.embed(contents)

@@ -202,7 +202,9 @@ def baseline_outcome(question: Question, turns: Sequence[int], messages: Sequenc
     return Outcome(question.category, set(question.evidence) <= set(turns), sent, full, sent)
 
 
-def run_baselines(conversations: dict[str, list[Message]], questions: Sequence[Question], rankings: dict[Question, list[int]], budget: int, count: Count, *, dense_skip: bool) -> list[Row]:
+def run_baselines(
+    conversations: dict[str, list[Message]], questions: Sequence[Question], rankings: dict[Question, list[int]], budget: int, count: Count, *, dense_skip: bool
+) -> list[Row]:
     truncation, dense = Row("recency truncation", []), Row("flat dense (MiniLM)", [])
     for q in questions:
         messages = conversations[q.conv_id]
@@ -230,7 +232,16 @@ def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, *
     from proxy.testing.upstream import FakeUpstream, serve_in_thread
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
-        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, sentry_threshold=1024, context_budget=budget, max_rounds=4, log_level="warning", router_embeddings=embeddings, **more)
+        settings = Settings(
+            upstream_base_url=fake.url,
+            data_dir=data_dir,
+            sentry_threshold=1024,
+            context_budget=budget,
+            max_rounds=4,
+            log_level="warning",
+            router_embeddings=embeddings,
+            **more,
+        )
         tune_process(settings)  # as ``pcp-proxy serve`` does
         server = serve_in_thread(create_app(settings))
         try:
@@ -250,7 +261,9 @@ def asked(messages: Sequence[Message], question: Question) -> list[Message]:
     return [*messages, user(question.text)]
 
 
-def ask_proxy(client: Any, url: str, fake: Any, messages: list[Message], question: Question, compose: Callable[[Sequence[Message], Question], list[Message]] = asked) -> tuple[Any, list[dict[str, Any]]]:
+def ask_proxy(
+    client: Any, url: str, fake: Any, messages: list[Message], question: Question, compose: Callable[[Sequence[Message], Question], list[Message]] = asked
+) -> tuple[Any, list[dict[str, Any]]]:
     """POST one question; returns the response and the JSON bodies of the worker calls it caused."""
     start = len(fake.requests)
     response = client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": compose(messages, question)})
@@ -345,7 +358,9 @@ def run_proxy(
                 raise ProtocolModeMissing(f"status {response.status_code}, x-pcp-mode={response.headers.get('x-pcp-mode')!r}: {response.text[:300]}")
             if response.status_code != 200 or not calls:
                 stats.failed += 1
-                print(f"  {question.conv_id} q{question.qa_idx}: status {response.status_code}, {len(calls)} worker calls: {response.text[:200]}", file=sys.stderr)
+                print(
+                    f"  {question.conv_id} q{question.qa_idx}: status {response.status_code}, {len(calls)} worker calls: {response.text[:200]}", file=sys.stderr
+                )
                 if not calls:
                     continue
             stats.worker_calls += len(calls)
@@ -426,15 +441,34 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help=f"LoCoMo split directory (default {DEFAULT_DATA})")
     parser.add_argument("--skip-proxy", action="store_true", help="baselines only")
     parser.add_argument("--embeddings", action="store_true", help="run the proxy with router_embeddings on (dense recall fused with BM25)")
-    parser.add_argument("--dense-fill", choices=["stop", "skip"], default="skip", help="dense retrieval: when a turn does not fit, stop, or skip it and try the next (default)")
-    parser.add_argument("--worker", choices=["flow", "background"], default="flow", help="simulated worker: Consult Linear_Flow nodes only (default), or folded Background_Context roots too")
-    parser.add_argument("--router-url", default="", help="an OpenAI-compatible base URL (…/v1) whose model picks among the best pages (PCP_ROUTER_MODEL); the worker stays simulated")
+    parser.add_argument(
+        "--dense-fill", choices=["stop", "skip"], default="skip", help="dense retrieval: when a turn does not fit, stop, or skip it and try the next (default)"
+    )
+    parser.add_argument(
+        "--worker",
+        choices=["flow", "background"],
+        default="flow",
+        help="simulated worker: Consult Linear_Flow nodes only (default), or folded Background_Context roots too",
+    )
+    parser.add_argument(
+        "--router-url",
+        default="",
+        help="an OpenAI-compatible base URL (…/v1) whose model picks among the best pages (PCP_ROUTER_MODEL); the worker stays simulated",
+    )
     parser.add_argument("--router-model", default="router", help="the model name sent to --router-url")
     parser.add_argument("--router-key", default="", help="a key for --router-url, if it wants one")
     return parser.parse_args(argv)
 
 
-def proxy_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, count: Count, worker: str, embeddings: bool = False, router: tuple[str, str, str] | None = None) -> tuple[list[Row], str]:
+def proxy_rows(
+    conversations: dict[str, list[Message]],
+    questions: Sequence[Question],
+    budget: int,
+    count: Count,
+    worker: str,
+    embeddings: bool = False,
+    router: tuple[str, str, str] | None = None,
+) -> tuple[list[Row], str]:
     """The pcp-proxy rows (``PROXY_ROWS``) and a note; no rows if protocol mode is not available.
 
     ``router``: (url, model, key) of a real model the proxy's router calls go to.

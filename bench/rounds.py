@@ -49,14 +49,18 @@ NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every convers
 CACHE = Bm25Cache()
 
 
-def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any, previous: list[str] | None = None, **policy: Any) -> tuple[list[dict[str, Any]], list[str]]:
+def worker_calls(
+    index: PageIndex, question: str, budget: int, count: Any, embedder: Any, previous: list[str] | None = None, **policy: Any
+) -> tuple[list[dict[str, Any]], list[str]]:
     """The worker calls of one request, as bodies with their ``messages``, and what the session remembers of round 0.
 
     ``previous``: what it remembered of the request before (the proxy keeps it in the
     conversation's session); ``policy``: RoundPolicy fields to try.
     """
     rules = RoundPolicy(budget=budget, max_rounds=4, **policy)
-    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None, previous_layout=previous or []), index, count, CACHE)
+    loop = run_rounds(
+        RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None, previous_layout=previous or []), index, count, CACHE
+    )
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
     reply: Any = None
@@ -97,7 +101,16 @@ def steady_state(sessions: dict[str, Any], dense: bool, vectors: Path | None = N
             embedder.close()
 
 
-def one_budget(conversations: dict[str, Any], questions: Sequence[Any], sessions: dict[str, Any], budget: int, tokenizer: Tokenizer, embedder: Any, label: str, **tried: Any) -> str:
+def one_budget(
+    conversations: dict[str, Any],
+    questions: Sequence[Any],
+    sessions: dict[str, Any],
+    budget: int,
+    tokenizer: Tokenizer,
+    embedder: Any,
+    label: str,
+    **tried: Any,
+) -> str:
     """The rows of one budget, and the shares of the prompts a provider's cache could reuse.
 
     Each conversation's questions are asked one after the other, as ``bench/recall.py``
@@ -137,7 +150,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     started = time.perf_counter()
     tokenizer = Tokenizer(ENCODING)
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
-    print(f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); the engine in process\n")
+    print(
+        f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])}); the engine in process\n"
+    )
     sessions = {conv_id: paged_session(messages, tokenizer.count) for conv_id, messages in conversations.items()}
     tried = {} if args.keep_share is None else {"keep_share": args.keep_share}
     label = f"engine (BM25 + {args.encoder})" if args.embeddings else "engine"

@@ -49,7 +49,9 @@ TARGETS = {"embedded, 1 worker": ("", 1), "embedded, 2 workers": ("", 2), "Redis
 def start_redis(directory: str) -> tuple[subprocess.Popen, str]:
     binary = shutil.which("redis-server") or "/usr/bin/redis-server"
     port = free_port()
-    process = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", directory, "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 10
     import redis
 
@@ -142,7 +144,9 @@ def throughput(ports: dict[str, int], pids: dict[str, list[int]], direct: int, a
                 runs.setdefault((mode, name), []).append(rate)
                 latencies.setdefault((mode, name), []).extend(times)
                 cpu.setdefault((mode, name), []).append((sum(map(cpu_seconds, pids[name])) - used) / len(times) * 1000)
-    print(f"\nThroughput, {args.clients} concurrent clients, {args.seconds:g} s per run, median of {args.rounds} interleaved runs; the 2 cores were idle {statistics.median(idle):.0%} of the time (median of runs)\n")
+    print(
+        f"\nThroughput, {args.clients} concurrent clients, {args.seconds:g} s per run, median of {args.rounds} interleaved runs; the 2 cores were idle {statistics.median(idle):.0%} of the time (median of runs)\n"
+    )
     print("| mode | target | requests/s | p50 ms | p95 ms | against 1 worker, same store | against direct | proxy CPU s per 1,000 requests |")
     print("|---|---|---|---|---|---|---|---|")
     direct_rate = statistics.median(runs["passthrough", "direct"])
@@ -150,7 +154,9 @@ def throughput(ports: dict[str, int], pids: dict[str, list[int]], direct: int, a
         rate = statistics.median(rates)
         one = statistics.median(runs.get((mode, name.replace("2 workers", "1 worker")), rates))
         quantiles = statistics.quantiles(latencies[mode, name], n=100)
-        print(f"| {mode} | {name} | {rate:,.0f} | {quantiles[49] * 1000:.1f} | {quantiles[94] * 1000:.1f} | {rate / one:.2f}× | {rate / direct_rate:.2f}× | {statistics.median(cpu[mode, name]):.2f} |")
+        print(
+            f"| {mode} | {name} | {rate:,.0f} | {quantiles[49] * 1000:.1f} | {quantiles[94] * 1000:.1f} | {rate / one:.2f}× | {rate / direct_rate:.2f}× | {statistics.median(cpu[mode, name]):.2f} |"
+        )
 
 
 def follow_up_cost(ports: dict[str, int], args: argparse.Namespace) -> None:
@@ -169,14 +175,22 @@ def follow_up_cost(ports: dict[str, int], args: argparse.Namespace) -> None:
                 question = {"role": "user", "content": f"What did Ana say about the budget on day {i}?"}
                 body = json.dumps({"model": "m", "messages": [*grown[name], question]}).encode()
                 start = time.perf_counter()
-                response = client.post("/v1/chat/completions", content=body, headers={"authorization": f"Bearer sk-size-{size}", "content-type": "application/json", "x-pcp-mode-request": "force"})
+                response = client.post(
+                    "/v1/chat/completions",
+                    content=body,
+                    headers={"authorization": f"Bearer sk-size-{size}", "content-type": "application/json", "x-pcp-mode-request": "force"},
+                )
                 elapsed = (time.perf_counter() - start) * 1000
                 assert response.status_code == 200, response.text[:200]
                 if i:  # the first pages the whole history (cold)
                     times[name].append(elapsed)
                 grown[name] += [question, {"role": "assistant", "content": "Noted."}]
         medians = {name: statistics.median(t) for name, t in times.items()}
-        print(f"| {size // 1000}k tokens | " + " | ".join(f"{m:.1f}" for m in medians.values()) + f" | {medians['Redis, 1 worker'] - medians['embedded, 1 worker']:+.1f} |")
+        print(
+            f"| {size // 1000}k tokens | "
+            + " | ".join(f"{m:.1f}" for m in medians.values())
+            + f" | {medians['Redis, 1 worker'] - medians['embedded, 1 worker']:+.1f} |"
+        )
         for client in clients.values():
             client.close()
 

@@ -92,7 +92,9 @@ def main() -> None:
     for size in args.sizes:
         for name, sealer in sealers.items():
             n, first, times, written, load = measure(size, args.follow_ups, count, sealer)
-            print(f"| {size:,} | {name} | {n:,} | {first:.1f} | {statistics.median(times):.1f} | {max(times):.1f} | {written.get('part', 0) / 1000:,.0f} kB | {written.get('session', 0) / 1000:,.0f} kB | {load:.1f} |")
+            print(
+                f"| {size:,} | {name} | {n:,} | {first:.1f} | {statistics.median(times):.1f} | {max(times):.1f} | {written.get('part', 0) / 1000:,.0f} kB | {written.get('session', 0) / 1000:,.0f} kB | {load:.1f} |"
+            )
 
 
 if __name__ == "__main__":

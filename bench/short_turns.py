@@ -67,7 +67,9 @@ _HEADER = re.compile(r"^\[Session \d+ - (\d{1,2}:\d{2} [ap]m) on (\d{1,2} \w+, \
 _SPEAKER = re.compile(r"^([^:\n]{1,40}): ")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=\S)")
 _WORD = re.compile(r"[a-z0-9]+")
-STOP = frozenset("a an the and or but of to in on at by for with from is are was were be been i you he she it we they my your his her our their what when where who how did do does that this".split())
+STOP = frozenset(
+    "a an the and or but of to in on at by for with from is are was were be been i you he she it we they my your his her our their what when where who how did do does that this".split()
+)
 
 
 def sentences(text: str, min_chars: int) -> list[str]:
@@ -120,7 +122,9 @@ def best_piece(pieces: Sequence[int], messages: Sequence[Message], asked: str) -
     return max(pieces, key=lambda i: (len(wanted & set(_WORD.findall(messages[i]["content"].lower()))), -i))
 
 
-def short_turn_data(conversations: dict[str, list[Message]], questions: Sequence[Question], answers: dict[tuple[str, int], str], shape: str, min_chars: int) -> tuple[dict[str, list[Message]], list[Question]]:
+def short_turn_data(
+    conversations: dict[str, list[Message]], questions: Sequence[Question], answers: dict[tuple[str, int], str], shape: str, min_chars: int
+) -> tuple[dict[str, list[Message]], list[Question]]:
     if shape == "locomo":
         return conversations, list(questions)
     split = sentences if shape == "messages" else halves
@@ -155,7 +159,9 @@ def flat_dense(conversations: dict[str, list[Message]], questions: Sequence[Ques
     return row
 
 
-def engine_rows(conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, tokenizer: Tokenizer, sessions: dict[str, Any], embedder: Any) -> list[Row]:
+def engine_rows(
+    conversations: dict[str, list[Message]], questions: Sequence[Question], budget: int, tokenizer: Tokenizer, sessions: dict[str, Any], embedder: Any
+) -> list[Row]:
     label = "engine (BM25 + dense)" if embedder is not None else "engine (BM25)"
     rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
     for q in questions:
@@ -181,12 +187,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     conversations, questions = short_turn_data(conversations, questions, load_answers(args.data), args.shape, args.min_chars)
     sizes = [len(ms) for ms in conversations.values()]
     tokens = [sum(tokenizer.count(m["content"]) + 4 for m in ms) for ms in conversations.values()]
-    print(f"LoCoMo {args.data.name} as {args.shape}: {len(conversations)} conversations of {min(sizes):,}–{max(sizes):,} messages ({sum(tokens) / sum(sizes):.1f} tokens a message, {min(tokens):,}–{max(tokens):,} a conversation), {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])})\n")
+    print(
+        f"LoCoMo {args.data.name} as {args.shape}: {len(conversations)} conversations of {min(sizes):,}–{max(sizes):,} messages ({sum(tokens) / sum(sizes):.1f} tokens a message, {min(tokens):,}–{max(tokens):,} a conversation), {len(questions)} questions ({category_counts(questions, [1, 2, 3, 4])})\n"
+    )
     sessions = {conv_id: paged_session(messages, tokenizer.count) for conv_id, messages in conversations.items()}
     dense = DenseRanker()
     with steady_state(sessions, args.embeddings, args.vectors) as embedder:
         for budget in args.budgets:
-            rows = [flat_dense(conversations, questions, budget, tokenizer.count, dense), *engine_rows(conversations, questions, budget, tokenizer, sessions, embedder)]
+            rows = [
+                flat_dense(conversations, questions, budget, tokenizer.count, dense),
+                *engine_rows(conversations, questions, budget, tokenizer, sessions, embedder),
+            ]
             print(markdown_table(budget, rows, [1, 2, 3, 4]) + "\n")
     print(LEGEND)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)

@@ -61,6 +61,7 @@ from .views import ViewState
 
 __all__ = ["RoundContext", "RoundPolicy", "kept_nodes", "run_rounds"]
 
+
 class RoundPolicy(msgspec.Struct, frozen=True):
     """How a request's rounds run (§VI); built once from the settings."""
 
@@ -212,7 +213,11 @@ class _Loop:
             final=final,
             budget=policy.budget,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
-            priorities=[*self.changed, *self.kept, *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus)],
+            priorities=[
+                *self.changed,
+                *self.kept,
+                *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
+            ],
             indexed=self.indexed,
             reserved_tokens=context.reserved_tokens,
             overview_budget=int(policy.overview_share * policy.budget),
@@ -299,7 +304,17 @@ def kept_nodes(synthesis: Synthesis, policy: RoundPolicy) -> list[str]:
     return [page_id for page_id, start in zip(synthesis.layout, synthesis.starts) if start < limit]
 
 
-def _priorities(consulted: list[str], diffused: list[str], hot: list[str], read: set[str], overview: list[str], indexed: list[str], recent: list[str], final: bool = False, focus_pages: int = _DEFAULT.focus) -> list[str]:
+def _priorities(
+    consulted: list[str],
+    diffused: list[str],
+    hot: list[str],
+    read: set[str],
+    overview: list[str],
+    indexed: list[str],
+    recent: list[str],
+    final: bool = False,
+    focus_pages: int = _DEFAULT.focus,
+) -> list[str]:
     """What to show first. Round 0: the intent's focus, the overview (§7.2 Level 1), the rest.
 
     After a Consult: what the worker asked for and what diffusion found in
@@ -327,7 +342,15 @@ def _still_raised(page_ids: list[str], views: ViewState) -> list[str]:
     return [p for p in dict.fromkeys(page_ids) if views.view(p) != View.SUMMARY]
 
 
-def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Callable[[Sequence[str]], list[str]], round_no: int, standalone: set[str], hits: int = _DEFAULT.explore_hits) -> tuple[Step, list[str]]:
+def _apply(
+    directive: Directive,
+    views: ViewState,
+    index: PageIndex,
+    explore: Callable[[Sequence[str]], list[str]],
+    round_no: int,
+    standalone: set[str],
+    hits: int = _DEFAULT.explore_hits,
+) -> tuple[Step, list[str]]:
     """Carry out one directive; returns its trace step and the pages it raised."""
     name = type(directive).__name__
     target = directive.handle if isinstance(directive, Explore) else directive.id
@@ -351,7 +374,9 @@ def _apply(directive: Directive, views: ViewState, index: PageIndex, explore: Ca
         return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
 
 
-def _diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str], pages: int = _DEFAULT.diffusion_pages) -> list[str]:
+def _diffuse(
+    directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str], pages: int = _DEFAULT.diffusion_pages
+) -> list[str]:
     """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
 
     The Original pages under the consulted container that rank best for the

@@ -19,7 +19,21 @@ __all__ = ["TAGS", "background_line", "newlines", "node", "node_lines", "node_ty
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 # Every tag the document uses: a worker that echoes one is never heard by the client (``directives``).
-TAGS = ("PagedContext", "Static_Registry", "ST-Node", "System_Instructions", "Head", "Query", "Reasoning_Trace", "Step", "Background_Context", "Linear_Flow", "Node", "Content", "Summary")
+TAGS = (
+    "PagedContext",
+    "Static_Registry",
+    "ST-Node",
+    "System_Instructions",
+    "Head",
+    "Query",
+    "Reasoning_Trace",
+    "Step",
+    "Background_Context",
+    "Linear_Flow",
+    "Node",
+    "Content",
+    "Summary",
+)
 
 # Characters XML 1.0 cannot carry at all; they are dropped, not escaped.
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")

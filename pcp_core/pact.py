@@ -107,7 +107,7 @@ def _three_fields(text: str, what: str) -> list[str]:
         inner = inner[1:-1]
     fields = [f.strip() for f in inner.split(",")]
     if len(fields) != 3:
-        raise PactError(f"{text!r}: {what} have three fields, depth, position and offset (as in \"d1,1,0\"), not {len(fields)}")
+        raise PactError(f'{text!r}: {what} have three fields, depth, position and offset (as in "d1,1,0"), not {len(fields)}')
     if fields[0][:1] in ("d", "D"):
         fields[0] = fields[0][1:].strip()
     return fields
@@ -380,4 +380,11 @@ def snapshot(tree: Tree, session_id: str) -> dict[str, object]:
     regions = [{"id": "^sys", "parent_id": "^root", "coordinates": "d-1,0,0", "children": system}]
     for region in ("^seq", "^ah"):
         regions.append({"id": region, "parent_id": "^root", "children": [m for m in messages.values() if m["parent_id"] == region]})
-    return {"version": "pact/0.1", "session": session_id, "turn": tree.turn, "messages": tree.count, "root": {"id": "^root", "children": regions}, "pending": pending}
+    return {
+        "version": "pact/0.1",
+        "session": session_id,
+        "turn": tree.turn,
+        "messages": tree.count,
+        "root": {"id": "^root", "children": regions},
+        "pending": pending,
+    }

@@ -83,7 +83,9 @@ class PagedHistory(msgspec.Struct, frozen=True, kw_only=True):
         """These pages with the summary of every page ``summaries`` has one for (by id): a model's, say."""
         if not summaries or not any(p.id in summaries for p in (*self.leaves, *self.containers)):
             return self
-        return msgspec.structs.replace(self, leaves=[_summarised(p, summaries) for p in self.leaves], containers=[_summarised(p, summaries) for p in self.containers])
+        return msgspec.structs.replace(
+            self, leaves=[_summarised(p, summaries) for p in self.leaves], containers=[_summarised(p, summaries) for p in self.containers]
+        )
 
     def index(self) -> PageIndex:
         index = PageIndex.of_tree([*self.leaves, *self.containers], self.topics)  # children before their container
@@ -104,7 +106,14 @@ def retroactive_paging(turns: Sequence[Turn], count: CountText, policy: PagingPo
     return page_history(turns, count, policy).index()
 
 
-def page_history(turns: Sequence[Turn], count: CountText, policy: PagingPolicy = PagingPolicy(), known: PagedHistory | None = None, reused: int = 0, checkpoint: Checkpoint = unchecked) -> PagedHistory:
+def page_history(
+    turns: Sequence[Turn],
+    count: CountText,
+    policy: PagingPolicy = PagingPolicy(),
+    known: PagedHistory | None = None,
+    reused: int = 0,
+    checkpoint: Checkpoint = unchecked,
+) -> PagedHistory:
     """Pages for the conversation ``turns`` (``turn.index`` is its position, from 0).
 
     ``known`` pages of the first ``reused`` turns are kept; only the rest is paged.
@@ -172,7 +181,9 @@ def _count_terms(df: dict[str, int], content: str, step: int) -> None:
             df.pop(term, None)
 
 
-def _consolidate_levels(leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int, checkpoint: Checkpoint) -> PagedHistory:
+def _consolidate_levels(
+    leaves: list[OriginalPage], df: dict[str, int], policy: PagingPolicy, known: PagedHistory, used: set[str], fresh_from: int, checkpoint: Checkpoint
+) -> PagedHistory:
     """The leaves and the tree of containers above them, every page at its final depth.
 
     The first containers follow the topics (topic groups, merged and branched
@@ -298,7 +309,9 @@ def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy
     said: set[str] = set()
     for page in pages:
         words = set(terms(page.content))
-        if current and (len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, stats) < policy.pivot_overlap)):
+        if current and (
+            len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, stats) < policy.pivot_overlap)
+        ):
             groups.append(current)
             current, said = [], set()
         current.append(page)
@@ -373,6 +386,7 @@ def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingP
 
 
 # -- segmentation ----------------------------------------------------------------
+
 
 def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) -> list[range]:
     """Consecutive groups of turns bounded in tokens and turns (the physical trigger, §VI.5).

@@ -100,7 +100,9 @@ def scan(turn: Turn, count: CountText, policy: Scan = Scan(), checkpoint: Checkp
 
     def contain(children: Sequence[Page], title: str = "") -> ConsolidatedPage:
         page = consolidate(children, stats, policy.keywords, policy.summary_chars)
-        page = msgspec.structs.replace(page, id=short_hash("Draft", handle, *page.source_ids), summary=f"{title}: {page.summary}" if title else page.summary, draft=True)
+        page = msgspec.structs.replace(
+            page, id=short_hash("Draft", handle, *page.source_ids), summary=f"{title}: {page.summary}" if title else page.summary, draft=True
+        )
         drafts.append(page)
         return page
 

@@ -38,7 +38,22 @@ from .session import Continuation, Session, continuation, hold, new_session_id, 
 from .synthesis import Synthesis
 from .tokens import Checkpoint, CountText, unchecked
 
-__all__ = ["Facts", "Paged", "Policy", "Prepared", "Resolution", "asked", "engaged", "prepare", "query_line", "remembered", "rounds", "settle", "with_appendix", "with_components"]
+__all__ = [
+    "Facts",
+    "Paged",
+    "Policy",
+    "Prepared",
+    "Resolution",
+    "asked",
+    "engaged",
+    "prepare",
+    "query_line",
+    "remembered",
+    "rounds",
+    "settle",
+    "with_appendix",
+    "with_components",
+]
 
 _ID = attrgetter("id")
 

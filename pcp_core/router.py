@@ -22,7 +22,19 @@ from .terms import terms
 from .timeline import Period, mentioned_periods, moment
 from .tokens import CountText, prompt_tokens
 
-__all__ = ["Intent", "anchor_intent", "broad_match", "dense_scores", "dense_texts", "lexical_scores", "page_ranking", "precision_selection", "router_prompt", "said_in", "unit_texts"]
+__all__ = [
+    "Intent",
+    "anchor_intent",
+    "broad_match",
+    "dense_scores",
+    "dense_texts",
+    "lexical_scores",
+    "page_ranking",
+    "precision_selection",
+    "router_prompt",
+    "said_in",
+    "unit_texts",
+]
 
 # Below this many content terms a query says too little to address by (§VI.1 "continue").
 LOW_ENTROPY_TERMS = 2
@@ -145,7 +157,14 @@ def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedel
     return inside if inside.any() else None
 
 
-def page_ranking(ids: Sequence[str], lexical: Sequence[float], dense: Any = None, timely: Any = None, lexical_weight: float = LEXICAL_WEIGHT, neighbour_share: float = NEIGHBOUR_SHARE) -> list[str]:
+def page_ranking(
+    ids: Sequence[str],
+    lexical: Sequence[float],
+    dense: Any = None,
+    timely: Any = None,
+    lexical_weight: float = LEXICAL_WEIGHT,
+    neighbour_share: float = NEIGHBOUR_SHARE,
+) -> list[str]:
     """The pages ``ids`` (in conversation order, page ``i`` scored ``lexical[i]``) best first.
 
     ``timely`` (from ``said_in``) marks the pages said when the query asks

@@ -27,7 +27,23 @@ from .pblock import PBlock
 from .timeline import stated_time
 from .tokens import Checkpoint, CountText, unchecked
 
-__all__ = ["SESSION_ID", "Continuation", "Session", "begins_with", "chain_links", "common_prefix", "continuation", "hold", "new_session_id", "page_on", "reconciled", "resume", "solidified", "transcript", "turns_to_page"]
+__all__ = [
+    "SESSION_ID",
+    "Continuation",
+    "Session",
+    "begins_with",
+    "chain_links",
+    "common_prefix",
+    "continuation",
+    "hold",
+    "new_session_id",
+    "page_on",
+    "reconciled",
+    "resume",
+    "solidified",
+    "transcript",
+    "turns_to_page",
+]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
@@ -126,7 +142,14 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates, layout=found.layout)
 
 
-def page_on(session: Session, messages: Sequence[Mapping[str, Any]], reused: int, count: CountText, policy: PagingPolicy = PagingPolicy(), checkpoint: Checkpoint = unchecked) -> Session:
+def page_on(
+    session: Session,
+    messages: Sequence[Mapping[str, Any]],
+    reused: int,
+    count: CountText,
+    policy: PagingPolicy = PagingPolicy(),
+    checkpoint: Checkpoint = unchecked,
+) -> Session:
     """``session`` with the pages of ``messages``, paged on from the ``reused`` messages it holds (its pages are kept as they are)."""
     turns, dates = turns_to_page(session, messages, reused)
     pages = page_history(turns, count, policy, session.pages, reused, checkpoint)

@@ -59,6 +59,7 @@ FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from wh
 PARTS_INSTRUCTION = "A [image_url …], [input_audio …] or [file …] in a page stands for what that message attached: Consult the page to be shown it."
 USER_LINE = "Respond to the Query of the PagedContext."
 
+
 class Step(msgspec.Struct, frozen=True):
     """One entry of the Reasoning_Trace."""
 

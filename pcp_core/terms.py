@@ -104,5 +104,3 @@ def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, 
         for rank, keyword in enumerate(keywords):
             score[keyword] += 1.0 + 1.0 / (rank + 2)
     return tuple(t for t, _ in sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:k])
-
-

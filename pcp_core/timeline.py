@@ -154,7 +154,14 @@ _MONTH_YEAR = re.compile(r"\b" + _MONTH + r",?\s+(?P<year>\d{4})\b", re.I)
 # A month without a year only after a word that makes it one ("in June"): "May" is also a verb.
 _BARE_MONTH = re.compile(r"\b(?i:in|of|during|since|before|after|by|early|late|mid)[- ](?P<month>" + "|".join(m.capitalize() for m in _MONTHS) + r")\b")
 _YEAR = re.compile(r"\b(?:in|of|during|since)\s+(?P<year>(?:19|20)\d\d)\b", re.I)
-_RELATIVE = {"today": (0, 1), "yesterday": (1, 0), "this week": (7, 1), "last week": (14, 0), "this month": (31, 1), "last month": (62, 0)}  # days back, days on
+_RELATIVE = {
+    "today": (0, 1),
+    "yesterday": (1, 0),
+    "this week": (7, 1),
+    "last week": (14, 0),
+    "this month": (31, 1),
+    "last month": (62, 0),
+}  # days back, days on
 _RELATIVE_WORDS = re.compile(r"\b(" + "|".join(_RELATIVE) + r")\b", re.I)
 _DAY_BEFORE_YESTERDAY = re.compile(r"\bthe day before yesterday\b", re.I)
 _NUMBER_WORDS = {"a": 1, "an": 1} | {w: n for n, w in enumerate("one two three four five six seven eight nine ten eleven twelve".split(), 1)}

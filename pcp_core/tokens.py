@@ -10,7 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["LOW_DETAIL_TOKENS", "PART_TOKENS", "Checkpoint", "CountText", "function_calls", "message_tokens", "part_text", "part_tokens", "prompt_tokens", "split_words", "unchecked"]
+__all__ = [
+    "LOW_DETAIL_TOKENS",
+    "PART_TOKENS",
+    "Checkpoint",
+    "CountText",
+    "function_calls",
+    "message_tokens",
+    "part_text",
+    "part_tokens",
+    "prompt_tokens",
+    "split_words",
+    "unchecked",
+]
 
 CountText = Callable[[str], int]
 # Called between the steps of long work (paging a history, scanning a block): the
@@ -21,6 +33,7 @@ Checkpoint = Callable[[], None]
 
 def unchecked() -> None:
     """A checkpoint that never stops anything."""
+
 
 PER_MESSAGE = 3
 PER_NAME = 1

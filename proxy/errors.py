@@ -84,7 +84,16 @@ class ClientClosed(PcpError):
 
 
 # Anthropic names an error by its kind, where OpenAI names it by type and code.
-ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 504: "timeout_error", 529: "overloaded_error"}
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
 
 
 class AnthropicError(msgspec.Struct):
@@ -104,4 +113,3 @@ def anthropic_envelope(error: PcpError) -> bytes:
     kind = ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     code = f" ({error.body.code})" if error.body.code else ""
     return _ENCODER.encode(AnthropicEnvelope(AnthropicError(kind, error.body.message + code)))
-

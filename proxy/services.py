@@ -85,12 +85,20 @@ class Services:
 def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
-    rounds = RoundPolicy(budget=settings.context_budget, max_rounds=settings.max_rounds, channel=settings.directive_channel, router=bool(settings.router_model), context_role=settings.context_role)
+    rounds = RoundPolicy(
+        budget=settings.context_budget,
+        max_rounds=settings.max_rounds,
+        channel=settings.directive_channel,
+        router=bool(settings.router_model),
+        context_role=settings.context_role,
+    )
     return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
 
 
 @asynccontextmanager
-async def open_services(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> AsyncIterator[Services]:
+async def open_services(
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None
+) -> AsyncIterator[Services]:
     """Open everything the settings ask for, yield it whole, and close it in the reverse order.
 
     ``transport`` carries the upstream calls (httpx's own by default); ``embedder``
@@ -183,14 +191,30 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: 
     if bundled is None and embeddings_available(settings.embeddings_model):
         bundled = Embedder(store=stores.area("embeddings"), on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
     elif bundled is None and not settings.embeddings_upstream:
-        log.warning("router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone", settings.embeddings_model, EXTRAS[settings.embeddings_model])
+        log.warning(
+            "router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone",
+            settings.embeddings_model,
+            EXTRAS[settings.embeddings_model],
+        )
     if not settings.embeddings_upstream:
         return bundled
     on_call = lambda: metrics.inc("pcp_upstream_calls_total", role="embeddings")  # noqa: E731
-    return UpstreamVectors(upstream, settings.embeddings_upstream, store=stores.area("upstream-embeddings"), fallback=bundled, on_call=on_call, on_encoded=on_encoded)
+    return UpstreamVectors(
+        upstream, settings.embeddings_upstream, store=stores.area("upstream-embeddings"), fallback=bundled, on_call=on_call, on_encoded=on_encoded
+    )
 
 
-def _memory(settings: Settings, stores: Stores, sealer: Sealer, embedder: DenseRecall | None, policy: Policy, tokenizer: Tokenizer, sessions: SessionStore, metrics: Metrics, cores: ScopeCores) -> Memory:
+def _memory(
+    settings: Settings,
+    stores: Stores,
+    sealer: Sealer,
+    embedder: DenseRecall | None,
+    policy: Policy,
+    tokenizer: Tokenizer,
+    sessions: SessionStore,
+    metrics: Metrics,
+    cores: ScopeCores,
+) -> Memory:
     """Memory across conversations, in PCP_DATA_DIR/memory (or the shared store), sealed as sessions are: read and written only for requests that name a scope."""
     # Memory indexes pages on its writer thread, synchronously, in one vector space that outlives a
     # change of settings: the bundled encoder's, even when the rounds ask the upstream for vectors.

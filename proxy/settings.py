@@ -146,7 +146,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     def __post_init__(self) -> None:
         _require(self.port, 0 <= self.port <= 65535, "port", "must be between 0 and 65535")
         _require(self.workers, 1 <= self.workers <= 64, "workers", "must be between 1 and 64")
-        _require(self.store and "…", not self.store or self.store.startswith(("redis://", "rediss://", "unix://")), "store", "must be empty (the embedded store in data_dir) or a redis://, rediss:// or unix:// URL")
+        _require(
+            self.store and "…",
+            not self.store or self.store.startswith(("redis://", "rediss://", "unix://")),
+            "store",
+            "must be empty (the embedded store in data_dir) or a redis://, rediss:// or unix:// URL",
+        )
         _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
         _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")

@@ -72,7 +72,9 @@ class Upstream:
     timeout bounds only the silence between two of them).
     """
 
-    def __init__(self, base_url: str, *, connect_timeout: float, read_timeout: float, total_timeout: float = math.inf, transport: httpx.AsyncBaseTransport | None = None):
+    def __init__(
+        self, base_url: str, *, connect_timeout: float, read_timeout: float, total_timeout: float = math.inf, transport: httpx.AsyncBaseTransport | None = None
+    ):
         url = httpx.URL(base_url)
         # Credentials in the URL become the client's auth and its query the params of every
         # call, so that neither is in the URL httpx logs, and the query stays after the path
@@ -95,7 +97,9 @@ class Upstream:
         )
         logging.getLogger("httpx").addFilter(REDACTED_URLS)
 
-    async def open(self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None) -> httpx.Response:
+    async def open(
+        self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None
+    ) -> httpx.Response:
         """Send a request and return the response with its body not yet read.
 
         A connection the upstream closed or reset without a word (typically a
@@ -130,9 +134,16 @@ class Upstream:
         return httpx.Timeout(min(timeout or self.read_timeout, left), connect=min(self.connect_timeout, left))
 
     def _late(self) -> UpstreamError:
-        return UpstreamError(f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)", status=504, type="upstream_timeout", code="upstream_timeout")
+        return UpstreamError(
+            f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)",
+            status=504,
+            type="upstream_timeout",
+            code="upstream_timeout",
+        )
 
-    async def complete(self, path: str, content: bytes, headers: Mapping[str, str], check: Check, *, timeout: float | None = None, deadline: float | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    async def complete(
+        self, path: str, content: bytes, headers: Mapping[str, str], check: Check, *, timeout: float | None = None, deadline: float | None = None
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """POST a non-streamed call of the API at ``path`` and decode its answer with the API's ``check``,
         with the headers to pass back (``passed_back``); an error status raises as the upstream sent it."""
         response = await self.open("POST", path, content=content, headers=headers, timeout=timeout, deadline=deadline)
@@ -205,7 +216,10 @@ class Upstream:
             content_type = response.headers.get("content-type")
             if content_type and not is_event_stream(content_type):
                 body = await self.read(response)
-                raise UpstreamError(f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}", code="upstream_bad_stream")
+                raise UpstreamError(
+                    f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}",
+                    code="upstream_bad_stream",
+                )
             reader = StreamReader(rules, self.shown_url)
             async for chunk in reader.chunks(self._chunks(response)):
                 yield chunk
@@ -245,7 +259,9 @@ REDACTED_URLS = _RedactedUrls()
 
 def _as_upstream_error(exc: httpx.HTTPError, base_url: str, midway: bool = False) -> UpstreamError:
     if isinstance(exc, httpx.TimeoutException):
-        return UpstreamError(f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", status=504, type="upstream_timeout", code="upstream_timeout")
+        return UpstreamError(
+            f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", status=504, type="upstream_timeout", code="upstream_timeout"
+        )
     if midway:
         return UpstreamError(f"the upstream at {base_url} broke off its answer: {str(exc) or type(exc).__name__}", code="upstream_cut")
     return UpstreamError(f"the upstream at {base_url} could not be reached: {str(exc) or type(exc).__name__}", code="upstream_unreachable")

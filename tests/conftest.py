@@ -64,7 +64,9 @@ class RunningProxy:
     def anthropic(self, api_key: str = "sk-ant-client", **kwargs: Any) -> anthropic.Anthropic:
         """The anthropic SDK pointed at the proxy. It speaks httpx2, which cannot take ``http``: a
         transport hands each of its requests to ``http`` and its answer back."""
-        return anthropic.Anthropic(base_url=self.url, api_key=api_key, max_retries=0, timeout=30, http_client=httpx2.Client(transport=httpx2.MockTransport(self._bridged)), **kwargs)
+        return anthropic.Anthropic(
+            base_url=self.url, api_key=api_key, max_retries=0, timeout=30, http_client=httpx2.Client(transport=httpx2.MockTransport(self._bridged)), **kwargs
+        )
 
     def _bridged(self, request: httpx2.Request) -> httpx2.Response:
         answer = self.http.request(request.method, str(request.url), headers=list(request.headers.multi_items()), content=request.read())
@@ -81,7 +83,6 @@ class RunningProxy:
             self.server.stop()
         else:
             self.http.__exit__(None, None, None)
-
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -38,7 +38,14 @@ def pieces(text: str, size: int = 5) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
 
 
-def model(answer: str, write: Callable[[dict[str, Any]], Any] | None = None, *, context: str | None = None, stream: bool = False, cut: Callable[[str], list[str]] = pieces) -> Callable[[Recorded], Reply]:
+def model(
+    answer: str,
+    write: Callable[[dict[str, Any]], Any] | None = None,
+    *,
+    context: str | None = None,
+    stream: bool = False,
+    cut: Callable[[str], list[str]] = pieces,
+) -> Callable[[Recorded], Reply]:
     """The upstream's reply: ``answer``, the separator, then ``context`` (else the JSON ``write`` makes of the snapshot shown)."""
 
     def reply(recorded: Recorded) -> Reply:

@@ -7,7 +7,16 @@ from lxml import etree
 from pcp_core.markup import node_view
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
-TOPICS = ["the allotment and its seedlings", "the choir's spring concert", "a leaking kitchen tap", "the trip to Lisbon", "a chess opening", "the new espresso grinder", "grandma's birthday cake", "the office move"]
+TOPICS = [
+    "the allotment and its seedlings",
+    "the choir's spring concert",
+    "a leaking kitchen tap",
+    "the trip to Lisbon",
+    "a chess opening",
+    "the new espresso grinder",
+    "grandma's birthday cake",
+    "the office move",
+]
 
 
 def conversation(turns: int = 160, question: str = "What is my gym locker code?") -> list[dict]:

@@ -16,11 +16,81 @@ from proxy.testing.upstream import Reply
 # The proxy on loopback in front of the fake upstream, one for the module: test_robustness's.
 from .test_robustness import EXAMPLES, FILLER, INTERNAL, json_value, proxy_url, text, upstream  # noqa: F401
 
-kinds = st.sampled_from(["message", "function_call", "function_call_output", "reasoning", "web_search_call", "item_reference", "text", "input_text", "image", "tool_use", "tool_result", "thinking", "input_image", 3, None])
-block = st.fixed_dictionaries({"type": kinds}, optional={"text": json_value, "content": json_value, "output": json_value, "input": json_value, "arguments": json_value, "name": json_value, "call_id": json_value, "id": json_value, "tool_use_id": json_value, "cache_control": json_value}) | json_value
-item = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]), "content": text | st.lists(block, max_size=4) | json_value}) | block
-an_answer = st.dictionaries(st.sampled_from(["output", "content", "usage", "status", "stop_reason", "id"]), json_value | st.lists(block, max_size=3), max_size=4)
-event = st.fixed_dictionaries({"type": st.sampled_from(["response.created", "response.output_text.delta", "response.output_item.added", "response.completed", "error", "message_start", "content_block_start", "content_block_delta", "message_delta", "message_stop", 7])}, optional={"delta": json_value, "item": json_value, "response": json_value, "message": json_value, "content_block": json_value, "usage": json_value, "index": json_value, "output_index": json_value})
+kinds = st.sampled_from(
+    [
+        "message",
+        "function_call",
+        "function_call_output",
+        "reasoning",
+        "web_search_call",
+        "item_reference",
+        "text",
+        "input_text",
+        "image",
+        "tool_use",
+        "tool_result",
+        "thinking",
+        "input_image",
+        3,
+        None,
+    ]
+)
+block = (
+    st.fixed_dictionaries(
+        {"type": kinds},
+        optional={
+            "text": json_value,
+            "content": json_value,
+            "output": json_value,
+            "input": json_value,
+            "arguments": json_value,
+            "name": json_value,
+            "call_id": json_value,
+            "id": json_value,
+            "tool_use_id": json_value,
+            "cache_control": json_value,
+        },
+    )
+    | json_value
+)
+item = (
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "system", "developer", "tool"]), "content": text | st.lists(block, max_size=4) | json_value}
+    )
+    | block
+)
+an_answer = st.dictionaries(
+    st.sampled_from(["output", "content", "usage", "status", "stop_reason", "id"]), json_value | st.lists(block, max_size=3), max_size=4
+)
+event = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(
+            [
+                "response.created",
+                "response.output_text.delta",
+                "response.output_item.added",
+                "response.completed",
+                "error",
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "message_delta",
+                "message_stop",
+                7,
+            ]
+        )
+    },
+    optional={
+        "delta": json_value,
+        "item": json_value,
+        "response": json_value,
+        "message": json_value,
+        "content_block": json_value,
+        "usage": json_value,
+        "index": json_value,
+        "output_index": json_value,
+    },
+)
 
 
 def request(api: str, items: list[Any], long: bool, stream: bool) -> dict[str, Any]:

@@ -29,7 +29,9 @@ def test_serve_fronts_the_upstream(command, served_upstream, tmp_path):
         script = Path(sys.executable).parent / "pcp-proxy"
         command = [str(script) if script.exists() else shutil.which("pcp-proxy") or pytest.fail("console script pcp-proxy is not installed")]
     port = free_port()
-    process = subprocess.Popen([*command, "serve", "--upstream", served_upstream.url, "--port", str(port)], env=_clean_env(tmp_path, PCP_ROUTER_EMBEDDINGS="false"))
+    process = subprocess.Popen(
+        [*command, "serve", "--upstream", served_upstream.url, "--port", str(port)], env=_clean_env(tmp_path, PCP_ROUTER_EMBEDDINGS="false")
+    )
     try:
         wait_healthy(process, port)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="sk-x", max_retries=0)
@@ -42,7 +44,9 @@ def test_serve_fronts_the_upstream(command, served_upstream, tmp_path):
 
 
 def test_bad_setting_stops_start_up_with_its_name(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "proxy", "serve"], env=_clean_env(tmp_path, PCP_SENTRY_THRESHOLD="lots"), capture_output=True, text=True, timeout=30)
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve"], env=_clean_env(tmp_path, PCP_SENTRY_THRESHOLD="lots"), capture_output=True, text=True, timeout=30
+    )
     assert result.returncode == 2
     assert "PCP_SENTRY_THRESHOLD" in result.stderr
     assert "Traceback" not in result.stderr
@@ -56,10 +60,17 @@ def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, 
     port = free_port()
     env = _clean_env(tmp_path, PCP_LOG_FORMAT="json", PCP_ROUTER_EMBEDDINGS="false", PCP_SENTRY_THRESHOLD="500", PCP_CONTEXT_BUDGET="1024")
     served_upstream.enqueue(completion("5521"))
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_healthy(process, port)
-        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers={"authorization": "Bearer sk-x"}, timeout=30)
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            json={"model": "m", "messages": conversation()},
+            headers={"authorization": "Bearer sk-x"},
+            timeout=30,
+        )
         assert response.headers["x-pcp-mode"] == "protocol"
     finally:
         process.send_signal(signal.SIGINT)

@@ -26,7 +26,12 @@ def connect(proxy) -> socket.socket:
 
 
 def request(body: bytes = BODY, extra: bytes = b"", length: int | None = None) -> bytes:
-    return b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n" + extra + b"content-length: %d\r\n\r\n" % (len(body) if length is None else length) + body
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\ncontent-type: application/json\r\n"
+        + extra
+        + b"content-length: %d\r\n\r\n" % (len(body) if length is None else length)
+        + body
+    )
 
 
 def answer(sock: socket.socket) -> tuple[int, bytes, bytes]:

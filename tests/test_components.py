@@ -83,7 +83,9 @@ def test_a_request_without_components_goes_as_it_came(proxy, upstream):
 
 
 def test_inline_components_are_consumed_never_forwarded(proxy, upstream):
-    headers, sent = send(proxy, upstream, turns(3), pcp_components=[{"at": "d0,1,0", "content": "(typed on a phone)"}, {"at": "d-1,1,0", "content": "Be brief."}])
+    headers, sent = send(
+        proxy, upstream, turns(3), pcp_components=[{"at": "d0,1,0", "content": "(typed on a phone)"}, {"at": "d-1,1,0", "content": "Be brief."}]
+    )
     assert "pcp_components" not in upstream.requests[-1].json
     assert sent == [{"role": "system", "content": "Be brief."}, *turns(2), {"role": "user", "content": "message 2\n\n(typed on a phone)"}]
     assert headers["x-pcp-components"] == "2"
@@ -211,8 +213,20 @@ def test_a_fork_of_a_recognised_session_leaves_its_parent_its_components(protoco
         (lambda http: http.post(f"{API}/components", json={"at": "d0,1,0", "content": "x", "colour": 1}, headers=KEY), None, "unknown field `colour`"),
         (lambda http: http.post(f"{API}/components", json={"at": "d0,1,0", "content": "x", "key": "a b"}, headers=KEY), "key", "matching regex"),
         (lambda http: http.post("/v1/pcp/sessions/bad id!/components", json={"at": "d0,1,0", "content": "x"}, headers=KEY), "session_id", "a session id is"),
-        (lambda http: http.post("/v1/chat/completions", json={"model": "m", "messages": turns(1), "pcp_components": [{"at": "q,1,0", "content": "x"}]}, headers=KEY), "pcp_components.[0]", "the depth must be a whole number"),
-        (lambda http: http.post("/v1/chat/completions", json={"model": "m", "messages": turns(3), "pcp_components": [{"at": "d3,1,0", "content": "x"}]}, headers=PINNED), "pcp_components.[0]", "holds 3 messages, d0 to d2"),
+        (
+            lambda http: http.post(
+                "/v1/chat/completions", json={"model": "m", "messages": turns(1), "pcp_components": [{"at": "q,1,0", "content": "x"}]}, headers=KEY
+            ),
+            "pcp_components.[0]",
+            "the depth must be a whole number",
+        ),
+        (
+            lambda http: http.post(
+                "/v1/chat/completions", json={"model": "m", "messages": turns(3), "pcp_components": [{"at": "d3,1,0", "content": "x"}]}, headers=PINNED
+            ),
+            "pcp_components.[0]",
+            "holds 3 messages, d0 to d2",
+        ),
     ],
 )
 def test_bad_coordinates_and_selectors_are_400s_that_say_where(proxy, call, param, says):

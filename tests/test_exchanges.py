@@ -52,8 +52,18 @@ def test_responses_items_read_as_turns_reasoning_left_out():
         {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "SECRET"},
         {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "get_weather", "arguments": '{"city":"Paris"}'},
         {"type": "function_call_output", "call_id": "call_1", "output": "22 C"},
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed", "content": [{"type": "output_text", "text": "Sunny, 22 C.", "annotations": []}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Thanks"}, {"type": "input_image", "image_url": "https://x/y.png", "detail": "low"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Sunny, 22 C.", "annotations": []}],
+        },
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Thanks"}, {"type": "input_image", "image_url": "https://x/y.png", "detail": "low"}],
+        },
     ]
     messages = responses_messages("Be brief.", items)
     shown = texts(messages)
@@ -69,19 +79,34 @@ def test_responses_items_read_as_turns_reasoning_left_out():
 def test_the_same_items_are_the_same_messages_whatever_their_ids_and_statuses():
     """A follow-up sends back what the last answer said: the session must find it as it was."""
     first = [{"role": "assistant", "content": "Hello"}]
-    again = [{"type": "message", "role": "assistant", "id": "msg_9", "status": "completed", "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}]
+    again = [
+        {"type": "message", "role": "assistant", "id": "msg_9", "status": "completed", "content": [{"type": "output_text", "text": "Hello", "annotations": []}]}
+    ]
     assert texts(responses_messages(None, first)) == texts(responses_messages(None, again))
 
 
 def test_anthropic_blocks_read_as_turns_thinking_left_out_marks_dropped():
     messages = [
         {"role": "user", "content": [{"type": "text", "text": "Read a.py", "cache_control": {"type": "ephemeral"}}]},
-        {"role": "assistant", "content": [{"type": "thinking", "thinking": "PRIVATE", "signature": "s"}, {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a.py"}}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "PRIVATE", "signature": "s"},
+                {"type": "tool_use", "id": "t1", "name": "read_file", "input": {"path": "a.py"}},
+            ],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "print(1)"}]}]},
-        {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}, "cache_control": {"type": "ephemeral"}}]},
+        {
+            "role": "user",
+            "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}, "cache_control": {"type": "ephemeral"}}],
+        },
     ]
     chat = anthropic_messages([{"type": "text", "text": "You code."}], messages)
-    assert texts(chat)[:3] == [("system", "You code."), ("user", "Read a.py"), ("assistant", '(calls read_file({"path": "a.py"})) (read_file returned: print(1))')]
+    assert texts(chat)[:3] == [
+        ("system", "You code."),
+        ("user", "Read a.py"),
+        ("assistant", '(calls read_file({"path": "a.py"})) (read_file returned: print(1))'),
+    ]
     assert "PRIVATE" not in str(chat) and "cache_control" not in str(chat)
     assert chat[-1]["content"][0]["type"] == "image"
 

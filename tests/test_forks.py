@@ -36,7 +36,15 @@ class Conversation(RuleBasedStateMachine):
         self.proxy = self._serve()
 
     def _serve(self) -> RunningProxy:
-        fields = {"upstream_base_url": self.upstream.url, "data_dir": self.data_dir.name, "router_embeddings": False, "sentry_threshold": 300, "context_budget": 2048, "max_rounds": 1, "block_tokens": 400}
+        fields = {
+            "upstream_base_url": self.upstream.url,
+            "data_dir": self.data_dir.name,
+            "router_embeddings": False,
+            "sentry_threshold": 300,
+            "context_budget": 2048,
+            "max_rounds": 1,
+            "block_tokens": 400,
+        }
         return RunningProxy(Settings(**fields), self.upstream)
 
     def teardown(self) -> None:
@@ -102,5 +110,7 @@ class Conversation(RuleBasedStateMachine):
 
 # The same examples in every run; FUZZ_EXAMPLES=200 searches further, with new ones each time.
 SEARCH = os.environ.get("FUZZ_EXAMPLES")
-Conversation.TestCase.settings = settings(max_examples=int(SEARCH or 12), stateful_step_count=10, derandomize=SEARCH is None, deadline=None, suppress_health_check=list(HealthCheck))
+Conversation.TestCase.settings = settings(
+    max_examples=int(SEARCH or 12), stateful_step_count=10, derandomize=SEARCH is None, deadline=None, suppress_health_check=list(HealthCheck)
+)
 TestForks = Conversation.TestCase

@@ -26,7 +26,11 @@ def test_embeddings_go_upstream_byte_for_byte(proxy, upstream):
     answer = b'{"object":"list","data":[],  "model":"e","vendor_extra":true}'
     upstream.enqueue(Reply(body=answer, headers={"content-type": "application/json", "x-request-id": "req-9", "x-ratelimit-remaining-requests": "99"}))
 
-    response = proxy.http.post("/v1/embeddings?api-version=2024-06-01&x=a%20b", content=body, headers={"content-type": "application/json", "authorization": "Bearer sk-client", "x-custom": "kept"})
+    response = proxy.http.post(
+        "/v1/embeddings?api-version=2024-06-01&x=a%20b",
+        content=body,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-client", "x-custom": "kept"},
+    )
 
     sent = upstream.requests[-1]
     assert (sent.method, sent.path, sent.query, sent.body) == ("POST", "/v1/embeddings", "api-version=2024-06-01&x=a%20b", body)
@@ -41,10 +45,43 @@ def test_the_sdk_embeds_completes_and_answers_through_one_base_url(proxy, upstre
     vectors = client.embeddings.create(model="text-embedding-3-small", input=["one", "two"])
     assert [len(v.embedding) for v in vectors.data] == [8, 8]
 
-    upstream.enqueue(Reply(body=json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m", "choices": [{"index": 0, "text": "legacy", "finish_reason": "stop", "logprobs": None}]}).encode()))
+    upstream.enqueue(
+        Reply(
+            body=json.dumps(
+                {
+                    "id": "cmpl-1",
+                    "object": "text_completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [{"index": 0, "text": "legacy", "finish_reason": "stop", "logprobs": None}],
+                }
+            ).encode()
+        )
+    )
     assert client.completions.create(model="m", prompt="Say").choices[0].text == "legacy"
 
-    upstream.enqueue(Reply(body=json.dumps({"id": "resp_1", "object": "response", "created_at": 0, "model": "m", "status": "completed", "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": "hi there", "annotations": []}]}]}).encode()))
+    upstream.enqueue(
+        Reply(
+            body=json.dumps(
+                {
+                    "id": "resp_1",
+                    "object": "response",
+                    "created_at": 0,
+                    "model": "m",
+                    "status": "completed",
+                    "output": [
+                        {
+                            "type": "message",
+                            "id": "msg_1",
+                            "role": "assistant",
+                            "status": "completed",
+                            "content": [{"type": "output_text", "text": "hi there", "annotations": []}],
+                        }
+                    ],
+                }
+            ).encode()
+        )
+    )
     assert client.responses.create(model="m", input="Say hi").output_text == "hi there"
 
     assert [r.path for r in upstream.requests] == ["/v1/embeddings", "/v1/completions", "/v1/responses"]
@@ -68,10 +105,14 @@ def test_langchain_embeddings_and_chat_share_the_proxy(proxy, upstream):
 
 def test_a_multipart_upload_arrives_as_it_was_sent(proxy, upstream):
     boundary = "----pcp-boundary-7"
-    form = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nassistants\r\n'
-            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="notes.jsonl"\r\nContent-Type: application/octet-stream\r\n\r\n').encode()
+    form = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nassistants\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="notes.jsonl"\r\nContent-Type: application/octet-stream\r\n\r\n'
+    ).encode()
     form += bytes(range(256)) * 40 + f"\r\n--{boundary}--\r\n".encode()  # fmt: skip
-    upstream.enqueue(Reply(body=b'{"id":"file-1","object":"file","bytes":10240,"created_at":0,"filename":"notes.jsonl","purpose":"assistants","status":"processed"}'))
+    upstream.enqueue(
+        Reply(body=b'{"id":"file-1","object":"file","bytes":10240,"created_at":0,"filename":"notes.jsonl","purpose":"assistants","status":"processed"}')
+    )
 
     response = proxy.http.post("/v1/files", content=form, headers={"content-type": f"multipart/form-data; boundary={boundary}"})
 
@@ -130,7 +171,10 @@ def test_a_forwarded_stream_is_relayed(proxy, upstream):
 def test_a_forwarded_stream_arrives_as_it_comes(start_proxy, upstream):
     proxy = start_proxy(sockets=True)
     gate = threading.Event()
-    events = [f'data: {{"id":"c","object":"text_completion","created":0,"model":"m","choices":[{{"index":0,"text":"{t}","finish_reason":null,"logprobs":null}}]}}\n\n'.encode() for t in ("first", "second")]
+    events = [
+        f'data: {{"id":"c","object":"text_completion","created":0,"model":"m","choices":[{{"index":0,"text":"{t}","finish_reason":null,"logprobs":null}}]}}\n\n'.encode()
+        for t in ("first", "second")
+    ]
     upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[events[0], gate, events[1], b"data: [DONE]\n\n"]))
 
     texts = []
@@ -192,7 +236,14 @@ def test_pcp_paths_are_the_proxys_own_and_never_forwarded(proxy, upstream, path)
 
 @pytest.mark.parametrize(
     "path",
-    ["/v1/models/%2e%2e/files", "/v1/models/..%2ffiles", "/v1/models/org/%2E%2E/%2E%2E/files", "/v1/models/a%2f%2e%2e%2f%2e%2e%2ffiles", "/v1/files/%2e%2e%5cadmin", "/v1/%2e%2e/admin"],
+    [
+        "/v1/models/%2e%2e/files",
+        "/v1/models/..%2ffiles",
+        "/v1/models/org/%2E%2E/%2E%2E/files",
+        "/v1/models/a%2f%2e%2e%2f%2e%2e%2ffiles",
+        "/v1/files/%2e%2e%5cadmin",
+        "/v1/%2e%2e/admin",
+    ],
 )
 def test_no_path_climbs_out_of_v1(proxy, upstream, path):
     """Forwarded as it was, ".." would reach any upstream path with the proxy's key."""

@@ -35,7 +35,15 @@ HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}
 @pytest.fixture(scope="module")
 def proxy_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with FakeUpstream() as upstream:
-        proxy_settings = Settings(upstream_base_url=upstream.url, data_dir=str(tmp_path_factory.mktemp("data")), router_embeddings=False, sentry_threshold=200, context_budget=700, max_rounds=2, client_timeout=5)
+        proxy_settings = Settings(
+            upstream_base_url=upstream.url,
+            data_dir=str(tmp_path_factory.mktemp("data")),
+            router_embeddings=False,
+            sentry_threshold=200,
+            context_budget=700,
+            max_rounds=2,
+            client_timeout=5,
+        )
         server = serve_in_thread(create_app(proxy_settings), **server_options(proxy_settings))
         yield server.url
         server.stop()
@@ -46,7 +54,9 @@ def body(long: bool, stream: bool) -> bytes:
     return json.dumps({"model": "m", "messages": messages, "stream": stream, "temperature": 0.5}).encode()
 
 
-NOT_UTF8 = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"]) | st.binary(min_size=1, max_size=4).filter(lambda b: not _is_utf8(b))
+NOT_UTF8 = st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"\x80"]) | st.binary(min_size=1, max_size=4).filter(
+    lambda b: not _is_utf8(b)
+)
 HUGE = st.sampled_from([b"1e999", b"-1e999", b"1e-999", b"NaN", b"Infinity", b"-0", b"9" * 5000, b"-" + b"9" * 400, b"0.0000000000000000000000001e400"])
 
 
@@ -95,12 +105,16 @@ def assert_answered(status: int, content: bytes) -> None:
 @EXAMPLES
 @given(content=hostile_body())
 def test_any_body_bytes_get_an_answer_or_an_error_in_the_envelope(proxy_url, content):
-    response = httpx.post(f"{proxy_url}/v1/chat/completions", content=content, headers={"content-type": "application/json", "authorization": "Bearer k"}, timeout=30)
+    response = httpx.post(
+        f"{proxy_url}/v1/chat/completions", content=content, headers={"content-type": "application/json", "authorization": "Bearer k"}, timeout=30
+    )
     assert_answered(response.status_code, response.content)
 
 
 header_name = st.text(alphabet="abcdefghijklmnopqrstuvwxyz-", min_size=1, max_size=12).map(lambda name: f"x-{name}".encode())
-header_value = st.binary(max_size=300).map(lambda value: value.replace(b"\r", b"").replace(b"\n", b"")) | st.text(max_size=40).map(lambda text: text.encode()).filter(lambda b: b"\r" not in b and b"\n" not in b)
+header_value = st.binary(max_size=300).map(lambda value: value.replace(b"\r", b"").replace(b"\n", b"")) | st.text(max_size=40).map(
+    lambda text: text.encode()
+).filter(lambda b: b"\r" not in b and b"\n" not in b)
 known_header = st.sampled_from([b"authorization", b"x-pcp-session", b"x-pcp-mode-request", b"content-type", b"accept", b"api-key", b"user-agent"])
 
 

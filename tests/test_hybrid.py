@@ -59,7 +59,9 @@ def snapshot_json(**parts) -> dict:
 
 def test_the_systems_fields_stand_whatever_the_model_wrote():
     owned = system()
-    written = snapshot_json(version=4.0, runtime={"round": 99, "workspace": "/elsewhere", "datetime": "then", "startup_at": 5}, todo={"summary": "all done!", "total": 1, "step": 1})
+    written = snapshot_json(
+        version=4.0, runtime={"round": 99, "workspace": "/elsewhere", "datetime": "then", "startup_at": 5}, todo={"summary": "all done!", "total": 1, "step": 1}
+    )
     reading = read_snapshot(written, owned, owned)
     assert reading.snapshot.runtime == owned.runtime and reading.snapshot.version == 3.0
     assert (reading.snapshot.todo.summary, reading.snapshot.todo.total, reading.snapshot.todo.step) == ("in progress 0/3 (step 1)", 3, 1)
@@ -82,7 +84,9 @@ def test_blocks_merge_by_id_and_each_tier_keeps_its_best_first():
     memory = read_snapshot(written, previous, system()).snapshot.memory
     assert [(b.id, b.content) for b in memory.working] == [("w1", "updated")]  # w2 moved to longterm, not kept twice
     assert [b.id for b in memory.longterm] == ["w2"]
-    ranked = read_snapshot(snapshot_json(memory={"core": [block("low", confidence=0.3), block("high", confidence=0.95)]}), system(), system()).snapshot.memory.core
+    ranked = read_snapshot(
+        snapshot_json(memory={"core": [block("low", confidence=0.3), block("high", confidence=0.95)]}), system(), system()
+    ).snapshot.memory.core
     assert [b.id for b in ranked] == ["high", "low"]
 
 
@@ -108,15 +112,15 @@ def test_a_reply_without_an_object_keeps_the_previous_snapshot():
 
 
 def test_the_answer_and_the_snapshot_are_split_at_the_separator():
-    assert split_answer(f"Done.\n\n{SEPARATOR}\n{{\"a\": 1}}") == ("Done.", '{"a": 1}', 1)
+    assert split_answer(f'Done.\n\n{SEPARATOR}\n{{"a": 1}}') == ("Done.", '{"a": 1}', 1)
     assert split_answer("No snapshot here, <b> and << are text.") == ("No snapshot here, <b> and << are text.", None, 0)
-    visible, context, separators = split_answer(f"Hi {SEPARATOR} {{}} {SEPARATOR} {{\"b\": 2}}")
+    visible, context, separators = split_answer(f'Hi {SEPARATOR} {{}} {SEPARATOR} {{"b": 2}}')
     assert (visible, context, separators) == ("Hi", '{"b": 2}', 2)
 
 
 @given(st.text(alphabet="ab <>{}\n:", max_size=40), st.lists(st.integers(1, 12), max_size=8), st.booleans())
 def test_however_an_answer_is_chunked_the_client_never_sees_the_snapshot(answer, cuts, with_snapshot):
-    reply = answer + (f"\n{SEPARATOR}\n{{\"k\": \"{SEPARATOR[:5]}\"}}" if with_snapshot else "")
+    reply = answer + (f'\n{SEPARATOR}\n{{"k": "{SEPARATOR[:5]}"}}' if with_snapshot else "")
     gate, seen, at = SeparatorGate(), [], 0
     for cut in cuts:
         seen.append(gate.feed(reply[at : at + cut]))
@@ -149,7 +153,10 @@ def test_blocks_age_ephemeral_ones_expire_and_working_ones_last_the_task():
 
 
 def test_a_snapshot_that_outgrows_its_room_sends_its_weakest_blocks_cold_and_a_query_brings_them_back():
-    blocks = tuple(Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"long reusable knowledge number {i} " * 20) for i in range(10))
+    blocks = tuple(
+        Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"long reusable knowledge number {i} " * 20)
+        for i in range(10)
+    )
     snapshot = msgspec.structs.replace(system(), memory=Memory(longterm=blocks))
     room = COUNT(render(snapshot)) * 2 // 3
     fitted, cold = fit(snapshot, room, COUNT)
@@ -183,7 +190,12 @@ def test_the_prompt_carries_the_rules_and_the_snapshot_into_the_system_message()
 
 def test_an_id_written_twice_keeps_the_better_block_and_a_faded_rewrite_takes_its_old_self_away():
     previous = read_snapshot(snapshot_json(memory={"core": [block("old"), block("keep")]}), system(), system()).snapshot
-    written = snapshot_json(memory={"working": [block("w", confidence=0.4), block("w", confidence=0.8, content="better"), block("w", confidence=0.5)], "core": [block("old", decay=0.99)]})
+    written = snapshot_json(
+        memory={
+            "working": [block("w", confidence=0.4), block("w", confidence=0.8, content="better"), block("w", confidence=0.5)],
+            "core": [block("old", decay=0.99)],
+        }
+    )
     reading = read_snapshot(written, previous, system())
     assert [(b.id, b.content) for b in reading.snapshot.memory.working] == [("w", "better")]
     assert [b.id for b in reading.snapshot.memory.core] == ["keep"]  # "old" faded: gone, not left as it was
@@ -192,7 +204,9 @@ def test_an_id_written_twice_keeps_the_better_block_and_a_faded_rewrite_takes_it
 
 
 def test_placeholders_are_the_systems_and_rounds_cannot_run_ahead():
-    cold_block = Block(id="l", type="t", decay=0.1, confidence=0.9, round=1, tags=("x",), content="", content_state="tag_ref", tag_id="tag-1", tag_summary="about x")
+    cold_block = Block(
+        id="l", type="t", decay=0.1, confidence=0.9, round=1, tags=("x",), content="", content_state="tag_ref", tag_id="tag-1", tag_summary="about x"
+    )
     previous = msgspec.structs.replace(system(), memory=Memory(longterm=(cold_block,)))
     forged = block("f", content_state="tag_ref", tag_id="tag-9", content="")
     rewritten = {**msgspec.to_builtins(cold_block), "tag_summary": "changed", "tags": ["y"]}
@@ -211,7 +225,9 @@ def test_a_tier_keeps_at_most_its_limit_of_blocks_the_best():
 
 
 def test_decay_rises_once_per_round_however_often_the_model_writes_its_block_back():
-    snapshot = msgspec.structs.replace(system(round=1), memory=Memory(core=(Block(id="c", type="t", decay=0.1, confidence=0.9, round=1, tags=(), content="x"),)))
+    snapshot = msgspec.structs.replace(
+        system(round=1), memory=Memory(core=(Block(id="c", type="t", decay=0.1, confidence=0.9, round=1, tags=(), content="x"),))
+    )
     step_by_step = snapshot
     for current in range(2, 6):  # each round the model copies the aged block back, round unchanged
         step_by_step = msgspec.structs.replace(age(step_by_step, current), runtime=msgspec.structs.replace(step_by_step.runtime, round=current))
@@ -231,7 +247,10 @@ def test_a_context_section_is_read_from_bare_json_and_repaired_where_it_can_be()
 
 
 def test_a_round_ages_the_snapshot_brings_back_what_the_query_asks_and_fits_the_rest():
-    blocks = tuple(Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"long reusable knowledge number {i} " * 20) for i in range(10))
+    blocks = tuple(
+        Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"long reusable knowledge number {i} " * 20)
+        for i in range(10)
+    )
     start = msgspec.structs.replace(system(round=1), memory=Memory(longterm=blocks))
     room = COUNT(render(start)) // 2
     facts = RoundFacts(round=2, workspace="/w/", now=NOW, startup_at=1, todo=(TodoItem(1, "a"),), query="hello")
@@ -246,7 +265,9 @@ def test_a_round_ages_the_snapshot_brings_back_what_the_query_asks_and_fits_the_
 
 
 def test_placeholders_that_do_not_fit_are_shelved_and_still_come_back():
-    blocks = tuple(Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"knowledge {i} " * 40) for i in range(12))
+    blocks = tuple(
+        Block(id=f"l{i}", type="t", decay=0.1, confidence=0.5 + i / 100, round=1, tags=(f"topic{i}",), content=f"knowledge {i} " * 40) for i in range(12)
+    )
     snapshot = msgspec.structs.replace(system(round=1), memory=Memory(longterm=blocks))
     room = COUNT(render(system(round=1))) + 60  # room for a placeholder or so, not twelve
     fitted, cold = fit(snapshot, room, COUNT)

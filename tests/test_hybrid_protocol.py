@@ -76,8 +76,17 @@ SECTIONS = st.sampled_from([
 
 
 @EXAMPLES
-@given(answer=st.text(alphabet="ab <>{}\n:\"", max_size=30), section=SECTIONS, sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6), with_section=st.booleans(), stream=st.booleans(), paged=st.booleans())
-def test_however_the_answer_is_chunked_the_client_never_sees_the_section_and_the_kept_snapshot_holds(start_proxy, upstream, answer, section, sizes, with_section, stream, paged):
+@given(
+    answer=st.text(alphabet='ab <>{}\n:"', max_size=30),
+    section=SECTIONS,
+    sizes=st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    with_section=st.booleans(),
+    stream=st.booleans(),
+    paged=st.booleans(),
+)
+def test_however_the_answer_is_chunked_the_client_never_sees_the_section_and_the_kept_snapshot_holds(
+    start_proxy, upstream, answer, section, sizes, with_section, stream, paged
+):
     # One proxy for every example: the session goes on from one to the next, as a conversation's does.
     proxy = getattr(upstream, "hybrid_proxy", None) or start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
     upstream.hybrid_proxy = proxy

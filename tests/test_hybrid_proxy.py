@@ -37,11 +37,13 @@ def test_disabled_by_default_a_request_opts_in_and_an_enabled_proxy_lets_one_opt
     assert upstream.requests[-1].body == body
     upstream.enqueue(model("on", with_memory(core=[block("c1")])))
     assert ask(proxy, "hi", {**PINNED, "x-pcp-context-mode": "enabled"})[0] == "on"
-    upstream.enqueue(completion(f"off\n{SEPARATOR}\n{{\"memory\": {{}}}}"))  # the model writes one though told not to
+    upstream.enqueue(completion(f'off\n{SEPARATOR}\n{{"memory": {{}}}}'))  # the model writes one though told not to
     text, headers = ask(proxy, "hi", {**PINNED, "x-pcp-context-mode": "disabled"})
     assert text == "off" and "contextMode = disabled" in upstream.requests[-1].json["messages"][0]["content"]
     assert "x-pcp-context-round" not in headers and stored(proxy).runtime.round == 1 and violations(proxy, "context_while_disabled") == 1
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers={**PINNED, "x-pcp-context-mode": "sometimes"})
+    response = proxy.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers={**PINNED, "x-pcp-context-mode": "sometimes"}
+    )
     assert response.status_code == 400 and response.json()["error"]["param"] == "x-pcp-context-mode"
 
 
@@ -96,7 +98,10 @@ def test_blocks_that_break_the_rules_are_dropped_and_duplicates_merged(hybrid, u
 def test_a_reply_without_a_usable_snapshot_keeps_the_previous_one(hybrid, upstream, stream):
     upstream.enqueue(model("first", with_memory(core=[block("keep-me")]), stream=stream))
     ask(hybrid, "one", stream=stream)
-    for reply, rule in ((model("not json", context='{"memory": oops', stream=stream), "not_json"), (stream_reply(["no section at all"]) if stream else completion("no section at all"), "no_context")):
+    for reply, rule in (
+        (model("not json", context='{"memory": oops', stream=stream), "not_json"),
+        (stream_reply(["no section at all"]) if stream else completion("no section at all"), "no_context"),
+    ):
         upstream.enqueue(reply)
         text, _ = ask(hybrid, "again", stream=stream)
         assert SEPARATOR not in text and "oops" not in text
@@ -125,12 +130,22 @@ def test_a_separator_split_across_chunks_never_reaches_the_client(hybrid, upstre
 def test_a_turn_that_only_calls_tools_owes_no_section(hybrid, upstream, stream):
     call = [{"id": "c1", "type": "function", "function": {"name": "look", "arguments": "{}"}}]
     if stream:
-        event = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, **call[0]}]}, "finish_reason": None}]}
+        event = {
+            "id": "x",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "delta": {"role": "assistant", "tool_calls": [{"index": 0, **call[0]}]}, "finish_reason": None}],
+        }
         done = {**event, "choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}
-        upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[f"data: {json.dumps(e)}\n\n".encode() for e in (event, done)] + [b"data: [DONE]\n\n"]))
+        upstream.enqueue(
+            Reply(headers={"content-type": "text/event-stream"}, chunks=[f"data: {json.dumps(e)}\n\n".encode() for e in (event, done)] + [b"data: [DONE]\n\n"])
+        )
     else:
         upstream.enqueue(completion(tool_calls=call))
-    response = hybrid.http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "look it up"}], "stream": stream}, headers=PINNED)
+    response = hybrid.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "look it up"}], "stream": stream}, headers=PINNED
+    )
     assert response.status_code == 200 and "look" in response.text
     assert violations(hybrid, "no_context") == 0 and stored(hybrid).runtime.round == 1
 
@@ -143,7 +158,12 @@ def test_a_conversation_that_names_no_session_is_recognised_by_its_messages(hybr
     _, headers = ask(hybrid, "Hi, I am Ada.", KEY)
     session = headers["x-pcp-session"]
     upstream.enqueue(model("Ada.", stream=True))
-    _, again = ask(hybrid, [{"role": "user", "content": "Hi, I am Ada."}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Who am I?"}], KEY, stream=True)
+    _, again = ask(
+        hybrid,
+        [{"role": "user", "content": "Hi, I am Ada."}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Who am I?"}],
+        KEY,
+        stream=True,
+    )
     assert again["x-pcp-session"] == session and again["x-pcp-context-round"] == "2"
     assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["Ada"]
     upstream.enqueue(model("New here?"))
@@ -180,7 +200,11 @@ def test_the_todo_projection_is_the_systems_and_working_blocks_last_the_task(hyb
     ask(hybrid, "and now?")
     assert shown(upstream.requests[-1])["memory"]["working"] == [] and shown(upstream.requests[-1])["todo"]["summary"] == "done"
     assert hybrid.http.get(f"{API}/todo", headers=KEY).json()["total"] == 3
-    for bad, param in (({"items": [{"id": 0, "title": "x"}]}, "items.[0].id"), ({"items": [{"id": 1, "title": "a"}, {"id": 1, "title": "b"}]}, "items"), ({"items": [{"id": 1, "title": "a", "why": 1}]}, "items.[0]")):
+    for bad, param in (
+        ({"items": [{"id": 0, "title": "x"}]}, "items.[0].id"),
+        ({"items": [{"id": 1, "title": "a"}, {"id": 1, "title": "b"}]}, "items"),
+        ({"items": [{"id": 1, "title": "a", "why": 1}]}, "items.[0]"),
+    ):
         refused = hybrid.http.put(f"{API}/todo", json=bad, headers=KEY)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
 
@@ -275,8 +299,12 @@ def test_the_scopes_core_travels_with_its_export(hybrid, upstream):
     assert [b["content"] for b in shown(upstream.requests[-1])["memory"]["core"]] == ["metric units"]
     bad = hybrid.http.post("/v1/pcp/memory/moved/import", content=b'{"type": "Core", "blocks": [{"id": 3}]}\n', headers=KEY)
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "line 1"
-    refused = exported.replace(b'"Core","blocks":[{', b'"Core","blocks":[{"id":"tz","type":"fact","decay":0.0,"confidence":1.0,"round":1,"tags":[],"content":"times in UTC"},{', 1)
-    refused += b'{"type":"Consolidated","id":"c-x","origin":"Storage","depth":1,"timestamp":"2026-01-01T00:00","keywords":[],"summary":"s","source_ids":["nowhere"]}\n'
+    refused = exported.replace(
+        b'"Core","blocks":[{', b'"Core","blocks":[{"id":"tz","type":"fact","decay":0.0,"confidence":1.0,"round":1,"tags":[],"content":"times in UTC"},{', 1
+    )
+    refused += (
+        b'{"type":"Consolidated","id":"c-x","origin":"Storage","depth":1,"timestamp":"2026-01-01T00:00","keywords":[],"summary":"s","source_ids":["nowhere"]}\n'
+    )
     assert hybrid.http.post("/v1/pcp/memory/elsewhere/import", content=refused, headers=KEY).status_code == 400
     upstream.enqueue(model("Hi."))
     ask(hybrid, "Hello", {**KEY, "x-pcp-memory": "elsewhere", "x-pcp-session": "three"})

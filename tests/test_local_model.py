@@ -45,7 +45,9 @@ def local_proxy(tmp_path_factory, worker_calls):
     from proxy.testing.upstream import serve_in_thread
 
     # A low threshold so that a long history takes the protocol path through the real model.
-    settings = Settings(upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048, sentry_threshold=600, context_budget=1024, max_rounds=2)
+    settings = Settings(
+        upstream_base_url="", data_dir=str(tmp_path_factory.mktemp("local")), local_n_ctx=2048, sentry_threshold=600, context_budget=1024, max_rounds=2
+    )
     server = serve_in_thread(create_app(settings, transport=worker_calls), timeout_graceful_shutdown=10)
     yield server
     server.stop()
@@ -96,7 +98,10 @@ def test_protocol_mode_runs_through_the_local_model(local_proxy):
 
 def test_the_local_model_reads_the_system_message(local_proxy):
     """llama.cpp's "gemma" chat format dropped every system message; the proxy's template folds it into the first user turn."""
-    system = {"role": "system", "content": "You are the quartermaster of the allotment society. Answer in one short sentence, in English, and never mention the weather, the rain or the seedlings."}
+    system = {
+        "role": "system",
+        "content": "You are the quartermaster of the allotment society. Answer in one short sentence, in English, and never mention the weather, the rain or the seedlings.",
+    }
     question = {"role": "user", "content": "Name one colour."}
     client = _client(local_proxy)
     without = client.chat.completions.create(model="gemma-3-270m", messages=[question], max_tokens=4, temperature=0).usage.prompt_tokens

@@ -110,7 +110,10 @@ def test_forgetting_by_id_takes_the_page_out_of_search_and_of_its_containers(sta
 def test_export_and_import_keep_the_tree(start_proxy):
     proxy = start_proxy(context_budget=1024)
     auth = {"authorization": "Bearer sk-client"}
-    long_talk = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} about the orchard, apple variety number {i}, pruning and grafting notes."} for i in range(60)]
+    long_talk = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} about the orchard, apple variety number {i}, pruning and grafting notes."}
+        for i in range(60)
+    ]
     ask(proxy, long_talk)
     status = remembered(proxy)
     assert status["consolidated"] >= 1
@@ -153,10 +156,14 @@ def test_the_body_user_names_the_scope_when_the_setting_asks(start_proxy):
 
 def test_a_consult_on_a_memory_container_opens_its_pages(start_proxy, upstream):
     proxy = start_proxy(context_budget=1024, embedder=StandInEmbedder())
-    long_talk = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Orchard note {i}: the Bramley tree in row {i} needs grafting."} for i in range(40)]
+    long_talk = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Orchard note {i}: the Bramley tree in row {i} needs grafting."} for i in range(40)
+    ]
     ask(proxy, long_talk)
     remembered(proxy)
-    containers = [p for p in proxy.http.get("/v1/pcp/memory/alice/export", headers={"authorization": "Bearer sk-client"}).text.splitlines() if '"Consolidated"' in p]
+    containers = [
+        p for p in proxy.http.get("/v1/pcp/memory/alice/export", headers={"authorization": "Bearer sk-client"}).text.splitlines() if '"Consolidated"' in p
+    ]
     target = json.loads(containers[-1])
     upstream.enqueue(completion(f'Consult("look", "{target["id"]}")'), completion(f'Consult("open", "{target["id"]}")'), completion("done"))
     reply = ask(proxy, [{"role": "user", "content": "Which orchard trees need grafting?"}])

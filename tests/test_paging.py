@@ -72,7 +72,9 @@ def test_summaries_and_keywords_keep_anchors():
 
 
 def test_message_timestamp_wins_over_seen_at():
-    turns = turns_from_messages([{"role": "user", "content": "hi", "timestamp": "2024-01-02T03:04:05"}, {"role": "assistant", "content": "yo"}], "2026-11-22T10:00:00")
+    turns = turns_from_messages(
+        [{"role": "user", "content": "hi", "timestamp": "2024-01-02T03:04:05"}, {"role": "assistant", "content": "yo"}], "2026-11-22T10:00:00"
+    )
     assert [t.timestamp for t in turns] == ["2024-01-02T03:04:05", "2026-11-22T10:00:00"]
 
 
@@ -88,7 +90,10 @@ def test_oversized_turn_is_split_across_pages():
 @pytest.mark.parametrize(
     ("message", "text"),
     [
-        ({"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]}, f"look [image_url {part_handle({'type': 'image_url', 'image_url': {'url': 'x'}})}]"),
+        (
+            {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "x"}}]},
+            f"look [image_url {part_handle({'type': 'image_url', 'image_url': {'url': 'x'}})}]",
+        ),
         ({"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}, "\n(calls f({}))"),
         ({"role": "user", "name": "bob", "content": "hi"}, "bob: hi"),
     ],

@@ -22,7 +22,10 @@ WORDS = "garden invoice release meeting river budget deploy server kitchen conce
 
 def chat(n: int) -> list[dict[str, str]]:
     rng = random.Random(n)
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Ana: on day {i} we discussed the {' '.join(rng.choice(WORDS) for _ in range(20))}."} for i in range(n)]
+    return [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Ana: on day {i} we discussed the {' '.join(rng.choice(WORDS) for _ in range(20))}."}
+        for i in range(n)
+    ]
 
 
 def test_a_long_message_that_repeats_itself_is_paged_in_time():
@@ -59,7 +62,9 @@ def test_a_topic_said_in_rare_words_is_found_however_far_back():
     first = (*common[:20], "zeppelin", "hangar", "helium", "mooring")
     signatures = [first, *[common + (f"x{i}", f"y{i}", f"z{i}", f"w{i}") for i in range(400)], first]
     df = {t: 400 for t in common} | {t: 2 for t in first[20:]} | {f"{c}{i}": 1 for i in range(400) for c in "xyzw"}
-    topics = assign_topics(signatures, [None] * len(signatures), [str(i) for i in range(len(signatures))], TermStats.from_counts(1600, df), Metabolism(term_reach=16))
+    topics = assign_topics(
+        signatures, [None] * len(signatures), [str(i) for i in range(len(signatures))], TermStats.from_counts(1600, df), Metabolism(term_reach=16)
+    )
     assert topics[-1] == topics[0]
 
 

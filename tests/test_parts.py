@@ -108,7 +108,10 @@ def test_the_paged_context_can_go_in_the_user_message(start_proxy, upstream, par
     content = message["content"]
     document = content if isinstance(content, str) else content[0]["text"]
     assert message["role"] == "user" and document.startswith("<PagedContext")
-    assert etree.fromstring(document[: document.index("</PagedContext>") + len("</PagedContext>")]).findtext("Static_Registry/Head") == "You are a friendly assistant."
+    assert (
+        etree.fromstring(document[: document.index("</PagedContext>") + len("</PagedContext>")]).findtext("Static_Registry/Head")
+        == "You are a friendly assistant."
+    )
     assert user_parts(worker) == parts
     assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
 

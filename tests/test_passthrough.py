@@ -66,7 +66,9 @@ def test_the_proxys_own_headers_never_go_upstream(start_proxy, upstream):
         sent = upstream.requests[-1].headers
         assert sent["x-custom"] == "kept" and not [name for name in sent if name.lower().startswith("x-pcp-")]
     long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the plan for step {i} and its budget."} for i in range(60)]
-    paged = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*long, {"role": "user", "content": "Step 7?"}]}, headers={**ours, "X-PCP-Threshold": "300"})
+    paged = proxy.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": [*long, {"role": "user", "content": "Step 7?"}]}, headers={**ours, "X-PCP-Threshold": "300"}
+    )
     assert paged.headers["x-pcp-mode"] == "protocol"  # the headers still speak to the proxy
     worker = upstream.requests[-1].headers
     assert worker["x-pcp-role"] == "worker" and [name for name in worker if name.lower().startswith("x-pcp-")] == ["x-pcp-role"]
@@ -284,7 +286,9 @@ def test_proxy_keys(start_proxy, upstream):
 
 
 def test_streamed_upstream_error_keeps_its_status(proxy, upstream):
-    upstream.enqueue(Reply(status=400, body=json.dumps({"error": {"message": "bad model", "type": "invalid_request_error", "param": "model", "code": None}}).encode()))
+    upstream.enqueue(
+        Reply(status=400, body=json.dumps({"error": {"message": "bad model", "type": "invalid_request_error", "param": "model", "code": None}}).encode())
+    )
     with pytest.raises(openai.BadRequestError) as caught:
         list(proxy.client().chat.completions.create(model="m", messages=MESSAGES, stream=True))
     assert "bad model" in str(caught.value)

@@ -75,7 +75,9 @@ def test_the_block_page_is_its_handle_and_sections_are_its_structure():
 
 
 def test_a_heading_that_states_a_date_dates_its_pages():
-    document = "\n\n".join(f"## Meeting of {day} March, 2024\n\n" + "\n".join(f"Point {j}: the budget line {j} stays at {j * 100} euros." for j in range(40)) for day in (4, 11))
+    document = "\n\n".join(
+        f"## Meeting of {day} March, 2024\n\n" + "\n".join(f"Point {j}: the budget line {j} stays at {j * 100} euros." for j in range(40)) for day in (4, 11)
+    )
     block = block_of(document)
     leaves = [p for p in block.drafts if isinstance(p, OriginalPage)]
     assert {p.timestamp for p in leaves} == {"2024-03-04T00:00:00", "2024-03-11T00:00:00"}
@@ -93,7 +95,9 @@ def test_text_without_headings_is_contained_page_by_page_under_the_block():
 
 def python_module(functions: int = 24) -> str:
     """A Python module: a header comment and imports, decorated functions with a comment above each, a class with methods."""
-    parts = ['# Copyright the pump team.\n# Kept with the pump.\n"""Valves, opened slowly. Use it so:\n\n```\ndef example(pump):\n    open_valve_3(2.0)\n```\n"""\n\nimport math']
+    parts = [
+        '# Copyright the pump team.\n# Kept with the pump.\n"""Valves, opened slowly. Use it so:\n\n```\ndef example(pump):\n    open_valve_3(2.0)\n```\n"""\n\nimport math'
+    ]
     for n in range(functions):
         body = "\n".join(f"    value_{j} = math.sqrt({n * j}) + {j}  # step {j} of valve {n}" for j in range(12))
         parts.append(f"# Opens valve {n}, slowly.\n@cached\ndef open_valve_{n}(pressure: float) -> float:\n{body}\n    return value_11")
@@ -117,9 +121,18 @@ def test_a_source_file_is_sectioned_by_its_top_level_definitions():
 @pytest.mark.parametrize(
     ("source", "titles"),
     [
-        ("import { Machine } from './machine.js';\n\n// Opens a valve.\nexport function openValve(n) {\n  return n;\n}\n\nexport default class Pump extends Machine {\n  start() {}\n}", ["export function openValve(n)", "export default class Pump extends Machine"]),
-        ("package pump\n\nfunc (p *Pump) Open(n int) error {\n\treturn nil\n}\n\ntype Valve struct {\n\tN int\n}", ["func (p *Pump) Open(n int) error", "type Valve struct"]),
-        ("use std::io;\n\n/// Opens a valve.\n#[inline]\npub fn open(n: u32) -> u32 {\n    n\n}\n\nimpl Pump {\n    fn start(&self) {}\n}", ["pub fn open(n: u32) -> u32", "impl Pump"]),
+        (
+            "import { Machine } from './machine.js';\n\n// Opens a valve.\nexport function openValve(n) {\n  return n;\n}\n\nexport default class Pump extends Machine {\n  start() {}\n}",
+            ["export function openValve(n)", "export default class Pump extends Machine"],
+        ),
+        (
+            "package pump\n\nfunc (p *Pump) Open(n int) error {\n\treturn nil\n}\n\ntype Valve struct {\n\tN int\n}",
+            ["func (p *Pump) Open(n int) error", "type Valve struct"],
+        ),
+        (
+            "use std::io;\n\n/// Opens a valve.\n#[inline]\npub fn open(n: u32) -> u32 {\n    n\n}\n\nimpl Pump {\n    fn start(&self) {}\n}",
+            ["pub fn open(n: u32) -> u32", "impl Pump"],
+        ),
     ],
     ids=["javascript", "go", "rust"],
 )
@@ -311,7 +324,9 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
 def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048, block_tokens=0)
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30)
+    response = proxy.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30
+    )
     assert response.status_code == 200
     proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
@@ -361,7 +376,10 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     text = manual() + "\n\nWhat is the service code of the pump?"
     block = block_of(text)
     line = handle_line(block.handle, block.tokens, text)
-    assert block.handle in line and around_handle(line) == ("A manual for the pump, please keep it.", "What is the service code of the pump?")  # its short first and last paragraphs
+    assert block.handle in line and around_handle(line) == (
+        "A manual for the pump, please keep it.",
+        "What is the service code of the pump?",
+    )  # its short first and last paragraphs
     assert around_handle("What is it?") == ("", "What is it?")
     history = page_history(turns_from_messages(conversation("")[:20], "t"), COUNT)
     index = history.index()

@@ -61,7 +61,10 @@ def dated_sessions() -> list[dict]:
     for month, place in enumerate(places, start=1):
         messages.append({"role": "user", "content": f"[2023-{month:02}-05 10:00]\nWe went camping at {place} last weekend."})
         messages.append({"role": "assistant", "content": f"Camping at {place} sounds lovely. How was the weather?"})
-        messages += [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Session {month}, remark {i}: the garden, the seedlings and the rain."} for i in range(6)]
+        messages += [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"Session {month}, remark {i}: the garden, the seedlings and the rain."}
+            for i in range(6)
+        ]
     return messages
 
 
@@ -119,7 +122,13 @@ def test_the_answer_never_carries_directives(protocol_proxy, upstream):
 
 def choices(*texts: str) -> Reply:
     """A completion with one choice per text, as an upstream answers ``n``."""
-    body = {"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "m", "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}}
+    body = {
+        "id": "chatcmpl-n",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "usage": {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13},
+    }
     body["choices"] = [{"index": i, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"} for i, text in enumerate(texts)]
     return Reply(body=json.dumps(body).encode())
 
@@ -131,7 +140,9 @@ def test_n_answers_come_from_the_round_that_answers(protocol_proxy, upstream, st
         lambda r: choices(f'Consult("look", "{summary_ids(r)[0]}")', "A guess."),
         choices("Your locker code is 5521.", 'It is 5521. Consult("more", "abc")', 'Shelve("r", "abc")'),
     )
-    created = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), n=3, stream=stream, **({"stream_options": {"include_usage": True}} if stream else {}))
+    created = protocol_proxy.client().chat.completions.create(
+        model="m", messages=long_history(), n=3, stream=stream, **({"stream_options": {"include_usage": True}} if stream else {})
+    )
     if stream:
         chunks = list(created)
         answers = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i) for i in range(3)]
@@ -146,7 +157,9 @@ def test_n_answers_come_from_the_round_that_answers(protocol_proxy, upstream, st
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_the_documents_tags_a_worker_echoes_never_reach_the_client(protocol_proxy, upstream, stream):
-    echo = '<Node id="a1b2c3d4" type="Original" view="Detail">\n<Content>[user] Turn 40: my locker code at the gym is 5521.</Content>\n</Node>\nYour code is 5521.'
+    echo = (
+        '<Node id="a1b2c3d4" type="Original" view="Detail">\n<Content>[user] Turn 40: my locker code at the gym is 5521.</Content>\n</Node>\nYour code is 5521.'
+    )
     upstream.enqueue(stream_reply(["<No", echo[3:40], echo[40:]]) if stream else completion(echo))
     created = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), stream=stream)
     text = "".join(c.choices[0].delta.content or "" for c in created if c.choices) if stream else created.choices[0].message.content
@@ -156,7 +169,10 @@ def test_the_documents_tags_a_worker_echoes_never_reach_the_client(protocol_prox
 def test_streaming_client_gets_only_the_final_round(protocol_proxy, upstream):
     upstream.enqueue(
         lambda r: stream_reply([f'Consult("look", "{summary_ids(r)[0]}")']),
-        stream_reply(["Your locker ", "code is ", "5521", ". Have a good workout, and keep it to yourself!"], usage={"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10}),
+        stream_reply(
+            ["Your locker ", "code is ", "5521", ". Have a good workout, and keep it to yourself!"],
+            usage={"prompt_tokens": 5, "completion_tokens": 5, "total_tokens": 10},
+        ),
     )
     stream = protocol_proxy.client().chat.completions.create(model="m", messages=long_history(), stream=True, stream_options={"include_usage": True})
     chunks = list(stream)

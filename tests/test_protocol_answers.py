@@ -29,7 +29,11 @@ def protocol_proxy(start_proxy):
 def consult(stream: bool):
     def reply(recorded: Recorded) -> Reply:
         text = f'Consult("look closer", "{summary_ids(recorded)[0]}")'
-        return stream_reply([text], usage=USAGE, headers={"x-request-id": "req-consult"}) if stream else completion(text, prompt_tokens=100, completion_tokens=7, headers={"x-request-id": "req-consult"})
+        return (
+            stream_reply([text], usage=USAGE, headers={"x-request-id": "req-consult"})
+            if stream
+            else completion(text, prompt_tokens=100, completion_tokens=7, headers={"x-request-id": "req-consult"})
+        )
 
     return reply
 
@@ -66,7 +70,10 @@ def test_a_client_tool_call_keeps_its_finish_reason(protocol_proxy, upstream, st
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
     if stream:
         delta = {"role": "assistant", "content": None, "tool_calls": [{"index": 0, **call}]}
-        events = [f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', 'choices': [{'index': 0, 'delta': d, 'finish_reason': f}]})}\n\n".encode() for d, f in ((delta, None), ({}, "tool_calls"))]
+        events = [
+            f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': 'm', 'choices': [{'index': 0, 'delta': d, 'finish_reason': f}]})}\n\n".encode()
+            for d, f in ((delta, None), ({}, "tool_calls"))
+        ]
         upstream.enqueue(Reply(headers={"content-type": "text/event-stream"}, chunks=[*events, b"data: [DONE]\n\n"]))
     else:
         upstream.enqueue(completion(tool_calls=[call]))

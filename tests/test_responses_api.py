@@ -15,7 +15,14 @@ from .api_helpers import consult, document
 from .test_protocol import BUDGET, long_history
 
 QUESTION = {"role": "user", "content": "What is my gym locker code?"}
-WEATHER = [{"type": "function", "name": "get_weather", "description": "The weather in a city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+WEATHER = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+]
 
 
 def history_items() -> list[dict]:
@@ -23,7 +30,15 @@ def history_items() -> list[dict]:
     items = []
     for m in long_history()[1:-1]:
         if m["role"] == "assistant":
-            items.append({"type": "message", "role": "assistant", "id": f"msg_{len(items)}", "status": "completed", "content": [{"type": "output_text", "text": m["content"], "annotations": []}]})
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "id": f"msg_{len(items)}",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": m["content"], "annotations": []}],
+                }
+            )
         else:
             items.append({"role": "user", "content": [{"type": "input_text", "text": m["content"]}]})
     return items
@@ -122,7 +137,9 @@ def test_a_function_call_round_trip(protocol_proxy, upstream, stream):
 
     upstream.enqueue(responses_stream(["It is 3 degrees and raining in Oslo."]) if stream else response("It is 3 degrees and raining in Oslo."))
     returned = [{"type": "function_call_output", "call_id": made[0].call_id, "output": "3 C, rain"}]
-    again = client.responses.create(model="m", input=[*asked, *(item.model_dump(exclude_none=True) for item in output), *returned], tools=WEATHER, stream=stream)
+    again = client.responses.create(
+        model="m", input=[*asked, *(item.model_dump(exclude_none=True) for item in output), *returned], tools=WEATHER, stream=stream
+    )
     text = "".join(e.delta for e in again if e.type == "response.output_text.delta") if stream else again.output_text
     assert text == "It is 3 degrees and raining in Oslo."
     query = document(workers(upstream)[-1]).findtext("Query")
@@ -151,7 +168,11 @@ def test_the_tools_channel_speaks_responses_function_tools(start_proxy, upstream
     upstream.enqueue(response("5521"))
     proxy.client().responses.create(model="m", input=[*history_items(), QUESTION])
     tools = workers(upstream)[0].json["tools"]
-    assert [(t["type"], t["name"], t["strict"]) for t in tools] == [("function", "pcp_consult", False), ("function", "pcp_shelve", False), ("function", "pcp_explore", False)]
+    assert [(t["type"], t["name"], t["strict"]) for t in tools] == [
+        ("function", "pcp_consult", False),
+        ("function", "pcp_shelve", False),
+        ("function", "pcp_explore", False),
+    ]
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -164,6 +185,8 @@ def test_a_function_call_round_trip_below_the_threshold_goes_through_as_it_came(
     output = [e.response for e in first if e.type == "response.completed"][0].output if stream else first.output
     upstream.enqueue(response("3 degrees and rain."))
     returned = {"type": "function_call_output", "call_id": output[0].call_id, "output": "3 C, rain"}
-    again = client.responses.with_raw_response.create(model="m", input=[*asked, *(item.model_dump(exclude_none=True) for item in output), returned], tools=WEATHER)
+    again = client.responses.with_raw_response.create(
+        model="m", input=[*asked, *(item.model_dump(exclude_none=True) for item in output), returned], tools=WEATHER
+    )
     assert again.headers["x-pcp-mode"] == "passthrough" and again.parse().output_text == "3 degrees and rain."
     assert upstream.requests[-1].json["input"][-1] == returned and not workers(upstream)

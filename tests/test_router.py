@@ -153,7 +153,15 @@ def test_a_timely_page_leads_among_equals_and_ranks_without_a_shared_word():
     dated = page_ranking(owners, lexical, timely=timely, neighbour_share=0.0)
     assert dated[0] == "july" and "silent-july" in dated
     # The lift is one standard deviation: a far stronger match from another time still wins.
-    assert page_ranking(["may", "july", "a", "b", "c", "d"], [40.0, 3.0, 1.0, 1.0, 1.0, 1.0], timely=np.array([False, True, False, False, False, False]), neighbour_share=0.0)[0] == "may"
+    assert (
+        page_ranking(
+            ["may", "july", "a", "b", "c", "d"],
+            [40.0, 3.0, 1.0, 1.0, 1.0, 1.0],
+            timely=np.array([False, True, False, False, False, False]),
+            neighbour_share=0.0,
+        )[0]
+        == "may"
+    )
 
 
 # -- precision selection by a router model ----------------------------------------------

@@ -11,10 +11,7 @@ from pcp_core.markup import node_view
 from proxy.testing.upstream import Recorded, Reply, by_role, completion
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
-HISTORY = [
-    {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {PLACES[i % 5]} by sea."}
-    for i in range(200)
-]
+HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {PLACES[i % 5]} by sea."} for i in range(200)]
 QUESTION = {"role": "user", "content": "Which orders ship to Oslo by sea?"}
 
 
@@ -34,7 +31,9 @@ def detail_ids(recorded: Recorded) -> set[str]:
 
 
 def ask(proxy) -> httpx.Response:
-    response = proxy.http.post("/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30)
+    response = proxy.http.post(
+        "/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30
+    )
     assert response.status_code == 200, response.text
     return response
 

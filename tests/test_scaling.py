@@ -35,8 +35,18 @@ class Served:
     def __init__(self, upstream: str, data_dir: Path, store: str = "", **settings: object):
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("PCP_")}
-        env.update({f"PCP_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v) for k, v in {**SETTINGS, "data_dir": data_dir, "store": store, **settings}.items()})
-        self.process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(self.port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env.update(
+            {
+                f"PCP_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
+                for k, v in {**SETTINGS, "data_dir": data_dir, "store": store, **settings}.items()
+            }
+        )
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(self.port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         wait_healthy(self.process, self.port)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
 
@@ -196,7 +206,9 @@ def test_callers_stay_apart_in_redis_and_no_key_is_stored(served, redis_server, 
     secret = [*conversation(160), {"role": "user", "content": "The vault code is zanzibar-4471. Noted?"}]
     mine = a.ask(secret, key=alpha, **{"x-pcp-session": "trip", "x-pcp-memory": "shared"})
     assert mine.status_code == 200
-    theirs = a.ask([*conversation(160, start=500), {"role": "user", "content": "Anything about a vault?"}], key=beta, **{"x-pcp-session": "trip", "x-pcp-memory": "shared"})
+    theirs = a.ask(
+        [*conversation(160, start=500), {"role": "user", "content": "Anything about a vault?"}], key=beta, **{"x-pcp-session": "trip", "x-pcp-memory": "shared"}
+    )
     assert theirs.status_code == 200 and theirs.headers["x-pcp-session"] == "trip"
     assert not any("zanzibar" in r.body.decode() for r in served_upstream.requests[-2:] if r.headers.get("authorization", "").endswith(beta))
     time.sleep(0.5)
@@ -234,7 +246,13 @@ def test_a_store_that_cannot_be_reached_stops_the_start_naming_the_setting(tmp_p
 
     port = free_port()
     env = {"PCP_STORE": f"redis://127.0.0.1:{port}/0", "PCP_DATA_DIR": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9/v1"], env={**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, **env}, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9/v1"],
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2 and "setting store (env PCP_STORE)" in done.stderr and "cannot be reached" in done.stderr
     os.environ.pop("PCP_STORE", None)
     assert main(["serve", "--upstream", "http://127.0.0.1:9/v1", "--config", _toml(tmp_path, 'store = "http://example"')]) == 2
@@ -341,7 +359,9 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
     mine_said = {"branches": [*base, *said(2)], "extends": [*base, *said(1), *said(3)], "holds": base, "pinned": [*base, *said(2)]}[case]
     winner = _page(winner_said, start)
     mine = _page(mine_said, start)
-    mine = msgspec.structs.replace(mine, pages=msgspec.structs.replace(mine.pages, storage=[*mine.pages.storage, *winner.pages.leaves[-1:]]))  # a page it solidified
+    mine = msgspec.structs.replace(
+        mine, pages=msgspec.structs.replace(mine.pages, storage=[*mine.pages.storage, *winner.pages.leaves[-1:]])
+    )  # a page it solidified
     assert one.save("ns", winner, 2, winner_said, base=found_one.version).result().session == winner
     kept = two.save("ns", mine, len(mine.chain) - len(start.chain), mine_said, base=found_two.version, pinned=case == "pinned").result()
     expected_id = {"branches": "new", "extends": start.id, "holds": start.id, "pinned": start.id}[case]
@@ -352,7 +372,11 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
         assert kept.session.chain == winner.chain and kept.session.pages.storage[-1:] == winner.pages.leaves[-1:]
     reader = type(one)(one.store)  # a third process: what the store holds
     # (A pinned session follows its client: the branch saved last replaces the other, as an edit would.)
-    checked = [(mine_said, kept.session)] if case == "pinned" else [(winner_said, kept.session if case in ("extends", "holds") else winner), (mine_said, kept.session)]
+    checked = (
+        [(mine_said, kept.session)]
+        if case == "pinned"
+        else [(winner_said, kept.session if case in ("extends", "holds") else winner), (mine_said, kept.session)]
+    )
     for messages, session in checked:
         found = _resolved(reader, messages)
         assert found.found is not None and found.found.id == session.id and found.reused == len(messages)

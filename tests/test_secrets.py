@@ -25,7 +25,9 @@ KEY = base64.b64encode(bytes(range(32))).decode()
 
 
 def ask(proxy, key: str = "Bearer sk-a", question: str = "What was step 7?"):
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]}, headers={"authorization": key})
+    response = proxy.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]}, headers={"authorization": key}
+    )
     assert response.status_code == 200, response.text
     return response
 
@@ -73,12 +75,23 @@ def test_a_data_dir_left_open_is_closed_at_start(tmp_path):
 def test_served_proxy_keeps_its_data_dir_0700_and_its_files_0600(served_upstream, tmp_path):
     data = tmp_path / "data"
     port = free_port()
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("PCP_")}, "PCP_DATA_DIR": str(data), "PCP_ROUTER_EMBEDDINGS": "false", "PCP_SENTRY_THRESHOLD": "300", "PCP_CONSOLIDATOR": "llm"}
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("PCP_")},
+        "PCP_DATA_DIR": str(data),
+        "PCP_ROUTER_EMBEDDINGS": "false",
+        "PCP_SENTRY_THRESHOLD": "300",
+        "PCP_CONSOLIDATOR": "llm",
+    }
     process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env)
     try:
         wait_healthy(process, port)
         for question in ("What was step 7?", "And step 8?"):
-            response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]}, headers={"authorization": "Bearer k"}, timeout=30)
+            response = httpx.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]},
+                headers={"authorization": "Bearer k"},
+                timeout=30,
+            )
             assert response.status_code == 200
         time.sleep(0.5)  # the session and the summaries reach the disk
     finally:
@@ -150,7 +163,9 @@ def test_memory_sealed_under_a_key_opens_only_with_it(start_proxy, later):
 
 
 def remember(proxy) -> None:
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": HISTORY}, headers={"authorization": "Bearer sk-a", "x-pcp-memory": "plans"})
+    response = proxy.http.post(
+        "/v1/chat/completions", json={"model": "m", "messages": HISTORY}, headers={"authorization": "Bearer sk-a", "x-pcp-memory": "plans"}
+    )
     assert response.status_code == 200, response.text
     proxy.services.memory.wait()
     assert proxy.http.get("/v1/pcp/memory/plans", headers={"authorization": "Bearer sk-a"}).json()["originals"] > 0
@@ -215,7 +230,12 @@ def test_a_metrics_key_opens_metrics_and_nothing_else(start_proxy):
     proxy = start_proxy(api_keys=["pk-1"], metrics_key="mk-1")
     assert proxy.http.get("/metrics", headers={"authorization": "Bearer pk-1"}).status_code == 401
     assert proxy.http.get("/metrics", headers={"authorization": "Bearer mk-1"}).status_code == 200
-    assert proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer mk-1"}).status_code == 401
+    assert (
+        proxy.http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, headers={"authorization": "Bearer mk-1"}
+        ).status_code
+        == 401
+    )
 
 
 def test_without_proxy_keys_both_are_open(start_proxy):

@@ -288,7 +288,9 @@ def counting_encodes(monkeypatch) -> list:
     """What the store encodes from now on: its parts and records."""
     encoded: list = []
     encoder = msgspec.msgpack.Encoder()
-    monkeypatch.setattr("proxy.storage.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))}))
+    monkeypatch.setattr(
+        "proxy.storage.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))})
+    )
     return encoded
 
 
@@ -428,7 +430,12 @@ def test_a_follow_up_continues_its_session_and_pages_only_what_is_new(session_pr
     first = ask(session_proxy, [*history, {"role": "user", "content": "What about Lisbon?"}])
     cold = paged(session_proxy)
 
-    follow_up = [*history, {"role": "user", "content": "What about Lisbon?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And the roof?"}]
+    follow_up = [
+        *history,
+        {"role": "user", "content": "What about Lisbon?"},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "And the roof?"},
+    ]
     second = ask(session_proxy, follow_up)
 
     assert first.headers["x-pcp-session"].startswith("s-")
@@ -454,7 +461,16 @@ def test_a_follow_up_measures_what_counting_it_whole_measures(session_proxy):
 def test_a_changed_system_prompt_keeps_the_session(session_proxy):
     history = conversation(160)
     first = ask(session_proxy, [{"role": "system", "content": "Today is Monday."}, *history, {"role": "user", "content": "Hi?"}])
-    second = ask(session_proxy, [{"role": "system", "content": "Today is Tuesday."}, *history, {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Bye?"}])
+    second = ask(
+        session_proxy,
+        [
+            {"role": "system", "content": "Today is Tuesday."},
+            *history,
+            {"role": "user", "content": "Hi?"},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "Bye?"},
+        ],
+    )
     assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
 
 

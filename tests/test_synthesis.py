@@ -304,9 +304,19 @@ def test_times_are_shown_to_the_minute_or_the_day():
 def test_every_tag_the_document_uses_is_one_the_directive_parser_takes_out():
     from pcp_core.markup import TAGS
 
-    index = retroactive_paging(turns_from_messages([{"role": "user", "content": f"Turn {i}: about the garden."} for i in range(80)], "2026-01-01T00:00:00"), COUNT)
+    index = retroactive_paging(
+        turns_from_messages([{"role": "user", "content": f"Turn {i}: about the garden."} for i in range(80)], "2026-01-01T00:00:00"), COUNT
+    )
     views = {root: View.UNPACKED for root in index.roots[:1]} | {index.roots[1]: View.DETAIL}
-    request = SynthesisRequest(current_time="2026-01-01T00:00:00", query="Q?", head="Be brief.", trace=[Step("Consult", "x", "why")], final=True, budget=4096, priorities=list(index.roots))
+    request = SynthesisRequest(
+        current_time="2026-01-01T00:00:00",
+        query="Q?",
+        head="Be brief.",
+        trace=[Step("Consult", "x", "why")],
+        final=True,
+        budget=4096,
+        priorities=list(index.roots),
+    )
     document = etree.fromstring(synthesize(index, views, request, COUNT).messages[0]["content"])
     assert {element.tag for element in document.iter()} <= set(TAGS)
     assert {"Node", "Content", "Summary", "Step", "Head", "Background_Context"} & {element.tag for element in document.iter()}

@@ -75,7 +75,9 @@ def test_vectors_on_disk_are_not_asked_for_again_after_a_restart(start_proxy, up
 
 
 def test_the_bundled_encoder_stands_in_while_the_upstreams_model_fails(start_proxy, upstream):
-    upstream.embeddings = lambda recorded: Reply(status=404, body=b'{"error": {"message": "no such model", "type": "invalid_request_error", "param": null, "code": null}}')
+    upstream.embeddings = lambda recorded: Reply(
+        status=404, body=b'{"error": {"message": "no such model", "type": "invalid_request_error", "param": null, "code": null}}'
+    )
     fallback = StandInEmbedder(alike=[("dog", "puppy"), ("training", "learned")])
     proxy = start(start_proxy, upstream, fallback)
 

@@ -21,7 +21,9 @@ import pytest
 
 from tests.faulty_upstream import CLOSE, RESET, FaultyUpstream, chunk, event, head
 
-COMPLETION = json.dumps({"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}]}).encode()
+COMPLETION = json.dumps(
+    {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}]}
+).encode()
 HELLO = event({"id": "c", "choices": [{"index": 0, "delta": {"content": "Hello, this is the start of a long answer that goes on and on " * 3}}]})
 ERROR = event({"error": {"message": "the model is overloaded", "type": "server_error"}})
 EMPTY = event({"id": "c", "choices": []})
@@ -58,11 +60,22 @@ FAULTS = {
     "reset midway": Fault((*sse(HELLO, end=False), RESET), (head(length=len(COMPLETION)), COMPLETION[:40], RESET)),
     "cut midway": Fault((*sse(HELLO, end=False), CLOSE), (head(length=len(COMPLETION)), COMPLETION[:40], CLOSE)),
     "cut mid-event": Fault((*sse(HELLO, end=False), chunk(b'data: {"choices": [{"del'), CLOSE), (head(chunked=True), chunk(COMPLETION[:40]), CLOSE)),
-    "broken framing": Fault((head(200, "text/event-stream", chunked=True), chunk(HELLO), b"zz\r\nnot a chunk\r\n", CLOSE), (head(chunked=True), b"zz\r\n{}\r\n", CLOSE)),
-    "trickle": Fault((head(200, "text/event-stream", chunked=True), *[step for _ in range(200) for step in (chunk(b":\n"), 0.05)]), (head(chunked=True), *[step for _ in range(200) for step in (chunk(b" "), 0.05)])),
+    "broken framing": Fault(
+        (head(200, "text/event-stream", chunked=True), chunk(HELLO), b"zz\r\nnot a chunk\r\n", CLOSE), (head(chunked=True), b"zz\r\n{}\r\n", CLOSE)
+    ),
+    "trickle": Fault(
+        (head(200, "text/event-stream", chunked=True), *[step for _ in range(200) for step in (chunk(b":\n"), 0.05)]),
+        (head(chunked=True), *[step for _ in range(200) for step in (chunk(b" "), 0.05)]),
+    ),
     "silence": Fault((head(200, "text/event-stream", chunked=True), chunk(HELLO), 20.0), (head(chunked=True), 20.0)),
-    "html": Fault(whole(b"<html>502 Bad Gateway</html>", "text/html"), whole(b"<html>502 Bad Gateway</html>", "text/html"), relayed=(b"<html>502 Bad Gateway</html>",) * 2),
-    "json to a stream": Fault(whole(b'{"error": {"message": "streaming is off"}}'), whole(b'{"error": {"message": "oops"}}'), relayed=(b'{"error": {"message": "streaming is off"}}', b'{"error": {"message": "oops"}}')),
+    "html": Fault(
+        whole(b"<html>502 Bad Gateway</html>", "text/html"), whole(b"<html>502 Bad Gateway</html>", "text/html"), relayed=(b"<html>502 Bad Gateway</html>",) * 2
+    ),
+    "json to a stream": Fault(
+        whole(b'{"error": {"message": "streaming is off"}}'),
+        whole(b'{"error": {"message": "oops"}}'),
+        relayed=(b'{"error": {"message": "streaming is off"}}', b'{"error": {"message": "oops"}}'),
+    ),
     "error event": Fault(sse(HELLO, ERROR), sse(ERROR), relayed=(HELLO + ERROR, ERROR)),
     "only an error event": Fault(sse(ERROR), sse(ERROR), relayed=(ERROR, ERROR)),
     "no events": Fault(sse(DONE), whole(b""), relayed=(DONE, b"")),
@@ -85,7 +98,16 @@ def proxies(faulty, tmp_path_factory):
 
     servers = {}
     for mode, threshold in (("passthrough", 1_000_000), ("protocol", 200)):
-        settings = Settings(upstream_base_url=faulty.url, data_dir=str(tmp_path_factory.mktemp(mode)), router_embeddings=False, sentry_threshold=threshold, context_budget=700, max_rounds=2, upstream_read_timeout=1.0, upstream_total_timeout=2.0)
+        settings = Settings(
+            upstream_base_url=faulty.url,
+            data_dir=str(tmp_path_factory.mktemp(mode)),
+            router_embeddings=False,
+            sentry_threshold=threshold,
+            context_budget=700,
+            max_rounds=2,
+            upstream_read_timeout=1.0,
+            upstream_total_timeout=2.0,
+        )
         servers[mode] = serve_in_thread(create_app(settings))
     yield {mode: server.url for mode, server in servers.items()}
     for server in servers.values():

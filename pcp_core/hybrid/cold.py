@@ -52,7 +52,10 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
     payloads: dict[str, str] = {}
     shelved: list[Shelved] = []
     while _over(render(snapshot), max_tokens, count):
-        candidates = sorted(((block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.id not in keep), key=lambda c: c[0])
+        candidates = sorted(
+            ((block.quality, tier, block) for tier in ("longterm", "working") for block in snapshot.memory.tier(tier) if block.id not in keep),
+            key=lambda c: c[0],
+        )
         active = [(tier, block) for _, tier, block in candidates if block.content_state == "active"]
         placeholders = [(tier, block) for _, tier, block in candidates if block.content_state == "tag_ref"]
         crowded = sum(count(render_block(block)) for _, block in placeholders) > max_tokens // 2
@@ -64,7 +67,12 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
             tier, weakest = active[0]
             tag_id = "tag-" + short_hash(weakest.id, weakest.content, length=12)
             payloads[tag_id] = weakest.content
-            snapshot = _replace_block(snapshot, tier, weakest, msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=_summary(weakest.content)))
+            snapshot = _replace_block(
+                snapshot,
+                tier,
+                weakest,
+                msgspec.structs.replace(weakest, content="", content_state="tag_ref", tag_id=tag_id, tag_summary=_summary(weakest.content)),
+            )
         else:
             break
     return snapshot, Cold(payloads, tuple(shelved))
@@ -89,7 +97,9 @@ def rehydrate(snapshot: Snapshot, query: str, cold: Cold, now: str) -> Snapshot:
         if block.content_state != "tag_ref" or block.tag_id not in cold.payloads:
             continue
         if asked & {t for tag in block.tags for t in terms(tag)}:
-            restored = msgspec.structs.replace(block, content=cold.payloads[block.tag_id], content_state="active", tag_id=None, tag_summary=None, rehydrated_at=now)
+            restored = msgspec.structs.replace(
+                block, content=cold.payloads[block.tag_id], content_state="active", tag_id=None, tag_summary=None, rehydrated_at=now
+            )
             snapshot = _replace_block(snapshot, tier, block, restored)
     return snapshot
 

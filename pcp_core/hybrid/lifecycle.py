@@ -47,7 +47,17 @@ class RoundFacts(msgspec.Struct, frozen=True, kw_only=True):
     query: str = ""  # what the request asks: placeholders whose tags it names come back
 
 
-def this_round(previous: Snapshot | None, facts: RoundFacts, cold: Cold, room: int, count: Callable[[str], int], aging: Aging = Aging(), limits: Limits = Limits(), shared_core: Sequence[Block] = (), given: Collection[str] = ()) -> tuple[Snapshot, Cold]:
+def this_round(
+    previous: Snapshot | None,
+    facts: RoundFacts,
+    cold: Cold,
+    room: int,
+    count: Callable[[str], int],
+    aging: Aging = Aging(),
+    limits: Limits = Limits(),
+    shared_core: Sequence[Block] = (),
+    given: Collection[str] = (),
+) -> tuple[Snapshot, Cold]:
     """The snapshot the model is shown this round, and what the session keeps cold beside it.
 
     The previous snapshot ages to this round, takes the system's fields as

@@ -19,7 +19,23 @@ from typing import Any, Literal
 
 import msgspec
 
-__all__ = ["TIERS", "Block", "Cursor", "Limits", "Memory", "Reading", "Runtime", "Snapshot", "Todo", "Violation", "check", "parse_context", "read_snapshot", "render", "render_block"]
+__all__ = [
+    "TIERS",
+    "Block",
+    "Cursor",
+    "Limits",
+    "Memory",
+    "Reading",
+    "Runtime",
+    "Snapshot",
+    "Todo",
+    "Violation",
+    "check",
+    "parse_context",
+    "read_snapshot",
+    "render",
+    "render_block",
+]
 
 TIERS = ("core", "working", "ephemeral", "longterm")
 REQUIRED = ("id", "type", "decay", "confidence", "round", "tags", "content")
@@ -177,7 +193,9 @@ def read_snapshot(raw: Any, previous: Snapshot, system: Snapshot, limits: Limits
     cursor, wrong = _cursor((raw.get("todo") or {}).get("cursor") if isinstance(raw.get("todo"), dict) else None)
     todo = msgspec.structs.replace(kept.todo, cursor=cursor) if cursor is not None else kept.todo
     task = raw.get("active_task")
-    snapshot = msgspec.structs.replace(kept, memory=memory, todo=todo, active_task=task if isinstance(task, str) else kept.active_task, capabilities=_capabilities(raw, kept))
+    snapshot = msgspec.structs.replace(
+        kept, memory=memory, todo=todo, active_task=task if isinstance(task, str) else kept.active_task, capabilities=_capabilities(raw, kept)
+    )
     return Reading(snapshot, (*violations, *dropped, *wrong))
 
 

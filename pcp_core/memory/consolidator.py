@@ -57,7 +57,9 @@ def similarity(a: Sequence[str], b: Sequence[str], stats: TermStats) -> float:
     return sum(weight[t] for t in shared) / norm if norm else 0.0
 
 
-def horizontal_merges(fresh: Sequence[Root], known: Sequence[Root], stats: TermStats, policy: ConsolidatorPolicy = ConsolidatorPolicy()) -> list[ConsolidatedPage]:
+def horizontal_merges(
+    fresh: Sequence[Root], known: Sequence[Root], stats: TermStats, policy: ConsolidatorPolicy = ConsolidatorPolicy()
+) -> list[ConsolidatedPage]:
     """New containers over alike roots of different conversations.
 
     Each of ``fresh`` (roots written back since the last pass), in order,

@@ -27,7 +27,19 @@ from ..summaries import consolidate, extractive_summary
 from ..terms import TermStats, terms, top_keywords
 from ..tokens import CountText
 
-__all__ = ["MEMORY_ID_LENGTH", "conversation_pages", "container_id", "index_terms", "memory_pages", "page_turns", "rebuilt", "turn_hash", "turn_hashes", "vector_text", "without_turns"]
+__all__ = [
+    "MEMORY_ID_LENGTH",
+    "conversation_pages",
+    "container_id",
+    "index_terms",
+    "memory_pages",
+    "page_turns",
+    "rebuilt",
+    "turn_hash",
+    "turn_hashes",
+    "vector_text",
+    "without_turns",
+]
 
 # Longer than a conversation's 8: a scope of a million pages must not collide
 # (48 bits: ~0.2% for one pair among a million), and a memory id never equals a history id.
@@ -163,4 +175,6 @@ def without_turns(page: OriginalPage, forgotten: Collection[str], stats: TermSta
         return None
     content = "\n".join(kept)
     weights = stats.weights(content)
-    return msgspec.structs.replace(page, content=content, keywords=top_keywords(weights, policy.keywords), summary=extractive_summary(content, weights, policy.summary_chars))
+    return msgspec.structs.replace(
+        page, content=content, keywords=top_keywords(weights, policy.keywords), summary=extractive_summary(content, weights, policy.summary_chars)
+    )

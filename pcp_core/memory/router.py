@@ -106,7 +106,9 @@ def ranked(intent: Intent, candidates: Sequence[Candidate], now: datetime | None
     return [int(i) for i in np.argsort(-score, kind="stable")]
 
 
-def selection(intent: Intent, candidates: Sequence[Candidate], now: datetime | None, count: CountText, policy: MemoryPolicy = MemoryPolicy()) -> Generator[CallRouter | LoadPages, Any, list[Page]]:
+def selection(
+    intent: Intent, candidates: Sequence[Candidate], now: datetime | None, count: CountText, policy: MemoryPolicy = MemoryPolicy()
+) -> Generator[CallRouter | LoadPages, Any, list[Page]]:
     """The pages a request is given: the best Originals, and the containers of the best with all they hold.
 
     With a router model, the best candidates are read by their summaries
@@ -128,7 +130,11 @@ def selection(intent: Intent, candidates: Sequence[Candidate], now: datetime | N
     inside = [child for child in (yield LoadPages([c for p in containers for c in getattr(p, "source_ids", ()) if c not in held])) or []] if containers else []
     groups = {c.page.id: c.conversation for c in candidates}
     groups.update((child, page.id) for page in containers for child in getattr(page, "source_ids", ()) if child not in groups)
-    return [*recalled_order([*leaves, *(p for p in inside if not isinstance(p, ConsolidatedPage))], groups), *containers, *(p for p in inside if isinstance(p, ConsolidatedPage))]
+    return [
+        *recalled_order([*leaves, *(p for p in inside if not isinstance(p, ConsolidatedPage))], groups),
+        *containers,
+        *(p for p in inside if isinstance(p, ConsolidatedPage)),
+    ]
 
 
 def recalled_order(pages: Sequence[Page], groups: dict[str, str]) -> list[Page]:

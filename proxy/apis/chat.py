@@ -224,7 +224,12 @@ class ChatCodec:
 
     async def events(self, completion: dict[str, Any]) -> AsyncIterator[bytes]:
         """A whole completion as the stream of chunks that would have carried it."""
-        meta = {"id": completion.get("id", ""), "object": "chat.completion.chunk", "created": completion.get("created", int(time.time())), "model": completion.get("model", "")}
+        meta = {
+            "id": completion.get("id", ""),
+            "object": "chat.completion.chunk",
+            "created": completion.get("created", int(time.time())),
+            "model": completion.get("model", ""),
+        }
         for n, choice in enumerate(completion["choices"]):
             message = choice["message"]
             delta = {"role": "assistant", "content": message.get("content")}

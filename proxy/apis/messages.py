@@ -34,7 +34,20 @@ from ..errors import ClientError, PcpError, anthropic_envelope
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
 
-__all__ = ["MESSAGES", "MessagesCodec", "MessagesRound", "MessagesRules", "anthropic_messages", "check", "event", "failure", "read", "reply", "usage", "usage_of"]
+__all__ = [
+    "MESSAGES",
+    "MessagesCodec",
+    "MessagesRound",
+    "MessagesRules",
+    "anthropic_messages",
+    "check",
+    "event",
+    "failure",
+    "read",
+    "reply",
+    "usage",
+    "usage_of",
+]
 
 Block = dict[str, Any]
 MARK = "cache_control"
@@ -159,7 +172,9 @@ def reply(message: dict[str, Any]) -> WorkerReply:
     """A message's text and tool calls (``tool_use``; a server tool's call is the upstream's own), as the rounds read them."""
     content = message.get("content") or []
     text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
-    calls = [function_call(block.get("id") or "", block.get("name") or "", json.dumps(block.get("input"))) for block in content if block.get("type") == "tool_use"]
+    calls = [
+        function_call(block.get("id") or "", block.get("name") or "", json.dumps(block.get("input"))) for block in content if block.get("type") == "tool_use"
+    ]
     return WorkerReply(text=text, tool_calls=calls)
 
 
@@ -167,13 +182,20 @@ def usage(total: Usage, message: dict[str, Any]) -> None:
     said = message.get("usage")
     written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
     # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
-    total.add_counts(count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read)
+    total.add_counts(
+        count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
+    )
 
 
 def usage_of(usage: Usage) -> dict[str, int]:
     """The sum over every upstream call, as a message's ``usage``."""
     written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
-    return {"input_tokens": usage.prompt_tokens - written - read, "output_tokens": usage.completion_tokens, "cache_creation_input_tokens": written, "cache_read_input_tokens": read}
+    return {
+        "input_tokens": usage.prompt_tokens - written - read,
+        "output_tokens": usage.completion_tokens,
+        "cache_creation_input_tokens": written,
+        "cache_read_input_tokens": read,
+    }
 
 
 def relayed_stop(stop_reason: str | None) -> str:
@@ -221,6 +243,7 @@ class _Event(msgspec.Struct):
 
 
 # -- the codec ---------------------------------------------------------------------------
+
 
 class MessagesCodec(ToolsCodec):
     """One Messages request in protocol mode: its worker calls, and the answer it gets."""
@@ -305,8 +328,10 @@ def _system(text: str, marks: int, cuts: Sequence[int] = ()) -> str | list[Block
     registry = text.find("\n", end) + 1 or len(text)
     bounds = sorted({registry, *(cut for cut in cuts if registry < cut < len(text))})
     marked = {len(bounds) - 1, 0} if marks > 1 else {len(bounds) - 1}
-    blocks: list[Block] = [{"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))]
-    return [*blocks, {"type": "text", "text": text[bounds[-1]:]}] if text[bounds[-1]:] else blocks
+    blocks: list[Block] = [
+        {"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))
+    ]
+    return [*blocks, {"type": "text", "text": text[bounds[-1] :]}] if text[bounds[-1] :] else blocks
 
 
 # -- a streamed call: the upstream's events read, the client's written ---------------------

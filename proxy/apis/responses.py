@@ -29,7 +29,20 @@ from ..errors import PcpError
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
 
-__all__ = ["RESPONSES", "ResponsesCodec", "ResponsesRound", "ResponsesRules", "check", "event", "failure", "read", "reply", "responses_messages", "usage", "usage_of"]
+__all__ = [
+    "RESPONSES",
+    "ResponsesCodec",
+    "ResponsesRound",
+    "ResponsesRules",
+    "check",
+    "event",
+    "failure",
+    "read",
+    "reply",
+    "responses_messages",
+    "usage",
+    "usage_of",
+]
 
 Item = dict[str, Any]
 
@@ -160,7 +173,9 @@ def check(body: bytes) -> dict[str, Any]:
 def reply(response: dict[str, Any]) -> WorkerReply:
     """A response's text and tool calls, as the rounds read them."""
     output = response.get("output") or []
-    text = "".join(part.get("text") or "" for item in output if item.get("type") == "message" for part in item.get("content") or () if part.get("type") == "output_text")
+    text = "".join(
+        part.get("text") or "" for item in output if item.get("type") == "message" for part in item.get("content") or () if part.get("type") == "output_text"
+    )
     return WorkerReply(text=text, tool_calls=[call for item in output if (call := item_call(item))])
 
 
@@ -242,6 +257,7 @@ class ResponsesRules:
 
 
 # -- the codec ---------------------------------------------------------------------------
+
 
 class ResponsesCodec(ToolsCodec):
     """One Responses request in protocol mode: its worker calls, and the answer it gets."""

@@ -18,7 +18,12 @@ def _parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the proxy")
     serve.add_argument("--host", help="address to listen on (PCP_HOST)")
     serve.add_argument("--port", type=int, help="port to listen on (PCP_PORT)")
-    serve.add_argument("--upstream", dest="upstream_base_url", metavar="URL", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (PCP_UPSTREAM_BASE_URL); omit to run the embedded local model")
+    serve.add_argument(
+        "--upstream",
+        dest="upstream_base_url",
+        metavar="URL",
+        help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8080/v1 (PCP_UPSTREAM_BASE_URL); omit to run the embedded local model",
+    )
     serve.add_argument("--workers", type=int, help="processes serving the port, sharing the store (PCP_WORKERS)")
     serve.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
     sessions = commands.add_parser("sessions", help="look inside the stored sessions (PCP_DATA_DIR)")
@@ -30,8 +35,6 @@ def _parser() -> argparse.ArgumentParser:
         look.add_argument("--namespace", default="", metavar="PREFIX", help="only the namespace(s) whose hash starts so, as listed")
         look.add_argument("--config", metavar="FILE", help="TOML settings file (PCP_CONFIG)")
     return parser
-
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -62,7 +62,13 @@ class _Guard:
             self._head += len(data) if end < 0 else end + len(_HEAD_END)
             self._tail = (self._tail + data)[-3:] if len(data) < 3 else data[-3:]
             if self._head > self.max_head:
-                return self._refuse(ClientError(f"the request's head (request line and headers) is larger than this proxy accepts ({self.max_head // 1024} KiB, setting max_header_kb)", status=431, code="header_too_large"))
+                return self._refuse(
+                    ClientError(
+                        f"the request's head (request line and headers) is larger than this proxy accepts ({self.max_head // 1024} KiB, setting max_header_kb)",
+                        status=431,
+                        code="header_too_large",
+                    )
+                )
         super().data_received(data)  # type: ignore[misc]
 
     def on_headers_complete(self) -> None:
@@ -88,7 +94,9 @@ class _Guard:
         if self._head == 0 or self.cycle is not None and self.cycle.response_started:  # nothing asked, or answered already
             self.transport.close()
             return
-        self._refuse(ClientError(f"the request did not arrive whole within {self.client_timeout:g} s (setting client_timeout)", status=408, code="client_timeout"))
+        self._refuse(
+            ClientError(f"the request did not arrive whole within {self.client_timeout:g} s (setting client_timeout)", status=408, code="client_timeout")
+        )
 
     def send_400_response(self, msg: str) -> None:
         """httptools could not parse the request (a control byte in a header, a bad chunk size): said in the envelope too."""

@@ -78,12 +78,16 @@ def list_sessions(settings: Settings, namespace: str = "", out: IO[str] = sys.st
     rows = sorted((session_summary(session) | {"namespace": ns} for ns, session in found), key=lambda s: s["last_seen"], reverse=True)
     out.write(f"{'namespace':<{NAMESPACE_SHOWN}}  {'session':<24} {'messages':>8} {'pages':>7}  said from         to                last seen\n")
     for s in rows:
-        out.write(f"{s['namespace'][:NAMESPACE_SHOWN]:<{NAMESPACE_SHOWN}}  {s['id']:<24} {s['messages']:>8,} {s['originals'] + s['consolidated']:>7,}  {_when(s['first']):<17} {_when(s['last']):<17} {_when(s['last_seen'])}\n")
+        out.write(
+            f"{s['namespace'][:NAMESPACE_SHOWN]:<{NAMESPACE_SHOWN}}  {s['id']:<24} {s['messages']:>8,} {s['originals'] + s['consolidated']:>7,}  {_when(s['first']):<17} {_when(s['last']):<17} {_when(s['last_seen'])}\n"
+        )
     out.write(f"{len(rows):,} session(s) in {settings.data_path / 'sessions'}\n")
     return 0
 
 
-def show_session(settings: Settings, session_id: str, namespace: str = "", out: IO[str] = sys.stdout, err: IO[str] = sys.stderr, live: bool | None = None) -> int:
+def show_session(
+    settings: Settings, session_id: str, namespace: str = "", out: IO[str] = sys.stdout, err: IO[str] = sys.stderr, live: bool | None = None
+) -> int:
     store = _store(settings)
     try:
         keys = [key for key in store.stored() if key[1] == session_id and key[0].startswith(namespace)]
@@ -94,12 +98,16 @@ def show_session(settings: Settings, session_id: str, namespace: str = "", out: 
         err.write(f"pcp-proxy: no session {session_id!r} in {settings.data_path / 'sessions'}\n")
         return 1
     if len(found) > 1:
-        err.write(f"pcp-proxy: {len(found)} namespaces hold a session {session_id!r}; name one with --namespace: {', '.join(ns[:NAMESPACE_SHOWN] for ns, _ in found)}\n")
+        err.write(
+            f"pcp-proxy: {len(found)} namespaces hold a session {session_id!r}; name one with --namespace: {', '.join(ns[:NAMESPACE_SHOWN] for ns, _ in found)}\n"
+        )
         return 1
     ns, session = found[0]
     s = session_summary(session)
     out.write(f"session {session.id}  namespace {ns[:NAMESPACE_SHOWN]}\n")
-    out.write(f"{s['messages']:,} messages, {s['originals']:,} Original and {s['consolidated']:,} Consolidated pages, {s['blocks']:,} File blocks; said from {_when(s['first'])} to {_when(s['last'])}\n\n")
+    out.write(
+        f"{s['messages']:,} messages, {s['originals']:,} Original and {s['consolidated']:,} Consolidated pages, {s['blocks']:,} File blocks; said from {_when(s['first'])} to {_when(s['last'])}\n\n"
+    )
     roots, pages = page_tree(session, Tokenizer(settings.tokenizer).count)
     for line in tree_lines(roots, {page.id: page for page in pages}):
         out.write(line + "\n")

@@ -75,7 +75,9 @@ def serve_workers(settings: Settings) -> int:
         process = context.Process(target=_worker, args=(encoded,), daemon=False)
         process.start()
         workers.append((process, time.monotonic()))
-    log.info("pcp-proxy serving http://%s:%d with %d workers (pids %s)", settings.host, settings.port, settings.workers, ", ".join(str(p.pid) for p, _ in workers))
+    log.info(
+        "pcp-proxy serving http://%s:%d with %d workers (pids %s)", settings.host, settings.port, settings.workers, ", ".join(str(p.pid) for p, _ in workers)
+    )
     status = 0
     while not stopping:
         time.sleep(0.2)

@@ -54,12 +54,20 @@ async def session_context(hybrid: NamedDependency[Hybrid], namespace: NamedDepen
     session_id = _checked(hybrid, session_id)
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
-        raise ClientError(f"session {session_id!r} has no context yet: it has had no request in Hybrid mode", status=404, type="not_found_error", param="session_id", code="context_not_found")
+        raise ClientError(
+            f"session {session_id!r} has no context yet: it has had no request in Hybrid mode",
+            status=404,
+            type="not_found_error",
+            param="session_id",
+            code="context_not_found",
+        )
     return Response(render(state.snapshot).encode(), media_type="application/json", headers={pcp.CONTEXT_ROUND: str(state.round)})
 
 
 @put(f"{_BASE}/todo", status_code=200)
-async def set_todo(request: Request[Any, Any, Any], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+async def set_todo(
+    request: Request[Any, Any, Any], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
     session_id = _checked(hybrid, session_id)
     items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(await request.body()))
 
@@ -96,7 +104,14 @@ def _todo_list(body: bytes) -> list[_Item]:
 
 def _todo(session_id: str, items: tuple[TodoItem, ...]) -> dict[str, Any]:
     projection = todo_projection(items)
-    return {"object": "pcp.todo", "session": session_id, "items": msgspec.to_builtins(items), "summary": projection.summary, "total": projection.total, "step": projection.step}
+    return {
+        "object": "pcp.todo",
+        "session": session_id,
+        "items": msgspec.to_builtins(items),
+        "summary": projection.summary,
+        "total": projection.total,
+        "step": projection.step,
+    }
 
 
 HYBRID_ROUTES = [session_context, set_todo, get_todo]

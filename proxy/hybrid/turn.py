@@ -154,7 +154,9 @@ class ContextTurn:
         conversation's last round, below the threshold), if there is one.
         """
         store, namespace = self.hybrid.store, self.namespace
-        continued = (found for link in continued_links(messages, links) if (found := store.session_at(namespace, link)) is not None)  # looked up only if need be
+        continued = (
+            found for link in continued_links(messages, links) if (found := store.session_at(namespace, link)) is not None
+        )  # looked up only if need be
         self.session_id = session_id or next(continued, None) or new_session_id(namespace, links, time.time_ns())
         state = store.get(namespace, self.session_id)
         if state is None:
@@ -185,7 +187,6 @@ class ContextTurn:
     async def passthrough(self, request: Reading, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward: the rules and the session's snapshot at the end of the leading system message."""
         if self.enabled:
-
             pinned = pcp.pinned_session(self.headers)
             messages = request.messages[conversation_start(request.messages) :]
             links = chain_links(messages) if pinned is None else []  # a named session needs no recognising
@@ -267,7 +268,9 @@ class ContextTurn:
             link = self.link or (current.link if current is not None else "")
             rounds = max(self.round, current.round if current is not None else 0)
             given = tuple(block.id for block in snapshot.memory.core) if self.scope else ()
-            return HybridState(snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=kept_cold(snapshot, self.cold), link=link, given=given)
+            return HybridState(
+                snapshot=snapshot, round=rounds, startup_at=self.startup_at, todo=todo, cold=kept_cold(snapshot, self.cold), link=link, given=given
+            )
 
         self.hybrid.store.change(self.namespace, self.session_id, step)
         if self.hybrid.memory is not None and self.scope:

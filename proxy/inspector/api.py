@@ -38,7 +38,13 @@ async def list_sessions(sessions: NamedDependency[SessionStore], traces: NamedDe
 
 
 @get("/sessions/{session_id:str}")
-async def show_session(sessions: NamedDependency[SessionStore], traces: NamedDependency[Traces], tokenizer: NamedDependency[Tokenizer], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+async def show_session(
+    sessions: NamedDependency[SessionStore],
+    traces: NamedDependency[Traces],
+    tokenizer: NamedDependency[Tokenizer],
+    namespace: NamedDependency[str],
+    session_id: FromPath[str],
+) -> Response[bytes]:
     session_id = checked_session(session_id)
     shown = await asyncio.to_thread(_shown, sessions, traces, tokenizer, namespace, session_id)
     if shown is None:
@@ -50,7 +56,12 @@ async def show_session(sessions: NamedDependency[SessionStore], traces: NamedDep
 async def show_request(traces: NamedDependency[Traces], namespace: NamedDependency[str], trace_id: FromPath[str]) -> Response[bytes]:
     trace = traces.get(namespace, trace_id)
     if trace is None:
-        raise ClientError("no traced request with that id for this key (traces are kept in memory, the latest of each session)", status=404, type="not_found_error", code="trace_not_found")
+        raise ClientError(
+            "no traced request with that id for this key (traces are kept in memory, the latest of each session)",
+            status=404,
+            type="not_found_error",
+            code="trace_not_found",
+        )
     return _json(trace)
 
 

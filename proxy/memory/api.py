@@ -56,14 +56,18 @@ def _shown(page: Page, **more: Any) -> dict[str, Any]:
 
 
 @get("/memory/{name:str}")
-async def scope_status(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def scope_status(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
     counts = await asyncio.to_thread(memory.store.counts, key)
     return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
 
 
 @get("/memory/{name:str}/pages")
-async def list_pages(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def list_pages(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     """Pages in the order they were written (``cursor``: the last row seen), or the best for ``query`` (``cursor``: an offset)."""
     memory, key = _scope(memory, namespace, name)
     query = request.query_params.get("query", "")
@@ -87,7 +91,9 @@ def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> 
 
 
 @get("/memory/{name:str}/pages/{page_id:str}")
-async def one_page(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def one_page(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     found = await asyncio.to_thread(memory.store.pages, key, [page_id])
@@ -98,7 +104,9 @@ async def one_page(request: Request[Any, Any, Any], memory: NamedDependency[Memo
 
 
 @delete("/memory/{name:str}/pages/{page_id:str}", status_code=200)
-async def delete_page(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def delete_page(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     if not await asyncio.to_thread(memory.store.pages, key, [page_id]):
@@ -113,13 +121,15 @@ class _Forget(msgspec.Struct, forbid_unknown_fields=True):
 
 
 @post("/memory/{name:str}/forget", status_code=200)
-async def forget(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def forget(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     """Remove pages for good: ``{"ids": [...]}`` (each with the pages under it) or ``{"query": "..."}`` (the Originals holding all its words)."""
     memory, key = _scope(memory, namespace, name)
     try:
         asked = msgspec.json.decode(await request.body(), type=_Forget)
     except msgspec.DecodeError as error:
-        raise ClientError(f"the body must be {{\"ids\": [...]}} or {{\"query\": \"...\"}}: {error}", param="body") from None
+        raise ClientError(f'the body must be {{"ids": [...]}} or {{"query": "..."}}: {error}', param="body") from None
     if bool(asked.ids) == bool(asked.query.strip()):
         raise ClientError('give one of "ids" (a list of page ids) or "query" (words the pages hold)', param="body")
     removed = await asyncio.wrap_future(memory.forget(key, ids=asked.ids, query=asked.query))
@@ -145,12 +155,16 @@ async def export(request: Request[Any, Any, Any], memory: NamedDependency[Memory
 
 
 @post("/memory/{name:str}/import", status_code=200)
-async def import_pages(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def import_pages(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped. Core
     blocks join the scope's (a block of the same id is the import's)."""
     memory, key = _scope(memory, namespace, name)
     pages, core = _read_lines(await request.body())
-    known = set(await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])}))
+    known = set(
+        await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])})
+    )
     given = {p.id for p in pages}
     for n, page in enumerate(pages, 1):
         absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
@@ -187,7 +201,9 @@ def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
 
 
 @delete("/memory/{name:str}", status_code=200)
-async def drop_scope(request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]) -> Response[bytes]:
+async def drop_scope(
+    request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
+) -> Response[bytes]:
     """Everything the scope holds, gone (forgotten turns included)."""
     memory, key = _scope(memory, namespace, name)
     removed = await asyncio.wrap_future(memory.run(key, lambda: memory.drop(key)))

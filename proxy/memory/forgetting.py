@@ -34,7 +34,9 @@ class Plan(NamedTuple):
     hashes: set[str]
 
 
-def forget_ids(store: MemoryStore, scope: str, ids: Sequence[str], paging: PagingPolicy = PagingPolicy(), stripped: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Plan:
+def forget_ids(
+    store: MemoryStore, scope: str, ids: Sequence[str], paging: PagingPolicy = PagingPolicy(), stripped: Sequence[Page] = (), hashes: Iterable[str] = ()
+) -> Plan:
     """Remove ``ids`` with their subtrees; ``stripped`` Originals lost some turns (``hashes``) and are rewritten.
     The containers above either are consolidated again from what is left or, left with one child, go too."""
     removed: dict[str, Page] = {}

@@ -243,7 +243,10 @@ class LexicalIndex:
             index.rows, index.lengths, index.alive = arrays["rows"].copy(), arrays["lengths"].copy(), arrays["alive"].copy()
             index.n = len(index.rows)
             index.live, index.total_length = int(record["live"]), float(record["total_length"])
-            index.segments = [_Segment(*(np.load(directory / f"{name}.{f}.npy", mmap_mode="r") for f in ("offsets", "docs", "impacts")), name=name) for name in record["segments"]]
+            index.segments = [
+                _Segment(*(np.load(directory / f"{name}.{f}.npy", mmap_mode="r") for f in ("offsets", "docs", "impacts")), name=name)
+                for name in record["segments"]
+            ]
             index.saved_row, index.saved_seq = int(record["row"]), int(record["seq"])
             return index
         except (OSError, ValueError, KeyError):

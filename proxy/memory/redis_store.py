@@ -122,7 +122,12 @@ class RedisMemoryStore:
     @_guarded
     def counts(self, scope: str) -> dict[str, int]:
         originals, consolidated = self.client.hmget(self._k(scope, "counts"), ["originals", "consolidated"])
-        return {"originals": int(originals or 0), "consolidated": int(consolidated or 0), "conversations": int(self.client.scard(self._k(scope, "convs"))), "forgotten_turns": int(self.client.scard(self._k(scope, "forgotten")))}
+        return {
+            "originals": int(originals or 0),
+            "consolidated": int(consolidated or 0),
+            "conversations": int(self.client.scard(self._k(scope, "convs"))),
+            "forgotten_turns": int(self.client.scard(self._k(scope, "forgotten"))),
+        }
 
     @_guarded
     def holds(self, scope: str) -> bool:
@@ -305,7 +310,15 @@ class RedisMemoryStore:
             for child in getattr(page, "source_ids", ()):
                 pipe.sadd(self._k(scope, f"parents:{child}"), page.id)
             row = int(self.client.incr(self.p + "row"))
-            fields = {"s": scope, "i": page.id, "c": int(isinstance(page, ConsolidatedPage)), "n": conv, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": int(recalls or 0)}
+            fields = {
+                "s": scope,
+                "i": page.id,
+                "c": int(isinstance(page, ConsolidatedPage)),
+                "n": conv,
+                "t": page.timestamp,
+                "b": self.bodies.encode(scope, page),
+                "r": int(recalls or 0),
+            }
             if vector is not None:
                 fields["v"] = vector
             pipe.delete(self._row_key(old))

@@ -60,7 +60,20 @@ _PERIODS = 12  # periods an intent names that are looked up (the latest first)
 
 
 class Memory:
-    def __init__(self, directory: Path, store: MemoryStore, *, policy: Policy, count: CountText, memory: MemoryPolicy = MemoryPolicy(), embedder: Any = None, sessions: Any = None, metrics: Any = None, shared: bool = False, cores: ScopeCores | None = None):
+    def __init__(
+        self,
+        directory: Path,
+        store: MemoryStore,
+        *,
+        policy: Policy,
+        count: CountText,
+        memory: MemoryPolicy = MemoryPolicy(),
+        embedder: Any = None,
+        sessions: Any = None,
+        metrics: Any = None,
+        shared: bool = False,
+        cores: ScopeCores | None = None,
+    ):
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
         # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
         self.shared = shared
@@ -117,7 +130,9 @@ class Memory:
                 found.setdefault(row, (0.0, float("nan")))
         stored = self.store.stored(scope, list(found))
         parents = self.store.parents(scope, [s.page.id for s in stored])
-        return [Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored]
+        return [
+            Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored
+        ]
 
     async def load(self, scope: str, ids: Sequence[str]) -> list[Page]:
         """A page fault: the pages of ``ids`` the scope holds."""
@@ -350,4 +365,3 @@ def _stems(keywords: Sequence[str]) -> list[str]:
     from pcp_core.terms import terms
 
     return [stem(t) for keyword in keywords for t in terms(keyword)]
-

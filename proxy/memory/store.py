@@ -194,7 +194,18 @@ class SqliteMemoryStore:
         new = [pid for pid in fresh if pid in absent]  # in the order given: children before their containers
         db.executemany(
             "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector) VALUES (?,?,?,?,?,?,?)",
-            [(scope, pid, isinstance(fresh[pid], ConsolidatedPage), conversation, fresh[pid].timestamp, self.bodies.encode(scope, fresh[pid]), vectors.get(pid)) for pid in new],
+            [
+                (
+                    scope,
+                    pid,
+                    isinstance(fresh[pid], ConsolidatedPage),
+                    conversation,
+                    fresh[pid].timestamp,
+                    self.bodies.encode(scope, fresh[pid]),
+                    vectors.get(pid),
+                )
+                for pid in new
+            ],
         )
         added: list[Stored] = []
         for chunk in _chunks(new):

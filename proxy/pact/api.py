@@ -36,7 +36,9 @@ _BASE = "/sessions/{session_id:str}"  # under /v1/pcp
 
 
 @post(f"{_BASE}/components", status_code=201)
-async def add_component(request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+async def add_component(
+    request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
     session = checked_session(session_id)
     spec = _spec(await request.body())
     added: list[Any] = []
@@ -54,7 +56,9 @@ async def add_component(request: Request[Any, Any, Any], components: NamedDepend
 
 
 @get(f"{_BASE}/components")
-async def list_components(request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
+async def list_components(
+    request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
     session = checked_session(session_id)
     text = request.query_params.get("select")
     try:
@@ -66,7 +70,9 @@ async def list_components(request: Request[Any, Any, Any], components: NamedDepe
 
 
 @delete(f"{_BASE}/components/{{ref:str}}", status_code=200)
-async def delete_component(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]) -> Response[bytes]:
+async def delete_component(
+    components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]
+) -> Response[bytes]:
     session = checked_session(session_id)
     removed: list[Any] = []
 

@@ -166,4 +166,3 @@ def _step(links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree],
             raise ClientError(str(error), param=error.param, code="invalid_component") from None
 
     return step
-

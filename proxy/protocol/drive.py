@@ -91,13 +91,29 @@ async def serve_protocol(
             async with asyncio.timeout(services.settings.request_timeout):
                 return await (request.stream() if codec.streamed else request.complete())
         except TimeoutError:
-            raise PcpError(f"the request took longer than request_timeout allows ({services.settings.request_timeout:g} s)", status=504, type="timeout", code="request_timeout") from None
+            raise PcpError(
+                f"the request took longer than request_timeout allows ({services.settings.request_timeout:g} s)",
+                status=504,
+                type="timeout",
+                code="request_timeout",
+            ) from None
 
 
 class ProtocolRequest:
     """One client request in protocol mode: its session, its rounds and its worker calls."""
 
-    def __init__(self, services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, pinned: str | None, policy: Policy | None = None, telemetry: RequestTelemetry | None = None, memory: Scope | None = None):
+    def __init__(
+        self,
+        services: Services,
+        codec: Codec,
+        conversation: Conversation,
+        headers: dict[str, str],
+        namespace: str,
+        pinned: str | None,
+        policy: Policy | None = None,
+        telemetry: RequestTelemetry | None = None,
+        memory: Scope | None = None,
+    ):
         self.services = services
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
@@ -161,7 +177,11 @@ class ProtocolRequest:
             return await interrupt.run(lambda: self._prepare(interrupt))
         except Stopped:
             self.services.metrics.inc("pcp_paging_stopped_total", reason="paging_timeout")
-            raise ClientError(f"paging this history ({len(self.conversation.history):,} messages) took longer than paging_timeout allows ({self.services.settings.paging_timeout:g} s): send a shorter history, or raise PCP_PAGING_TIMEOUT", status=413, code="paging_timeout") from None
+            raise ClientError(
+                f"paging this history ({len(self.conversation.history):,} messages) took longer than paging_timeout allows ({self.services.settings.paging_timeout:g} s): send a shorter history, or raise PCP_PAGING_TIMEOUT",
+                status=413,
+                code="paging_timeout",
+            ) from None
         except asyncio.CancelledError:
             self.services.metrics.inc("pcp_paging_stopped_total", reason="cancelled")
             raise
@@ -230,7 +250,9 @@ class ProtocolRequest:
         codec = self.codec
         body = codec.router_body(call.messages, model, ROUTER_MAX_TOKENS)
         try:
-            data, _ = await self.upstream.complete(codec.api.path, body, {**self.headers, pcp.ROLE: role}, codec.check, timeout=ROUTER_TIMEOUT, deadline=self.deadline)
+            data, _ = await self.upstream.complete(
+                codec.api.path, body, {**self.headers, pcp.ROLE: role}, codec.check, timeout=ROUTER_TIMEOUT, deadline=self.deadline
+            )
         except PcpError as error:
             log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
             return None
@@ -253,7 +275,9 @@ class ProtocolRequest:
             prepared, found = self.prepared, self.resolution.found
             # Conditional on the version the request read, when it goes on with the session it found.
             base = self.resolution.version if found is not None and found.id == prepared.session.id else ""
-            self.kept = self.services.sessions.save(self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned is not None)
+            self.kept = self.services.sessions.save(
+                self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned is not None
+            )
 
     async def _stored(self) -> None:
         """With a shared store, until the session's saves are in it: a follow-up on another process finds them, and
@@ -283,7 +307,9 @@ class ProtocolRequest:
     async def complete(self) -> Response[Any]:
         data, outcome = await self._completed()
         await self._stored()
-        return Response(json.dumps(self.codec.final(data, outcome, self.usage)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds))
+        return Response(
+            json.dumps(self.codec.final(data, outcome, self.usage)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds)
+        )
 
     async def _completed(self) -> tuple[dict[str, Any], Outcome]:
         """The rounds, none of them streamed: the last completion and how the loop ended."""
@@ -297,7 +323,9 @@ class ProtocolRequest:
     async def _call(self, call: CallWorker) -> dict[str, Any]:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
         codec = self.codec
-        data, self.answered = await self.upstream.complete(codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline)
+        data, self.answered = await self.upstream.complete(
+            codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline
+        )
         codec.usage(self.usage, data)
         if self.context is not None:
             self.context.sections().completion(data)  # the context section out of every choice
@@ -375,4 +403,6 @@ async def _quietly(work: Awaitable[Any]) -> Any:
 def _telemetry(services: Services, conversation: Conversation, namespace: str, model: str | None) -> RequestTelemetry:
     """The telemetry of a request whose caller brings none: under the settings' policy."""
     said = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
-    return RequestTelemetry(services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said))
+    return RequestTelemetry(
+        services.traces, services.metrics, namespace, model, prompt_tokens(said, services.tokenizer.count), services.controls.default, len(said)
+    )

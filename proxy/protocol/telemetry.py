@@ -179,7 +179,9 @@ class RequestTelemetry:
             self.trace.rounds[-1].directives = call.trace[len(self.calls[-1].trace) :]
         self.calls.append(call)
         views = {page: str(view) for page, view in synthesis.shown.items()}
-        self.trace.rounds.append(RoundTrace(call.round, call.final, synthesis.tokens, views=views, folded=list(synthesis.folded), dehydrated=list(synthesis.dehydrated)))
+        self.trace.rounds.append(
+            RoundTrace(call.round, call.final, synthesis.tokens, views=views, folded=list(synthesis.folded), dehydrated=list(synthesis.dehydrated))
+        )
 
     # -- what the response says ------------------------------------------------------------
     def headers(self) -> dict[str, str]:
@@ -215,8 +217,27 @@ class RequestTelemetry:
         self.traces.add(self.namespace, trace)
         self.metrics.observe("pcp_rounds_per_request", len(trace.rounds))
         self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
-        fields = {"session": trace.session, "model": trace.model, "rounds": len(trace.rounds), "prompt_tokens": trace.prompt_tokens, "tokens_sent": trace.tokens_sent, "tokens_saved": trace.tokens_saved, "pages": trace.pages.header(), "consulted": trace.consulted, "seconds": round(trace.seconds, 4)}
-        log.info("protocol request %s: session %s, %d round(s), %d prompt tokens sent for %d, pages %s", self.id, trace.session, len(trace.rounds), trace.tokens_sent, trace.prompt_tokens, trace.pages.header(), extra={"trace": self.id, "fields": fields})
+        fields = {
+            "session": trace.session,
+            "model": trace.model,
+            "rounds": len(trace.rounds),
+            "prompt_tokens": trace.prompt_tokens,
+            "tokens_sent": trace.tokens_sent,
+            "tokens_saved": trace.tokens_saved,
+            "pages": trace.pages.header(),
+            "consulted": trace.consulted,
+            "seconds": round(trace.seconds, 4),
+        }
+        log.info(
+            "protocol request %s: session %s, %d round(s), %d prompt tokens sent for %d, pages %s",
+            self.id,
+            trace.session,
+            len(trace.rounds),
+            trace.tokens_sent,
+            trace.prompt_tokens,
+            trace.pages.header(),
+            extra={"trace": self.id, "fields": fields},
+        )
 
 
 def _total(pages: PagedHistory) -> int:

@@ -142,7 +142,17 @@ class OneText:
 
 
 class Embedder:
-    def __init__(self, directory: Path | None = None, cache_size: int = 200_000, batch_size: int = 64, on_encoded: Callable[[str, int], None] | None = None, yield_seconds: float | None = None, encoder: str = "minilm", models_dir: Path | None = None, store: Store | None = None):
+    def __init__(
+        self,
+        directory: Path | None = None,
+        cache_size: int = 200_000,
+        batch_size: int = 64,
+        on_encoded: Callable[[str, int], None] | None = None,
+        yield_seconds: float | None = None,
+        encoder: str = "minilm",
+        models_dir: Path | None = None,
+        store: Store | None = None,
+    ):
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")

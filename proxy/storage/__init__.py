@@ -23,7 +23,16 @@ from .redis_store import RedisStore, StoreSettingError, connect, install_secret,
 __all__ = ["ANY", "Commit", "EmbeddedStore", "Key", "RedisStore", "Store", "StoreSettingError", "StoreUnavailable", "Stores", "new_version", "shown"]
 
 # Each store's prefix in Redis (``pcp:<area>:…``), by its directory's name in the data dir.
-AREAS = {"sessions": "s", "summaries": "sum", "embeddings": "v", "upstream-embeddings": "uv", "components": "c", "context": "h", "memory": "m", "memory/core": "mc"}
+AREAS = {
+    "sessions": "s",
+    "summaries": "sum",
+    "embeddings": "v",
+    "upstream-embeddings": "uv",
+    "components": "c",
+    "context": "h",
+    "memory": "m",
+    "memory/core": "mc",
+}
 LASTING = {"memory/core"}  # areas of memory: never expired
 # In Redis, what a session left is kept this long after it was last written (refreshed by every
 # write): a store given a memory limit evicts among these first (volatile-lru), never memory pages.

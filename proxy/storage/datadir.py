@@ -55,7 +55,9 @@ def install_secret(data_dir: Path) -> bytes:
     except FileExistsError:
         secret = path.read_bytes()
         if len(secret) != SECRET_BYTES:
-            raise RuntimeError(f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)") from None
+            raise RuntimeError(
+                f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)"
+            ) from None
         return secret
     secret = os.urandom(SECRET_BYTES)
     with os.fdopen(fd, "wb") as file:

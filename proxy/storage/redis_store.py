@@ -82,7 +82,12 @@ def connect(url: str) -> Any:
     except ImportError:
         raise StoreSettingError("setting store (env PCP_STORE) names Redis but the redis package is not installed: pip install 'pcp-proxy[redis]'") from None
     # A blip is retried at once, twice; a store that is down is a 503 within the socket timeouts, not seconds of backoff.
-    options = {"socket_timeout": SOCKET_TIMEOUT, "socket_connect_timeout": CONNECT_TIMEOUT, "health_check_interval": 30, "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2)}
+    options = {
+        "socket_timeout": SOCKET_TIMEOUT,
+        "socket_connect_timeout": CONNECT_TIMEOUT,
+        "health_check_interval": 30,
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
+    }
     try:
         pool = redis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=SOCKET_TIMEOUT, **options)
         client = redis.Redis(connection_pool=pool)
@@ -103,7 +108,9 @@ def install_secret(client: Any) -> bytes:
     client.set(key, os.urandom(32), nx=True)
     secret = client.get(key)
     if not isinstance(secret, bytes) or len(secret) != 32:
-        raise StoreSettingError(f"setting store (env PCP_STORE): {key} in the store is not 32 bytes (delete it to make a new one; sessions are then paged again)")
+        raise StoreSettingError(
+            f"setting store (env PCP_STORE): {key} in the store is not 32 bytes (delete it to make a new one; sessions are then paged again)"
+        )
     return secret
 
 

@@ -42,7 +42,12 @@ LINK_PART_ITEMS = 256  # links (or first-seen times) per part: short strings, an
 # The lists stored in parts, the session's own and its pages'; the rest stays in its record.
 SESSION_PARTED = ("chain", "seen_at")
 PAGES_PARTED = ("leaves", "containers", "blocks", "storage")
-_PART_DECODERS = {f.name: msgspec.msgpack.Decoder(f.type) for struct, names in ((Session, SESSION_PARTED), (PagedHistory, PAGES_PARTED)) for f in msgspec.structs.fields(struct) if f.name in names}
+_PART_DECODERS = {
+    f.name: msgspec.msgpack.Decoder(f.type)
+    for struct, names in ((Session, SESSION_PARTED), (PagedHistory, PAGES_PARTED))
+    for f in msgspec.structs.fields(struct)
+    if f.name in names
+}
 PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
 _SEPARATOR = "\x1f"
 

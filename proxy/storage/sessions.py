@@ -108,7 +108,9 @@ class SessionStore:
             held = self._continued(namespace, said)
             if held is not None:
                 n = len(held.session.chain)
-                return Resolution(found=held.session, reused=n, links=[*held.session.chain, *chain_links(chained[n:], after=held.session.chain[-1])], version=held.version)
+                return Resolution(
+                    found=held.session, reused=n, links=[*held.session.chain, *chain_links(chained[n:], after=held.session.chain[-1])], version=held.version
+                )
             found = self._by_transcript(namespace, conversation, said)
             if found is not None:
                 return found
@@ -216,7 +218,11 @@ class SessionStore:
         """The longest recent session whose messages the transcript ``said`` opens with: a follow-up, found without its chain."""
         best = None
         with self.lock:
-            candidates = [(self.recent[key], known) for key, (last, known) in self.transcripts.items() if key[0] == namespace and self.recent[key].session.chain[-1:] == [last]]
+            candidates = [
+                (self.recent[key], known)
+                for key, (last, known) in self.transcripts.items()
+                if key[0] == namespace and self.recent[key].session.chain[-1:] == [last]
+            ]
         for held, known in candidates:
             if (best is None or len(held.session.chain) > len(best.session.chain)) and begins_with(said, known):
                 best = held
@@ -226,7 +232,17 @@ class SessionStore:
         return best
 
     # -- writing --------------------------------------------------------------------------
-    def save(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None = None, *, base: str | None = None, pinned: bool = False, after: Future[Kept | None] | None = None) -> Future[Kept | None]:
+    def save(
+        self,
+        namespace: str,
+        session: Session,
+        new_links: int,
+        linked: list[dict] | None = None,
+        *,
+        base: str | None = None,
+        pinned: bool = False,
+        after: Future[Kept | None] | None = None,
+    ) -> Future[Kept | None]:
         """Keep ``session`` (its last ``new_links`` links are new) if the store still holds version ``base``; written in the background.
 
         ``base`` is the version the request read (``Resolution.version``; "" for
@@ -243,7 +259,17 @@ class SessionStore:
         self.pending = self.writer.submit(self._write, namespace, session, new_links, linked, base, version, pinned, after)
         return self.pending
 
-    def _write(self, namespace: str, session: Session, new_links: int, linked: list[dict] | None, base: str | None, version: str, pinned: bool, after: Future[Kept | None] | None) -> Kept | None:
+    def _write(
+        self,
+        namespace: str,
+        session: Session,
+        new_links: int,
+        linked: list[dict] | None,
+        base: str | None,
+        version: str,
+        pinned: bool,
+        after: Future[Kept | None] | None,
+    ) -> Kept | None:
         said = transcript(linked) if linked is not None else None
         mine = (session.id, version)  # the entry ``save`` put in memory, replaced only while it is still there
         try:
@@ -262,7 +288,9 @@ class SessionStore:
             log.exception("session %s was not saved", session.id)  # a full disk costs the session's survival of a restart
             return None
 
-    def _conditional(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None, pinned: bool, mine: tuple[str, str]) -> Kept | None:
+    def _conditional(
+        self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None, pinned: bool, mine: tuple[str, str]
+    ) -> Kept | None:
         """Commit ``session`` on ``base``; when another write came first, what ``reconciled`` keeps instead, on the winner's version."""
         for _ in range(CONFLICTS):
             if self._commit(namespace, session, new_links, base, version, said):
@@ -290,7 +318,15 @@ class SessionStore:
 
     def _conflict(self, kept: Session | None, mine: Session, winner: Session) -> None:
         if self.metrics is not None:
-            how = "winner" if kept is None else "forked" if kept.id != mine.id else "extended" if len(kept.chain) >= len(winner.chain) and kept.chain[: len(winner.chain)] == winner.chain else "replaced"
+            how = (
+                "winner"
+                if kept is None
+                else "forked"
+                if kept.id != mine.id
+                else "extended"
+                if len(kept.chain) >= len(winner.chain) and kept.chain[: len(winner.chain)] == winner.chain
+                else "replaced"
+            )
             self.metrics.inc("pcp_session_conflicts_total", kept=how)
 
     def _commit(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, said: bytes | None) -> bool:

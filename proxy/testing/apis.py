@@ -41,15 +41,23 @@ def api_of(recorded: Recorded) -> str:
 def answer(api: str, text: str, *, stream: bool = False, input_tokens: int = 10, output_tokens: int = 2) -> Reply:
     """An answer that says ``text``, in ``api``'s shape (streamed: its events)."""
     if api == "responses":
-        return responses_stream([text], input_tokens=input_tokens, output_tokens=output_tokens) if stream else response(text, input_tokens=input_tokens, output_tokens=output_tokens)
+        return (
+            responses_stream([text], input_tokens=input_tokens, output_tokens=output_tokens)
+            if stream
+            else response(text, input_tokens=input_tokens, output_tokens=output_tokens)
+        )
     if api == "messages":
-        return messages_stream([text], input_tokens=input_tokens, output_tokens=output_tokens) if stream else message(text, input_tokens=input_tokens, output_tokens=output_tokens)
+        return (
+            messages_stream([text], input_tokens=input_tokens, output_tokens=output_tokens)
+            if stream
+            else message(text, input_tokens=input_tokens, output_tokens=output_tokens)
+        )
     usage = {"prompt_tokens": input_tokens, "completion_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
     return stream_reply([text], usage=usage) if stream else completion(text, prompt_tokens=input_tokens, completion_tokens=output_tokens)
 
 
 def default_reply(recorded: Recorded) -> Reply:
-    """"ok" in the shape of the API called."""
+    """ "ok" in the shape of the API called."""
     return answer(api_of(recorded), "ok", stream=_streams(recorded))
 
 
@@ -98,25 +106,67 @@ def _response(output: list[dict[str, Any]], model: str, status: str, usage: dict
 
 
 def _responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
-    return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": output_tokens, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input_tokens + output_tokens}
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
 
 
 def _output(text: str | None, function_calls: Calls, reasoning: bool) -> list[dict[str, Any]]:
     n = next(_ids)
     output: list[dict[str, Any]] = [{"id": f"rs_fake{n}", "type": "reasoning", "summary": []}] if reasoning else []
     if text is not None:
-        output.append({"id": f"msg_fake{n}", "type": "message", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        output.append(
+            {
+                "id": f"msg_fake{n}",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+        )
     for i, (name, arguments) in enumerate(function_calls):
-        output.append({"id": f"fc_fake{n}_{i}", "type": "function_call", "status": "completed", "call_id": f"call_fake{n}_{i}", "name": name, "arguments": _arguments(arguments)})
+        output.append(
+            {
+                "id": f"fc_fake{n}_{i}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": f"call_fake{n}_{i}",
+                "name": name,
+                "arguments": _arguments(arguments),
+            }
+        )
     return output
 
 
-def response(text: str | None = "ok", *, function_calls: Calls = (), reasoning: bool = False, model: str = "fake-model", input_tokens: int = 10, output_tokens: int = 2, status: str = "completed", headers: dict[str, str] | None = None) -> Reply:
+def response(
+    text: str | None = "ok",
+    *,
+    function_calls: Calls = (),
+    reasoning: bool = False,
+    model: str = "fake-model",
+    input_tokens: int = 10,
+    output_tokens: int = 2,
+    status: str = "completed",
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """A response object: (a reasoning item,) a message saying ``text`` unless it is None, a function call per ``function_calls``."""
     return _json(_response(_output(text, function_calls, reasoning), model, status, _responses_usage(input_tokens, output_tokens)), headers)
 
 
-def responses_stream(pieces: Iterable[str] | None, *, function_calls: Calls = (), model: str = "fake-model", input_tokens: int = 10, output_tokens: int = 2, status: str = "completed", headers: dict[str, str] | None = None) -> Reply:
+def responses_stream(
+    pieces: Iterable[str] | None,
+    *,
+    function_calls: Calls = (),
+    model: str = "fake-model",
+    input_tokens: int = 10,
+    output_tokens: int = 2,
+    status: str = "completed",
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """The events of a streamed response that says ``pieces`` in order (none: no message) and makes ``function_calls``."""
     pieces = list(pieces) if pieces is not None else None
     output = _output("".join(pieces) if pieces is not None else None, function_calls, False)
@@ -163,17 +213,47 @@ def _content(text: str | None, tool_uses: Calls, thinking: bool) -> list[dict[st
 
 
 def _message(content: list[dict[str, Any]], model: str, stop_reason: str, usage: dict[str, int]) -> dict[str, Any]:
-    return {"id": f"msg_fake{next(_ids)}", "type": "message", "role": "assistant", "model": model, "content": content, "stop_reason": stop_reason, "stop_sequence": None, "usage": usage}
+    return {
+        "id": f"msg_fake{next(_ids)}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop_reason,
+        "stop_sequence": None,
+        "usage": usage,
+    }
 
 
-def message(text: str | None = "ok", *, tool_uses: Calls = (), thinking: bool = False, model: str = "fake-claude", input_tokens: int = 10, output_tokens: int = 2, cache_read: int = 0, stop_reason: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+def message(
+    text: str | None = "ok",
+    *,
+    tool_uses: Calls = (),
+    thinking: bool = False,
+    model: str = "fake-claude",
+    input_tokens: int = 10,
+    output_tokens: int = 2,
+    cache_read: int = 0,
+    stop_reason: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """A message: (a thinking block,) a text block saying ``text`` unless it is None, a tool_use block per ``tool_uses``."""
     usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": cache_read}
     stop = stop_reason or ("tool_use" if tool_uses else "end_turn")
     return _json(_message(_content(text, tool_uses, thinking), model, stop, usage), headers)
 
 
-def messages_stream(pieces: Iterable[str] | None, *, tool_uses: Calls = (), thinking: bool = False, model: str = "fake-claude", input_tokens: int = 10, output_tokens: int = 2, stop_reason: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+def messages_stream(
+    pieces: Iterable[str] | None,
+    *,
+    tool_uses: Calls = (),
+    thinking: bool = False,
+    model: str = "fake-claude",
+    input_tokens: int = 10,
+    output_tokens: int = 2,
+    stop_reason: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     """The events of a streamed message that says ``pieces`` in order (none: no text block) and makes ``tool_uses``."""
     pieces = list(pieces) if pieces is not None else None
     content = _content("".join(pieces) if pieces is not None else None, tool_uses, thinking)
@@ -182,7 +262,10 @@ def messages_stream(pieces: Iterable[str] | None, *, tool_uses: Calls = (), thin
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}, {"type": "ping"}]
     for index, block in enumerate(content):
         events += _block_events(index, block, pieces or [])
-    events += [{"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output_tokens}}, {"type": "message_stop"}]
+    events += [
+        {"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": output_tokens}},
+        {"type": "message_stop"},
+    ]
     return _sse(events, headers)
 
 

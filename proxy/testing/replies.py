@@ -42,7 +42,17 @@ class Reply:
     delay: float = 0.0
 
 
-def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: int = 10, completion_tokens: int = 2, tool_calls: list[dict[str, Any]] | None = None, n: int = 1, finish: str | None = None, headers: dict[str, str] | None = None) -> Reply:
+def completion(
+    text: str = "ok",
+    *,
+    model: str = "fake-model",
+    prompt_tokens: int = 10,
+    completion_tokens: int = 2,
+    tool_calls: list[dict[str, Any]] | None = None,
+    n: int = 1,
+    finish: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Reply:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
@@ -51,9 +61,7 @@ def completion(text: str = "ok", *, model: str = "fake-model", prompt_tokens: in
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {"index": i, "message": message, "finish_reason": finish or ("tool_calls" if tool_calls else "stop")} for i in range(n)
-        ],
+        "choices": [{"index": i, "message": message, "finish_reason": finish or ("tool_calls" if tool_calls else "stop")} for i in range(n)],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
     }
     return Reply(body=json.dumps(body).encode(), headers={"content-type": "application/json", **(headers or {})})
@@ -71,7 +79,14 @@ def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
-        chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+        chunk = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **extra,
+        }
         return f"data: {json.dumps(chunk)}\n\n".encode()
 
     events = [event({"role": "assistant", "content": ""})]
@@ -93,7 +108,10 @@ def embeddings_reply(vector: Callable[[str], Any]) -> Callable[[Recorded], Reply
 
     def answer(recorded: Recorded) -> Reply:
         texts = recorded.json["input"]
-        data = [{"object": "embedding", "index": i, "embedding": [float(x) for x in vector(text)]} for i, text in enumerate([texts] if isinstance(texts, str) else texts)]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [float(x) for x in vector(text)]}
+            for i, text in enumerate([texts] if isinstance(texts, str) else texts)
+        ]
         return Reply(body=json.dumps({"object": "list", "data": data, "model": recorded.json["model"]}).encode())
 
     return answer

@@ -35,7 +35,24 @@ from .apis import default_reply
 from .embedder import StandInEmbedder
 from .replies import Recorded, Reply, by_role, completion, embeddings, embeddings_reply, sse_chunks, stream_reply
 
-__all__ = ["EMBEDDING_DONE", "SUMMARY_DONE", "FakeUpstream", "Recorded", "Reply", "StandInEmbedder", "by_role", "completion", "embeddings", "embeddings_reply", "metric_value", "paged_session", "serve_in_thread", "sse_chunks", "stream_reply", "wait_for_background"]
+__all__ = [
+    "EMBEDDING_DONE",
+    "SUMMARY_DONE",
+    "FakeUpstream",
+    "Recorded",
+    "Reply",
+    "StandInEmbedder",
+    "by_role",
+    "completion",
+    "embeddings",
+    "embeddings_reply",
+    "metric_value",
+    "paged_session",
+    "serve_in_thread",
+    "sse_chunks",
+    "stream_reply",
+    "wait_for_background",
+]
 
 
 def _embeddings_asked(body: bytes) -> Reply:

@@ -84,7 +84,9 @@ def _relayed_as_it_comes(response: httpx.Response) -> bool:
     return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
 
 
-async def _started(upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+async def _started(
+    upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure
+) -> tuple[httpx.Response, AsyncIterator[bytes]]:
     response = await upstream.open(method, path, content=body, headers=headers)
     return response, await upstream.started(response, failure)
 

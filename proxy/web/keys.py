@@ -35,7 +35,9 @@ def upstream_headers(settings: Settings, client_headers: Mapping[str, str], anth
     headers = forwardable(client_headers)
     for name, value in headers.items():
         if not value.isascii():  # httpx sends ASCII only; a proxy that re-encoded it would be guessing
-            raise ClientError(f"header {name} holds characters that are not ASCII: encode its value (RFC 8187, or percent-encoding)", param=str(name), code="invalid_header")
+            raise ClientError(
+                f"header {name} holds characters that are not ASCII: encode its value (RFC 8187, or percent-encoding)", param=str(name), code="invalid_header"
+            )
     if settings.api_keys:
         headers.pop("authorization", None)  # a proxy key is ours: it never travels upstream
     if settings.upstream_api_key and not (anthropic and settings.anthropic_base_url):

@@ -87,14 +87,20 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     rewrite = None
     if api.chat_body:
         body, rewrite = await _chat_extras(request, services, reading, body, pcp_headers, scope)
-    response = await forward(services.upstream_of(api), request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure, rewrite=rewrite)
+    response = await forward(
+        services.upstream_of(api), request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure, rewrite=rewrite
+    )
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
-        remember_forwarded(services.memory, scope, services.namespaces.of(request.headers), reading.messages, response.status_code, pcp.pinned_session(request.headers))
+        remember_forwarded(
+            services.memory, scope, services.namespaces.of(request.headers), reading.messages, response.status_code, pcp.pinned_session(request.headers)
+        )
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
 
 
-async def _chat_extras(request: Request[Any, Any, Any], services: Services, reading: Reading, body: bytes, pcp_headers: dict[str, str], scope: Scope | None) -> tuple[bytes, Any]:
+async def _chat_extras(
+    request: Request[Any, Any, Any], services: Services, reading: Reading, body: bytes, pcp_headers: dict[str, str], scope: Scope | None
+) -> tuple[bytes, Any]:
     """A chat body below the threshold: the session's PACT components in place, Hybrid mode's snapshot in
     (and the rewrite that takes the model's out of the answer); as it came when neither applies."""
     if scope is not None:
@@ -133,7 +139,17 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
     return control if paged else None
 
 
-async def _protocol(request: Request[Any, Any, Any], services: Services, api: Api, body: bytes, reading: Reading, tokens: int, headers: dict[str, str], control: Control, scope: Scope | None) -> Response[Any]:
+async def _protocol(
+    request: Request[Any, Any, Any],
+    services: Services,
+    api: Api,
+    body: bytes,
+    reading: Reading,
+    tokens: int,
+    headers: dict[str, str],
+    control: Control,
+    scope: Scope | None,
+) -> Response[Any]:
     services.metrics.inc("pcp_requests_total", mode="protocol")
     namespace = services.namespaces.of(request.headers)
     messages = reading.messages
@@ -144,7 +160,9 @@ async def _protocol(request: Request[Any, Any, Any], services: Services, api: Ap
 
     codec, conversation = await _read(body, read)
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
-    work = serve_protocol(services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope)
+    work = serve_protocol(
+        services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope
+    )
     # Worker rounds run before any byte is sent: a client that leaves cancels them.
     response = await unless_client_leaves(request, work)
     response.headers[pcp.PROMPT_TOKENS] = str(tokens)
