@@ -54,12 +54,12 @@ def functions(source: str) -> list[tuple[str, list[str]]]:
 @contextmanager
 def headings_only() -> Iterator[None]:
     """Scan blocks as before definitions were read: no line starts a definition."""
-    definition = pblock._definition  # noqa: SLF001 - the one switch between the two scans
-    pblock._definition = lambda line: None  # noqa: SLF001
+    definition = pblock._definition
+    pblock._definition = lambda line: None
     try:
         yield
     finally:
-        pblock._definition = definition  # noqa: SLF001
+        pblock._definition = definition
 
 
 def measure(messages: list[dict[str, str]], asked: list[tuple[str, list[str]]], budget: int) -> tuple[int, float, float]:

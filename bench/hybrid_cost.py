@@ -26,13 +26,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from proxy.apis.chat import CHAT  # noqa: E402
-from proxy.hybrid.store import HybridStore  # noqa: E402
-from proxy.hybrid.turn import Hybrid  # noqa: E402
-from proxy.metrics import Metrics  # noqa: E402
-from proxy.settings import Settings  # noqa: E402
-from proxy.testing.upstream import sse_chunks  # noqa: E402
-from proxy.tokenizer import Tokenizer  # noqa: E402
+from proxy.apis.chat import CHAT
+from proxy.hybrid.store import HybridStore
+from proxy.hybrid.turn import Hybrid
+from proxy.metrics import Metrics
+from proxy.settings import Settings
+from proxy.testing.upstream import sse_chunks
+from proxy.tokenizer import Tokenizer
 
 LINE = "We moved the release of build 4.2.1 to Thursday 14 March because the migration on db-07 took 3 hours. "
 

@@ -201,7 +201,7 @@ async def concurrent(port: int, body: Body, count: int, clients: int) -> tuple[l
 
 def cpu_seconds(pid: int) -> float:
     """CPU time the process has used (user + system), from /proc: what it costs whatever else the machine does."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -304,7 +304,7 @@ def main() -> None:
     for name in ports:
         s50, s95, c50, c95 = pct(seq[name], 50), pct(seq[name], 95), pct(conc[name], 50), pct(conc[name], 95)
         ratio = statistics.median(rps[name]) / base["rps"]
-        added = lambda v, k: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
+        added = lambda v, k, name=name: "—" if name == "direct" else f"{v - base[k]:+.2f}"  # noqa: E731
         own = cpu[name] / len(seq[name]) * 1e6
         print(
             f"| {name} | {s50:.2f} | {s95:.2f} | {added(s50, 's50')} | {added(s95, 's95')} | {own:.0f} | {c50:.2f} | {c95:.2f} | {added(c50, 'c50')} | {ratio:.2f} |"

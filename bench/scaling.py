@@ -61,7 +61,7 @@ def start_redis(directory: str) -> tuple[subprocess.Popen, str]:
             return process, f"redis://127.0.0.1:{port}"
         except redis.ConnectionError:
             if time.monotonic() > deadline:
-                raise SystemExit("redis-server did not start")
+                raise SystemExit("redis-server did not start") from None
             time.sleep(0.05)
 
 
@@ -73,7 +73,7 @@ def tree(pid: int) -> list[int]:
 
 def busy() -> tuple[float, float]:
     """The machine's (busy, total) CPU time so far, from /proc/stat: how much of the 2 cores others took."""
-    fields = [int(v) for v in open("/proc/stat").readline().split()[1:]]
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     return sum(fields) - fields[3] - fields[4], sum(fields)
 
 

@@ -49,7 +49,7 @@ def measure(tokens: int, follow_ups: int, count: Count, sealer: Sealer) -> tuple
     with tempfile.TemporaryDirectory() as directory:
         store = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
-        store._write("ns", session, len(session.chain), None)  # noqa: SLF001 - the writer thread's own step, timed alone
+        store._write("ns", session, len(session.chain), None)
         first = ms(started)
         written: dict[str, int] = {}
         cache_set = store.cache.set
@@ -65,12 +65,12 @@ def measure(tokens: int, follow_ups: int, count: Count, sealer: Sealer) -> tuple
             session = paged_session(messages, count, session)
             written.clear()
             started = time.perf_counter()
-            store._write("ns", session, 2, None)  # noqa: SLF001
+            store._write("ns", session, 2, None)
             times.append(ms(started))
         store.close()
         reopened = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
-        loaded = reopened._load("ns", session.id)  # noqa: SLF001 - the read a pinned or restarted session costs
+        loaded = reopened._load("ns", session.id)
         load = ms(started)
         reopened.close()
     if loaded is None or loaded.chain != session.chain or loaded.pages != session.pages:

@@ -207,7 +207,7 @@ def _counted_back(text: str, today: datetime) -> list[Period]:
     def days(back: int, length: int = 1) -> Period:
         return Period(today - timedelta(days=back), today - timedelta(days=back - length))
 
-    for found in _DAY_BEFORE_YESTERDAY.finditer(text):
+    for _ in _DAY_BEFORE_YESTERDAY.finditer(text):
         periods.append(days(2))
     text = _DAY_BEFORE_YESTERDAY.sub(" ", text)
     for found in _AGO.finditer(text):
@@ -223,7 +223,7 @@ def _counted_back(text: str, today: datetime) -> list[Period]:
         else:
             periods.append(_year(today.year - count))
     text = _AGO.sub(" ", text)
-    for found in _WEEKEND.finditer(text):
+    for _ in _WEEKEND.finditer(text):
         periods.append(days((today.weekday() - 5) % 7 or 7, 2))  # the latest Saturday before today, and its Sunday
     text = _WEEKEND.sub(" ", text)
     for found in _CALENDAR_YEAR.finditer(text):

@@ -58,7 +58,7 @@ class FaultyUpstream:
         self.play = play or (lambda _: [RESET])
         self.requests: list[Request] = []
         self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = "http://127.0.0.1:%d/v1" % self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/v1"
         self.stopping = threading.Event()
 
     def __enter__(self) -> FaultyUpstream:

@@ -81,7 +81,7 @@ class RedisServer:
         self.stop()
         self.start()
 
-    def client(self):  # noqa: ANN201 - redis.Redis
+    def client(self):
         import redis
 
         return redis.Redis.from_url(self.url)

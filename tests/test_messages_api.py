@@ -208,9 +208,11 @@ def test_an_upstream_error_passes_as_anthropic_sent_it(protocol_proxy, upstream)
 def test_a_stream_that_fails_midway_ends_in_an_anthropic_error_event(protocol_proxy, upstream):
     cut = messages_stream(["The code is 5521, as you told me on turn forty; nobody else knows it, I promise."])
     upstream.enqueue(Reply(headers=cut.headers, chunks=cut.chunks[:6]))
-    with pytest.raises(anthropic.APIStatusError, match="upstream_bad_stream"):
-        with protocol_proxy.anthropic().messages.stream(model="claude", max_tokens=300, messages=[*history(), QUESTION]) as stream:
-            stream.until_done()
+    with (
+        pytest.raises(anthropic.APIStatusError, match="upstream_bad_stream"),
+        protocol_proxy.anthropic().messages.stream(model="claude", max_tokens=300, messages=[*history(), QUESTION]) as stream,
+    ):
+        stream.until_done()
 
 
 def test_without_an_anthropic_url_messages_go_to_the_upstream(start_proxy, upstream):

@@ -43,9 +43,11 @@ def consult(stream: bool):
 
 def test_a_streamed_answer_cut_by_max_tokens_raises_the_sdks_length_error(protocol_proxy, upstream):
     upstream.enqueue(stream_reply(['{"code": "55'], finish="length"))
-    with pytest.raises(openai.LengthFinishReasonError):
-        with protocol_proxy.client().chat.completions.stream(model="m", messages=long_history(), response_format=Locker, max_tokens=5) as stream:
-            stream.until_done()
+    with (
+        pytest.raises(openai.LengthFinishReasonError),
+        protocol_proxy.client().chat.completions.stream(model="m", messages=long_history(), response_format=Locker, max_tokens=5) as stream,
+    ):
+        stream.until_done()
 
 
 def test_an_answer_cut_by_max_tokens_raises_the_sdks_length_error(protocol_proxy, upstream):

@@ -17,6 +17,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -176,7 +177,7 @@ def test_a_worker_killed_mid_write_leaves_no_half_written_session(served, redis_
         proxy = served(redis_server.url)
         stop = threading.Event()
 
-        def talk(n: int = attempt) -> None:  # long histories: each write is some hundreds of kB
+        def talk(n: int = attempt, stop: threading.Event = stop, proxy: Any = proxy) -> None:  # long histories: each write is some hundreds of kB
             for i in range(100):
                 if stop.is_set():
                     return

@@ -82,7 +82,7 @@ class Cursor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     v: Literal[1]
     phase: Phase
     next: Next
-    targetId: int | None  # noqa: N815 - the spec's own name
+    targetId: int | None
     note: str | None = None
 
 

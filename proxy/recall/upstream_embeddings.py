@@ -178,7 +178,7 @@ class UpstreamVectors:
             if status >= 400:
                 raise UpstreamError.refused(status, raw, media_type)
             return await asyncio.to_thread(decoded, raw, len(texts))
-        except (PcpError, ValueError, asyncio.TimeoutError) as error:
+        except (TimeoutError, PcpError, ValueError) as error:
             if not self.failing:
                 log.warning(
                     "embeddings model %s on the upstream failed (%s): %s for %.0f s",

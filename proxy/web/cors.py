@@ -38,7 +38,7 @@ class UpstreamCorsDropped:
         async def dropped(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableScopeHeaders.from_message(message=message)
-                for name in [k for k in headers.keys() if k.lower().startswith("access-control-")]:
+                for name in [k for k in headers if k.lower().startswith("access-control-")]:
                     del headers[name]
             await send(message)
 
