@@ -16,7 +16,7 @@ from .bm25 import Bm25Cache
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
 from .engine import RoundPolicy
-from .exchanges import Call, Part, Result, Said, chat_messages, text_part
+from .exchanges import MARK, Call, Part, Result, Said, anthropic_messages, chat_messages, responses_messages, text_part, unmarked
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
@@ -30,6 +30,7 @@ from .synthesis import Step, Synthesis
 from .tokens import Checkpoint, CountText, part_text, prompt_tokens
 
 __all__ = [
+    "MARK",
     "NO_ANSWER",
     "SESSION_ID",
     "AnswerGate",
@@ -67,6 +68,7 @@ __all__ = [
     "Tree",
     "View",
     "WorkerReply",
+    "anthropic_messages",
     "asked",
     "attached",
     "begins_with",
@@ -81,6 +83,7 @@ __all__ = [
     "insert",
     "message_text",
     "model_summary",
+    "new_session_id",
     "node",
     "on_request",
     "onto_messages",
@@ -90,7 +93,9 @@ __all__ = [
     "placement",
     "prepare",
     "prompt_tokens",
+    "reconciled",
     "remembered",
+    "responses_messages",
     "rounds",
     "select",
     "settle",
@@ -99,9 +104,8 @@ __all__ = [
     "spoken",
     "summary_prompt",
     "text_part",
-    "new_session_id",
-    "reconciled",
     "transcript",
+    "unmarked",
     "with_appendix",
     "with_components",
 ]

@@ -27,12 +27,12 @@ from typing import Any
 
 import msgspec
 
-from pcp_core import Call, Outcome, Part, Result, Said, WorkerReply, chat_messages, part_handle, part_text, short_hash, text_part
+from pcp_core import MARK, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
 
 from ..decoding import decode_json
 from ..errors import ClientError, PcpError, anthropic_envelope
 from ..sse import named_event, said
-from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
+from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system
 
 __all__ = [
     "MESSAGES",
@@ -50,7 +50,6 @@ __all__ = [
 ]
 
 Block = dict[str, Any]
-MARK = "cache_control"
 MAX_MARKS = 4  # cache_control marks Anthropic takes in one request
 OWN_MARK = {"type": "ephemeral"}
 
@@ -74,61 +73,6 @@ def read(body: bytes) -> Reading:
         if not isinstance(message.get("role"), str):
             raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
     return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
-
-
-# -- the conversation ------------------------------------------------------------------
-
-
-def anthropic_messages(system: str | list[Block] | None, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The conversation as chat messages: ``system`` as its head, then the messages."""
-    head = [{"role": "system", "content": _text(system)}] if system else []
-    return [*head, *chat_messages(Said(m["role"], _pieces(m.get("content"))) for m in messages)]
-
-
-def _pieces(content: Any) -> list[Any]:
-    if not isinstance(content, list):
-        return [Part(text_part(_text(content)))]
-    pieces: list[Any] = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            pieces.append(Part(text_part(_text(block.get("text")))))
-        elif isinstance(kind, str) and kind.endswith("tool_use"):  # tool_use, server_tool_use, mcp_tool_use
-            pieces.append(Call(str(block.get("id") or ""), str(block.get("name") or ""), json.dumps(block.get("input"))))
-        elif isinstance(kind, str) and kind.endswith("tool_result"):
-            pieces.append(Result(str(block.get("tool_use_id") or ""), _result_parts(block.get("content")), bool(block.get("is_error"))))
-        elif kind not in ("thinking", "redacted_thinking"):  # opaque: signed, or encrypted
-            pieces.append(Part(unmarked(block)))
-    return pieces
-
-
-def _result_parts(content: Any) -> list[Any]:
-    """A tool result's content: its text; images and documents as attachments; a search result by its title and address."""
-    if not isinstance(content, list):
-        return [text_part(_text(content))]
-    parts: list[Any] = []
-    for block in content:
-        kind = block.get("type") if isinstance(block, dict) else None
-        if kind == "text":
-            parts.append(text_part(_text(block.get("text"))))
-        elif kind in ("image", "document", "search_result"):
-            parts.append(unmarked(block))
-        elif isinstance(block, dict) and "url" in block:  # web_search_result and the like
-            parts.append(text_part(f"{_text(block.get('title'))} ({_text(block.get('url'))})"))
-    return parts
-
-
-def _text(value: Any) -> str:
-    """Text, or text blocks' text joined (``system`` may be either)."""
-    if isinstance(value, list):
-        return "\n\n".join(t for t in (part_text(block) for block in value) if t)
-    return text_of(value)
-
-
-def unmarked(block: Any) -> Any:
-    """A block without its ``cache_control``: where a client puts its marks moves from request to request
-    (the newest message), and the same block must be the same turn in every one."""
-    return {k: v for k, v in block.items() if k != MARK} if isinstance(block, dict) and MARK in block else block
 
 
 def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:

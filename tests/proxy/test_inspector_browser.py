@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from proxy.testing.upstream import completion
-from tests.telemetry_helpers import consult_first_summary, conversation
+from tests.proxy.telemetry_helpers import consult_first_summary, conversation
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [

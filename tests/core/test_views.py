@@ -6,7 +6,7 @@ from pcp_core.index import Activation, PageIndex, UnknownPage
 from pcp_core.pages import View
 from pcp_core.views import TRANSITIONS, Action, ViewState
 
-from .core_helpers import cp, op, two_level_tree
+from .helpers import cp, op, two_level_tree
 
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 

@@ -10,7 +10,7 @@ import pytest
 
 from proxy.cli.sessions import Progress, list_sessions, show_session
 from proxy.testing.upstream import completion
-from tests.telemetry_helpers import consult_first_summary, conversation
+from tests.proxy.telemetry_helpers import consult_first_summary, conversation
 
 KEY = {"authorization": "Bearer k1"}
 

@@ -24,8 +24,8 @@ import pytest
 
 from proxy.memory.store import scope_key
 from proxy.testing.upstream import completion, metric_value
-from tests.serving import free_port, wait_healthy
-from tests.test_sessions import conversation
+from tests.proxy.serving import free_port, wait_healthy
+from tests.proxy.test_sessions import conversation
 
 SETTINGS = {"sentry_threshold": 500, "context_budget": 1024, "router_embeddings": False, "log_level": "warning"}
 
@@ -335,7 +335,7 @@ def test_changes_of_one_value_from_two_processes_at_once_are_all_kept(two_shared
 
 def _page(messages: list[dict], known=None):
     from proxy.testing.upstream import paged_session
-    from tests.test_sessions import COUNT
+    from tests.proxy.test_sessions import COUNT
 
     return paged_session(messages, COUNT, known)
 

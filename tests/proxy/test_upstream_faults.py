@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.faulty_upstream import CLOSE, RESET, FaultyUpstream, chunk, event, head
+from tests.proxy.faulty_upstream import CLOSE, RESET, FaultyUpstream, chunk, event, head
 
 COMPLETION = json.dumps(
     {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"}, "finish_reason": "stop"}]}

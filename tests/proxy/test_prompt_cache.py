@@ -7,8 +7,8 @@ import os
 from pcp_core.engine import kept_nodes
 from pcp_core.replies import WorkerReply
 from proxy.testing.upstream import completion
+from tests.core.test_engine import context, doc, drive, summary_node_ids
 
-from .test_engine import context, doc, drive, summary_node_ids
 from .test_protocol import long_history
 
 
