@@ -53,7 +53,7 @@ def functions(source: str) -> list[tuple[str, list[str]]]:
 
 @contextmanager
 def headings_only() -> Iterator[None]:
-    """Scan blocks as before definitions were read: no line starts a definition."""
+    """File blocks as before definitions were read: no line starts a definition."""
     definition = pblock._definition
     pblock._definition = lambda line: None
     try:

@@ -160,7 +160,7 @@ def latency_rows(
 
 def consolidator_rows(sizes: list[int], warm_n: int, budget: int, make: Callable[[int], list[dict[str, str]]]) -> list[tuple[Any, ...]]:
     rows = []
-    with running_proxy(context_budget=budget, consolidator="llm", router_embeddings=False) as (upstream, client):
+    with running_proxy(context_budget=budget, summaries="llm", router_embeddings=False) as (upstream, client):
         for size in sizes:
             messages = make(size)
             before = len(upstream.chat_requests("consolidator"))
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--cold", type=int, default=3, help="cold requests per size")
     parser.add_argument("--warm", type=int, default=10, help="follow-ups per size")
     parser.add_argument("--budget", type=int, default=4096)
-    parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_CONSOLIDATOR=llm")
+    parser.add_argument("--llm", action="store_true", help="also count consolidator calls with PCP_SUMMARIES=llm")
     parser.add_argument("--no-embeddings", action="store_true", help="router_embeddings off: BM25 alone")
     parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the bundled encoder (PCP_EMBEDDINGS_MODEL)")
     parser.add_argument(
@@ -205,7 +205,7 @@ def main() -> None:
         print(f"| {size:,} | {n:,} | {cold_p50:.0f} | {cold_max:.0f} | {encoding:.1f} | {warm_p50:.1f} | {warm_max:.1f} | {busy_p50:.1f} |")
 
     if args.llm:
-        print(f"\nPCP_CONSOLIDATOR=llm: consolidator calls for the cold request, then for {args.warm} follow-ups\n")
+        print(f"\nPCP_SUMMARIES=llm: consolidator calls for the cold request, then for {args.warm} follow-ups\n")
         print("| history tokens | cold calls | follow-up calls | of which repeat a text already summarised |")
         print("|---|---|---|---|")
         for size, cold_calls, warm_calls, repeats in consolidator_rows(args.sizes, args.warm, args.budget, make):

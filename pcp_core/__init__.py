@@ -21,10 +21,10 @@ from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, in
 from .pact_render import onto_messages, placement
 from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .paging import PagedHistory, PagingPolicy
-from .pblock import Scan
+from .pblock import ScanPolicy
 from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, remembered, rounds, settle, with_appendix, with_components
-from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
+from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, links_continuing, longest_extended, new_session_id, reconciled, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
 from .tokens import Checkpoint, CountText, part_text, prompt_tokens
@@ -60,7 +60,7 @@ __all__ = [
     "Result",
     "RoundPolicy",
     "Said",
-    "Scan",
+    "ScanPolicy",
     "Session",
     "Similarity",
     "Step",
@@ -81,6 +81,8 @@ __all__ = [
     "engaged",
     "fold_system",
     "insert",
+    "links_continuing",
+    "longest_extended",
     "message_text",
     "model_summary",
     "new_session_id",

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from .pages import short_hash
-from .pblock import Scan
+from .pblock import ScanPolicy
 from .tokens import CountText, function_calls, part_text
 
 __all__ = ["HEAD_ROLES", "PLACEHOLDER", "Conversation", "attached", "fold_system", "message_text", "part_handle", "parts_of", "placeholder"]
@@ -33,7 +33,7 @@ class Conversation(msgspec.Struct, frozen=True):
     query_is_block: bool = False  # the query is paged apart as a File block (``pblock``)
 
     @classmethod
-    def of(cls, messages: Sequence[Message], blocks: Scan, count: CountText) -> Conversation:
+    def of(cls, messages: Sequence[Message], blocks: ScanPolicy, count: CountText) -> Conversation:
         start = conversation_start(messages)
         rest = list(messages[start:])
         query = rest[-1] if rest else None

@@ -1,6 +1,6 @@
 """Long-term metabolism (§VI.5): topics, horizontal merge and vertical branching.
 
-The first Consolidated pages above the leaves are topic groups (``sentry``
+The first Consolidated pages above the leaves are topic groups (paging
 cuts them at dated headers and topic pivots). Metabolism then works on them:
 
 * every group gets a Topic ID (§5.3): the topic of the earlier group it is
@@ -31,10 +31,10 @@ import msgspec
 from .pages import Page, without_turn_markers
 from .terms import TermStats, terms
 
-__all__ = ["Metabolism", "assign_topics", "branches", "horizontal_merge", "signature"]
+__all__ = ["MetabolismPolicy", "SignatureSpace", "assign_topics", "branches", "horizontal_merge", "signature"]
 
 
-class Metabolism(msgspec.Struct, frozen=True):
+class MetabolismPolicy(msgspec.Struct, frozen=True):
     signature_terms: int = 24  # terms kept to describe a topic group
     same_topic: float = 0.2  # signature similarity at which a group continues an earlier topic
     # A group is compared with the latest groups holding each of its terms, at most this many
@@ -54,7 +54,9 @@ def signature(pages: Sequence[Page], stats: TermStats, size: int) -> tuple[str, 
     return tuple(sorted(weight, key=lambda t: (-weight[t], t))[:size])
 
 
-def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | None], ids: Sequence[str], stats: TermStats, policy: Metabolism) -> list[str]:
+def assign_topics(
+    signatures: Sequence[tuple[str, ...]], known: Sequence[str | None], ids: Sequence[str], stats: TermStats, policy: MetabolismPolicy
+) -> list[str]:
     """The Topic ID of each group, in time order.
 
     ``known[i]`` is group ``i``'s topic if an earlier request decided it. A new
@@ -67,12 +69,12 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
     # one or two groups, and need not index every term of the history's hundreds.
     wanted = {term for mine, decided in zip(signatures, known) if decided is None for term in mine}
     holding: dict[str, deque[int]] = {}  # wanted term -> the latest earlier groups whose signature has it
-    weight = _IdfSquared(stats)
+    space = SignatureSpace(stats)
     norms: dict[int, float] = {}
 
     def norm(i: int) -> float:
         if i not in norms:
-            norms[i] = math.sqrt(sum(map(weight.__getitem__, signatures[i])))
+            norms[i] = space.norm(signatures[i])
         return norms[i]
 
     topics: list[str] = []
@@ -81,7 +83,7 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
             shared: dict[int, float] = {}
             for term in mine:
                 for j in holding.get(term, ()):
-                    shared[j] = shared.get(j, 0.0) + weight[term]
+                    shared[j] = shared.get(j, 0.0) + space.weight[term]
             scores = [(total / (norm(i) * norm(j)), j) for j, total in shared.items() if norm(i) and norm(j)]
             best, j = max(scores, default=(0.0, -1))
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
@@ -90,6 +92,22 @@ def assign_topics(signatures: Sequence[tuple[str, ...]], known: Sequence[str | N
             held = holding.setdefault(term, deque(maxlen=policy.term_reach))
             held.append(i)
     return topics
+
+
+class SignatureSpace:
+    """Signatures compared as metabolism compares them (and the Memory Consolidator after it): the
+    cosine of two sets of terms, each term weighted by its idf², the weights worked out once a term."""
+
+    def __init__(self, stats: TermStats):
+        self.weight = _IdfSquared(stats)
+
+    def norm(self, signature: Sequence[str]) -> float:
+        return math.sqrt(sum(map(self.weight.__getitem__, signature)))
+
+    def similarity(self, a: Sequence[str], b: Sequence[str]) -> float:
+        shared = set(a) & set(b)
+        norm = self.norm(a) * self.norm(b) if shared else 0.0
+        return sum(map(self.weight.__getitem__, shared)) / norm if norm else 0.0
 
 
 class _IdfSquared(dict[str, float]):
@@ -104,7 +122,7 @@ class _IdfSquared(dict[str, float]):
         return value
 
 
-def horizontal_merge(groups: Sequence[list[Page]], topics: Sequence[str], policy: Metabolism) -> tuple[list[list[Page]], list[str]]:
+def horizontal_merge(groups: Sequence[list[Page]], topics: Sequence[str], policy: MetabolismPolicy) -> tuple[list[list[Page]], list[str]]:
     """Adjacent far-field groups of one topic as one group, while it stays within ``merge_max`` pages."""
     far = max(len(groups) - policy.near_field, 0)
     merged: list[list[Page]] = []
@@ -118,7 +136,7 @@ def horizontal_merge(groups: Sequence[list[Page]], topics: Sequence[str], policy
     return merged, kept
 
 
-def branches(containers: Sequence[Page], topics: Mapping[str, str], policy: Metabolism) -> list[list[Page]]:
+def branches(containers: Sequence[Page], topics: Mapping[str, str], policy: MetabolismPolicy) -> list[list[Page]]:
     """The level above the topic groups: a topic met in several far-field groups as one branch, others alone.
 
     The near field stays out of branches, as it stays out of merges: its

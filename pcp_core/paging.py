@@ -14,9 +14,9 @@ import msgspec
 
 from .conversation import message_text
 from .index import PageIndex
-from .metabolism import Metabolism, assign_topics, branches, horizontal_merge, signature
+from .metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge, signature
 from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
-from .pblock import PBlock, Scan, block_handle, handle_line, scan
+from .pblock import PBlock, ScanPolicy, block_handle, handle_line, scan
 from .summaries import consolidate, extractive_summary
 from .terms import TermStats, terms, top_keywords
 from .timeline import moment, opens_with_date, stated_time
@@ -36,8 +36,8 @@ class PagingPolicy(msgspec.Struct, frozen=True):
     keywords: int = 6
     summary_chars: int = 180
     container_summary_chars: int = 160
-    metabolism: Metabolism = Metabolism()
-    blocks: Scan = Scan()  # messages too large for turns are File PBlocks
+    metabolism: MetabolismPolicy = MetabolismPolicy()
+    blocks: ScanPolicy = ScanPolicy()  # messages too large for turns are File PBlocks
 
 
 def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0, stated: str | None = None) -> list[Turn]:
@@ -145,7 +145,9 @@ def page_history(
     return msgspec.structs.replace(paged, blocks=kept_blocks, storage=[page for page in known.storage if page.id in drafts])
 
 
-def _physical_blocks(turns: list[Turn], count: CountText, policy: Scan, known: Sequence[PBlock], checkpoint: Checkpoint) -> tuple[list[PBlock], list[Turn]]:
+def _physical_blocks(
+    turns: list[Turn], count: CountText, policy: ScanPolicy, known: Sequence[PBlock], checkpoint: Checkpoint
+) -> tuple[list[PBlock], list[Turn]]:
     """The PBlocks of the messages too large to page as turns, and the turns with their handles in their place.
 
     A block already scanned (the same message at the same place) is not scanned again.

@@ -42,7 +42,7 @@ from .terms import TermStats, top_keywords
 from .timeline import time_in
 from .tokens import Checkpoint, CountText, split_words, unchecked
 
-__all__ = ["BLOCK_KIND", "PBlock", "Scan", "around_handle", "block_handle", "handle_line", "scan", "solidify"]
+__all__ = ["BLOCK_KIND", "PBlock", "ScanPolicy", "around_handle", "block_handle", "handle_line", "scan", "solidify"]
 
 BLOCK_KIND = "File"
 _HEADING = re.compile(r"#{1,6}[ \t]+(\S.*)")
@@ -60,7 +60,7 @@ _PREAMBLE = re.compile(r"[ \t]*(?:#|//|/\*|\*|@)|[ \t]*$")
 TITLE_CHARS = 80  # of a definition's signature, as its section's title
 
 
-class Scan(msgspec.Struct, frozen=True):
+class ScanPolicy(msgspec.Struct, frozen=True):
     """When a message is a PBlock, and how it is scanned into Draft pages."""
 
     block_tokens: int = 1500  # a message longer than this is a File PBlock
@@ -90,7 +90,7 @@ class _Section(msgspec.Struct, frozen=True):
     timestamp: str
 
 
-def scan(turn: Turn, count: CountText, policy: Scan = Scan(), checkpoint: Checkpoint = unchecked) -> PBlock:
+def scan(turn: Turn, count: CountText, policy: ScanPolicy = ScanPolicy(), checkpoint: Checkpoint = unchecked) -> PBlock:
     """The PBlock of the message ``turn``, with its Draft pages (``checkpoint`` is called between sections)."""
     handle = block_handle(turn)
     sections = _sections(turn.text, turn.timestamp)
@@ -129,7 +129,7 @@ def block_handle(turn: Turn) -> str:
     return short_hash("PBlock", str(turn.index), turn.text)
 
 
-def handle_line(handle: str, tokens: int, text: str, policy: Scan = Scan()) -> str:
+def handle_line(handle: str, tokens: int, text: str, policy: ScanPolicy = ScanPolicy()) -> str:
     """What is said in place of the block ``text``: its start and end, and its handle between them.
 
     The start and end are the first and last paragraphs when they are short
@@ -247,7 +247,7 @@ def _fanned(pages: list[Page], fanout: int, contain: Callable[[Sequence[Page]], 
     return pages
 
 
-def _draft(handle: str, place: str, turn: int, text: str, timestamp: str, stats: TermStats, policy: Scan) -> OriginalPage:
+def _draft(handle: str, place: str, turn: int, text: str, timestamp: str, stats: TermStats, policy: ScanPolicy) -> OriginalPage:
     weights = stats.weights(text)
     return OriginalPage(
         id=short_hash("Draft", handle, place, text),

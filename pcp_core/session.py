@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -35,7 +35,9 @@ __all__ = [
     "chain_links",
     "common_prefix",
     "continuation",
+    "links_continuing",
     "hold",
+    "longest_extended",
     "new_session_id",
     "page_on",
     "reconciled",
@@ -109,6 +111,29 @@ def common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
         else:
             differs = mid
     return same
+
+
+def links_continuing(found: Session, chained: Sequence[Mapping[str, Any]], history: int, known: int) -> tuple[list[str], int]:
+    """Which session a request continues, as a rule: a conversation whose first ``known`` messages are
+    ``found``'s (recognised by their transcript, or by the link of message ``known``) continues it there.
+
+    Gives the conversation's chain (``found``'s first ``known`` links, then the
+    rest linked after them: only the new messages are hashed) and how many of
+    its ``history`` messages ``found`` holds (``reused``: where its paging goes on).
+    """
+    chain = found.chain
+    links = [*chain[:known], *chain_links(chained[known:], after=chain[known - 1] if known else "")]
+    return links, common_prefix(chain, links[:history])
+
+
+def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Session | None:
+    """The longest of ``sessions`` that ``chain`` extends (its link at that session's length is the session's last)."""
+    best: Session | None = None
+    for session in sessions:
+        n = len(session.chain)
+        if 0 < n <= len(chain) and chain[n - 1] == session.chain[-1] and (best is None or n > len(best.chain)):
+            best = session
+    return best
 
 
 Continuation = Literal["pinned", "resumed", "forked", "new"]

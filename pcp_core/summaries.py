@@ -97,7 +97,7 @@ def _clip(text: str, max_chars: int) -> str:
     return cut + "…"
 
 
-# -- summaries by a model (PCP_CONSOLIDATOR=llm) ---------------------------------------
+# -- summaries by a model (PCP_SUMMARIES=llm) ---------------------------------------
 
 SUMMARY_INSTRUCTIONS = (
     "You index pages of a conversation. Compress the page into one dense line of at most {words} words: "

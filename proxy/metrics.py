@@ -13,7 +13,7 @@ HELP = {
     "pcp_sessions_total": "Protocol-mode requests by how they found their session (new | resumed | forked | pinned).",
     "pcp_turns_paged_total": "Messages paged in protocol mode; those a session already held are not paged again.",
     "pcp_pages_built_total": "Pages built by paging, by type (Original | Consolidated); reused pages are not counted.",
-    "pcp_summaries_total": "Model summaries of pages (PCP_CONSOLIDATOR=llm) by state: queued, then landed or failed; cached when the disk had it.",
+    "pcp_summaries_total": "Model summaries of pages (PCP_SUMMARIES=llm) by state: queued, then landed or failed; cached when the disk had it.",
     "pcp_pages_solidified_total": "Draft pages of PBlocks (large messages) the worker read, solidified into pages the session keeps (§VI.5).",
     "pcp_upstream_calls_total": "Calls the proxy made upstream on its own behalf, by x-pcp-role.",
     "pcp_paging_stopped_total": "Pagings stopped before their end, by reason: paging_timeout (a 413), or cancelled (the client left, or request_timeout passed).",

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, Scan
+from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, ScanPolicy
 from pcp_core.memory import MemoryPolicy
 
 from .apis.codec import Api
@@ -84,7 +84,7 @@ class Services:
 
 def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
-    blocks = Scan(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
+    blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
     rounds = RoundPolicy(
         budget=settings.context_budget,
         max_rounds=settings.max_rounds,
@@ -137,7 +137,7 @@ async def open_services(
         memory = _memory(settings, stores, sealer, dense, policy, tokenizer, sessions, metrics, cores)
         _closing(stack, memory.close)
         summary_writer = None
-        if settings.consolidator == "llm":
+        if settings.summaries == "llm":
             summary_chars = PagingPolicy().summary_chars
             summary_writer = SummaryWriter(stores.area("summaries"), upstream, metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
             summary_writer.start()

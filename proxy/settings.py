@@ -101,7 +101,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # A message longer than this many tokens (a pasted file, a long tool output) is
     # paged apart as a File block of Draft pages, with a handle in the history; 0: never.
     block_tokens: int = 1500
-    consolidator: Literal["extractive", "llm"] = "extractive"
+    # How page summaries are written: "extractive" (no model), or "llm": the upstream model rewrites
+    # each page's summary in the background (the summary writer). Also read as `consolidator`.
+    summaries: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
     # Where protocol mode puts the <PagedContext>: the "system" message, or the "user" message
     # for upstreams (chat templates) that drop or ignore system messages.
@@ -199,14 +201,27 @@ def load_settings(
     config_file = config_file or environ.get(ENV_PREFIX + "CONFIG") or None
     layers: dict[str, Any] = {}
     if config_file:
-        layers.update(_read_toml(Path(config_file)))
-    layers.update(_from_environ(environ))
+        layers.update(_renamed(_read_toml(Path(config_file))))
+    layers.update(_renamed(_from_environ(environ)))
     layers.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         # strict=False lets "8080" from the environment become an int.
         return msgspec.convert(layers, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise SettingsError(_explain(str(exc))) from None
+
+
+# Former names still read, by their current one.
+ALIASES = {"consolidator": "summaries"}
+
+
+def _renamed(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with every former name under its current one (the current one wins where both are given)."""
+    for old, new in ALIASES.items():
+        if old in values:
+            value = values.pop(old)
+            values.setdefault(new, value)
+    return values
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -219,7 +234,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
-    fields = set(Settings.__struct_fields__)
+    fields = set(Settings.__struct_fields__) | set(ALIASES)
     values: dict[str, Any] = {}
     for key, raw in environ.items():
         if not key.startswith(ENV_PREFIX) or key == ENV_PREFIX + "CONFIG":

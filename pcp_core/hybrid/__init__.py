@@ -9,19 +9,19 @@ continues when it names none (``continuity``), and what the model is told
 
 from .cold import Cold, Shelved, fit, kept_cold, rehydrate
 from .continuity import continued_links, normal_workspace
-from .lifecycle import Aging, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection
+from .lifecycle import AgingPolicy, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer
-from .snapshot import TIERS, Block, Cursor, Limits, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot, render
+from .snapshot import TIERS, Block, Cursor, LimitsPolicy, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot, render
 
 __all__ = [
     "SEPARATOR",
     "TIERS",
-    "Aging",
+    "AgingPolicy",
     "Block",
     "Cold",
     "Cursor",
-    "Limits",
+    "LimitsPolicy",
     "Memory",
     "Reading",
     "RoundFacts",

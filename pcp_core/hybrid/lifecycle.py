@@ -15,12 +15,12 @@ from datetime import datetime
 import msgspec
 
 from .cold import Cold, fit, kept_cold, rehydrate
-from .snapshot import TIERS, Block, Limits, Memory, Runtime, Snapshot, Todo
+from .snapshot import TIERS, Block, LimitsPolicy, Memory, Runtime, Snapshot, Todo
 
-__all__ = ["Aging", "RoundFacts", "TodoItem", "age", "scope_core", "system_snapshot", "this_round", "todo_projection"]
+__all__ = ["AgingPolicy", "RoundFacts", "TodoItem", "age", "scope_core", "system_snapshot", "this_round", "todo_projection"]
 
 
-class Aging(msgspec.Struct, frozen=True):
+class AgingPolicy(msgspec.Struct, frozen=True):
     """How fast each tier's blocks decay, per round since they were written; and when ephemeral ones go."""
 
     core: float = 0.01
@@ -53,8 +53,8 @@ def this_round(
     cold: Cold,
     room: int,
     count: Callable[[str], int],
-    aging: Aging = Aging(),
-    limits: Limits = Limits(),
+    aging: AgingPolicy = AgingPolicy(),
+    limits: LimitsPolicy = LimitsPolicy(),
     shared_core: Sequence[Block] = (),
     given: Collection[str] = (),
 ) -> tuple[Snapshot, Cold]:
@@ -104,7 +104,7 @@ def todo_projection(todo: Sequence[TodoItem]) -> Todo:
     return Todo(summary=summary, total=len(todo), step=step)
 
 
-def age(snapshot: Snapshot, current: int, aging: Aging = Aging(), limits: Limits = Limits(), task_done: bool = False) -> Snapshot:
+def age(snapshot: Snapshot, current: int, aging: AgingPolicy = AgingPolicy(), limits: LimitsPolicy = LimitsPolicy(), task_done: bool = False) -> Snapshot:
     """The snapshot at round ``current``: decay risen by each tier's rate, expired and faded blocks gone.
 
     Decay rises once per round since the snapshot was made (its
@@ -133,7 +133,7 @@ def _rounded(value: float) -> float:
     return float(f"{value:.4f}")
 
 
-def scope_core(stored: Sequence[Block], kept: Sequence[Block], seen: Collection[str], limits: Limits = Limits()) -> tuple[Block, ...]:
+def scope_core(stored: Sequence[Block], kept: Sequence[Block], seen: Collection[str], limits: LimitsPolicy = LimitsPolicy()) -> tuple[Block, ...]:
     """A memory scope's core once a session's round keeps ``kept``, having been shown the scope's ``seen`` ids.
 
     What the round kept wins; a block it was shown and left out is gone (the model

@@ -23,7 +23,7 @@ __all__ = [
     "TIERS",
     "Block",
     "Cursor",
-    "Limits",
+    "LimitsPolicy",
     "Memory",
     "Reading",
     "Runtime",
@@ -109,7 +109,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     active_task: str | None = None
 
 
-class Limits(msgspec.Struct, frozen=True):
+class LimitsPolicy(msgspec.Struct, frozen=True):
     """What a block must meet to be kept (rule 14: low-quality blocks are omitted), and how many a tier holds."""
 
     max_decay: float = 0.9
@@ -175,7 +175,7 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")  # JSON.parse refuses NaN and Infinity; so does the system
 
 
-def read_snapshot(raw: Any, previous: Snapshot, system: Snapshot, limits: Limits = Limits()) -> Reading:
+def read_snapshot(raw: Any, previous: Snapshot, system: Snapshot, limits: LimitsPolicy = LimitsPolicy()) -> Reading:
     """The snapshot the session keeps after a model wrote ``raw`` (decoded JSON).
 
     ``system`` carries the fields the system owns (version, runtime, the todo
@@ -199,7 +199,7 @@ def read_snapshot(raw: Any, previous: Snapshot, system: Snapshot, limits: Limits
     return Reading(snapshot, (*violations, *dropped, *wrong))
 
 
-def check(snapshot: Snapshot, limits: Limits = Limits()) -> list[str]:
+def check(snapshot: Snapshot, limits: LimitsPolicy = LimitsPolicy()) -> list[str]:
     """What in a snapshot the system would keep breaks a rule (empty: it holds to them all)."""
     problems = []
     try:
@@ -223,7 +223,7 @@ def check(snapshot: Snapshot, limits: Limits = Limits()) -> list[str]:
     return problems
 
 
-def _block_problems(block: Block, limits: Limits, current: int) -> list[str]:
+def _block_problems(block: Block, limits: LimitsPolicy, current: int) -> list[str]:
     problems = []
     for name in ("decay", "confidence"):
         value = getattr(block, name)
@@ -253,7 +253,7 @@ def _system_fields_changed(raw: dict[str, Any], system: Snapshot) -> list[Violat
     return [Violation("system_field", f"{field} is the system's: restored (rule 8)") for field in changed]
 
 
-def _memory(raw: Any, previous: Memory, limits: Limits, current: int) -> tuple[Memory, list[Violation]]:
+def _memory(raw: Any, previous: Memory, limits: LimitsPolicy, current: int) -> tuple[Memory, list[Violation]]:
     if raw is None:
         return previous, []
     if not isinstance(raw, dict):
@@ -284,7 +284,7 @@ def _memory(raw: Any, previous: Memory, limits: Limits, current: int) -> tuple[M
     return Memory(**{tier: _best_first(tier, blocks, limits, problems) for tier, blocks in tiers.items()}), problems
 
 
-def _best_first(tier: str, blocks: list[Block], limits: Limits, problems: list[Violation]) -> tuple[Block, ...]:
+def _best_first(tier: str, blocks: list[Block], limits: LimitsPolicy, problems: list[Violation]) -> tuple[Block, ...]:
     """Rule 16: the tier best first; beyond ``limits.max_blocks`` the weakest go."""
     ranked = sorted(blocks, key=lambda b: -b.quality)
     if len(ranked) > limits.max_blocks:
@@ -292,7 +292,7 @@ def _best_first(tier: str, blocks: list[Block], limits: Limits, problems: list[V
     return tuple(ranked[: limits.max_blocks])
 
 
-def _block(item: Any, limits: Limits, current: int, placeholders: dict[str, Block]) -> tuple[Block | None, Violation | None]:
+def _block(item: Any, limits: LimitsPolicy, current: int, placeholders: dict[str, Block]) -> tuple[Block | None, Violation | None]:
     """The block ``item`` is (None: dropped), and the rule it broke (rules 11–14).
 
     A block below the limits (rule 14) comes back with its violation: it is

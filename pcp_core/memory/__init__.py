@@ -6,7 +6,7 @@ with ``origin`` Storage: ``pages`` says how a conversation's pages are kept,
 tidied in the background. The host keeps them, indexes them, and runs both.
 """
 
-from .consolidator import ConsolidatorPolicy, Root, horizontal_merges, similarity
+from .consolidator import ConsolidatorPolicy, Root, horizontal_merges
 from .pages import (
     MEMORY_ID_LENGTH,
     container_id,
@@ -41,7 +41,6 @@ __all__ = [
     "rebuilt",
     "recalled_order",
     "selection",
-    "similarity",
     "turn_hash",
     "turn_hashes",
     "vector_text",

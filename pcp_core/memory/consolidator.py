@@ -18,19 +18,18 @@ The host runs it in the background over a scope. What it decides here:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import msgspec
 
-from ..metabolism import signature
+from ..metabolism import SignatureSpace, signature
 from ..pages import ConsolidatedPage, Origin, Page
 from ..paging import PagingPolicy
 from ..summaries import consolidate
 from ..terms import TermStats
 from .pages import container_id
 
-__all__ = ["ConsolidatorPolicy", "Root", "horizontal_merges", "similarity"]
+__all__ = ["ConsolidatorPolicy", "Root", "horizontal_merges"]
 
 
 class ConsolidatorPolicy(msgspec.Struct, frozen=True):
@@ -47,16 +46,6 @@ class Root(msgspec.Struct, frozen=True):
     conversation: str
 
 
-def similarity(a: Sequence[str], b: Sequence[str], stats: TermStats) -> float:
-    """The cosine of two signatures, each term weighted by its idf (as metabolism compares topic groups)."""
-    shared = set(a) & set(b)
-    if not shared:
-        return 0.0
-    weight = {t: stats.idf(t) ** 2 for t in {*a, *b}}
-    norm = math.sqrt(sum(weight[t] for t in a)) * math.sqrt(sum(weight[t] for t in b))
-    return sum(weight[t] for t in shared) / norm if norm else 0.0
-
-
 def horizontal_merges(
     fresh: Sequence[Root], known: Sequence[Root], stats: TermStats, policy: ConsolidatorPolicy = ConsolidatorPolicy()
 ) -> list[ConsolidatedPage]:
@@ -69,6 +58,7 @@ def horizontal_merges(
     least one, they become one container's children, best first after it.
     """
     signatures = {root.page.id: signature([root.page], stats, policy.signature_terms) for root in (*known, *fresh)}
+    space = SignatureSpace(stats)
     taken: set[str] = set()
     merged: list[ConsolidatedPage] = []
     for i, root in enumerate(fresh):
@@ -76,7 +66,7 @@ def horizontal_merges(
             continue
         mine = signatures[root.page.id]
         alike = sorted(
-            ((similarity(mine, signatures[other.page.id], stats), n, other) for n, other in enumerate((*known, *fresh[:i]))
+            ((space.similarity(mine, signatures[other.page.id]), n, other) for n, other in enumerate((*known, *fresh[:i]))
              if other.page.id not in taken and other.page.id != root.page.id and _kind(other.page) == _kind(root.page)
              and (other.conversation != root.conversation or not root.conversation)),
             key=lambda found: (-found[0], found[1]),

@@ -32,7 +32,7 @@ from pcp_core.conversation import conversation_start
 from pcp_core.hybrid import (
     Block,
     Cold,
-    Limits,
+    LimitsPolicy,
     RoundFacts,
     Runtime,
     Snapshot,
@@ -88,7 +88,7 @@ class Hybrid:
         self.count = count
         self.metrics = metrics
         self.memory = memory
-        self.limits = Limits(max_decay=settings.hybrid_max_decay, min_confidence=settings.hybrid_min_confidence)
+        self.limits = LimitsPolicy(max_decay=settings.hybrid_max_decay, min_confidence=settings.hybrid_min_confidence)
         # The snapshot's room: its share of the budget, less the rules that come with it.
         self.room = max(int(settings.context_budget * settings.hybrid_budget_share) - count(context_prompt(_EMPTY)), 0)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from pcp_core.hybrid import Block, Limits, scope_core
+from pcp_core.hybrid import Block, LimitsPolicy, scope_core
 
 from ..storage.base import Store
 from ..storage.keyed_store import KeyedStore, store_key
@@ -32,7 +32,7 @@ class _Core(msgspec.Struct, frozen=True):
 
 
 class ScopeCores(KeyedStore[_Core]):
-    def __init__(self, store: Store | Path, sealer: Sealer | None = None, limits: Limits = Limits()):
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None, limits: LimitsPolicy = LimitsPolicy()):
         super().__init__(store, _Core, "the core blocks of a memory scope", sealer)
         self.limits = limits
 

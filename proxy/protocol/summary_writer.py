@@ -1,4 +1,4 @@
-"""Page summaries written by the upstream model in the background (``PCP_CONSOLIDATOR=llm``).
+"""Page summaries written by the upstream model in the background (``PCP_SUMMARIES=llm``).
 
 A request never waits for them. A page is built with its extractive summary,
 which stands in until the model's lands; the next request that pages the

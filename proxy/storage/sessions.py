@@ -33,7 +33,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pcp_core import Conversation, Resolution, Session, begins_with, chain_links, common_prefix, new_session_id, reconciled, transcript
+from pcp_core import (
+    Conversation,
+    Resolution,
+    Session,
+    begins_with,
+    chain_links,
+    common_prefix,
+    links_continuing,
+    longest_extended,
+    new_session_id,
+    reconciled,
+    transcript,
+)
 
 from .base import ANY, Commit, Store, new_version
 from .embedded import EmbeddedStore
@@ -107,10 +119,8 @@ class SessionStore:
             said = transcript(conversation.history)
             held = self._continued(namespace, said)
             if held is not None:
-                n = len(held.session.chain)
-                return Resolution(
-                    found=held.session, reused=n, links=[*held.session.chain, *chain_links(chained[n:], after=held.session.chain[-1])], version=held.version
-                )
+                links, reused = links_continuing(held.session, chained, len(conversation.history), len(held.session.chain))
+                return Resolution(found=held.session, reused=reused, links=links, version=held.version)
             found = self._by_transcript(namespace, conversation, said)
             if found is not None:
                 return found
@@ -198,20 +208,16 @@ class SessionStore:
             kept = self._load(namespace, session_id)
             if kept is None or len(kept.session.chain) < n or kept.session.chain[n - 1] != last:
                 continue
-            chain = kept.session.chain
-            links = [*chain[:n], *chain_links(conversation.chained[n:], after=last)]
-            return Resolution(found=kept.session, reused=common_prefix(chain, links[: len(history)]), links=links, version=kept.version)
+            links, reused = links_continuing(kept.session, conversation.chained, len(history), n)
+            return Resolution(found=kept.session, reused=reused, links=links, version=kept.version)
         return None
 
     def _extended(self, namespace: str, chain: list[str]) -> _Held | None:
         """The longest recent session that ``chain`` extends: a follow-up, found without the store."""
         with self.lock:
-            recent = [(owner, held) for (owner, _), held in self.recent.items() if owner == namespace]
-        best = None
-        for _, held in recent:
-            n = len(held.session.chain)
-            if 0 < n <= len(chain) and chain[n - 1] == held.session.chain[-1] and (best is None or n > len(best.session.chain)):
-                best = held
+            recent = {held.session.id: held for (owner, _), held in self.recent.items() if owner == namespace}
+        session = longest_extended(chain, (held.session for held in recent.values()))
+        best = recent[session.id] if session is not None else None
         return best if best is not None and self._valid(namespace, best) else None
 
     def _continued(self, namespace: str, said: bytes) -> _Held | None:

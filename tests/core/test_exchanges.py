@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pcp_core import Conversation, Scan, anthropic_messages, message_text, responses_messages
+from pcp_core import Conversation, ScanPolicy, anthropic_messages, message_text, responses_messages
 from pcp_core.exchanges import Call, Part, Result, Said, chat_messages, text_part
 
 from .counting import COUNT
@@ -69,7 +69,7 @@ def test_responses_items_read_as_turns_reasoning_left_out():
     assert shown[3] == ("assistant", "Sunny, 22 C.")
     assert shown[4][1].startswith("Thanks [input_image ")
     assert "SECRET" not in str(messages)
-    conversation = Conversation.of(messages, Scan(), COUNT)
+    conversation = Conversation.of(messages, ScanPolicy(), COUNT)
     assert conversation.head_text == "Be brief." and conversation.query["role"] == "user"
 
 

@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from pcp_core.hybrid import (
     SEPARATOR,
-    Aging,
+    AgingPolicy,
     Block,
     Cold,
-    Limits,
+    LimitsPolicy,
     Memory,
     RoundFacts,
     SeparatorGate,
@@ -144,10 +144,10 @@ def test_blocks_age_ephemeral_ones_expire_and_working_ones_last_the_task():
         ephemeral=(Block(id="e", type="t", decay=0.1, confidence=0.9, round=1, tags=(), content="x"),),
     )
     snapshot = msgspec.structs.replace(system(round=1), memory=memory)
-    later = age(snapshot, current=3, aging=Aging(ephemeral_rounds=3))
+    later = age(snapshot, current=3, aging=AgingPolicy(ephemeral_rounds=3))
     assert later.memory.core[0].decay > 0.1 and later.memory.working[0].decay > later.memory.core[0].decay
     assert [b.id for b in later.memory.ephemeral] == ["e"]
-    assert age(snapshot, current=4, aging=Aging(ephemeral_rounds=3)).memory.ephemeral == ()
+    assert age(snapshot, current=4, aging=AgingPolicy(ephemeral_rounds=3)).memory.ephemeral == ()
     assert age(snapshot, current=2, task_done=True).memory.working == ()
     assert age(snapshot, current=400).memory.core == ()  # faded past the limit
 
@@ -220,7 +220,7 @@ def test_placeholders_are_the_systems_and_rounds_cannot_run_ahead():
 
 def test_a_tier_keeps_at_most_its_limit_of_blocks_the_best():
     many = [block(f"b{i}", confidence=0.3 + i / 100) for i in range(10)]
-    reading = read_snapshot(snapshot_json(memory={"ephemeral": many}), system(), system(), Limits(max_blocks=4))
+    reading = read_snapshot(snapshot_json(memory={"ephemeral": many}), system(), system(), LimitsPolicy(max_blocks=4))
     assert [b.id for b in reading.snapshot.memory.ephemeral] == ["b9", "b8", "b7", "b6"] and reading.violations[-1].rule == "too_many"
 
 
@@ -289,7 +289,7 @@ def test_a_scopes_core_keeps_what_a_round_kept_and_what_it_never_saw_and_drops_w
     kept = (_block("seen-kept", content="rewritten"), _block("new", confidence=0.99))
     merged = scope_core(stored, kept, seen={"seen-kept", "seen-dropped"})
     assert [(b.id, b.content) for b in merged] == [("new", "content of new"), ("seen-kept", "rewritten"), ("written-meanwhile", "content of written-meanwhile")]
-    assert len(scope_core(stored, [_block(f"b{i}") for i in range(10)], seen=(), limits=Limits(max_blocks=4))) == 4
+    assert len(scope_core(stored, [_block(f"b{i}") for i in range(10)], seen=(), limits=LimitsPolicy(max_blocks=4))) == 4
 
 
 def test_a_block_the_session_gave_its_scope_that_the_scope_no_longer_holds_leaves_the_session_too():

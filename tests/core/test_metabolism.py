@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pcp_core.metabolism import Metabolism, assign_topics, branches, horizontal_merge
+from pcp_core.metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge
 from pcp_core.pages import ConsolidatedPage, tree_depths
 from pcp_core.paging import PagedHistory, PagingPolicy, page_history, turns_from_messages
 from pcp_core.terms import TermStats
@@ -31,7 +31,7 @@ def conversation(sessions=SESSIONS, turns_per_session: int = 10) -> list[dict]:
     return messages
 
 
-POLICY = PagingPolicy(max_roots=3, metabolism=Metabolism(near_field=2))
+POLICY = PagingPolicy(max_roots=3, metabolism=MetabolismPolicy(near_field=2))
 
 
 def paged(messages, known=None, reused=0) -> PagedHistory:
@@ -54,34 +54,34 @@ def words_of(history: PagedHistory, container: ConsolidatedPage) -> str:
 def test_a_group_takes_the_topic_of_the_earlier_group_it_is_most_like():
     stats = TermStats(["boiler valve pipes", "tomatoes basil compost", "boiler valve thermostat", "piano scales"])
     signatures = [("boiler", "valve", "pipes"), ("tomatoes", "basil", "compost"), ("boiler", "valve", "thermostat"), ("piano", "scales")]
-    topics = assign_topics(signatures, [None] * 4, ["a", "b", "c", "d"], stats, Metabolism())
+    topics = assign_topics(signatures, [None] * 4, ["a", "b", "c", "d"], stats, MetabolismPolicy())
     assert topics == ["Ta", "Tb", "Ta", "Td"]
 
 
 def test_a_topic_decided_before_is_kept():
     stats = TermStats(["boiler valve", "boiler valve"])
-    topics = assign_topics([("boiler", "valve"), ("boiler", "valve")], [None, "Tz"], ["a", "b"], stats, Metabolism())
+    topics = assign_topics([("boiler", "valve"), ("boiler", "valve")], [None, "Tz"], ["a", "b"], stats, MetabolismPolicy())
     assert topics == ["Ta", "Tz"]
     # A new group that says nothing distinctive (an empty signature) starts a topic of its own.
-    assert assign_topics([("boiler", "valve"), ()], ["Tz", None], ["a", "b"], stats, Metabolism()) == ["Tz", "Tb"]
+    assert assign_topics([("boiler", "valve"), ()], ["Tz", None], ["a", "b"], stats, MetabolismPolicy()) == ["Tz", "Tb"]
 
 
 def test_horizontal_merge_joins_adjacent_far_field_groups_of_one_topic_only():
     pages = [op(f"page {i}", i) for i in range(9)]
     groups = [pages[0:2], pages[2:4], pages[4:5], pages[5:7], pages[7:9]]
     topics = ["A", "A", "B", "B", "B"]
-    merged, kept = horizontal_merge(groups, topics, Metabolism(near_field=2, merge_max=10))
+    merged, kept = horizontal_merge(groups, topics, MetabolismPolicy(near_field=2, merge_max=10))
     # A+A merge; B's first far-field group stays apart from the near field's B groups.
     assert merged == [pages[0:4], pages[4:5], pages[5:7], pages[7:9]]
     assert kept == ["A", "B", "B", "B"]
-    capped, _ = horizontal_merge(groups, topics, Metabolism(near_field=2, merge_max=3))
+    capped, _ = horizontal_merge(groups, topics, MetabolismPolicy(near_field=2, merge_max=3))
     assert capped[0] == pages[0:2]  # 4 pages would pass merge_max
 
 
 def test_a_branch_gathers_a_revisited_topic_and_the_near_field_stays_apart():
     pages = [op(f"page {i}", i) for i in range(6)]
     topics = {p.id: t for p, t in zip(pages, ["A", "B", "A", "C", "A", "A"])}
-    units = branches(pages, topics, Metabolism(near_field=2))
+    units = branches(pages, topics, MetabolismPolicy(near_field=2))
     assert units == [[pages[0], pages[2]], [pages[1]], [pages[3]], [pages[4]], [pages[5]]]
 
 

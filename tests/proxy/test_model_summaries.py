@@ -85,7 +85,7 @@ def wait_until_idle(proxy, timeout: float = 20.0) -> None:
 @pytest.fixture
 def llm_proxy(start_proxy, upstream):
     upstream.default = model
-    return start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    return start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
 
 
 def test_summaries_come_in_the_background_and_never_twice(llm_proxy, upstream):
@@ -120,13 +120,13 @@ def test_summaries_come_in_the_background_and_never_twice(llm_proxy, upstream):
 def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_proxy, upstream):
     upstream.default = model
     history = [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}]
-    first = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    first = start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
     ask(first, history)
     wait_until_idle(first)
     calls = len(upstream.chat_requests("consolidator"))
     first.stop()
 
-    restarted = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    restarted = start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
     # Another caller's conversation: none of the first one's pages, but the same texts.
     ask(restarted, [*history[:-1], {"role": "user", "content": "Q?"}], key="sk-b")
     wait_until_idle(restarted)
@@ -137,7 +137,7 @@ def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_pro
 def test_a_failing_consolidator_costs_the_client_nothing(start_proxy, upstream):
     overloaded = Reply(status=500, body=b'{"error": {"message": "overloaded", "type": "server_error"}}')
     upstream.default = by_role({"consolidator": overloaded}, default=completion("Noted."))
-    proxy = start_proxy(sentry_threshold=500, context_budget=1024, consolidator="llm")
+    proxy = start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
     response = ask(proxy, [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}])
     assert response.json()["choices"][0]["message"]["content"] == "Noted."
     wait_until_idle(proxy)

@@ -9,9 +9,9 @@ import time
 import httpx
 import pytest
 
-from pcp_core.metabolism import Metabolism, assign_topics
+from pcp_core.metabolism import MetabolismPolicy, assign_topics
 from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
-from pcp_core.pblock import Scan
+from pcp_core.pblock import ScanPolicy
 from pcp_core.terms import TermStats
 from proxy.testing.upstream import completion, metric_value
 from proxy.tokenizer import Tokenizer
@@ -31,7 +31,7 @@ def chat(n: int) -> list[dict[str, str]]:
 def test_a_long_message_that_repeats_itself_is_paged_in_time():
     # Its pieces have equal text at one place: equal ids, which used to be lengthened until the hash ran out of digits.
     turns = turns_from_messages([{"role": "user", "content": "all work and no play " * 2000}], "t")
-    policy = PagingPolicy(blocks=Scan(block_tokens=10**9))  # paged as turns, not as a File block
+    policy = PagingPolicy(blocks=ScanPolicy(block_tokens=10**9))  # paged as turns, not as a File block
     done: list[object] = []
     worker = threading.Thread(target=lambda: done.append(page_history(turns, COUNT, policy)), daemon=True)
     worker.start()
@@ -48,7 +48,7 @@ def _topic_time(groups: int) -> float:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()
-        assign_topics(signatures, [None] * groups, [str(i) for i in range(groups)], stats, Metabolism())
+        assign_topics(signatures, [None] * groups, [str(i) for i in range(groups)], stats, MetabolismPolicy())
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -63,7 +63,7 @@ def test_a_topic_said_in_rare_words_is_found_however_far_back():
     signatures = [first, *[common + (f"x{i}", f"y{i}", f"z{i}", f"w{i}") for i in range(400)], first]
     df = {t: 400 for t in common} | {t: 2 for t in first[20:]} | {f"{c}{i}": 1 for i in range(400) for c in "xyzw"}
     topics = assign_topics(
-        signatures, [None] * len(signatures), [str(i) for i in range(len(signatures))], TermStats.from_counts(1600, df), Metabolism(term_reach=16)
+        signatures, [None] * len(signatures), [str(i) for i in range(len(signatures))], TermStats.from_counts(1600, df), MetabolismPolicy(term_reach=16)
     )
     assert topics[-1] == topics[0]
 

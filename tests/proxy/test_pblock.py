@@ -15,7 +15,7 @@ from pcp_core.conversation import Conversation
 from pcp_core.engine import RoundContext, RoundPolicy, run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
 from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
-from pcp_core.pblock import Scan, around_handle, handle_line, scan, solidify
+from pcp_core.pblock import ScanPolicy, around_handle, handle_line, scan, solidify
 from pcp_core.replies import WorkerReply
 from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore
@@ -55,7 +55,7 @@ def test_a_file_is_scanned_into_drafts_with_every_line_whole_in_one_page():
     for line in lines:
         assert sum(line in p.content.split("\n") for p in leaves) >= 1, line
     assert "\n".join(p.content for p in leaves).count("\n") >= len(lines) - 1
-    assert all(COUNT(p.content) <= Scan().page_tokens for p in leaves)
+    assert all(COUNT(p.content) <= ScanPolicy().page_tokens for p in leaves)
 
 
 def test_the_block_page_is_its_handle_and_sections_are_its_structure():
@@ -70,7 +70,7 @@ def test_the_block_page_is_its_handle_and_sections_are_its_structure():
     assert {f"Chapter {n}" for n in range(12)} <= titles
     for page in block.drafts:
         if isinstance(page, ConsolidatedPage):
-            assert 2 <= len(page.source_ids) <= Scan().fanout
+            assert 2 <= len(page.source_ids) <= ScanPolicy().fanout
             assert all(by_id[c].depth == page.depth + 1 for c in page.source_ids)
 
 
@@ -89,7 +89,7 @@ def test_text_without_headings_is_contained_page_by_page_under_the_block():
     block = block_of(document)
     assert block.sections == 1
     root = block.drafts[-1]
-    assert isinstance(root, ConsolidatedPage) and len(root.source_ids) <= Scan().fanout
+    assert isinstance(root, ConsolidatedPage) and len(root.source_ids) <= ScanPolicy().fanout
     assert root.summary.startswith("File of ")
 
 

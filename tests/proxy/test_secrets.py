@@ -113,7 +113,7 @@ def _stored_bytes(tmp_path) -> bytes:
 @pytest.mark.embedded_store
 def test_with_a_data_key_no_stored_file_holds_the_conversations_text(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("Summary of the plan." if recorded.headers.get("x-pcp-role") == "consolidator" else "fine")
-    proxy = start_proxy(sentry_threshold=300, data_key=KEY, consolidator="llm")
+    proxy = start_proxy(sentry_threshold=300, data_key=KEY, summaries="llm")
     ask(proxy)
     ask(proxy, question="And step 8?")
     proxy.stop()

@@ -39,7 +39,7 @@ def test_config_file_can_come_from_the_environment(tmp_path):
     [
         ({"PCP_PORT": "eighty"}, "PCP_PORT"),
         ({"PCP_CONTEXT_BUDGET": "100"}, "PCP_CONTEXT_BUDGET"),
-        ({"PCP_CONSOLIDATOR": "magic"}, "PCP_CONSOLIDATOR"),
+        ({"PCP_SUMMARIES": "magic"}, "PCP_SUMMARIES"),
         ({"PCP_CONTEXT_BUGDET": "4096"}, "PCP_CONTEXT_BUGDET"),
     ],
 )
@@ -62,3 +62,12 @@ def test_missing_or_broken_file(tmp_path):
     broken.write_text("port = \n")
     with pytest.raises(SettingsError, match="not valid TOML"):
         load_settings(broken, environ={})
+
+
+def test_a_former_name_is_read_as_the_current_one(tmp_path):
+    """``consolidator`` was the name of ``summaries``: a TOML file or environment that still says it keeps working."""
+    toml = tmp_path / "old.toml"
+    toml.write_text('consolidator = "llm"\n')
+    assert load_settings(toml, environ={}).summaries == "llm"
+    assert load_settings(environ={"PCP_CONSOLIDATOR": "llm"}).summaries == "llm"
+    assert load_settings(environ={"PCP_CONSOLIDATOR": "llm", "PCP_SUMMARIES": "extractive"}).summaries == "extractive"
