@@ -37,7 +37,7 @@ from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, catego
 from bench.simulated_worker import worker_reply  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
 from pcp_core.effects import CallRouter, CallWorker, Similarity  # noqa: E402
-from pcp_core.engine import RoundContext, RoundPolicy, kept_nodes, run_rounds  # noqa: E402
+from pcp_core.engine import RoundContext, RoundPolicy, run_rounds  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
@@ -49,26 +49,22 @@ NOW = "2026-01-01T00:00:00"  # when the questions are asked: after every convers
 CACHE = Bm25Cache()
 
 
-def worker_calls(
-    index: PageIndex, question: str, budget: int, count: Any, embedder: Any, previous: list[str] | None = None, **policy: Any
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The worker calls of one request, as bodies with their ``messages``, and what the session remembers of round 0.
+def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embedder: Any, **policy: Any) -> tuple[list[dict[str, Any]], Any]:
+    """The worker calls of one request, as bodies with their ``messages``, and the frame its session keeps.
 
-    ``previous``: what it remembered of the request before (the proxy keeps it in the
-    conversation's session); ``policy``: RoundPolicy fields to try.
+    Each question is asked of the same history, as ``bench/recall.py`` asks it: a sibling of the
+    question before, which makes its frame again (``pcp_core.frame``). ``policy``: RoundPolicy fields to try.
     """
     rules = RoundPolicy(budget=budget, max_rounds=4, **policy)
-    loop = run_rounds(
-        RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None, previous_layout=previous or []), index, count, CACHE
-    )
+    loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None), index, count, CACHE)
     calls: list[dict[str, Any]] = []
-    kept: list[str] = []
+    kept: Any = None
     reply: Any = None
     try:
         while True:
             effect = loop.send(reply)
             if isinstance(effect, CallWorker):
-                kept = kept if calls else kept_nodes(effect.synthesis, rules)
+                kept = kept if calls else effect.frame
                 calls.append({"messages": effect.messages})
                 reply = WorkerReply(text=worker_reply(effect.messages[0]["content"]))
             elif isinstance(effect, Similarity):
@@ -119,12 +115,12 @@ def one_budget(
     count = tokenizer.count
     rows = [Row(f"{label}, {name}", []) for name in PROXY_ROWS]
     later, follow_ups = Shares(), Shares()
-    remembered: dict[str, tuple[list[str], Any]] = {}  # by conversation: the previous request's layout and first prompt
+    remembered: dict[str, Any] = {}  # by conversation: the previous request's first prompt
     for question in questions:
         messages = conversations[question.conv_id]
-        previous, first = remembered.get(question.conv_id, ([], None))
-        calls, kept = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, previous, **tried)
-        remembered[question.conv_id] = (kept, calls[0]["messages"])
+        first = remembered.get(question.conv_id)
+        calls, _ = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, embedder, **tried)
+        remembered[question.conv_id] = calls[0]["messages"]
         if first is not None:
             follow_ups.add(shared_prefix(first, calls[0]["messages"], count), prompt_tokens(calls[0]["messages"], count), CACHE_FLOOR)
         for before, now in zip(calls, calls[1:]):

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .frame import Frame
 from .index import PageState
 from .pages import Page
 from .router import Intent
@@ -54,9 +55,14 @@ class CallWorker(msgspec.Struct, frozen=True):
     synthesis: Synthesis
     # The directives carried out before this call, in order (what its Reasoning_Trace shows).
     trace: list[Step] = []
-    # Where its system text divides for a provider whose prompt cache needs marks (Anthropic's):
-    # after the prefix the call before it kept (its cache entry), and after the one this call keeps.
+    # Where its system text divides for a provider whose prompt cache needs marks (Anthropic's): where
+    # the frame the request went on from ends (the previous request's entry), where its frame ends (the
+    # next one's), where the prefix the call before it kept ends, where the one it keeps ends.
     cuts: list[int] = []
+    # Of ``cuts``, those worth a mark (a cache entry), the most valuable first.
+    marks: list[int] = []
+    # The frame this request made or replayed (``pcp_core.frame``): what its session keeps for the next request.
+    frame: Frame | None = None
 
 
 class Outcome(msgspec.Struct, frozen=True):

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
-from itertools import takewhile
 from typing import Any, Literal
 
 import msgspec
@@ -38,6 +37,7 @@ from .bm25 import Bm25Cache
 from .conversation import fold_system
 from .directives import Consult, Directive, Explore, Shelve
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
+from .frame import Frame, extended
 from .index import Activation, PageIndex, UnknownPage
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
@@ -83,10 +83,17 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # Where the PagedContext goes: the system message, or the user message, for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
     # For providers' prompt caches: a later round keeps in their place the nodes of the round
-    # before that start within this share of the budget (after what the round brought in), and
-    # a follow-up's round 0 those of the previous request's that still rank (``previous_layout``).
+    # before that start within this share of the budget (after what the round brought in).
     keep_share: float = 0.7
     fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
+    # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
+    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.frame``) its follow-ups replay.
+    cached_price: float = 0.1
+    # With a frame: the most of the budget a follow-up adds after it (the pages ranked for its query),
+    # billed in full. The frame is made again when it leaves less.
+    fresh_share: float = 0.125
+    # The most of the budget a frame takes when it is made: it grows by the turns said since.
+    frame_share: float = 0.25
 
 
 _DEFAULT = RoundPolicy()
@@ -111,8 +118,11 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
     # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
     appendix: str = ""
-    # The previous request's round-0 nodes its session remembers (``pcp_core.request.remembered``).
-    previous_layout: list[str] = []
+    # The frame the request goes on from (``pcp_core.frame``); None: it makes one.
+    frame: Frame | None = None
+    # The query's chain link and place in the conversation: the next request goes on from here.
+    query_link: str = ""
+    query_at: int = 0
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -184,11 +194,17 @@ class _Loop:
         history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
         self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
-        self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
-        # The previous request's nodes that still rank keep their place: they open the flow.
-        ranked = {*self.hot, *self.recent, *self.overview}
-        self.kept = list(takewhile(ranked.__contains__, context.previous_layout))
-        for page_id in dict.fromkeys([*(p for p in self.kept if p not in index.roots), *self.hot, *self.recent]):
+        # The latest closed pages go in the frame the request makes; the last page, which the next
+        # request's turns reopen, after it.
+        closed = said[:-1][-policy.recent_pages :] if policy.recent_pages else []
+        self.frame_pages = [page.id for page in closed]
+        self.recent = [page.id for page in [*closed, *said[-1:]]][::-1]
+        self.kept: list[str] = []
+        self.caching = policy.cached_price < 1
+        self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
+        self.frame = self._extended(context.frame, said) if self.caching else None
+        self.open = said[-1].id if said else None
+        for page_id in dict.fromkeys([*self.hot, *self.recent]):
             self.views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
             index.activate(page_id, Activation.HOT)
             index.touch(page_id)
@@ -201,10 +217,36 @@ class _Loop:
         self.faulted = False
         self.changed: list[str] = []  # what the last round's directives brought in
 
+    def _extended(self, frame: Frame | None, said: Sequence[Page]) -> Frame | None:
+        """``frame`` with the pages of turns said since it was made or extended (closed ones: the last page may still change)."""
+        if frame is None:
+            return None
+        new = [page for page in said[:-1] if page.first_turn >= frame.turns]
+        return extended(frame, new, self.count, self.context.query_link, self.context.query_at)
+
+    def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
+        """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it replayed)."""
+        context = self.context
+        if self.frame is not None:
+            return msgspec.structs.replace(self.frame, line=context.query_link, at=context.query_at)
+        tokens = self.count(synthesis.frame_text)
+        return Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
+
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
+        synthesis = self._synthesize(round_no)
+        if synthesis.overflow:  # the frame leaves less than a follow-up's room: it is made again
+            self.frame = None
+            synthesis = self._synthesize(round_no)
+        if self.caching:
+            opened = self.index.get(self.open).first_turn if self.open is not None else 0
+            self.frame = self._made(synthesis, opened)
+        return self._called(synthesis, round_no)
+
+    def _synthesize(self, round_no: int) -> Synthesis:
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
+        fresh = int(policy.fresh_share * policy.budget)
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,
@@ -214,6 +256,7 @@ class _Loop:
             budget=policy.budget,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
             priorities=[
+                *([self.open] if self.frame is not None and self.open is not None else []),  # the turns the frame does not hold yet
                 *self.changed,
                 *self.kept,
                 *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
@@ -226,15 +269,37 @@ class _Loop:
             consulted=self.consulted,
             context_role=policy.context_role,
             appendix=context.appendix,
+            frame=self.frame,
+            frame_pages=self.frame_pages,
+            fresh_tokens=fresh if round_no == 0 and self.capped else None,
+            frame_room=fresh if round_no == 0 else min(policy.fresh_room, policy.budget // 2),
+            frame_budget=int(policy.frame_share * policy.budget),
         )
-        synthesis = synthesize(self.index, self.views.raised(), request, self.count)
+        return synthesize(self.index, self.views.raised(), request, self.count)
+
+    def _called(self, synthesis: Synthesis, round_no: int) -> CallWorker:
+        context, policy = self.context, self.policy
+        final = self.faulted or round_no == policy.max_rounds - 1
         before, self.kept = self.kept, kept_nodes(synthesis, policy)  # what the next round keeps in its place
-        cuts = sorted({cut for cut in (synthesis.end_of(before), synthesis.end_of(self.kept)) if cut is not None})
+        frame_end = synthesis.frame_end if self.frame is not None else None
+        kept_end = synthesis.end_of(self.kept)
+        cuts = sorted({cut for cut in (self._stored_end(synthesis), frame_end, synthesis.end_of(before), kept_end) if cut is not None})
+        marks = [cut for cut in (kept_end, frame_end) if cut is not None]
         self.standalone = set(synthesis.standalone)
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
-        return CallWorker(messages=synthesis.messages, round=round_no, final=final, tools=context.tools, synthesis=synthesis, trace=list(self.trace), cuts=cuts)
+        messages, tools, trace = synthesis.messages, context.tools, list(self.trace)
+        return CallWorker(
+            messages=messages, round=round_no, final=final, tools=tools, synthesis=synthesis, trace=trace, cuts=cuts, marks=marks, frame=self.frame
+        )
+
+    def _stored_end(self, synthesis: Synthesis) -> int | None:
+        """Where the frame the request went on from ends in ``synthesis``'s document, when it replays it: the previous request's entry."""
+        stored = self.context.frame
+        if stored is None or not synthesis.frame_text.startswith(stored.text):
+            return None
+        return synthesis.frame_end - len(synthesis.frame_text) + len(stored.text)
 
     def unloaded(self, reply: WorkerReply) -> list[str]:
         """The pages a memory container the reply Consults holds that the request has not loaded (a page fault)."""

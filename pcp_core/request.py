@@ -27,15 +27,15 @@ import msgspec
 
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
-from .effects import Effect, Outcome
-from .engine import RoundContext, RoundPolicy, kept_nodes, run_rounds
+from .effects import CallWorker, Effect, Outcome
+from .engine import RoundContext, RoundPolicy, run_rounds
+from .frame import Frame, continues
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
 from .pages import Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
-from .session import Continuation, Session, continuation, hold, new_session_id, page_on, resume, solidified
-from .synthesis import Synthesis
+from .session import Continuation, Session, chain_links, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import Checkpoint, CountText, unchecked
 
 __all__ = [
@@ -149,7 +149,7 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         turn = _query_turn(conversation, now)
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
-    context = msgspec.structs.replace(_context(conversation, policy, facts, now, count), previous_layout=found.layout)
+    context = msgspec.structs.replace(_context(conversation, policy, facts, now, count), **_goes_on(found.frame, conversation, resolution, policy))
     return Prepared(session=session, new_links=new_links, paged=paged, context=context, recalled=facts.memory)
 
 
@@ -169,10 +169,12 @@ def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None)
     return run_rounds(prepared.context, index, count, cache)
 
 
-def remembered(prepared: Prepared, synthesis: Synthesis, policy: Policy) -> Prepared:
-    """``prepared`` with its session remembering round 0's layout (``synthesis``): the next
-    request keeps the nodes that still rank in their place, a prefix a provider's cache reuses."""
-    session = msgspec.structs.replace(prepared.session, layout=kept_nodes(synthesis, policy.rounds))
+def remembered(prepared: Prepared, call: CallWorker) -> Prepared:
+    """``prepared`` with its session keeping the frame round 0 made or replayed (``call``): the next
+    request that goes on from this one replays it, a prefix a provider's cache reuses."""
+    if call.frame is None and prepared.session.frame is None:
+        return prepared
+    session = msgspec.structs.replace(prepared.session, frame=call.frame)
     return msgspec.structs.replace(prepared, session=session)
 
 
@@ -193,7 +195,8 @@ def with_components(prepared: Prepared, conversation: Conversation, tree: Tree) 
     pages, on_pages = onto_pages(prepared.session.pages, placed, history)
     current = placed.messages.get(history, []) if conversation.query is not None else []
     head = "\n\n".join(message_text(m) for m in onto_messages(conversation.head, Placement(system=placed.system))) if placed.system else prepared.context.head
-    context = msgspec.structs.replace(prepared.context, head=head, query=around(prepared.context.query, current))
+    # Components change how pages render: no frame is replayed while a session has them.
+    context = msgspec.structs.replace(prepared.context, head=head, query=around(prepared.context.query, current), frame=None)
     return msgspec.structs.replace(prepared, pages=pages, context=context, components=len(placed.system) + on_pages + len(current))
 
 
@@ -215,6 +218,16 @@ def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str,
     )  # fmt: skip
     tools = context.tools
     return msgspec.structs.replace(context, reserved_tokens=count(json.dumps(tools)) if tools else 0)
+
+
+def _goes_on(frame: Frame | None, conversation: Conversation, resolution: Resolution, policy: Policy) -> dict[str, Any]:
+    """The context's frame (its session's, when the request goes on from the query it was made for and a
+    cache is priced), and where the request's own query is: the frame its rounds leave is for it."""
+    history = len(conversation.history)
+    chain = resolution.links[:history]
+    line = chain_links([conversation.query], after=chain[-1] if chain else "")[0] if conversation.query is not None else ""
+    kept = frame is not None and policy.rounds.cached_price < 1 and continues(frame, resolution.links[:history])
+    return {"frame": frame if kept else None, "query_link": line, "query_at": history}
 
 
 def _paged(how: Continuation, known: PagedHistory, paged: PagedHistory, reused: int) -> Paged:

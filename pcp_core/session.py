@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from .frame import Frame
 from .pages import Page, Turn, short_hash
 from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
 from .pblock import PBlock
@@ -62,9 +63,9 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     # carry, so a follow-up reads only its new messages, not the whole history.
     # None: not known (a session saved before dates were kept).
     dates: dict[int, str] | None = None
-    # The previous request's round-0 nodes (``engine.kept_nodes``): those that still rank
-    # keep their place in the next request's, so a provider's prompt cache reuses them.
-    layout: list[str] = []
+    # The head of its document as the last request rendered it (``pcp_core.frame``): the next
+    # request that goes on from it replays it byte for byte, a prefix a provider's cache reuses.
+    frame: Frame | None = None
 
 
 def chain_links(messages: Sequence[Mapping[str, Any]], after: str = "") -> list[str]:
@@ -164,7 +165,7 @@ def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
     extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
     dates = None if found.dates is None else {i: time for i, time in found.dates.items() if i < reused}
-    return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates, layout=found.layout)
+    return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates, frame=found.frame)
 
 
 def page_on(

@@ -18,10 +18,11 @@ greedily, cheapest guarantee first:
    dehydration;
 4. remaining roots are unfolded to Summary nodes while they fit, newest first.
 
-The document is laid out what changes least first (``_Builder._document``):
-providers reuse a prompt prefix byte-identical to a recent prompt's, so the
-instructions lead, a round's new pages follow those it keeps, and the trace,
-the Query and the time close it.
+The document is laid out what changes least first (``pcp_core.document``): the
+registry, the overview and the latest closed pages (the frame a follow-up
+replays, ``pcp_core.frame``), the pages of this request, then the trace, the
+Query and the time. With a frame, what is admitted comes after it, and at most
+``fresh_tokens`` of it: that part is new to a provider's prompt cache.
 
 Costs are counted per element and summed; the exact count of the final
 messages is checked and the last admission undone while it is over budget.
@@ -35,28 +36,19 @@ from typing import Any, Literal
 import msgspec
 from lxml import etree
 
+from . import document
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
+from .frame import Frame
 from .index import PageIndex
-from .markup import background_line, newlines, node, node_lines, shown_time, xml_safe
+from .markup import background_line, node, node_lines
 from .pages import Origin, View
 from .tokens import CountText, part_tokens, prompt_tokens
 
-__all__ = ["PROTOCOL_VERSION", "Step", "Synthesis", "SynthesisRequest", "synthesize"]
+__all__ = ["Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
-PROTOCOL_VERSION = "0.1.0-alpha"
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
-SYSTEM_INSTRUCTIONS = """
-You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), each with the time it was said; Background_Context lists folded ones by id.
-- A Node is an Original page (verbatim turns) unless type="Consolidated" (a summary of the pages inside it).
-- view="Summary": gist; "Detail", or a Node holding <Content>: full text; "Unpacked": the pages inside, nested.
-If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
-Consult("reason", "id") opens a page one level; Shelve("reason", "id") folds it; Explore("reason", "history or id", "keyword, keyword") searches pages.
-Otherwise answer the Query as the assistant, in plain text, never mentioning pages, ids or this document.
-""".strip()
-
 FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
-PARTS_INSTRUCTION = "A [image_url …], [input_audio …] or [file …] in a page stands for what that message attached: Consult the page to be shown it."
 USER_LINE = "Respond to the Query of the PagedContext."
 
 
@@ -96,6 +88,17 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     context_role: Literal["system", "user"] = "system"
     # Text after the document in the system message (the host's: Hybrid mode's snapshot), counted in the budget.
     appendix: str = ""
+    # A follow-up's frame (``pcp_core.frame``), replayed as it is: what is admitted here comes after it.
+    frame: Frame | None = None
+    # Without a frame: the latest closed pages, laid out after the overview in Detail; with the
+    # overview they make the frame the next request may replay (``Synthesis.frame_text``).
+    frame_pages: Sequence[str] = ()
+    # Most tokens the pages outside the frame may take (None: the budget's): what is new to a prompt cache.
+    fresh_tokens: int | None = None
+    # The least a replayed frame must leave for the rest (else nothing is admitted: ``Synthesis.overflow``).
+    frame_room: int = 0
+    # Without a frame: the most of the budget the next frame may take (the overview, the latest closed pages).
+    frame_budget: int | None = None
 
 
 class Synthesis(msgspec.Struct):
@@ -108,6 +111,10 @@ class Synthesis(msgspec.Struct):
     layout: list[str] = []  # the Linear_Flow's top-level nodes, in document order
     starts: list[int] = []  # the token at which each of them starts in the document
     ends: list[int] = []  # the character at which each of them ends in the document (where the next starts)
+    frame_text: str = ""  # the document after its registry up to the end of the frame (made, or replayed)
+    frame_shown: dict[str, View] = {}  # what the frame shows
+    frame_end: int = 0  # the character at which the frame ends in the document
+    overflow: bool = False  # the frame replayed leaves less room than ``fresh_tokens`` (nothing admitted)
 
     def end_of(self, nodes: Sequence[str]) -> int | None:
         """Where the run of top-level nodes that opens the flow and is all of ``nodes`` ends in the document (None: no such run)."""
@@ -125,26 +132,36 @@ def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisReque
 class _Builder:
     def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
         self.index, self.wanted, self.request, self.count = index, views, request, count
+        self._registry = ""  # the document's registry, as the last one written has it
+        self.overview: set[str] = set()
         self.costs: dict[tuple[str, View, bool], int] = {}
         self.consulted = set(request.consulted)
         self.query_parts = self._fit_query_parts()
 
     # -- the plan ---------------------------------------------------------------
     def build(self) -> Synthesis:
-        request = self.request
-        head, query = self._fit_frame()
+        request, frame = self.request, self.request.frame
+        if frame is not None and self._exact(self._document(request.head, request.query, {}, set())) + request.frame_room > request.budget:
+            return Synthesis(messages=[], tokens=0, shown={}, standalone=[], folded=[], dehydrated=[], overflow=True)
+        head, query = self._fit_fixed()
         shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
         unfolded: set[str] = set()  # roots shown in the Linear_Flow
         admissions: list[tuple[dict[str, View], set[str]]] = []
         indexed = set(request.indexed)
-        used = self._exact(self._document(head, query, {}, set()))  # every root folded
+        used = self._exact(self._document(head, query, {}, set()))  # every root folded; with a frame, the frame alone
+        fresh_left = request.budget if request.fresh_tokens is None else request.fresh_tokens
+        zone_left = request.budget if request.frame_budget is None else request.frame_budget
+        self.overview = set()  # the roots shown for the overview: with the latest closed pages, the next frame
 
         def admit(views: dict[str, View], roots: set[str]) -> bool:
-            nonlocal used
+            nonlocal used, fresh_left, zone_left
             delta = self._delta(shown, unfolded, views, roots)
-            if used + delta > request.budget:
+            fresh = not self._frame_zone(views, roots)
+            if used + delta > request.budget or delta > (fresh_left if fresh else zone_left):
                 return False
             used += delta
+            fresh_left -= delta if fresh else 0
+            zone_left -= 0 if fresh else delta
             shown.update(views)
             unfolded.update(roots)
             admissions.append((views, roots))
@@ -154,24 +171,29 @@ class _Builder:
         overview_shown = False
         for page_id in dict.fromkeys(request.priorities):
             if page_id in self.index and self.wanted.get(page_id, S) != S:
+                if self._in_frame(page_id, self.wanted[page_id]):
+                    continue
                 views, roots = self._raise_plan(page_id, self.wanted[page_id], shown)
-                if not admit(views, roots) and not roots and page_id not in shown:
+                if not admit(views, roots) and not roots and page_id not in shown and not self._in_frame(page_id, S):
                     admit({page_id: S}, set())  # Dynamic Dehydration (§III.2): its Summary, where its Detail does not fit
-            elif page_id in self.index.roots and page_id not in unfolded:
-                # A root listed for itself: its Summary, while the overview's share lasts.
+            elif page_id in self.index.roots and page_id not in unfolded and frame is None:
+                # A root listed for itself: its Summary, while the overview's share lasts (with a frame: the frame's).
                 cost = self._delta(shown, unfolded, {}, {page_id})
+                self.overview.add(page_id)
                 if (cost <= overview_left or not overview_shown) and admit({}, {page_id}):
                     overview_left -= cost
                     overview_shown = True
-            elif page_id in indexed and page_id not in shown and page_id in self.index:
+                else:
+                    self.overview.discard(page_id)
+            elif page_id in indexed and page_id not in shown and page_id in self.index and not self._in_frame(page_id, S):
                 admit({page_id: S}, set())  # standalone at Summary
-        for root in reversed(self.index.roots):
+        for root in reversed(self.index.roots if frame is None else ()):
             if root not in unfolded:
                 admit({}, {root})
 
         while True:
-            document = self._document(head, query, shown, unfolded)
-            messages = self._messages(document, self._attached(shown))
+            text = self._document(head, query, shown, unfolded)
+            messages = self._messages(text, self._attached(shown))
             tokens = prompt_tokens(messages, self.count) + request.reserved_tokens
             if tokens <= request.budget or not admissions:
                 break
@@ -179,15 +201,38 @@ class _Builder:
             for page_id in views:
                 shown.pop(page_id, None)
             unfolded.difference_update(roots)
-        dehydrated = [p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v]
-        folded = [r for r in self._listed() if r not in unfolded]
-        standalone = [p for p in shown if self._detached(p, shown)]
+        return self._result(text, messages, tokens, shown, unfolded)
+
+    def _result(self, text: str, messages: list[dict[str, Any]], tokens: int, shown: dict[str, View], unfolded: set[str]) -> Synthesis:
+        frame = self.request.frame
         layout = self._layout(shown, unfolded)
-        lines = _lines(document, layout)
+        start = len(self._registry)
+        if frame is not None:
+            frame_text, frame_shown = frame.text, frame.shown
+        else:
+            zone = [p for p in layout if self._place(p, shown, unfolded)[0] < 2]
+            frame_text = self._background(unfolded) + document.FLOW_OPEN + self._nodes(zone, shown)
+            frame_shown = {p: shown.get(p, S) for p in zone}
+        lines = _lines(text, layout, start + len(frame_text) if frame is not None else start)
+        folded = [r for r in self._listed() if r not in unfolded and (frame is None or r not in frame.shown)]
         return Synthesis(
-            messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=standalone,
-            folded=folded, dehydrated=dehydrated, layout=layout, starts=_starts(document, lines, self.count), ends=_ends(document, lines),
+            messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=[p for p in shown if self._detached(p, shown)],
+            folded=folded, dehydrated=[p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v], layout=layout,
+            starts=_starts(text, lines, self.count), ends=_ends(text, lines), frame_text=frame_text, frame_shown=frame_shown,
+            frame_end=start + len(frame_text),
         )  # fmt: skip
+
+    def _frame_zone(self, views: dict[str, View], roots: set[str]) -> bool:
+        """Whether an admission is of what makes the next frame (no frame replayed): the overview's roots, the latest closed pages."""
+        if self.request.frame is not None:
+            return False
+        zone = set(self.request.frame_pages)
+        return roots <= self.overview and all(view == D and page_id in zone for page_id, view in views.items())
+
+    def _in_frame(self, page_id: str, view: View) -> bool:
+        """Whether the frame replayed shows ``page_id`` at ``view`` or above."""
+        frame = self.request.frame
+        return frame is not None and _RANK.get(frame.shown.get(page_id), -1) >= _RANK[view]
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -253,8 +298,9 @@ class _Builder:
         return parts
 
     def _line_cost(self, root: str) -> int:
+        """What a root's line in Background_Context costs, which showing the root saves (none with a frame: its background stays)."""
         page = self.index.get(root)
-        return self.count(background_line(page)) + 1 if page.origin == Origin.HISTORY else 0
+        return self.count(background_line(page)) + 1 if page.origin == Origin.HISTORY and self.request.frame is None else 0
 
     def _listed(self) -> list[str]:
         """The roots Background_Context lists when they are folded: the conversation's.
@@ -267,8 +313,8 @@ class _Builder:
     def _exact(self, document: str) -> int:
         return prompt_tokens(self._messages(document, self.query_parts), self.count) + self.request.reserved_tokens
 
-    def _fit_frame(self) -> tuple[str, str]:
-        """Clip the client's head, then the query, if the frame alone would not fit."""
+    def _fit_fixed(self) -> tuple[str, str]:
+        """Clip the client's head, then the query, if what every call carries would not fit alone."""
         head, query = self.request.head, self.request.query
         spare = self.request.budget - self._exact(self._document("", "", {}, set())) - 8
         head_cost, query_cost = self.count(head), self.count(query)
@@ -285,64 +331,48 @@ class _Builder:
         return fold_system(messages) if self.request.context_role == "user" else messages
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
-        """The document, what changes least first, so that a call shares the longest prefix with the one before it.
+        """The document (``pcp_core.document``): the registry; the frame replayed, or the roots folded into
+        Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new with the call."""
+        request, frame = self.request, self.request.frame
+        self._registry = document.registry(head, bool(request.parts))
+        nodes = self._nodes(self._layout(shown, unfolded), shown)
+        flow = frame.text + nodes if frame is not None else self._background(unfolded) + document.FLOW_OPEN + nodes
+        return self._registry + flow + document.FLOW_CLOSE + document.tail(request.trace, query, request.current_time, request.final)
 
-        Providers reuse a prompt's prefix that is byte-identical to a recent
-        one's. The instructions and the client's head come first; then the
-        Linear_Flow (see ``_layout``) and the roots folded into
-        Background_Context, which change as the flow's roots do; then what
-        is new with every call: the trace, the Query and the time it is
-        asked at (to the minute), and whether this is the final round.
-        """
-        request = self.request
-        root = etree.Element("PagedContext", version=PROTOCOL_VERSION)
-        registry = etree.SubElement(root, "Static_Registry")
-        etree.SubElement(registry, "System_Instructions").text = "\n".join([SYSTEM_INSTRUCTIONS, *([PARTS_INSTRUCTION] if request.parts else [])])
-        if head:
-            etree.SubElement(registry, "Head").text = xml_safe(head)
-        flow = etree.SubElement(root, "Linear_Flow")
-        for page_id in self._layout(shown, unfolded):
-            flow.append(self._subtree(page_id, shown, nested=False))
-        folded = [r for r in self._listed() if r not in unfolded]
-        if folded:
-            background = etree.SubElement(root, "Background_Context")
-            background.text = "\n" + "\n".join(background_line(self.index.get(r)) for r in folded) + "\n"
-        trace = etree.SubElement(root, "Reasoning_Trace")
-        for step in request.trace:
-            attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
-            etree.SubElement(trace, "Step", attrs, **({"result": step.result} if step.result else {}))
-        etree.SubElement(root, "Query").text = xml_safe(query)
-        etree.SubElement(root, "ST-Node", id="CURRENT_TIME", value=shown_time(request.current_time))
-        if request.final:
-            etree.SubElement(root, "ST-Node", id="FINAL_ROUND", value="true")
-        newlines(root)
-        return etree.tostring(root, encoding="unicode")
+    def _background(self, unfolded: set[str]) -> str:
+        return document.background([self.index.get(r) for r in self._listed() if r not in unfolded])
+
+    def _nodes(self, layout: Sequence[str], shown: dict[str, View]) -> str:
+        return "".join(document.element_text(self._subtree(page_id, shown, nested=False)) for page_id in layout)
 
     def _layout(self, shown: dict[str, View], unfolded: set[str]) -> list[str]:
-        """The Linear_Flow's top-level nodes, in the order that changes least from one call to the next.
+        """The Linear_Flow's top-level nodes (after the frame, when one is replayed), in the order that changes least.
 
-        First the nodes the views raised, by when they last changed (a
-        subtree by the latest change inside it: a page Consulted inside an
-        Unpacked container moves it), so a round's new pages come after those
-        it kept, and what Overflow Governance drops for them is the tail of
-        the Router's order; then the roots shown by their Summary (the
-        overview), in time order, after the pages because a root the worker
-        Consults leaves them; last the Router's Indexed pages, in its order.
+        Without a frame: first the overview (the conversation's roots shown by
+        their Summary) and the latest closed pages, in time order: what the next
+        request's frame holds. Then the nodes the views raised, by when they
+        last changed (a subtree by the latest change inside it), so a round's
+        new pages come after those it kept, and what Overflow Governance drops
+        for them is the tail of the Router's order; then the other roots shown
+        by their Summary (memory's containers); last the Router's Indexed pages.
         Each node carries its timestamp, so time order is still there to read.
         """
         tops = [p for p in self.index.roots if p in unfolded] + [p for p in shown if self._detached(p, shown)]
-        changed = {page_id: n for n, page_id in enumerate(self.wanted)}
-        indexed = {page_id: n for n, page_id in enumerate(self.request.indexed)}
+        return sorted(tops, key=lambda page_id: self._place(page_id, shown, unfolded))
 
-        def place(page_id: str) -> tuple[int, int]:
-            latest = self._latest_change(page_id, shown, changed)
-            if latest >= 0:
-                return 0, latest
-            if page_id in indexed and page_id not in self.index.roots:
-                return 2, indexed[page_id]
-            return 1, self.index.get(page_id).first_turn
-
-        return sorted(tops, key=place)
+    def _place(self, page_id: str, shown: dict[str, View], unfolded: set[str]) -> tuple[int, int]:
+        """Where a top-level node goes: (its part of the flow, its order in it); parts 0 and 1 make the next frame."""
+        page = self.index.get(page_id)
+        if self.request.frame is None and page_id in self.overview and page_id not in shown:
+            return 0, page.first_turn
+        if self.request.frame is None and page_id in self.request.frame_pages and shown.get(page_id) == D:
+            return 1, page.first_turn
+        latest = self._latest_change(page_id, shown, {p: n for n, p in enumerate(self.wanted)})
+        if latest >= 0:
+            return 2, latest
+        if page_id in self.request.indexed and page_id not in self.index.roots:
+            return 4, list(self.request.indexed).index(page_id)
+        return 3, page.first_turn
 
     def _latest_change(self, page_id: str, shown: dict[str, View], changed: dict[str, int]) -> int:
         latest = changed.get(page_id, -1)
@@ -360,6 +390,9 @@ class _Builder:
         return element
 
 
+_RANK = {S: 0, D: 1, U: 2}
+
+
 def _starts(document: str, lines: Sequence[int], count: CountText) -> list[int]:
     """The token at which each top-level node starts in ``document`` (``lines``: the characters, ``_lines``), counted a line at a time."""
     starts, at, tokens = [], 0, 0
@@ -375,9 +408,9 @@ def _ends(document: str, lines: Sequence[int]) -> list[int]:
     return [*lines[1:], document.find("</Linear_Flow>", lines[-1])] if lines else []
 
 
-def _lines(document: str, layout: Sequence[str]) -> list[int]:
-    """The character at which each top-level node of ``layout`` starts in ``document``."""
-    lines, at = [], 0
+def _lines(document: str, layout: Sequence[str], start: int = 0) -> list[int]:
+    """The character at which each top-level node of ``layout`` starts in ``document`` (from ``start``: after a frame, which may show a page again)."""
+    lines, at = [], max(start - 1, 0)
     for page_id in layout:
         at = document.find(f'\n<Node id="{page_id}"', at) + 1
         lines.append(at)

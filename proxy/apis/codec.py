@@ -180,7 +180,7 @@ class ToolsCodec:
         return str(self.body.get("model") or "")
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
-        body = {**self.base, **self.prompt(call.messages, call.cuts)}
+        body = {**self.base, **self.prompt(call.messages, call.cuts, call.marks)}
         tools = [*self.tools, *directive_tools(call, self.client_tools, self.directive_tool)]
         if tools:
             body["tools"] = tools
@@ -190,8 +190,9 @@ class ToolsCodec:
             body["stream"] = True
         return _ENCODER.encode(body)  # fields the proxy does not read are msgspec.Raw: sent as the client wrote them
 
-    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
-        """A call's chat messages in the API's shape (``cuts``: where its system text may divide, ``CallWorker.cuts``)."""
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> dict[str, Any]:
+        """A call's chat messages in the API's shape (``cuts``: where its system text may divide, ``marks``: where
+        a cache entry is worth its mark, ``CallWorker.cuts`` and ``marks``)."""
         raise NotImplementedError
 
     @staticmethod

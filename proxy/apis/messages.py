@@ -207,13 +207,13 @@ class MessagesCodec(ToolsCodec):
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
-    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
+    def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> dict[str, Any]:
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
         prompt: dict[str, Any] = {"messages": [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]}
         if system:
-            prompt["system"] = _system(system, room[0], cuts)
+            prompt["system"] = _system(system, room[0], cuts, marks)
         return prompt
 
     def _marked(self, content: Any, room: list[int]) -> Any:
@@ -256,22 +256,25 @@ def new_message_id() -> str:
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
-def _system(text: str, marks: int, cuts: Sequence[int] = ()) -> str | list[Block]:
-    """The ``<PagedContext>`` as ``system``, in blocks the proxy marks for Anthropic's cache while ``marks`` are left.
+def _system(text: str, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> str | list[Block]:
+    """The ``<PagedContext>`` as ``system``, in blocks the proxy marks for Anthropic's cache while ``room`` is left.
 
-    Anthropic caches a prefix only where a mark is, and finds an earlier
-    entry only at a block's end. The ``<Static_Registry>`` (instructions, the
-    client's system prompt) opens every worker prompt; ``cuts`` are where the
-    prefix the call before this one kept ends (its entry) and where the one
-    this call keeps ends (the next call's entry), as ``CallWorker.cuts``.
-    The longest is marked first: a hit there reads the rest of it too.
+    Anthropic caches a prefix only where a mark is, and finds an earlier entry
+    only at a block's end (up to 20 blocks back from a mark). The
+    ``<Static_Registry>`` (instructions, the client's system prompt) opens
+    every worker prompt; ``cuts`` are where the entries of earlier calls end
+    and where those of later ones will (``CallWorker.cuts``), so each is a
+    block's end; ``marks`` are those worth an entry, the most valuable first
+    (the longest prefix a later round keeps, the frame a follow-up replays),
+    then the registry while marks are left.
     """
     end = text.find("</Static_Registry>")
-    if marks <= 0 or end < 0:
+    if room <= 0 or end < 0:
         return text
     registry = text.find("\n", end) + 1 or len(text)
     bounds = sorted({registry, *(cut for cut in cuts if registry < cut < len(text))})
-    marked = {len(bounds) - 1, 0} if marks > 1 else {len(bounds) - 1}
+    wanted = [*(bounds.index(cut) for cut in marks if cut in bounds), 0] if marks else [len(bounds) - 1, 0]
+    marked = set(list(dict.fromkeys(wanted))[:room])
     blocks: list[Block] = [
         {"type": "text", "text": text[a:b], **({MARK: OWN_MARK} if i in marked else {})} for i, (a, b) in enumerate(zip([0, *bounds], bounds))
     ]

@@ -227,8 +227,8 @@ class ResponsesCodec(ToolsCodec):
         return ResponsesRound(self, usage)
 
     @staticmethod
-    def prompt(messages: list[dict[str, Any]], cuts: Sequence[int] = ()) -> dict[str, Any]:
-        """A worker call's chat messages as ``instructions`` and ``input`` (OpenAI caches a prefix unasked: ``cuts`` are not needed)."""
+    def prompt(messages: list[dict[str, Any]], cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> dict[str, Any]:
+        """A worker call's chat messages as ``instructions`` and ``input`` (OpenAI caches a prefix unasked: no cuts or marks)."""
         system, rest = split_system(messages)
         prompt: dict[str, Any] = {"input": [{"role": m["role"], "content": _input_content(m["content"])} for m in rest]}
         if system:

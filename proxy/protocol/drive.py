@@ -226,7 +226,7 @@ class ProtocolRequest:
             self.telemetry.ended(effect, self.prepared)  # the request ends: its trace kept, counted, logged
             return effect
         if self.unsaved and self.prepared is not None:  # round 0: the next request keeps what still ranks of it
-            self.prepared = remembered(self.prepared, effect.synthesis, self.policy)
+            self.prepared = remembered(self.prepared, effect)
         self._save_once()
         return effect
 

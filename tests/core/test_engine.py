@@ -84,7 +84,7 @@ def test_consult_changes_the_view_and_is_traced():
     calls, outcome, _ = drive([consult_first_summary, WorkerReply(text="Biscuit.")])
     target = summary_node_ids(calls[0])[0]
     assert len(calls) == 2 and outcome.rounds == 2
-    node = doc(calls[1]).xpath(f"//Node[@id='{target}']")[0]
+    node = doc(calls[1]).xpath(f"//Node[@id='{target}']")[-1]  # shown again after what the frame showed of it
     assert node_view(node) == "Detail"
     step = doc(calls[1]).find("Reasoning_Trace/Step")
     assert (step.get("action"), step.get("target"), step.get("reason")) == ("Consult", target, "need it")

@@ -100,9 +100,11 @@ def test_the_client_marks_stay_where_the_prompt_has_them_and_the_proxy_marks_the
     sent = workers(upstream)[0].json
     assert sent["tools"] == WEATHER  # as the client sent them, its mark with them
     assert [block.get("cache_control") for block in sent["messages"][0]["content"] if block["type"] == "image"] == [{"type": "ephemeral"}]
-    own, kept, rest = sent["system"]  # the registry, the prefix the next call keeps, the rest
-    assert own["cache_control"] == kept["cache_control"] == {"type": "ephemeral"} and own["text"].rstrip().endswith("</Static_Registry>")
-    assert kept["text"].startswith("<Linear_Flow>") and kept["text"].endswith("</Node>\n")
+    own, frame, kept, rest = sent["system"]  # the registry, the frame the next request replays, the prefix a later round keeps, the rest
+    # Two marks are left (the tool's and the image's are the client's): the frame's and the longest prefix's.
+    assert frame["cache_control"] == kept["cache_control"] == {"type": "ephemeral"} and "cache_control" not in own
+    assert own["text"].rstrip().endswith("</Static_Registry>") and frame["text"].startswith(("<Background_Context>", "<Linear_Flow>"))
+    assert frame["text"].endswith("</Node>\n") and kept["text"].endswith("</Node>\n")
     assert "cache_control" not in rest and "<Query>" in rest["text"]
 
 
@@ -140,8 +142,8 @@ def test_with_one_mark_to_spare_the_proxy_marks_the_longest_prefix(start_proxy, 
     upstream.enqueue(message("5521"))
     protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*long_history(600)[1:-1], QUESTION], tools=tools)
     blocks = workers(upstream)[0].json["system"]
-    assert ["cache_control" in block for block in blocks] == [False, True, False]
-    assert blocks[0]["text"].rstrip().endswith("</Static_Registry>") and blocks[1]["text"].endswith("</Node>\n")
+    assert ["cache_control" in block for block in blocks] == [False, False, True, False]  # the registry, the frame, what a later round keeps
+    assert blocks[0]["text"].rstrip().endswith("</Static_Registry>") and blocks[2]["text"].endswith("</Node>\n")
 
 
 def test_a_streamed_answer_is_anthropics_event_stream_and_no_directive(protocol_proxy, upstream):

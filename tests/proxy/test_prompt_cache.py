@@ -36,24 +36,16 @@ def test_a_small_budget_keeps_room_for_what_a_consult_brings():
     assert all(start < policy.budget - policy.fresh_room for start in calls[0].synthesis.starts[: len(kept_nodes(calls[0].synthesis, policy))])
 
 
-def test_a_follow_up_keeps_the_previous_requests_nodes_that_still_rank():
-    calls, _, _ = drive([WorkerReply(text="done")], context(budget=4096))
-    kept = kept_nodes(calls[0].synthesis, context(budget=4096).policy)
-    again, _, _ = drive([WorkerReply(text="done")], context(budget=4096, query="And what did Ingrid's greyhound eat?", previous_layout=kept))
-    assert flow(again[0])[:3] == kept[:3]
-    unrelated, _, _ = drive([WorkerReply(text="done")], context(budget=4096, previous_layout=["not-a-page", *kept]))
-    assert flow(unrelated[0]) == flow(calls[0])  # what no longer ranks keeps nothing after it
-
-
-def test_the_session_remembers_round_zero_for_the_next_request(start_proxy, upstream):
+def test_the_session_keeps_the_frame_for_the_next_request(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
     proxy.client().chat.completions.create(model="m", messages=long_history())
     first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
     follow_up = [*long_history(), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "And my locker code again?"}]
     proxy.client().chat.completions.create(model="m", messages=follow_up)
     second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
-    flow_start = first.index("<Linear_Flow>")
-    assert len(os.path.commonprefix([first, second])) > flow_start + 200  # into the pages, not only the instructions
+    assert len(os.path.commonprefix([first, second])) > first.index("<Linear_Flow>") + 200  # into the pages, not only the instructions
+    session = proxy.services.sessions.read(*_only_session(proxy))
+    assert session.frame is not None and second.startswith(first[: first.index(session.frame.text[:200])])
 
 
 def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, upstream):
@@ -76,3 +68,9 @@ def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, 
     upstream.enqueue(usage(None))
     raw = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()}).json()
     assert "prompt_tokens_details" not in raw["usage"]  # the upstream said nothing of a cache
+
+
+def _only_session(proxy) -> tuple[str, str]:
+    proxy.services.sessions.flush()
+    ((namespace, session_id),) = proxy.services.sessions.stored()
+    return namespace, session_id

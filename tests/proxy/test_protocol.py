@@ -106,7 +106,7 @@ def test_consult_then_answer(protocol_proxy, upstream):
     first, second = upstream.chat_requests("worker")
     assert first.json["model"] == "m"
     target = summary_ids(first)[0]
-    assert node_view(xml(second).xpath(f"//Node[@id='{target}']")[0]) == "Detail"
+    assert node_view(xml(second).xpath(f"//Node[@id='{target}']")[-1]) == "Detail"  # shown again, after the frame
     assert xml(second).find("Reasoning_Trace/Step").get("target") == target
     assert xml(first).find("Static_Registry/Head").text == "You are a friendly assistant."
     for recorded in (first, second):

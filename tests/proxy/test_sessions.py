@@ -13,6 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pcp_core.conversation import Conversation
+from pcp_core.frame import Frame
+from pcp_core.pages import View
 from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
@@ -181,11 +183,12 @@ def test_retroactive_paging_is_paging_with_nothing_known():
 
 def test_resume_extends_forks_or_starts():
     chain = chain_links(conversation(6))
-    old = Session(id="s-old", chain=chain[:4], seen_at=["t0"] * 4, layout=["p1", "p2"])
+    frame = Frame(text="<Linear_Flow>\n", shown={"p1": View.DETAIL}, tokens=4, turns=2, line=chain[3], at=3)
+    old = Session(id="s-old", chain=chain[:4], seen_at=["t0"] * 4, frame=frame)
 
     extended = resume(old, 4, chain, "t1", "s-new")
     assert (extended.id, extended.seen_at) == ("s-old", ["t0"] * 4 + ["t1"] * 2)
-    assert extended.layout == ["p1", "p2"]  # what the next round 0 keeps in place, if it still ranks
+    assert extended.frame == frame  # what the next request replays, if it goes on from it
 
     forked = resume(old, 2, chain, "t1", "s-new")
     assert (forked.id, forked.seen_at) == ("s-new", ["t0"] * 2 + ["t1"] * 4)
@@ -200,12 +203,13 @@ def test_resume_extends_forks_or_starts():
 def test_the_store_finds_the_longest_known_prefix_and_survives_reopening(tmp_path: Path):
     chain = chain_links(conversation(8))
     store = SessionStore(tmp_path)
-    store.save("ns", Session(id="s-1", chain=chain[:5], seen_at=["t"] * 5, layout=["p1"]), new_links=5)
+    frame = Frame(text='<Linear_Flow>\n<Node id="p1"/>\n', shown={"p1": View.DETAIL}, tokens=9, turns=4, line=chain[4], at=4)
+    store.save("ns", Session(id="s-1", chain=chain[:5], seen_at=["t"] * 5, frame=frame), new_links=5)
     store.close()
 
     reopened = SessionStore(tmp_path)
     found, reused = lookup(reopened, conversation(8))
-    assert (found.id, reused, found.layout) == ("s-1", 5, ["p1"])
+    assert (found.id, reused, found.frame) == ("s-1", 5, frame)
     assert lookup(reopened, conversation(8), "other-caller") == (None, 0)
     assert load(reopened, "s-1", "other-caller") is None
     reopened.close()

@@ -1,0 +1,89 @@
+"""The ``<PagedContext>`` document's text (§IX), in the order that changes least from one call to the next.
+
+Providers reuse a prompt's prefix that is byte-identical to a recent prompt's,
+so the document is laid out what changes least first:
+
+1. the ``Static_Registry`` (the instructions, the client's system prompt);
+2. the ``Background_Context`` (the roots folded to a line) and the head of the
+   ``Linear_Flow``: the overview and the latest closed pages: a follow-up's
+   frame (``pcp_core.frame``), replayed as it was rendered;
+3. the rest of the flow: the pages ranked for this request, what its rounds
+   brought in;
+4. the trace, the Query, the time it is asked at (to the minute), and whether
+   this is the final round.
+
+Each piece is written with lxml, so every piece of user text is escaped: no
+message can close a tag or forge a Node. One element a line, no indentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from lxml import etree
+
+from .markup import background_line, newlines, shown_time, xml_safe
+from .pages import Page
+
+__all__ = ["FLOW_CLOSE", "FLOW_OPEN", "PROTOCOL_VERSION", "SYSTEM_INSTRUCTIONS", "background", "element_text", "registry", "tail"]
+
+PROTOCOL_VERSION = "0.1.0-alpha"
+
+SYSTEM_INSTRUCTIONS = """
+You are the assistant of the conversation paged in this document; Linear_Flow holds its pages (Node), each with the time it was said; Background_Context lists folded ones by id.
+- A Node is an Original page (verbatim turns) unless type="Consolidated" (a summary of the pages inside it).
+- view="Summary": gist; "Detail", or a Node holding <Content>: full text; "Unpacked": the pages inside, nested. A page opened shows again further down, in its new view.
+If the visible pages lack what the Query needs, do not guess; reply only with directives, one per line:
+Consult("reason", "id") opens a page one level; Shelve("reason", "id") folds it; Explore("reason", "history or id", "keyword, keyword") searches pages.
+Otherwise answer the Query as the assistant, in plain text, never mentioning pages, ids or this document.
+""".strip()
+
+PARTS_INSTRUCTION = "A [image_url …], [input_audio …] or [file …] in a page stands for what that message attached: Consult the page to be shown it."
+
+FLOW_OPEN = "<Linear_Flow>\n"
+FLOW_CLOSE = "</Linear_Flow>\n"
+_OPEN = f'<PagedContext version="{PROTOCOL_VERSION}">\n'
+_CLOSE = "</PagedContext>"
+
+
+def element_text(element: etree._Element) -> str:
+    """An element of the document on its own lines, as it stands in it."""
+    newlines(element)
+    element.tail = "\n"
+    return etree.tostring(element, encoding="unicode", with_tail=True)
+
+
+def registry(head: str, parts: bool) -> str:
+    """The document's opening: the version, the instructions and the client's head (``parts``: the history attached files)."""
+    element = etree.Element("Static_Registry")
+    etree.SubElement(element, "System_Instructions").text = "\n".join([SYSTEM_INSTRUCTIONS, *([PARTS_INSTRUCTION] if parts else [])])
+    if head:
+        etree.SubElement(element, "Head").text = xml_safe(head)
+    return _OPEN + element_text(element)
+
+
+def background(folded: Sequence[Page]) -> str:
+    """The roots folded to a line each, by id: still a Consult away."""
+    if not folded:
+        return ""
+    element = etree.Element("Background_Context")
+    element.text = "\n" + "\n".join(background_line(page) for page in folded) + "\n"
+    return element_text(element)
+
+
+def tail(trace: Sequence[Any], query: str, current_time: str, final: bool) -> str:
+    """What is new with every call: the trace, the Query, the time it is asked at, whether it is the final round; and the end."""
+    pieces = []
+    trace_element = etree.Element("Reasoning_Trace")
+    for step in trace:
+        attrs = {"action": step.action, "target": xml_safe(step.target), "reason": xml_safe(step.reason)}
+        etree.SubElement(trace_element, "Step", attrs, **({"result": step.result} if step.result else {}))
+    pieces.append(element_text(trace_element))
+    query_element = etree.Element("Query")
+    query_element.text = xml_safe(query)
+    pieces.append(element_text(query_element))
+    pieces.append(element_text(etree.Element("ST-Node", id="CURRENT_TIME", value=shown_time(current_time))))
+    if final:
+        pieces.append(element_text(etree.Element("ST-Node", id="FINAL_ROUND", value="true")))
+    return "".join(pieces) + _CLOSE

@@ -1,0 +1,60 @@
+"""The frame: a conversation's stable prefix, a frozen rendering of its history replayed byte for byte.
+
+Providers' prompt caches (OpenAI's and Anthropic's, a llama.cpp slot) reuse the
+longest prefix a prompt shares with an earlier one, at a tenth of the price or
+for free. A request ranked afresh shares almost nothing with the one before:
+every follow-up would pay for all of its prompt. So a conversation keeps a
+frame, like a log kept by compaction:
+
+* it is the document's text after the ``Static_Registry``: the
+  ``Background_Context`` and the head of the ``Linear_Flow`` — the overview
+  (the roots by their Summary) and the latest closed pages verbatim — as they
+  were rendered when the frame was made;
+* a follow-up that continues the conversation replays it byte for byte and
+  appends the pages said since at its end (``extended``); after it comes only
+  what is new with the request: the pages ranked for its query, within a share
+  of the budget, the trace, the Query and the time;
+* it is made again only at rare boundaries: when it leaves too little room,
+  and when a request does not continue the conversation it was made for (an
+  edited or regenerated question is a sibling, ranked afresh).
+
+Pages are shown in it as they were; a Consult on one shows it again, after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import msgspec
+
+from .markup import node_lines
+from .pages import Page, View
+from .tokens import CountText
+
+__all__ = ["Frame", "continues", "extended"]
+
+
+class Frame(msgspec.Struct, frozen=True):
+    """The frozen head of a conversation's document, and what it shows."""
+
+    text: str  # the document after the Static_Registry: Background_Context, "<Linear_Flow>", its nodes
+    shown: dict[str, View]  # the pages it shows, at their view (a page may show again, higher, after it)
+    tokens: int  # its tokens, counted as the host counts what it builds
+    turns: int  # the history's closed pages of turns before this one are in it; later ones are appended
+    line: str  # the chain link of the query it was made (or last extended) for
+    at: int  # where that query is in the conversation
+
+
+def continues(frame: Frame, links: Sequence[str]) -> bool:
+    """Whether a request whose chain is ``links`` goes on from the query ``frame`` was made for: its
+    history holds that query. A sibling of it (the question edited or asked again) does not."""
+    return len(links) > frame.at and links[frame.at] == frame.line
+
+
+def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, at: int) -> Frame:
+    """``frame`` with ``pages`` (closed pages of turns said since, in order) appended in Detail, for the query at ``at``."""
+    new = [page for page in pages if page.id not in frame.shown]
+    text = "".join(node_lines(page, View.DETAIL) for page in new)
+    turns = max([frame.turns, *(page.last_turn + 1 for page in new)])
+    shown = {**frame.shown, **{page.id: View.DETAIL for page in new}}
+    return Frame(text=frame.text + text, shown=shown, tokens=frame.tokens + (count(text) if text else 0), turns=turns, line=line, at=at)

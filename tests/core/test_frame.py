@@ -1,0 +1,94 @@
+"""The frame a conversation keeps for providers' prompt caches: made, replayed byte for byte, extended, made again."""
+
+from __future__ import annotations
+
+from pcp_core.frame import continues
+from pcp_core.paging import retroactive_paging, turns_from_messages
+from pcp_core.replies import WorkerReply
+from pcp_core.session import chain_links
+
+from .counting import COUNT
+from .test_engine import context, doc, drive, history
+
+
+def _turns(start: int, n: int) -> list[dict[str, str]]:
+    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Later remark {i} about the hedge and the roses."} for i in range(start, start + n)]
+
+
+def _follow_up(first_call, messages, query: str, budget: int = 4096):
+    """Round 0 of the request after ``first_call``'s: ``messages`` of history, going on from its frame."""
+    ctx = context(budget=budget, query=query, frame=first_call.frame, query_link="next", query_at=len(messages))
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    calls, _, _ = drive([WorkerReply(text="done")], ctx, messages)
+    return calls[0], index
+
+
+def _document(call) -> str:
+    return call.messages[0]["content"]
+
+
+def test_a_request_makes_a_frame_its_document_opens_with():
+    call = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
+    frame = call.frame
+    assert frame is not None and frame.text.startswith(("<Background_Context>", "<Linear_Flow>"))
+    registry_end = _document(call).index("</Static_Registry>\n") + len("</Static_Registry>\n")
+    assert _document(call)[registry_end:].startswith(frame.text)
+    assert frame.tokens <= 0.25 * 4096  # made small: it grows by the turns said after it
+    assert frame.shown and all(page in call.synthesis.shown for page in frame.shown)
+
+
+def test_a_follow_up_replays_the_frame_and_appends_the_turns_said_since():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
+    messages = [*history(), *_turns(240, 12)]
+    second, _ = _follow_up(first, messages, "What about the roses?")
+    before, after = _document(first), _document(second)
+    prefix = before[: before.index(first.frame.text) + len(first.frame.text)]
+    assert after.startswith(prefix)  # byte for byte: a provider's cache reads all of it
+    appended = after[len(prefix) : len(prefix) + len(second.frame.text) - len(first.frame.text)]
+    assert "Later remark 240 about the hedge" in appended and "Later remark 247 about the hedge" in appended
+    assert "Later remark 248 about the hedge" in after[len(prefix) + len(appended) :]  # the last page, still open: after the frame
+    assert second.frame.text.startswith(first.frame.text) and second.frame.at == len(messages)
+    assert second.synthesis.tokens <= 4096
+
+
+def test_what_a_follow_up_adds_after_its_frame_keeps_to_its_share():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
+    second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What was the name of Ingrid's greyhound again?")
+    fresh = _document(second)[second.synthesis.frame_end : _document(second).index("</Linear_Flow>")]
+    assert COUNT(fresh) <= 0.125 * 4096 + 200  # its share, and the last page, which the frame leaves out
+    assert "Biscuit" in fresh or "Biscuit" in second.frame.text  # the evidence is there
+
+
+def test_a_frame_that_outgrows_its_room_is_made_again():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048))[0][0]
+    second, _ = _follow_up(first, [*history(), *_turns(240, 120)], "What about the roses?", budget=2048)
+    assert not second.frame.text.startswith(first.frame.text)  # made again: a boundary, like a log's compaction
+    assert second.frame.tokens <= 0.25 * 2048 and second.synthesis.tokens <= 2048
+
+
+def test_later_rounds_replay_the_frame_round_zero_made():
+    def consult(call):
+        target = next(n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary")
+        return WorkerReply(text=f'Consult("more", "{target}")')
+
+    calls, _, _ = drive([consult, WorkerReply(text="done")], context(budget=4096))
+    first, second = calls
+    assert first.frame is not None and second.frame.text == first.frame.text
+    assert _document(second)[: first.synthesis.frame_end] == _document(first)[: first.synthesis.frame_end]
+
+
+def test_without_a_cache_no_frame_is_kept():
+    call = drive([WorkerReply(text="Biscuit.")], context(budget=4096, cached_price=1.0))[0][0]
+    assert call.frame is None
+
+
+def test_a_follow_up_goes_on_from_the_frame_a_sibling_does_not():
+    history_links = chain_links(history())
+    question = {"role": "user", "content": "What is the greyhound's name?"}
+    line = chain_links([question], after=history_links[-1])[0]
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=4096, query_link=line, query_at=len(history_links)))[0][0]
+    follow_up = chain_links([*history(), question, {"role": "assistant", "content": "Biscuit."}])
+    edited = chain_links([*history(), {"role": "user", "content": "Where does Ingrid live?"}, {"role": "assistant", "content": "Oslo."}])
+    assert continues(first.frame, follow_up)
+    assert not continues(first.frame, edited)  # the question asked again otherwise: ranked afresh
+    assert not continues(first.frame, history_links)  # the same history, another question
