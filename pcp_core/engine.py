@@ -186,8 +186,8 @@ class _Loop:
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         self.recent = [page.id for page in said[-policy.recent_pages :]][::-1] if policy.recent_pages else []
         # The previous request's nodes that still rank keep their place: they open the flow.
-        ranked = {*self.hot, *self.recent, *self.overview}
-        self.kept = list(takewhile(ranked.__contains__, context.previous_layout))
+        still_ranked = {*self.hot, *self.recent, *self.overview}
+        self.kept = list(takewhile(still_ranked.__contains__, context.previous_layout))
         for page_id in dict.fromkeys([*(p for p in self.kept if p not in index.roots), *self.hot, *self.recent]):
             self.views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
             index.activate(page_id, Activation.HOT)

@@ -144,8 +144,8 @@ def parse_selector(text: str) -> Selector:
     text = text.strip()
     if text[:1] in ("#", "+") and len(text) > 1:
         return Selector(key=text[1:]) if text[0] == "#" else Selector(tag=text[1:])
-    ranges = [_range(text, name, field) for name, field in zip(_FIELDS, _three_fields(text, "selectors"))]
-    return Selector(*ranges)
+    depth, position, offset = (_range(text, name, field) for name, field in zip(_FIELDS, _three_fields(text, "selectors")))
+    return Selector(depth, position, offset)
 
 
 def _range(text: str, name: str, field: str) -> Range | None:
@@ -248,9 +248,10 @@ def advance(tree: Tree, links: Sequence[str]) -> Tree:
             if not 0 <= anchor < kept:
                 continue  # its message was edited away (it stays with the conversation that holds it), or never was
             c = msgspec.structs.replace(c, depth=len(links) - 1 - anchor)
+        born = turn if c.born is None else c.born
         if c.born is None:
-            c = msgspec.structs.replace(c, born=turn)
-        if c.cad is None and c.ttl is not None and turn - c.born >= c.ttl:
+            c = msgspec.structs.replace(c, born=born)
+        if c.cad is None and c.ttl is not None and turn - born >= c.ttl:
             continue  # expired
         components.append(c)
     return msgspec.structs.replace(tree, components=components, count=len(links), chain=links, turn=turn)

@@ -281,7 +281,7 @@ class _Builder:
     def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
         system = f"{document}\n\n{self.request.appendix}" if self.request.appendix else document
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
         return fold_system(messages) if self.request.context_role == "user" else messages
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:

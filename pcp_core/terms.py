@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
@@ -99,7 +99,7 @@ def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
 
 def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:
     """Keywords shared by the most children first (§5.1.2), then by rank within a child."""
-    score: Counter[str] = Counter()
+    score: defaultdict[str, float] = defaultdict(float)
     for keywords in children:
         for rank, keyword in enumerate(keywords):
             score[keyword] += 1.0 + 1.0 / (rank + 2)
