@@ -109,7 +109,7 @@ def anthropic_envelope(error: PcpError) -> bytes:
     """``error`` as Anthropic's API says it (an upstream's own body as it came); the proxy's code ends the message."""
     raw = getattr(error, "raw", None)
     if raw is not None:
-        return raw  # type: ignore[no-any-return]
+        return raw
     kind = ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     code = f" ({error.body.code})" if error.body.code else ""
     return _ENCODER.encode(AnthropicEnvelope(AnthropicError(kind, error.body.message + code)))

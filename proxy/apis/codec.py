@@ -224,7 +224,7 @@ def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, A
         msgspec.convert(data, shape)
     except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
         raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:

@@ -388,7 +388,7 @@ def _step(loop: Rounds, value: Any) -> Effect | Outcome:
     try:
         return loop.send(value)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:
