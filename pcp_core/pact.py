@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 
@@ -367,7 +367,7 @@ def snapshot(tree: Tree, session_id: str) -> dict[str, object]:
     their depth is beyond it) are listed apart, as ``pending``.
     """
     system: list[object] = []
-    messages: dict[str, dict[str, object]] = {}
+    messages: dict[str, dict[str, Any]] = {}
     pending: list[object] = []
     for c in select(tree):
         parent, shown = parent_id(c, tree), node(c, tree)
@@ -377,7 +377,7 @@ def snapshot(tree: Tree, session_id: str) -> dict[str, object]:
             system.append(shown)
         else:
             region = "^ah" if c.depth == 0 else "^seq"
-            messages.setdefault(parent, {"id": parent, "parent_id": region, "coordinates": f"d{c.depth},0,0", "children": []})["children"].append(shown)  # type: ignore[attr-defined]
+            messages.setdefault(parent, {"id": parent, "parent_id": region, "coordinates": f"d{c.depth},0,0", "children": []})["children"].append(shown)
     regions = [{"id": "^sys", "parent_id": "^root", "coordinates": "d-1,0,0", "children": system}]
     for region in ("^seq", "^ah"):
         regions.append({"id": region, "parent_id": "^root", "children": [m for m in messages.values() if m["parent_id"] == region]})

@@ -286,10 +286,10 @@ def _first_level(leaves: list[OriginalPage], df: dict[str, int], policy: PagingP
     groups: list[list[Page]] = []
     covered = 0
     for container in known:  # bottom up: the first level comes first
-        group = leaves[covered : covered + len(container.source_ids)]
+        group: list[Page] = list(leaves[covered : covered + len(container.source_ids)])
         if _ids(group) != container.source_ids:
             break
-        groups.append(group)  # type: ignore[arg-type]
+        groups.append(group)
         covered += len(group)
     if groups:
         covered -= len(groups.pop())

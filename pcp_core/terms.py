@@ -67,15 +67,16 @@ class TermStats:
 
     def __init__(self, documents: Sequence[str]):
         self.n = max(len(documents), 1)
-        self.df: Counter[str] = Counter()
+        df: Counter[str] = Counter()
         for doc in documents:
-            self.df.update(set(terms(doc)))
+            df.update(set(terms(doc)))
+        self.df: Mapping[str, int] = df
 
     @classmethod
     def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
         """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
         stats = cls(())
-        stats.n, stats.df = max(n, 1), df  # type: ignore[assignment]
+        stats.n, stats.df = max(n, 1), df
         return stats
 
     def idf(self, term: str) -> float:
