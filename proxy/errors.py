@@ -9,6 +9,8 @@ API (``anthropic_envelope``); an upstream's own error body is passed on as it ca
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import msgspec
 
 __all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError", "anthropic_envelope"]
@@ -44,6 +46,15 @@ class PcpError(Exception):
         return _ENCODER.encode(Envelope(self.body))
 
 
+class ErrorFields(TypedDict, total=False):
+    """``PcpError``'s fields beside the message, as a subclass passes them on."""
+
+    status: int | None
+    type: str | None
+    param: str | None
+    code: str | None
+
+
 class ClientError(PcpError):
     """The request cannot be served as sent: a 4xx that says what to change."""
 
@@ -58,8 +69,8 @@ class UpstreamError(PcpError):
     status = 502
     type = "upstream_error"
 
-    def __init__(self, message: str, *, raw: bytes | None = None, media_type: str | None = None, **fields: object):
-        super().__init__(message, **fields)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, raw: bytes | None = None, media_type: str | None = None, **fields: Unpack[ErrorFields]):
+        super().__init__(message, **fields)
         self.raw = raw
         self.media_type = media_type or "application/json"
 

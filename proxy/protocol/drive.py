@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Generator
 from concurrent.futures import Future
 from contextlib import nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from litestar import Response
@@ -341,7 +342,7 @@ class ProtocolRequest:
         loop = await self.start()
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
-            round_ = StreamedRound(step, lambda call=step: self._open_stream(call), codec.round(self.usage))
+            round_ = StreamedRound(step, partial(self._open_stream, step), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 await self._stored()
