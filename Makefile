@@ -1,12 +1,13 @@
-# Quickstart: `make run` serves the proxy on the embedded local model; `make test` runs the tests.
+# Quickstart: `make run` serves the proxy on the embedded local model; `make test` runs the linters, then the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+LINTED := proxy pcp_core tests bench
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 LLAMA_WHEELS := $(HOME)/.cache/pcp-proxy/llama-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 
-.PHONY: install install-mpnet run test bench clean
+.PHONY: install install-mpnet run lint test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +32,13 @@ install-mpnet: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/pcp-proxy serve
 
-test: $(STAMP)
+# Ruff, then mypy (the packages pyproject.toml names; its cache in the venv), each stopping the build when it fails.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/mypy --cache-dir $(VENV)/.mypy_cache
+
+test: lint
 	$(PY) -m pytest
 
 bench: $(STAMP)

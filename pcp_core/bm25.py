@@ -99,6 +99,8 @@ class Bm25:
     page and adds a few turns after it, in a conversation of thousands.
     """
 
+    texts: tuple[str, ...]  # an index of ``of_texts`` only: what it was built over
+
     def __init__(self, pages: Iterable[Page], k1: float = 1.2, b: float = 0.75):
         pages = list(pages)
         self.k1, self.b = k1, b

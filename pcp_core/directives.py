@@ -214,7 +214,7 @@ class DirectiveParser:
 
     def _reset_directive(self, name: str) -> None:
         self._name = name
-        self._raw: list[str] = []
+        self._raw = []
         self._raw_len = 0
         self._args: list[tuple[str | None, Value]] = []  # (keyword or None, value)
         self._key: str | None = None
@@ -409,16 +409,18 @@ def _make(name: str, values: dict[str, Value]) -> Directive | str:
     for field in FIELDS[name]:
         if field != "keywords" and not isinstance(values[field], str):
             return f"{name} needs {field} as text, not a [list]"
+    text = {field: value for field, value in values.items() if isinstance(value, str)}  # every field but keywords, as checked
     target_field = "handle" if name == "Explore" else "id"
-    target = values[target_field].strip()  # type: ignore[union-attr]
+    target = text[target_field].strip()
     if not target:
         return f"{name} needs a non-empty {target_field}"
     if name != "Explore":
-        return _KINDS[name](reason=values["reason"], id=target)  # type: ignore[arg-type]
+        kind = Consult if name == "Consult" else Shelve
+        return kind(reason=text["reason"], id=target)
     keywords = tuple(k.strip() for item in _as_items(values["keywords"]) for k in item.split(",") if k.strip())
     if not keywords:
         return "Explore needs at least one keyword"
-    return Explore(reason=values["reason"], handle=target, keywords=keywords)  # type: ignore[arg-type]
+    return Explore(reason=text["reason"], handle=target, keywords=keywords)
 
 
 def _as_items(value: Value) -> tuple[str, ...]:

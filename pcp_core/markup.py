@@ -91,6 +91,7 @@ def shown_time(timestamp: str) -> str:
     Its own offset, if it has one, is kept: the worker reads times as they were said.
     A message's own timestamp in another form is shown in ISO 8601, in UTC.
     """
+    when: datetime | None
     try:
         when = datetime.fromisoformat(timestamp)
     except ValueError:

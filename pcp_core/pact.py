@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
 
@@ -144,8 +144,8 @@ def parse_selector(text: str) -> Selector:
     text = text.strip()
     if text[:1] in ("#", "+") and len(text) > 1:
         return Selector(key=text[1:]) if text[0] == "#" else Selector(tag=text[1:])
-    ranges = [_range(text, name, field) for name, field in zip(_FIELDS, _three_fields(text, "selectors"))]
-    return Selector(*ranges)
+    depth, position, offset = (_range(text, name, field) for name, field in zip(_FIELDS, _three_fields(text, "selectors")))
+    return Selector(depth, position, offset)
 
 
 def _range(text: str, name: str, field: str) -> Range | None:
@@ -248,9 +248,10 @@ def advance(tree: Tree, links: Sequence[str]) -> Tree:
             if not 0 <= anchor < kept:
                 continue  # its message was edited away (it stays with the conversation that holds it), or never was
             c = msgspec.structs.replace(c, depth=len(links) - 1 - anchor)
+        born = turn if c.born is None else c.born
         if c.born is None:
-            c = msgspec.structs.replace(c, born=turn)
-        if c.cad is None and c.ttl is not None and turn - c.born >= c.ttl:
+            c = msgspec.structs.replace(c, born=born)
+        if c.cad is None and c.ttl is not None and turn - born >= c.ttl:
             continue  # expired
         components.append(c)
     return msgspec.structs.replace(tree, components=components, count=len(links), chain=links, turn=turn)
@@ -366,7 +367,7 @@ def snapshot(tree: Tree, session_id: str) -> dict[str, object]:
     their depth is beyond it) are listed apart, as ``pending``.
     """
     system: list[object] = []
-    messages: dict[str, dict[str, object]] = {}
+    messages: dict[str, dict[str, Any]] = {}
     pending: list[object] = []
     for c in select(tree):
         parent, shown = parent_id(c, tree), node(c, tree)
@@ -376,7 +377,7 @@ def snapshot(tree: Tree, session_id: str) -> dict[str, object]:
             system.append(shown)
         else:
             region = "^ah" if c.depth == 0 else "^seq"
-            messages.setdefault(parent, {"id": parent, "parent_id": region, "coordinates": f"d{c.depth},0,0", "children": []})["children"].append(shown)  # type: ignore[attr-defined]
+            messages.setdefault(parent, {"id": parent, "parent_id": region, "coordinates": f"d{c.depth},0,0", "children": []})["children"].append(shown)
     regions = [{"id": "^sys", "parent_id": "^root", "coordinates": "d-1,0,0", "children": system}]
     for region in ("^seq", "^ah"):
         regions.append({"id": region, "parent_id": "^root", "children": [m for m in messages.values() if m["parent_id"] == region]})

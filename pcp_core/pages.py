@@ -12,10 +12,12 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import TypeVar
 
 import msgspec
 
 __all__ = [
+    "AnyPage",
     "at_depth",
     "ConsolidatedPage",
     "Origin",
@@ -74,6 +76,8 @@ class ConsolidatedPage(_Manifest, frozen=True, tag="Consolidated", kw_only=True)
 
 
 Page = OriginalPage | ConsolidatedPage
+# A page of either kind, given back as the same kind by what copies it.
+AnyPage = TypeVar("AnyPage", bound=Page)
 
 
 def short_hash(*parts: str, length: int = ID_LENGTH) -> str:
@@ -127,5 +131,5 @@ def tree_depths(pages: Sequence[Page]) -> dict[str, int]:
     return depths
 
 
-def at_depth(page: Page, depth: int) -> Page:
+def at_depth(page: AnyPage, depth: int) -> AnyPage:
     return page if page.depth == depth else msgspec.structs.replace(page, depth=depth)

@@ -15,7 +15,7 @@ import msgspec
 from .conversation import message_text
 from .index import PageIndex
 from .metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge, signature
-from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
+from .pages import AnyPage, ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
 from .pblock import PBlock, ScanPolicy, block_handle, handle_line, scan
 from .summaries import consolidate, extractive_summary
 from .terms import TermStats, terms, top_keywords
@@ -207,7 +207,7 @@ def _consolidate_levels(
 
     def container(key: tuple[str, ...], group: Sequence[Page]) -> ConsolidatedPage:
         checkpoint()
-        return reusable.get(key) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)  # type: ignore[return-value]
+        return reusable.get(key) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)
 
     groups = _first_level(leaves, df, policy, known.containers)
     keys = [_ids(g) for g in groups]
@@ -233,8 +233,8 @@ def _consolidate_levels(
     containers = {c.id: c for c in (*firsts, *above.values())}
     depths = _new_depths(level, containers, fresh_from)
     return PagedHistory(
-        leaves=[at_depth(p, depths.get(p.id, p.depth)) for p in leaves],  # type: ignore[misc]
-        containers=[at_depth(p, depths.get(p.id, p.depth)) for p in containers.values()],  # type: ignore[misc]
+        leaves=[at_depth(p, depths.get(p.id, p.depth)) for p in leaves],
+        containers=[at_depth(p, depths.get(p.id, p.depth)) for p in containers.values()],
         df=df,
         topics={c: t for c, (t, _) in by_id.items()},
         signatures={c: sig for c, (_, sig) in by_id.items()},
@@ -286,10 +286,10 @@ def _first_level(leaves: list[OriginalPage], df: dict[str, int], policy: PagingP
     groups: list[list[Page]] = []
     covered = 0
     for container in known:  # bottom up: the first level comes first
-        group = leaves[covered : covered + len(container.source_ids)]
+        group: list[Page] = list(leaves[covered : covered + len(container.source_ids)])
         if _ids(group) != container.source_ids:
             break
-        groups.append(group)  # type: ignore[arg-type]
+        groups.append(group)
         covered += len(group)
     if groups:
         covered -= len(groups.pop())
@@ -331,7 +331,7 @@ def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
     return sum(stats.idf(t) for t in words & said) / total if total else 1.0
 
 
-def _unique(page: Page, used: set[str]) -> Page:
+def _unique(page: AnyPage, used: set[str]) -> AnyPage:
     """The page with an id no other page of the history has (a short hash can collide)."""
     if page.id in used:
         # Pages of equal text at one place (the pieces of a long message that repeats

@@ -94,7 +94,10 @@ def scan(turn: Turn, count: CountText, policy: ScanPolicy = ScanPolicy(), checkp
     """The PBlock of the message ``turn``, with its Draft pages (``checkpoint`` is called between sections)."""
     handle = block_handle(turn)
     sections = _sections(turn.text, turn.timestamp)
-    chunked = [(checkpoint(), _chunks(section.text, count, policy.page_tokens))[1] for section in sections]
+    chunked: list[list[str]] = []
+    for section in sections:
+        checkpoint()
+        chunked.append(_chunks(section.text, count, policy.page_tokens))
     stats = TermStats([chunk for chunks in chunked for chunk in chunks])  # the block is its own corpus
     drafts: list[Page] = []
 
@@ -109,7 +112,7 @@ def scan(turn: Turn, count: CountText, policy: ScanPolicy = ScanPolicy(), checkp
     tops: list[Page] = []
     for n, (section, chunks) in enumerate(zip(sections, chunked)):
         checkpoint()
-        leaves = [_draft(handle, f"{n}.{i}", turn.index, chunk, section.timestamp, stats, policy) for i, chunk in enumerate(chunks)]
+        leaves: list[Page] = [_draft(handle, f"{n}.{i}", turn.index, chunk, section.timestamp, stats, policy) for i, chunk in enumerate(chunks)]
         drafts += leaves
         level = _fanned(leaves, policy.fanout, contain)
         tops.append(level[0] if len(level) == 1 else contain(level, section.title))

@@ -31,7 +31,7 @@ DIRECTIVE_TOOLS: list[dict[str, Any]] = [
         ("Explore", ("reason", "handle", "keywords"), "Search the pages under a page id (or 'history') for comma-separated keywords."),
     )
 ]
-_TOOL_DIRECTIVES = {f"pcp_{cls.__name__.lower()}": cls for cls in (Consult, Shelve, Explore)}
+_TOOL_DIRECTIVES: dict[str, type[Directive]] = {f"pcp_{cls.__name__.lower()}": cls for cls in (Consult, Shelve, Explore)}
 
 
 class WorkerReply(msgspec.Struct, frozen=True):
@@ -56,9 +56,9 @@ def read_reply(reply: WorkerReply) -> tuple[str, list[Directive], list[BusFault]
     """Directives from the text and from native tool calls, and the text without them."""
     text, directives, faults = parse_directives(reply.text)
     for call in reply.tool_calls:
-        function = call.get("function") or {}
+        function: dict[str, Any] = call.get("function") or {}
         raw = f"{function.get('name')}({function.get('arguments', '')})"
-        kind = _TOOL_DIRECTIVES.get(function.get("name"))
+        kind = _TOOL_DIRECTIVES.get(function.get("name", ""))
         if kind is None:  # neither a directive nor one of the client's tools
             faults.append(BusFault(raw=raw, reason=f"there is no tool named {function.get('name')!r}"))
             continue

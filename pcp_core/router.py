@@ -174,11 +174,11 @@ def page_ranking(
     """
     if not ids:
         return []
-    lexical = np.asarray(lexical, dtype=np.float64)
-    score = _z(lexical)
+    lexical_array = np.asarray(lexical, dtype=np.float64)
+    score = _z(lexical_array)
     if dense is not None:
         score = lexical_weight * score + (1 - lexical_weight) * np.asarray(dense, dtype=np.float64)
-    signal = np.ones(len(score), dtype=bool) if dense is not None else lexical > 0
+    signal = np.ones(len(score), dtype=bool) if dense is not None else lexical_array > 0
     if timely is not None:
         score = score + TIME_WEIGHT * timely
         signal = signal | timely

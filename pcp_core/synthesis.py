@@ -232,7 +232,8 @@ class _Builder:
     def _in_frame(self, page_id: str, view: View) -> bool:
         """Whether the frame replayed shows ``page_id`` at ``view`` or above."""
         frame = self.request.frame
-        return frame is not None and _RANK.get(frame.shown.get(page_id), -1) >= _RANK[view]
+        shown = frame.shown.get(page_id) if frame is not None else None
+        return shown is not None and _RANK[shown] >= _RANK[view]
 
     def _raise_plan(self, page_id: str, view: View, shown: dict[str, View]) -> tuple[dict[str, View], set[str]]:
         """The views and the root needed to show ``page_id`` at ``view``.
@@ -327,7 +328,7 @@ class _Builder:
     def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
         system = f"{document}\n\n{self.request.appendix}" if self.request.appendix else document
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
         return fold_system(messages) if self.request.context_role == "user" else messages
 
     def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:

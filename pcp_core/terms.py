@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
@@ -67,15 +67,16 @@ class TermStats:
 
     def __init__(self, documents: Sequence[str]):
         self.n = max(len(documents), 1)
-        self.df: Counter[str] = Counter()
+        df: Counter[str] = Counter()
         for doc in documents:
-            self.df.update(set(terms(doc)))
+            df.update(set(terms(doc)))
+        self.df: Mapping[str, int] = df
 
     @classmethod
     def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
         """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
         stats = cls(())
-        stats.n, stats.df = max(n, 1), df  # type: ignore[assignment]
+        stats.n, stats.df = max(n, 1), df
         return stats
 
     def idf(self, term: str) -> float:
@@ -99,7 +100,7 @@ def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
 
 def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:
     """Keywords shared by the most children first (§5.1.2), then by rank within a child."""
-    score: Counter[str] = Counter()
+    score: defaultdict[str, float] = defaultdict(float)
     for keywords in children:
         for rank, keyword in enumerate(keywords):
             score[keyword] += 1.0 + 1.0 / (rank + 2)

@@ -249,6 +249,7 @@ def moment(timestamp: str) -> datetime | None:
     since 1970 ("1709633700", "1709633700123"), or a date as
     ``time_in`` reads one ("05.03.2024 10:15", "3/5/2024 10:15 PM").
     """
+    parsed: datetime | None
     try:
         parsed = datetime.fromisoformat(timestamp)
     except ValueError:

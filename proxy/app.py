@@ -61,7 +61,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
 
 
 def _services(state: State) -> Services:
-    return state.services  # type: ignore[no-any-return]
+    return state.services
 
 
 def _feature(name: str) -> Provide:
@@ -73,7 +73,7 @@ def _feature(name: str) -> Provide:
 
 def _namespace(request: Request[Any, Any, Any], state: State) -> str:
     """The caller's namespace: a keyed hash of its key, under which its sessions and memory are named."""
-    return state.services.namespaces.of(request.headers)  # type: ignore[no-any-return]
+    return state.services.namespaces.of(request.headers)
 
 
 DEPENDENCIES = {

@@ -9,6 +9,8 @@ API (``anthropic_envelope``); an upstream's own error body is passed on as it ca
 
 from __future__ import annotations
 
+from typing import TypedDict, Unpack
+
 import msgspec
 
 __all__ = ["ClientClosed", "ClientError", "PcpError", "ProxyFault", "UpstreamError", "anthropic_envelope"]
@@ -44,6 +46,15 @@ class PcpError(Exception):
         return _ENCODER.encode(Envelope(self.body))
 
 
+class ErrorFields(TypedDict, total=False):
+    """``PcpError``'s fields beside the message, as a subclass passes them on."""
+
+    status: int | None
+    type: str | None
+    param: str | None
+    code: str | None
+
+
 class ClientError(PcpError):
     """The request cannot be served as sent: a 4xx that says what to change."""
 
@@ -58,8 +69,8 @@ class UpstreamError(PcpError):
     status = 502
     type = "upstream_error"
 
-    def __init__(self, message: str, *, raw: bytes | None = None, media_type: str | None = None, **fields: object):
-        super().__init__(message, **fields)  # type: ignore[arg-type]
+    def __init__(self, message: str, *, raw: bytes | None = None, media_type: str | None = None, **fields: Unpack[ErrorFields]):
+        super().__init__(message, **fields)
         self.raw = raw
         self.media_type = media_type or "application/json"
 
@@ -109,7 +120,7 @@ def anthropic_envelope(error: PcpError) -> bytes:
     """``error`` as Anthropic's API says it (an upstream's own body as it came); the proxy's code ends the message."""
     raw = getattr(error, "raw", None)
     if raw is not None:
-        return raw  # type: ignore[no-any-return]
+        return raw
     kind = ANTHROPIC_TYPES.get(error.status, "api_error" if error.status >= 500 else "invalid_request_error")
     code = f" ({error.body.code})" if error.body.code else ""
     return _ENCODER.encode(AnthropicEnvelope(AnthropicError(kind, error.body.message + code)))

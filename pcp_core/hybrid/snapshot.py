@@ -72,7 +72,7 @@ class Memory(msgspec.Struct, frozen=True, kw_only=True):
     longterm: tuple[Block, ...] = ()
 
     def tier(self, name: str) -> tuple[Block, ...]:
-        return getattr(self, name)  # type: ignore[no-any-return]
+        return getattr(self, name)
 
     def blocks(self) -> Iterable[tuple[str, Block]]:
         return ((tier, block) for tier in TIERS for block in self.tier(tier))

@@ -141,10 +141,10 @@ def memory_pages(history: PagedHistory, forgotten: Collection[str] = (), policy:
             continue
         container = rebuilt(page, children, stats, policy) if page.id in altered else page
         renamed[page.id] = _keep(out, _stored(container, container_id([c.id for c in children]), [c.id for c in children]))
-    for page in history.storage:
-        kept = without_turns(page, forgotten, stats, policy) if forgotten and isinstance(page, OriginalPage) else page
-        if isinstance(kept, OriginalPage):
-            _keep(out, _stored(kept, original_id(kept.content)))
+    for formal in history.storage:
+        solid = without_turns(formal, forgotten, stats, policy) if forgotten and isinstance(formal, OriginalPage) else formal
+        if isinstance(solid, OriginalPage):
+            _keep(out, _stored(solid, original_id(solid.content)))
     return list(out.values())
 
 

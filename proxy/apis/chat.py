@@ -294,8 +294,8 @@ class ChatRound:
         for chunk in events:
             if chunk.get("choices") or not chunk.get("usage"):
                 yield self.event({k: v for k, v in chunk.items() if k != "usage"})
-        for chunk in self.ending():
-            yield chunk
+        for tail in self.ending():
+            yield tail
 
     def ending(self) -> Iterator[bytes]:
         """What follows an answer's last chunk: the usage of every upstream call, when the client asked for it; [DONE]."""

@@ -225,12 +225,13 @@ def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, A
         msgspec.convert(data, shape)
     except (ValueError, RecursionError, msgspec.MsgspecError) as exc:
         raise UpstreamError(f"the upstream's answer is not {what} ({exc}): {text[:200]!r}", code=code) from None
-    return data  # type: ignore[no-any-return]
+    return data
 
 
 def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
     """A worker call's messages as its system text (the ``<PagedContext>``) and the others."""
-    system, rest = [], []
+    system: list[dict[str, Any]] = []
+    rest: list[dict[str, Any]] = []
     for message in messages:
         (system if message.get("role") == "system" else rest).append(message)
     return "\n\n".join(message_text(m) for m in system), rest

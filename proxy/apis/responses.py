@@ -218,7 +218,7 @@ class ResponsesCodec(ToolsCodec):
         """The response the client gets: the answer as one message (a call of its own tools as it came), the usage of every call."""
         shown = {**self.shown(response), "usage": usage_of(usage)}
         if outcome.kind == "answer":
-            first = next((item for item in response.get("output") or () if item.get("type") == "message"), {})
+            first: dict[str, Any] = next((item for item in response.get("output") or () if item.get("type") == "message"), {})
             status = "incomplete" if response.get("status") == "incomplete" else "completed"
             shown["output"] = [message_item(str(first.get("id") or new_item_id()), outcome.text, status)]
         return shown

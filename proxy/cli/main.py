@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..logs import configure_logging
 from ..settings import Settings, SettingsError, load_settings
@@ -65,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging(settings.log_level, settings.log_format)
     # In JSON, uvicorn's own lines go through the root handler too: one format a line.
-    own_log = {"log_config": None} if settings.log_format == "json" else {}
-    options = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False, **own_log}
+    own_log: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
+    options: dict[str, Any] = {"host": settings.host, "port": settings.port, "log_level": settings.log_level, "access_log": False, **own_log}
     if settings.workers > 1:
         from .workers import serve_workers
 

@@ -15,7 +15,7 @@ the head (``h11_max_incomplete_event_size``) but not the time.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ClientError
 from ..settings import Settings
@@ -23,6 +23,11 @@ from ..settings import Settings
 __all__ = ["server_options"]
 
 _HEAD_END = b"\r\n\r\n"
+
+if TYPE_CHECKING:  # what the mixin's super() calls reach once it is mixed in
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Mixed
+else:
+    _Mixed = object
 
 
 def server_options(settings: Settings) -> dict[str, Any]:
@@ -36,7 +41,7 @@ def server_options(settings: Settings) -> dict[str, Any]:
     return {"http": guarded, "h11_max_incomplete_event_size": max_head}
 
 
-class _Guard:
+class _Guard(_Mixed):
     """Mixed into uvicorn's HttpToolsProtocol: counts a request's head as it arrives and times the request."""
 
     max_head: int
@@ -45,8 +50,9 @@ class _Guard:
     transport: asyncio.Transport
     cycle: Any
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
+    # asyncio's stubs take any BaseTransport here; uvicorn's protocol, as its own override says, a Transport.
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
         self._head = 0  # bytes of the head read so far; -1 once it is whole
         self._tail = b""  # the last bytes of the head so far, where its end may have begun
         # A connection that sends nothing is timed from its start: it would otherwise be held for ever.
@@ -69,20 +75,20 @@ class _Guard:
                         code="header_too_large",
                     )
                 )
-        super().data_received(data)  # type: ignore[misc]
+        super().data_received(data)
 
     def on_headers_complete(self) -> None:
         self._head = -1
-        super().on_headers_complete()  # type: ignore[misc]
+        super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._head, self._tail = 0, b""  # the next request on this connection starts its own count and clock
         self._stop_clock()
-        super().on_message_complete()  # type: ignore[misc]
+        super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
-        super().connection_lost(exc)  # type: ignore[misc]
+        super().connection_lost(exc)
 
     def _stop_clock(self) -> None:
         if self._arriving is not None:

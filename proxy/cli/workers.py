@@ -52,7 +52,7 @@ def _worker(encoded: bytes) -> None:
     settings = msgspec.json.decode(encoded, type=Settings)
     configure_logging(settings.log_level, settings.log_format)
     tune_process(settings)
-    own_log = {"log_config": None} if settings.log_format == "json" else {}
+    own_log: dict[str, Any] = {"log_config": None} if settings.log_format == "json" else {}
     config = uvicorn.Config(create_app(settings), log_level=settings.log_level, access_log=False, **own_log, **server_options(settings))
     uvicorn.Server(config).run(sockets=[_listening(settings.host, settings.port)])
 

@@ -104,7 +104,7 @@ class Hybrid:
         if asked is None and self.default != "enabled":
             return None
         mode = "enabled" if asked is None else asked.strip().lower()
-        if mode not in MODES:
+        if asked is not None and mode not in MODES:  # not asked: enabled
             raise ClientError(f"{pcp.CONTEXT_MODE} must be enabled or disabled, not {asked[:40]!r}", param=pcp.CONTEXT_MODE, code="invalid_context_mode")
         return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled", scope=scope)
 

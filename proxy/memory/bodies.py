@@ -18,7 +18,7 @@ from ..storage.sealing import Sealer
 __all__ = ["PageBodies"]
 
 _encode = msgspec.msgpack.Encoder().encode
-_decode = msgspec.msgpack.Decoder(Page).decode  # type: ignore[arg-type]
+_decode = msgspec.msgpack.Decoder(Page).decode
 
 
 class PageBodies:

@@ -44,6 +44,12 @@ class _Segment(msgspec.Struct):
     impacts: Any  # float16 BM25 term-frequency part
     name: str = ""  # its files' name once saved
 
+    @classmethod
+    def load(cls, directory: Path, name: str) -> _Segment:
+        """The segment saved as ``name`` in ``directory``, its arrays memory-mapped."""
+        offsets, docs, impacts = (np.load(directory / f"{name}.{field}.npy", mmap_mode="r") for field in ("offsets", "docs", "impacts"))
+        return cls(offsets, docs, impacts, name=name)
+
 
 class LexicalIndex:
     def __init__(self) -> None:
@@ -216,11 +222,12 @@ class LexicalIndex:
         np.savez(directory / f"documents-{stamp}.npz", df=self.df, rows=self.rows[: self.n], lengths=self.lengths[: self.n], alive=self.alive[: self.n])
         # The words of pages' keywords and summaries: sealed with PCP_DATA_KEY, as the pages are.
         (directory / f"vocab-{stamp}.json").write_bytes((sealer or Sealer()).seal(json.dumps(list(self.vocab)).encode(), _VOCAB))
-        record = {"row": row, "seq": seq, "stamp": stamp, "segments": [s.name for s in self.segments], "live": self.live, "total_length": self.total_length}
+        segments = [s.name for s in self.segments]
+        record = {"row": row, "seq": seq, "stamp": stamp, "segments": segments, "live": self.live, "total_length": self.total_length}
         tmp = directory / "lexical.json.tmp"
         tmp.write_text(json.dumps(record))
         os.replace(tmp, directory / "lexical.json")
-        kept = {stamp, *record["segments"]}
+        kept = {stamp, *segments}
         for old in directory.glob("*.*"):
             if old.name.startswith(("documents-", "vocab-", "segment-")) and not any(k in old.name for k in kept):
                 old.unlink(missing_ok=True)
@@ -243,10 +250,7 @@ class LexicalIndex:
             index.rows, index.lengths, index.alive = arrays["rows"].copy(), arrays["lengths"].copy(), arrays["alive"].copy()
             index.n = len(index.rows)
             index.live, index.total_length = int(record["live"]), float(record["total_length"])
-            index.segments = [
-                _Segment(*(np.load(directory / f"{name}.{f}.npy", mmap_mode="r") for f in ("offsets", "docs", "impacts")), name=name)
-                for name in record["segments"]
-            ]
+            index.segments = [_Segment.load(directory, name) for name in record["segments"]]
             index.saved_row, index.saved_seq = int(record["row"]), int(record["seq"])
             return index
         except (OSError, ValueError, KeyError):

@@ -98,12 +98,12 @@ class ScopeIndex:
     def _add(self, batch: Sequence[Stored]) -> None:
         for stored in batch:
             self.lexical.add(stored.row, index_terms(stored.page))
-        with_vectors = [s for s in batch if s.vector is not None]
+        with_vectors = [(s.row, s.vector) for s in batch if s.vector is not None]
         if with_vectors and faiss_available():
-            matrix = np.vstack([vector_of(s.vector) for s in with_vectors])
+            matrix = np.vstack([vector_of(vector) for _, vector in with_vectors])
             if self.vectors is None or self.vectors.dim != matrix.shape[1]:
                 self.vectors = VectorIndex(matrix.shape[1])
-            self.vectors.add([s.row for s in with_vectors], matrix)
+            self.vectors.add([row for row, _ in with_vectors], matrix)
 
     def retrain(self, store: MemoryStore, scope: str) -> None:
         """An IVF index in place of one the scope has outgrown, trained on its vectors (the writer thread, seconds)."""

@@ -19,7 +19,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, overload
 
 import msgspec
 import numpy as np
@@ -321,6 +321,10 @@ def vector_bytes(vector: np.ndarray) -> bytes:
     return np.asarray(vector, dtype=np.float16).tobytes()
 
 
+@overload
+def vector_of(raw: bytes) -> np.ndarray: ...
+@overload
+def vector_of(raw: bytes | None) -> np.ndarray | None: ...
 def vector_of(raw: bytes | None) -> np.ndarray | None:
     return None if raw is None else np.frombuffer(raw, dtype=np.float16).astype(np.float32)
 

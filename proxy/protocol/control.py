@@ -105,7 +105,7 @@ def _requested(base: Control, mode: str | None, threshold: str | None, budget: s
     if budget is not None:
         rounds = msgspec.structs.replace(policy.rounds, budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget))
         policy = msgspec.structs.replace(policy, rounds=rounds)
-    return Control(mode or base.mode, policy, requested=True)  # type: ignore[arg-type]
+    return Control(mode or base.mode, policy, requested=True)
 
 
 def _tokens(header: str, value: str, least: int) -> int:

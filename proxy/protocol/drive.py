@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Generator
 from concurrent.futures import Future
 from contextlib import nullcontext
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from litestar import Response
@@ -341,7 +342,7 @@ class ProtocolRequest:
         loop = await self.start()
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
-            round_ = StreamedRound(step, lambda call=step: self._open_stream(call), codec.round(self.usage))
+            round_ = StreamedRound(step, partial(self._open_stream, step), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 await self._stored()
@@ -388,7 +389,7 @@ def _step(loop: Rounds, value: Any) -> Effect | Outcome:
     try:
         return loop.send(value)
     except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+        return done.value
 
 
 async def _quietly(work: Awaitable[Any]) -> Any:

@@ -77,8 +77,9 @@ class SummaryWriter:
         jobs = [self._job(p, summaries, model, headers) for p in wanted]
         cached = await asyncio.to_thread(lambda: {job.key: self._cached(job.key) for job in jobs})
         for job in jobs:
-            if cached[job.key] is not None:
-                self.landed[job.page_id] = cached[job.key]
+            summary = cached[job.key]
+            if summary is not None:
+                self.landed[job.page_id] = summary
                 self.metrics.inc("pcp_summaries_total", state="cached")
             else:
                 self.queued.add(job.page_id)
@@ -140,4 +141,5 @@ def closed_pages(pages: PagedHistory) -> list[Page]:
     for container in pages.containers:  # bottom up, so a parent sees its child's mark
         if open_ids.intersection(container.source_ids):
             open_ids.add(container.id)
-    return [p for p in (*pages.leaves, *pages.containers) if p.id not in open_ids]
+    every: list[Page] = [*pages.leaves, *pages.containers]
+    return [p for p in every if p.id not in open_ids]

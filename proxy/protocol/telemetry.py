@@ -161,7 +161,7 @@ class RequestTelemetry:
             try:
                 effect = loop.send(value)
             except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+                return done.value
             if isinstance(effect, CallWorker):
                 self._called(effect)
             started = time.perf_counter()

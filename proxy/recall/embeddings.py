@@ -283,7 +283,7 @@ class Embedder:
             return None
         cosines = self.cache.cosines(texts, self.embed_sync([query])[0])
         missing = np.isnan(cosines)
-        self._queue(list(dict.fromkeys(texts[i] for i in np.flatnonzero(missing))))
+        self._queue(list(dict.fromkeys(texts[i] for i in np.flatnonzero(missing).tolist())))
         return None if missing.all() else cosines
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:

@@ -15,13 +15,16 @@ import logging
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..storage.base import Store, StoreUnavailable
 from ..storage.embedded import EmbeddedStore
 from .vectors import VectorCache, text_key
+
+if TYPE_CHECKING:  # the redis package is an extra: only a store of it has announcements
+    from ..storage.redis_store import Announcements
 
 __all__ = ["StoredVectors", "stored_vectors"]
 
@@ -38,7 +41,7 @@ class StoredVectors:
         self.store = store
         self.cache = cache
         # One stream per encoder: another encoder's vectors (of another size) are never taken in.
-        self.announcements = getattr(store, "announcements", lambda name: None)("encoded:" + cache.variant.hex())
+        self.announcements: Announcements | None = getattr(store, "announcements", lambda name: None)("encoded:" + cache.variant.hex())
         self._listener: threading.Thread | None = None
         self._stopped = threading.Event()
 
@@ -67,17 +70,17 @@ class StoredVectors:
         """Take the vectors the other processes announce into memory, in a thread: the latest ones first, then as they come."""
         if self.announcements is None or self._listener is not None:
             return
-        self._listener = threading.Thread(target=self._listen, name="pcp-vectors", daemon=True)
+        self._listener = threading.Thread(target=self._listen, args=(self.announcements,), name="pcp-vectors", daemon=True)
         self._listener.start()
 
-    def _listen(self) -> None:
+    def _listen(self, announcements: Announcements) -> None:
         position = None
         while not self._stopped.is_set():
             try:
                 if position is None:
-                    position, latest = self.announcements.latest(WARM_START // 64)
+                    position, latest = announcements.latest(WARM_START // 64)
                     self._take(latest)
-                position, announced = self.announcements.read(position, block_seconds=1.0)
+                position, announced = announcements.read(position, block_seconds=1.0)
                 self._take(announced)
             except StoreUnavailable:
                 self._stopped.wait(1.0)  # back when the store is

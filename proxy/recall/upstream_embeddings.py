@@ -137,7 +137,7 @@ class UpstreamVectors:
             if vector is not None:
                 cosines = self.cache.cosines(texts, vector)
                 missing = np.isnan(cosines)
-                self._enqueue([texts[i] for i in np.flatnonzero(missing)], _ours(headers))
+                self._enqueue([texts[i] for i in np.flatnonzero(missing).tolist()], _ours(headers))
                 return None if missing.all() else cosines
         if self.fallback is not None:
             return await self.fallback.similarities_when_ready(query, texts, headers)

@@ -70,7 +70,7 @@ class VectorCache:
         with self._lock:
             rows = np.fromiter((self._rows.get(t, -1) for t in texts), dtype=np.int64, count=len(texts))
             if self._digested:  # only the texts not held by name pay for a digest
-                for i in np.flatnonzero(rows < 0):
+                for i in np.flatnonzero(rows < 0).tolist():
                     rows[i] = self._row(texts[i])
             held = np.flatnonzero(rows >= 0)
             for block in range(0, len(held), GATHER_BLOCK):

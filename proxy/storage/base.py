@@ -23,7 +23,7 @@ from ..errors import PcpError
 
 __all__ = ["ANY", "Commit", "Key", "Store", "StoreUnavailable", "new_version"]
 
-Key = tuple[str | int, ...]
+Key = tuple[str | int | bytes, ...]  # bytes: a digest, as a text's vector is named
 ANY = "*"  # a commit that expects this writes whatever version is held (tokens are hex: none is "*")
 
 

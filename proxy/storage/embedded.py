@@ -30,7 +30,7 @@ class _StringKeys(diskcache.Disk):
     """
 
     def put(self, key: object) -> tuple[object, bool]:
-        return super().put(_SEPARATOR.join(map(str, key)) if type(key) is tuple else key)  # type: ignore[no-any-return]
+        return super().put(_SEPARATOR.join(map(str, key)) if type(key) is tuple else key)
 
     def get(self, key: object, raw: bool) -> object:
         key = super().get(key, raw)
@@ -58,7 +58,7 @@ class EmbeddedStore:
 
     def get(self, key: Key) -> bytes | None:
         value = self.cache.get(_key(key))
-        return value.encode() if isinstance(value, str) else value  # type: ignore[no-any-return]
+        return value.encode() if isinstance(value, str) else value
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
         return [self.get(key) for key in keys]

@@ -27,7 +27,7 @@ from typing import Generic, TypeVar
 
 import msgspec
 
-from .base import Commit, Store, StoreUnavailable, new_version
+from .base import Commit, Key, Store, StoreUnavailable, new_version
 from .embedded import EmbeddedStore
 from .sealing import Sealer
 
@@ -122,7 +122,7 @@ class KeyedStore(Generic[T]):
                 changed = step(held)
                 if changed is None or changed is held:
                     return held, changed
-                writes = {stored_as(key): self._sealed(key, changed)}
+                writes: dict[Key, bytes] = {stored_as(key): self._sealed(key, changed)}
                 if self.store.commit(Commit(version_key, version.decode() if version else "", new_version(), writes)):
                     return held, changed
         raise StoreUnavailable(f"{self.what} changed under each of {CHANGE_ATTEMPTS} attempts by other processes")

@@ -138,7 +138,7 @@ class RedisStore:
             raise unavailable(error) from None
 
     def get(self, key: Key) -> bytes | None:
-        return self._call(self.client.get, self.name(key))  # type: ignore[no-any-return]
+        return self._call(self.client.get, self.name(key))
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
         names = [self.name(k) for k in keys]

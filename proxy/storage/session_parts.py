@@ -119,7 +119,7 @@ class KnownParts:
         with self._lock:
             end = self._ends.get(first[:4], 0)
             for n in range(first[4], end):
-                self._entries.pop((*first[:4], n), None)  # type: ignore[call-overload]
+                self._entries.pop((*first[:4], n), None)
             if end > first[4]:
                 self._ends[first[:4]] = first[4]
 

@@ -282,10 +282,10 @@ class SessionStore:
             if after is not None:  # the same request's first save, done by now (one writer, in order)
                 first = after.result() if after.exception() is None else None
                 amended = reconciled(session, first.session, first.session.id) if first is not None else None
-                if amended is None:
+                if first is None or amended is None:
                     self._settled(namespace, mine, first)
                     return first
-                session, base = amended, first.version  # type: ignore[union-attr]
+                session, base = amended, first.version
             return self._conditional(namespace, session, new_links, base, version, said, pinned, mine)
         except Exception:
             self._settled(namespace, mine, None)  # memory must not hold what the store does not

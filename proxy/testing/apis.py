@@ -212,7 +212,7 @@ def _content(text: str | None, tool_uses: Calls, thinking: bool) -> list[dict[st
     return content
 
 
-def _message(content: list[dict[str, Any]], model: str, stop_reason: str, usage: dict[str, int]) -> dict[str, Any]:
+def _message(content: list[dict[str, Any]], model: str, stop_reason: str | None, usage: dict[str, int]) -> dict[str, Any]:
     return {
         "id": f"msg_fake{next(_ids)}",
         "type": "message",
@@ -258,7 +258,7 @@ def messages_stream(
     pieces = list(pieces) if pieces is not None else None
     content = _content("".join(pieces) if pieces is not None else None, tool_uses, thinking)
     stop = stop_reason or ("tool_use" if tool_uses else "end_turn")
-    start = _message([], model, None, {"input_tokens": input_tokens, "output_tokens": 1})  # type: ignore[arg-type]
+    start = _message([], model, None, {"input_tokens": input_tokens, "output_tokens": 1})  # a stream's start has no stop_reason yet
     events: list[dict[str, Any]] = [{"type": "message_start", "message": start}, {"type": "ping"}]
     for index, block in enumerate(content):
         events += _block_events(index, block, pieces or [])
@@ -273,7 +273,7 @@ def _block_events(index: int, block: dict[str, Any], pieces: list[str]) -> list[
     kind = block["type"]
     if kind == "thinking":
         deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}, {"type": "signature_delta", "signature": block["signature"]}]
-        started = {"type": "thinking", "thinking": "", "signature": ""}
+        started: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
     elif kind == "tool_use":
         arguments = json.dumps(block["input"])
         half = len(arguments) // 2

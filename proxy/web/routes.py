@@ -91,6 +91,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         services.upstream_of(api), request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure, rewrite=rewrite
     )
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
+        assert response.status_code is not None  # forward's responses carry the upstream's status (None is Litestar's "the route's default")
         remember_forwarded(
             services.memory, scope, services.namespaces.of(request.headers), reading.messages, response.status_code, pcp.pinned_session(request.headers)
         )
