@@ -64,11 +64,33 @@ class Policy(msgspec.Struct, frozen=True):
     threshold: int = 8192  # prompt tokens above which protocol mode engages (the Sentry, §X)
     paging: PagingPolicy = PagingPolicy()
     rounds: RoundPolicy = RoundPolicy()
+    window: int = 0  # the model's context window (0: unknown): what fits it may go untouched while that is cheaper
 
 
 def engaged(prompt_tokens: int, policy: Policy) -> bool:
-    """The Sentry (§X): token pressure switches chat mode to protocol mode."""
-    return prompt_tokens > policy.threshold
+    """The Sentry (§X): token pressure switches chat mode to protocol mode, where paging pays.
+
+    Above the threshold a conversation is paged, unless it still fits the
+    model's window and paging it would cost more than sending it as it is
+    (``paging_pays``): then it goes untouched, and the provider's cache keeps
+    serving what it sent before.
+    """
+    return prompt_tokens > policy.threshold and (not policy.window or prompt_tokens > policy.window or paging_pays(prompt_tokens, policy.rounds))
+
+
+def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
+    """Whether a paged follow-up costs less than the same request sent untouched, as providers bill input.
+
+    Untouched, a follow-up's prompt is the one before it and a new turn: the
+    cache serves nearly all of it (``prompt_tokens`` at ``cached_price``).
+    Paged, its frame is served from the cache and what it adds after it (a
+    ``fresh_share`` of the budget) is billed in full. The new turn is billed
+    both ways. Where nothing is cached (``cached_price`` 1), paging pays as
+    soon as the budget is smaller than the conversation; where a local
+    server's slot keeps the prefix (0), it never pays while the conversation fits.
+    """
+    price, fresh = rounds.cached_price, rounds.fresh_share * rounds.budget
+    return price * prompt_tokens > price * (rounds.budget - fresh) + fresh
 
 
 class Resolution(msgspec.Struct, frozen=True):

@@ -91,8 +91,9 @@ def policy_of(settings: Settings) -> Policy:
         channel=settings.directive_channel,
         router=bool(settings.router_model),
         context_role=settings.context_role,
+        cached_price=settings.cached_input_price,
     )
-    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds)
+    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=settings.context_window)
 
 
 @asynccontextmanager

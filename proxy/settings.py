@@ -37,13 +37,18 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     sentry_threshold: int | None = None
     context_budget: int | None = None
     max_rounds: int | None = None
+    context_window: int | None = None
+    cached_input_price: float | None = None
 
     def problem(self) -> str | None:
         """What is wrong with these values, if anything (checked by ``Settings``, which knows the model's name)."""
+        price = self.cached_input_price
         for name, value, ok, what in (
             ("sentry_threshold", self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "must be positive"),
             ("context_budget", self.context_budget, self.context_budget is None or self.context_budget >= 512, "must be at least 512 tokens"),
             ("max_rounds", self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "must be at least 1"),
+            ("context_window", self.context_window, self.context_window is None or self.context_window >= 0, "must be 0 (unknown) or a number of tokens"),
+            ("cached_input_price", price, price is None or 0.0 <= price <= 1.0, "must be between 0 and 1"),
         ):
             if not ok:
                 return f"{name} {what}, got {value!r}"
@@ -97,6 +102,14 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     sentry_threshold: int = 8192
     # Most prompt tokens the proxy sends upstream per call in protocol mode.
     context_budget: int = 4096
+    # What a cached input token costs against one that is not: 0.1 for OpenAI's and Anthropic's cache
+    # reads, 0 for a local server that keeps the prefix in its slot, 1.0 where nothing is cached (then
+    # every request is paged afresh, as tokens are all that counts). Below 1, a conversation keeps a
+    # frame its follow-ups replay byte for byte, and is forwarded untouched while that is cheaper.
+    cached_input_price: float = 0.1
+    # The model's context window, in tokens: above the threshold, a conversation that still fits it is
+    # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
+    context_window: int = 0
     max_rounds: int = 4
     # A message longer than this many tokens (a pasted file, a long tool output) is
     # paged apart as a File block of Draft pages, with a handle in the history; 0: never.
@@ -156,6 +169,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         )
         _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
         _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
+        _require(self.cached_input_price, 0.0 <= self.cached_input_price <= 1.0, "cached_input_price", "must be between 0 and 1")
+        _require(self.context_window, self.context_window >= 0, "context_window", "must be 0 (unknown) or a number of tokens")
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")

@@ -88,8 +88,11 @@ def _narrowed(policy: Policy, spec: ModelSettings) -> Policy:
         rounds,
         budget=spec.context_budget if spec.context_budget is not None else rounds.budget,
         max_rounds=spec.max_rounds if spec.max_rounds is not None else rounds.max_rounds,
+        cached_price=spec.cached_input_price if spec.cached_input_price is not None else rounds.cached_price,
     )
-    return msgspec.structs.replace(policy, threshold=spec.sentry_threshold if spec.sentry_threshold is not None else policy.threshold, rounds=rounds)
+    threshold = spec.sentry_threshold if spec.sentry_threshold is not None else policy.threshold
+    window = spec.context_window if spec.context_window is not None else policy.window
+    return msgspec.structs.replace(policy, threshold=threshold, window=window, rounds=rounds)
 
 
 def _requested(base: Control, mode: str | None, threshold: str | None, budget: str | None) -> Control:

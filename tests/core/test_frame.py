@@ -92,3 +92,25 @@ def test_a_follow_up_goes_on_from_the_frame_a_sibling_does_not():
     assert continues(first.frame, follow_up)
     assert not continues(first.frame, edited)  # the question asked again otherwise: ranked afresh
     assert not continues(first.frame, history_links)  # the same history, another question
+
+
+def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would_cost():
+    from pcp_core.engine import RoundPolicy
+    from pcp_core.request import paging_pays
+
+    cached = RoundPolicy(budget=4096, cached_price=0.1, fresh_share=0.125)  # crossover: 3,584 + 512 / 0.1 = 8,704
+    assert not paging_pays(8_000, cached) and paging_pays(9_000, cached)
+    assert paging_pays(4_097, RoundPolicy(budget=4096, cached_price=1.0))  # nothing cached: tokens are the bill
+    assert not paging_pays(4_097 * 100, RoundPolicy(budget=4096, cached_price=0.0))  # a local slot: the prefix is free
+
+
+def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
+    from pcp_core.engine import RoundPolicy
+    from pcp_core.request import Policy, engaged
+
+    rounds = RoundPolicy(budget=4096, cached_price=0.1)
+    assert engaged(9_000, Policy(threshold=8192, rounds=rounds))  # the window unknown: the threshold alone
+    assert not engaged(8_500, Policy(threshold=8192, rounds=rounds, window=128_000))  # fits, and is cheaper untouched
+    assert engaged(20_000, Policy(threshold=8192, rounds=rounds, window=128_000))  # paging pays
+    assert engaged(8_500, Policy(threshold=8192, rounds=rounds, window=8_400))  # past the window: paged whatever it costs
+    assert not engaged(5_000, Policy(threshold=8192, rounds=rounds, window=128_000))

@@ -128,3 +128,15 @@ def test_per_model_settings_come_from_the_toml(tmp_path):
     config.write_text('[models."gpt-4o-mini"]\ncontext_budget = 100\n')
     with pytest.raises(SettingsError, match=r"gpt-4o-mini.*context_budget must be at least 512"):
         load_settings(config, environ={})
+
+
+def test_a_conversation_that_fits_the_window_goes_untouched_while_paging_costs_more(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_window=128_000)
+    upstream.default = completion("hello")
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of a long chat about gardens."} for i in range(201)]
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert response.headers["x-pcp-mode"] == "passthrough"  # ~2,400 tokens: its cached prefix costs less than a page
+    forced = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"x-pcp-mode-request": "force"})
+    assert forced.headers["x-pcp-mode"] == "protocol"
+    unknown = start_proxy(sentry_threshold=500)  # no window known: above the threshold, paged
+    assert unknown.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}).headers["x-pcp-mode"] == "protocol"
