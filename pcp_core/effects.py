@@ -63,6 +63,9 @@ class CallWorker(msgspec.Struct, frozen=True):
     marks: list[int] = []
     # The frame this request made or replayed (``pcp_core.frame``): what its session keeps for the next request.
     frame: Frame | None = None
+    # Tokens of its prompt's opening it shares with the call before it (the previous round's, or the
+    # previous request's frame): what a provider's cache may serve, as the host can tell.
+    shared: int = 0
 
 
 class Outcome(msgspec.Struct, frozen=True):

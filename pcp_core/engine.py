@@ -26,6 +26,7 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -215,6 +216,7 @@ class _Loop:
         self.solid: dict[str, Page] = {}  # Draft pages solidified so far, by id
         self.trace: list[Step] = []
         self.faulted = False
+        self.previous = ""  # the text of the previous call's prompt
         self.changed: list[str] = []  # what the last round's directives brought in
 
     def _extended(self, frame: Frame | None, said: Sequence[Page]) -> Frame | None:
@@ -290,9 +292,23 @@ class _Loop:
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
         messages, tools, trace = synthesis.messages, context.tools, list(self.trace)
+        shared = self._shared(synthesis)
+        self.previous = _text(messages)
+        frame = self.frame
         return CallWorker(
-            messages=messages, round=round_no, final=final, tools=tools, synthesis=synthesis, trace=trace, cuts=cuts, marks=marks, frame=self.frame
+            messages=messages, round=round_no, final=final, tools=tools, synthesis=synthesis, trace=trace, cuts=cuts, marks=marks, frame=frame, shared=shared
         )
+
+    def _shared(self, synthesis: Synthesis) -> int:
+        """Tokens of the prompt's opening the call before it had too: the previous round's prompt, or the frame replayed."""
+        text = _text(synthesis.messages)
+        if self.previous:
+            common = os.path.commonprefix([self.previous, text])
+        else:
+            end = self._stored_end(synthesis)
+            common = text[:end] if end is not None else ""
+        common = common[: common.rfind("\n") + 1]  # a whole line: a token may straddle where they part
+        return self.count(common) if common else 0
 
     def _stored_end(self, synthesis: Synthesis) -> int | None:
         """Where the frame the request went on from ends in ``synthesis``'s document, when it replays it: the previous request's entry."""
@@ -469,3 +485,9 @@ def _subtree(index: PageIndex, handle: str) -> set[str]:
 def _step(action: str, target: str, reason: str, changes: Sequence[Any]) -> Step:
     result = "; ".join(f"{c.page_id} {c.before}→{c.after}" for c in changes) or "no change"
     return Step(action, target, reason, result)
+
+
+def _text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A prompt's first message's text: the document, where a provider's cache finds a prefix."""
+    content = messages[0].get("content") if messages else ""
+    return content if isinstance(content, str) else ""

@@ -24,6 +24,7 @@ HELP = {
     "pcp_session_conflicts_total": "Session saves that found another request's save first, by what was kept: winner (it held this one's messages) | extended (this one held the winner's, and more) | forked (two branches: this one under an id of its own) | replaced (a pinned session follows its client).",
     "pcp_memory_pages_written_total": "Pages written into memory (write-backs, merges, imports); a page memory held already is not counted.",
     "pcp_memory_recalled_total": "Memory pages the Memory Router gave requests.",
+    "pcp_billed_input_tokens_total": "Protocol mode: input as providers bill it with a prompt cache (cached tokens at cached_input_price), in uncached-token units, by request: paged (as sent) | untouched (the same requests as the client sent them).",
     "pcp_memory_merged_total": "Consolidated pages the Memory Consolidator made over alike pages of different conversations.",
 }
 
@@ -33,8 +34,8 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "pcp_request_seconds": ("Seconds from a request's arrival until its response starts (a whole answer, or a stream's first event), by mode.", _SECONDS),
     "pcp_rounds_per_request": ("Worker calls made for one protocol-mode request.", (1, 2, 3, 4, 5, 6, 8, 10, 16)),
     "pcp_tokens_saved_per_request": (
-        "Protocol mode: the client's prompt tokens times the rounds, less the prompt tokens the rounds sent (x-pcp-tokens-saved; negative when a forced request pages a short conversation).",
-        (0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000, 256_000, 512_000, 1_000_000),
+        "Protocol mode: billed input saved against the same request sent untouched, priced with a prompt cache (x-pcp-tokens-saved; negative when paging cost more).",
+        (-8_000, -4_000, -2_000, -1_000, 0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000),
     ),
     "pcp_upstream_seconds": ("Seconds of one call the proxy made upstream on its own behalf, by x-pcp-role, until its answer's last byte.", _SECONDS),
 }

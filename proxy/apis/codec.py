@@ -108,6 +108,14 @@ class Usage(msgspec.Struct):
         for name, tokens in more.items():
             self.more[name] = self.more.get(name, 0) + tokens
 
+    def cache_read(self) -> int | None:
+        """The prompt tokens the upstream says its cache served, summed; None where it never said."""
+        return self.cached_tokens
+
+    def read_from_cache(self, tokens: int) -> None:
+        """Add what an answer of another API says its cache served (its field for it was there)."""
+        self.cached_tokens = (self.cached_tokens or 0) + tokens
+
     def chat(self) -> dict[str, Any]:
         """The sum as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
         usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}

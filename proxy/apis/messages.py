@@ -129,6 +129,8 @@ def usage(total: Usage, message: dict[str, Any]) -> None:
     total.add_counts(
         count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
     )
+    if isinstance(said, dict) and "cache_read_input_tokens" in said:
+        total.read_from_cache(read)
 
 
 def usage_of(usage: Usage) -> dict[str, int]:

@@ -122,15 +122,17 @@ def item_call(item: Item) -> dict[str, Any] | None:
 
 def usage(total: Usage, response: dict[str, Any]) -> None:
     said = response.get("usage")
-    cached = count_of(said.get("input_tokens_details") if isinstance(said, dict) else None, "cached_tokens")
+    details = said.get("input_tokens_details") if isinstance(said, dict) else None
     reasoning = count_of(said.get("output_tokens_details") if isinstance(said, dict) else None, "reasoning_tokens")
-    total.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), cached_tokens=cached, reasoning_tokens=reasoning)
+    total.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), reasoning_tokens=reasoning)
+    if isinstance(details, dict) and "cached_tokens" in details:
+        total.read_from_cache(count_of(details, "cached_tokens"))
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:
     """The sum over every upstream call, as a response's ``usage``."""
     return {
-        "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.more.get("cached_tokens", 0)},
+        "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
         "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": usage.more.get("reasoning_tokens", 0)},
         "total_tokens": usage.total_tokens,
     }  # fmt: skip

@@ -163,6 +163,7 @@ class ProtocolRequest:
         self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
+        self.telemetry.priced(self._untouched_read(prepared), self.usage)
         writer = services.summary_writer
         if writer is not None and self.upstream is services.upstream:  # it asks for chat completions
             await writer.submit(prepared.session.pages, self.codec.model, self.headers)
@@ -170,6 +171,14 @@ class ProtocolRequest:
         # long history is built in a thread, as their steps run (``_step``).
         loop = await asyncio.to_thread(rounds, prepared, services.tokenizer.count_built, services.bm25)
         return self.telemetry.watch(prepared, loop)
+
+    def _untouched_read(self, prepared: Prepared) -> int:
+        """What a provider's cache would serve of the request sent untouched: the messages the request before it
+        in the conversation sent too (``resumed``: the session held them), counted as the client's."""
+        if prepared.paged.how not in ("resumed", "pinned") or self.resolution is None:
+            return 0
+        said = [*self.conversation.head, *self.conversation.history[: self.resolution.reused]]
+        return prompt_tokens(said, self.services.tokenizer.count)
 
     async def _paged(self) -> Prepared:
         """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""

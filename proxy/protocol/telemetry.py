@@ -9,9 +9,13 @@ the histograms and writes one log line.
 
 Headers (``RequestTelemetry.headers``):
 
-* ``x-pcp-tokens-saved`` — over the rounds, the client's prompt tokens less
-  the prompt tokens each worker call carried (negative when a forced request
-  pages a short conversation);
+* ``x-pcp-tokens-saved`` — the input the request was billed against what the
+  same request sent untouched would have been, priced as providers bill a
+  prompt cache (``pcp_core.billing``: a cached token at ``cached_input_price``),
+  in uncached-token units: negative when paging cost more. What the upstream
+  says its cache served (``cached_tokens``, ``cache_read_input_tokens``)
+  counts where it says it; elsewhere the proxy's reading of what each call
+  shares with the one before it;
 * ``x-pcp-pages`` — ``shown-detail/shown-summary/folded/total`` of the
   answering round: every page of the session is one of these; ``folded`` is
   what the worker saw no text of (a root's one line in Background_Context,
@@ -34,6 +38,7 @@ from typing import Any
 import msgspec
 
 from pcp_core import CallRouter, CallWorker, Effect, Outcome, Paged, PagedHistory, Prepared, Step, View
+from pcp_core.billing import billed, cached
 
 from .. import headers as pcp
 from ..logs import TRACE_ID
@@ -52,6 +57,7 @@ class RoundTrace(msgspec.Struct):
     round: int
     final: bool
     tokens: int  # prompt tokens the worker call carried
+    shared: int = 0  # of them, those the call before it had too (the previous round's, or the previous request's frame)
     seconds: float = 0.0  # the call, until its answer's last byte
     views: dict[str, str] = {}  # page id -> the view it was shown at (Detail | Summary | Unpacked)
     folded: list[str] = []  # roots folded into Background_Context
@@ -83,7 +89,12 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     budget: int
     rounds: list[RoundTrace] = []
     tokens_sent: int = 0
+    # Input as providers bill it with a prompt cache, in uncached-token units: the request's, and the
+    # same request's sent untouched; their difference (negative when paging cost more).
+    billed: float = 0.0
+    untouched: float = 0.0
     tokens_saved: int = 0
+    cache_reported: bool = False  # the upstream said what its cache served; else the proxy's reading
     pages: PageCounts = msgspec.field(default_factory=PageCounts)
     consulted: list[str] = []
     hot: list[str] = []  # pages the Router made Hot (evidence shown first), and the latest turns
@@ -147,6 +158,9 @@ class RequestTelemetry:
             threshold=policy.threshold, budget=policy.rounds.budget,
         )  # fmt: skip
         self.calls: list[CallWorker] = []
+        self.price = policy.rounds.cached_price
+        self.untouched_read = 0  # what the provider's cache would serve of the request sent untouched
+        self.reported: Any = None  # the request's summed usage (``apis.codec.Usage``), as the upstream reports it
         self.total = 0
         self.answered = False  # the response has started: its latency is counted
         TRACE_ID.set(self.id)  # this request's log lines carry it (logs.py)
@@ -180,8 +194,13 @@ class RequestTelemetry:
         self.calls.append(call)
         views = {page: str(view) for page, view in synthesis.shown.items()}
         self.trace.rounds.append(
-            RoundTrace(call.round, call.final, synthesis.tokens, views=views, folded=list(synthesis.folded), dehydrated=list(synthesis.dehydrated))
+            RoundTrace(call.round, call.final, synthesis.tokens, call.shared, views=views, folded=list(synthesis.folded), dehydrated=list(synthesis.dehydrated))
         )
+
+    def priced(self, untouched_read: int, usage: Any) -> None:
+        """What prices the request: the tokens the request sent untouched would find in the cache (the
+        request before it in the conversation), and its usage as the upstream reports it (``Usage``)."""
+        self.untouched_read, self.reported = untouched_read, usage
 
     # -- what the response says ------------------------------------------------------------
     def headers(self) -> dict[str, str]:
@@ -200,7 +219,15 @@ class RequestTelemetry:
     def _summed(self) -> RequestTrace:
         trace = self.trace
         trace.tokens_sent = sum(r.tokens for r in trace.rounds)
-        trace.tokens_saved = trace.prompt_tokens * len(trace.rounds) - trace.tokens_sent
+        read = self.reported.cache_read() if self.reported is not None else None
+        trace.cache_reported = read is not None
+        if read is None:  # the proxy's reading: each call's prefix the one before it had
+            trace.billed = sum(billed(r.tokens, cached(r.shared), self.price) for r in trace.rounds)
+        else:
+            sent = self.reported.prompt_tokens or trace.tokens_sent
+            trace.billed = billed(sent, read, self.price)
+        trace.untouched = billed(trace.prompt_tokens, cached(self.untouched_read), self.price)
+        trace.tokens_saved = round(trace.untouched - trace.billed)
         if self.calls:
             trace.pages = _counts(trace.rounds[-1].views, self.total)
             trace.consulted = list(dict.fromkeys(step.target for step in self.calls[-1].trace if step.action == "Consult"))
@@ -217,6 +244,8 @@ class RequestTelemetry:
         self.traces.add(self.namespace, trace)
         self.metrics.observe("pcp_rounds_per_request", len(trace.rounds))
         self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
+        self.metrics.inc("pcp_billed_input_tokens_total", round(trace.billed), request="paged")
+        self.metrics.inc("pcp_billed_input_tokens_total", round(trace.untouched), request="untouched")
         fields = {
             "session": trace.session,
             "model": trace.model,
@@ -224,6 +253,8 @@ class RequestTelemetry:
             "prompt_tokens": trace.prompt_tokens,
             "tokens_sent": trace.tokens_sent,
             "tokens_saved": trace.tokens_saved,
+            "billed": round(trace.billed),
+            "untouched": round(trace.untouched),
             "pages": trace.pages.header(),
             "consulted": trace.consulted,
             "seconds": round(trace.seconds, 4),

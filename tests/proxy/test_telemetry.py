@@ -5,10 +5,12 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 
 import pytest
 
+from pcp_core.billing import billed, cached
 from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
 from proxy.testing.upstream import completion, stream_reply
@@ -41,11 +43,15 @@ def test_headers_say_what_the_worker_was_sent(paging_proxy, upstream, stream):
     calls = upstream.chat_requests("worker")
     assert h["x-pcp-mode"] == "protocol" and h["x-pcp-rounds"] == "2" and len(calls) == 2
 
-    # Saved: the client's prompt tokens, once per round, less what each round's prompt carried.
+    # Saved: what the same request untouched would be billed (a new conversation: nothing cached), less what the
+    # rounds were billed, priced with a prompt cache: the second round's opening is the first round's, at a tenth.
     client_tokens = prompt_tokens(messages, COUNT)
     assert int(h["x-pcp-prompt-tokens"]) == client_tokens
     sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
-    assert int(h["x-pcp-tokens-saved"]) == 2 * client_tokens - sum(sent) > 0
+    first, second = (call.json["messages"][0]["content"] for call in calls)
+    common = os.path.commonprefix([first, second])
+    read = cached(COUNT(common[: common.rfind("\n") + 1]))
+    assert int(h["x-pcp-tokens-saved"]) == round(client_tokens - sent[0] - billed(sent[1], read, 0.1)) > 0
 
     # Pages: the answering round's Nodes by view; every other page of the session is folded.
     views = flow_views(calls[-1])
@@ -188,3 +194,38 @@ def test_json_log_line_outside_a_request_has_no_trace_and_keeps_the_exception():
         log.removeHandler(handler)
     line = json.loads(buffer.getvalue())
     assert line["message"] == "it failed: badly" and "trace" not in line and "ValueError: boom" in line["exception"]
+
+
+def test_tokens_saved_is_negative_where_paging_cost_more(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500)
+    upstream.default = completion("ok")
+    short = conversation()[:6]
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": short}, headers={**KEY, "x-pcp-mode-request": "force"})
+    assert response.headers["x-pcp-mode"] == "protocol"
+    assert int(response.headers["x-pcp-tokens-saved"]) < 0  # a short conversation costs more paged than as it is
+
+
+def test_tokens_saved_reads_what_the_upstream_says_its_cache_served(paging_proxy, upstream):
+    reply = completion("The code is 5521.", prompt_tokens=1800)
+    body = json.loads(reply.body)
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 1536}
+    reply.body = json.dumps(body).encode()
+    upstream.enqueue(reply)
+    messages = conversation()
+    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
+    untouched = prompt_tokens(messages, COUNT)  # a new conversation: its request untouched would find nothing cached
+    assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched - billed(1800, 1536, 0.1))
+
+
+def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_before(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=4096, max_rounds=4)
+    upstream.enqueue(consult_first_summary, completion("The code is 5521."))
+    messages = conversation(400)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
+    calls = upstream.chat_requests("worker")
+    first, second = (call.json["messages"][0]["content"] for call in calls)
+    common = os.path.commonprefix([first, second])
+    read = cached(COUNT(common[: common.rfind("\n") + 1]))
+    assert read >= 1024  # the later round opens with the first one's prompt: a provider's cache serves it
+    sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
+    assert int(response.headers["x-pcp-tokens-saved"]) == round(prompt_tokens(messages, COUNT) - sent[0] - billed(sent[1], read, 0.1))
