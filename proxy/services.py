@@ -77,6 +77,11 @@ class Services:
     summary_writer: SummaryWriter | None
     local_model: LocalModel | None
 
+    def keys_prompt_cache(self, upstream: Upstream) -> bool:
+        """Whether a paged request's calls to ``upstream`` carry OpenAI's ``prompt_cache_key`` (``prompt_cache_key``)."""
+        wanted = self.settings.prompt_cache_key
+        return wanted == "on" or (wanted == "auto" and upstream.client.base_url.host == "api.openai.com")
+
     def upstream_of(self, api: Api) -> Upstream:
         """The upstream that serves ``api``: Anthropic's for Messages, when it has its own."""
         return self.anthropic if api.name == "messages" and self.anthropic is not None else self.upstream

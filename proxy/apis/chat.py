@@ -196,6 +196,9 @@ class ChatCodec:
     def model(self) -> str:
         return str(self.body.get("model") or "")
 
+    def cache_key(self, key: str) -> None:
+        self.base.setdefault("prompt_cache_key", key)
+
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, "messages": call.messages}
         if call.tools:

@@ -164,6 +164,8 @@ class Codec(Protocol):
     def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]: ...
     def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]: ...
     def round(self, usage: Usage) -> RoundStream: ...
+    def cache_key(self, key: str) -> None:
+        """Ask the upstream to route the request's calls by ``key`` (OpenAI's ``prompt_cache_key``), unless the client names one."""
 
 
 class ToolsCodec:
@@ -186,6 +188,9 @@ class ToolsCodec:
     @property
     def model(self) -> str:
         return str(self.body.get("model") or "")
+
+    def cache_key(self, key: str) -> None:
+        self.base.setdefault("prompt_cache_key", key)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, **self.prompt(call.messages, call.cuts, call.marks)}

@@ -209,6 +209,9 @@ class MessagesCodec(ToolsCodec):
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
+    def cache_key(self, key: str) -> None:
+        """Anthropic finds a prefix by the marks (``_system``): there is no key to send."""
+
     def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> dict[str, Any]:
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)

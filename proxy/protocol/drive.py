@@ -163,6 +163,8 @@ class ProtocolRequest:
         self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
+        if self.services.keys_prompt_cache(self.upstream):
+            self.codec.cache_key(f"pcp-{prepared.session.id}")
         self.telemetry.priced(self._untouched_read(prepared), self.usage)
         writer = services.summary_writer
         if writer is not None and self.upstream is services.upstream:  # it asks for chat completions

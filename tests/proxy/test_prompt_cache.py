@@ -74,3 +74,14 @@ def _only_session(proxy) -> tuple[str, str]:
     proxy.services.sessions.flush()
     ((namespace, session_id),) = proxy.services.sessions.stored()
     return namespace, session_id
+
+
+def test_a_paged_request_names_its_session_to_openais_prompt_cache(start_proxy, upstream):
+    keyed = start_proxy(sentry_threshold=500, context_budget=2048, prompt_cache_key="on")
+    response = keyed.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    assert upstream.chat_requests("worker")[-1].json["prompt_cache_key"] == f"pcp-{response.headers['x-pcp-session']}"
+    keyed.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "prompt_cache_key": "mine"})
+    assert upstream.chat_requests("worker")[-1].json["prompt_cache_key"] == "mine"  # the client's own is kept
+    plain = start_proxy(sentry_threshold=500, context_budget=2048)  # auto: only to api.openai.com
+    plain.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    assert "prompt_cache_key" not in upstream.chat_requests("worker")[-1].json
