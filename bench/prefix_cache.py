@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.recall import DEFAULT_DATA, ENCODING, Message, ask_proxy, load_data, running_proxy, user  # noqa: E402
+from bench.recall import DEFAULT_DATA, ENCODING, PROXY_ROWS, Message, ask_proxy, evidence_texts, load_data, proxy_outcomes, recall, running_proxy, user  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -101,13 +101,14 @@ def compose(history: list[Message], asked: Sequence[tuple[str, str]], question: 
     return [*history, *earlier, user(question)]
 
 
-def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) -> tuple[Shares, Shares, int]:
+def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) -> tuple[Shares, Shares, int, list[list[Any]]]:
     import httpx
 
     tokenizer = Tokenizer(ENCODING)
     count = tokenizer.count
     conversations, questions = load_data(data, [1, 2, 3, 4], limit)
     rounds, follow_ups, over = Shares(), Shares(), 0
+    outcomes: list[list[Any]] = [[] for _ in PROXY_ROWS]  # recall, each row of bench/recall.py's
     first_before: dict[str, list[dict[str, str]]] = {}
     asked: dict[str, list[tuple[str, str]]] = {}
     with running_proxy(budget, simulated_worker, False) as (fake, url), httpx.Client(timeout=300) as client:
@@ -126,9 +127,12 @@ def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) 
             if conv in first_before:
                 follow_ups.add(shared_prefix(first_before[conv], prompts[0], count), sizes[0], floor)
             first_before[conv] = prompts[0]
+            needles = evidence_texts(question, conversations[conv])
+            for row, outcome in zip(outcomes, proxy_outcomes(question, messages, calls, count, needles)):
+                row.append(outcome)
             answer = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 else ""
             asked[conv].append((question.text, answer))
-    return rounds, follow_ups, over
+    return rounds, follow_ups, over, outcomes
 
 
 def measure_messages(budget: int, shape: str, limit: int | None, data: Path) -> tuple[Shares, Shares, int]:
@@ -180,10 +184,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     for budget in args.budgets:
         if args.api == "messages":
             rounds, follow_ups, over = measure_messages(budget, args.shape, args.limit, args.data)
+            outcomes: list[list[Any]] = []
         else:
-            rounds, follow_ups, over = measure(budget, args.shape, args.limit, args.data, args.least)
+            rounds, follow_ups, over, outcomes = measure(budget, args.shape, args.limit, args.data, args.least)
         print(f"| later rounds | {budget:,} | " + " | ".join(rounds.cells()) + " |")
         print(f"| follow-ups | {budget:,} | " + " | ".join(follow_ups.cells()) + " |")
+        if outcomes:
+            print("\nrecall, " + ", ".join(f"{name}: {recall(row) or 0:.3f}" for name, row in zip(PROXY_ROWS, outcomes)) + "\n")
         if over:
             print(f"\n{over} requests had a worker prompt over {budget:,} tokens", file=sys.stderr)
 

@@ -23,7 +23,7 @@ from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .paging import PagedHistory, PagingPolicy
 from .pblock import ScanPolicy
 from .replies import WorkerReply, calls_client_tool
-from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, prepare, remembered, rounds, settle, with_appendix, with_components
+from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, pageable, prepare, remembered, rounds, settle, with_appendix, with_components
 from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, links_continuing, longest_extended, new_session_id, reconciled, transcript
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
@@ -89,6 +89,7 @@ __all__ = [
     "node",
     "on_request",
     "onto_messages",
+    "pageable",
     "parse_selector",
     "part_handle",
     "part_text",

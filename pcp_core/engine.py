@@ -40,6 +40,7 @@ from .directives import Consult, Directive, Explore, Shelve
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
 from .frame import Frame, extended
 from .index import Activation, PageIndex, UnknownPage
+from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import around_handle, solidify
 from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
@@ -90,9 +91,10 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
     # a tenth). Below 1, a conversation keeps a frame (``pcp_core.frame``) its follow-ups replay.
     cached_price: float = 0.1
-    # With a frame: the most of the budget a follow-up adds after it (the pages ranked for its query),
-    # billed in full. The frame is made again when it leaves less.
-    fresh_share: float = 0.125
+    # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
+    # in full: the pages of the turns said since, the query, the pages ranked for it. The frame is made
+    # again when it leaves less room.
+    fresh_share: float = 0.2
     # The most of the budget a frame takes when it is made: it grows by the turns said since.
     frame_share: float = 0.25
 
@@ -124,6 +126,9 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # The query's chain link and place in the conversation: the next request goes on from here.
     query_link: str = ""
     query_at: int = 0
+    # Whether the history's last page may still take the next turns (it is not full): then it stays out
+    # of the frame, which would show it as it no longer is.
+    last_page_open: bool = True
 
     @property
     def tools(self) -> list[dict[str, Any]]:
@@ -197,14 +202,17 @@ class _Loop:
         said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         # The latest closed pages go in the frame the request makes; the last page, which the next
         # request's turns reopen, after it.
-        closed = said[:-1][-policy.recent_pages :] if policy.recent_pages else []
-        self.frame_pages = [page.id for page in closed]
-        self.recent = [page.id for page in [*closed, *said[-1:]]][::-1]
+        opened = said[-1:] if context.last_page_open else []
+        closed = said[: len(said) - len(opened)]
+        latest = closed[-policy.recent_pages :] if policy.recent_pages else []
+        self.frame_pages = [page.id for page in latest]
+        self.recent = [page.id for page in [*latest, *opened]][::-1]
         self.kept: list[str] = []
         self.caching = policy.cached_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
-        self.frame = self._extended(context.frame, said) if self.caching else None
-        self.open = said[-1].id if said else None
+        self.frame = self._extended(context.frame, closed) if self.caching else None
+        self.open = opened[0].id if opened else None
+        self.covered = closed[-1].last_turn + 1 if closed else 0  # the turns of the closed pages
         for page_id in dict.fromkeys([*self.hot, *self.recent]):
             self.views.raise_to(page_id, View.DETAIL, unfold=False)  # Hot: injected directly
             index.activate(page_id, Activation.HOT)
@@ -219,11 +227,11 @@ class _Loop:
         self.previous = ""  # the text of the previous call's prompt
         self.changed: list[str] = []  # what the last round's directives brought in
 
-    def _extended(self, frame: Frame | None, said: Sequence[Page]) -> Frame | None:
-        """``frame`` with the pages of turns said since it was made or extended (closed ones: the last page may still change)."""
+    def _extended(self, frame: Frame | None, closed: Sequence[Page]) -> Frame | None:
+        """``frame`` with the closed pages of turns said since it was made or extended."""
         if frame is None:
             return None
-        new = [page for page in said[:-1] if page.first_turn >= frame.turns]
+        new = [page for page in closed if page.first_turn >= frame.turns]
         return extended(frame, new, self.count, self.context.query_link, self.context.query_at)
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
@@ -241,14 +249,21 @@ class _Loop:
             self.frame = None
             synthesis = self._synthesize(round_no)
         if self.caching:
-            opened = self.index.get(self.open).first_turn if self.open is not None else 0
-            self.frame = self._made(synthesis, opened)
+            self.frame = self._made(synthesis, self.covered)
         return self._called(synthesis, round_no)
+
+    def _fresh(self) -> int:
+        """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
+        pages of the turns said since the frame was stored, the query), and never less than the last page."""
+        policy, stored, frame = self.policy, self.context.frame, self.frame
+        new = (frame.tokens - stored.tokens if frame is not None and stored is not None else 0) + self.count(self.context.query)
+        last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
+        return max(int(policy.fresh_share * policy.budget) - new, last)
 
     def _synthesize(self, round_no: int) -> Synthesis:
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
-        fresh = int(policy.fresh_share * policy.budget)
+        fresh = self._fresh()
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,

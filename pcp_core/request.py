@@ -25,6 +25,7 @@ from typing import Any
 
 import msgspec
 
+from . import document
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
 from .effects import CallWorker, Effect, Outcome
@@ -32,11 +33,12 @@ from .engine import RoundContext, RoundPolicy, run_rounds
 from .frame import Frame, continues
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
-from .pages import Page, Turn, iso_timestamp
+from .pages import Origin, Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
+from .replies import DIRECTIVE_TOOLS
 from .session import Continuation, Session, chain_links, continuation, hold, new_session_id, page_on, resume, solidified
-from .tokens import Checkpoint, CountText, unchecked
+from .tokens import Checkpoint, CountText, part_tokens, prompt_tokens, unchecked
 
 __all__ = [
     "Facts",
@@ -46,6 +48,7 @@ __all__ = [
     "Resolution",
     "asked",
     "engaged",
+    "pageable",
     "prepare",
     "query_line",
     "remembered",
@@ -65,6 +68,21 @@ class Policy(msgspec.Struct, frozen=True):
     paging: PagingPolicy = PagingPolicy()
     rounds: RoundPolicy = RoundPolicy()
     window: int = 0  # the model's context window (0: unknown): what fits it may go untouched while that is cheaper
+
+
+# What a worker call must leave for pages, beyond what it carries whatever is paged: below it paging shows nothing.
+LEAST_ROOM = 256
+
+
+def pageable(conversation: Conversation, client_tools: list[dict[str, Any]], policy: Policy, count: CountText) -> bool:
+    """Whether the request can be paged at all: what every worker call carries whole (the instructions, the
+    query with its attachments, the client's tools) leaves room in the budget. A request that cannot is
+    never answered blind: it goes untouched where the model's window may hold it, else it is refused."""
+    query = query_line(conversation, policy.paging, count)
+    frame = prompt_tokens([{"role": "system", "content": document.registry("", False) + document.tail((), query, "2026-01-01T00:00", True)}], count)
+    parts = sum(part_tokens(part) for part in conversation.query_parts)
+    tools = [*client_tools, *(DIRECTIVE_TOOLS if policy.rounds.channel == "tools" else [])]
+    return frame + parts + (count(json.dumps(tools)) if tools else 0) + LEAST_ROOM <= policy.rounds.budget
 
 
 def engaged(prompt_tokens: int, policy: Policy) -> bool:
@@ -171,7 +189,10 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         turn = _query_turn(conversation, now)
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
-    context = msgspec.structs.replace(_context(conversation, policy, facts, now, count), **_goes_on(found.frame, conversation, resolution, policy))
+    going_on = _goes_on(found.frame, conversation, resolution, policy)
+    context = msgspec.structs.replace(
+        _context(conversation, policy, facts, now, count), **going_on, last_page_open=_last_page_open(session.pages, policy.paging, count)
+    )
     return Prepared(session=session, new_links=new_links, paged=paged, context=context, recalled=facts.memory)
 
 
@@ -250,6 +271,15 @@ def _goes_on(frame: Frame | None, conversation: Conversation, resolution: Resolu
     line = chain_links([conversation.query], after=chain[-1] if chain else "")[0] if conversation.query is not None else ""
     kept = frame is not None and policy.rounds.cached_price < 1 and continues(frame, resolution.links[:history])
     return {"frame": frame if kept else None, "query_link": line, "query_at": history}
+
+
+def _last_page_open(pages: PagedHistory, policy: PagingPolicy, count: CountText) -> bool:
+    """Whether the history's last page may still take the next turns: it holds fewer than a page's turns and tokens."""
+    said = [page for page in pages.leaves if page.origin == Origin.HISTORY]
+    if not said:
+        return False
+    last = said[-1]
+    return last.last_turn - last.first_turn + 1 < policy.page_turns and count(last.content) < policy.page_tokens
 
 
 def _paged(how: Continuation, known: PagedHistory, paged: PagedHistory, reused: int) -> Paged:

@@ -9,6 +9,7 @@ checked by the routers' guard (``keys.proxy_key``) before any handler runs.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any, TypeVar
@@ -16,13 +17,14 @@ from typing import Any, TypeVar
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, CountText, engaged, prompt_tokens
+from pcp_core import Conversation, CountText, engaged, pageable, prompt_tokens
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
-from ..apis.codec import Api, Reading, whole_body
+from ..apis.codec import Api, Codec, Reading, whole_body
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
+from ..errors import ClientError
 from ..memory.hooks import faults, memory_scope, remember_forwarded
 from ..memory.scopes import Scope
 from ..protocol.control import Control
@@ -36,6 +38,8 @@ from .keys import check_metrics_key, shows_details, upstream_headers
 __all__ = ["API_ROUTES", "OPEN_ROUTES", "RESERVED"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("pcp.proxy")
 
 # A body over this is read (decoded, counted, its conversation found) in a thread: at a million
 # tokens (~4.4 MB) that is ~20 ms of the event loop's that the requests it serves meanwhile would wait for.
@@ -82,7 +86,10 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
         control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
         if control is not None:
-            return await _protocol(request, services, api, body, reading, tokens, headers, control, scope)
+            codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
+            if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
+                return await _protocol(request, services, codec, conversation, tokens, headers, control, scope)
+            _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     rewrite = None
     if api.chat_body:
@@ -140,12 +147,31 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
     return control if paged else None
 
 
+def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: Services) -> tuple[Codec, Conversation]:
+    """The request's codec, and its conversation as the rules read it."""
+    codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+    return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
+
+
+def _unpageable(control: Control, tokens: int) -> None:
+    """A request whose query and tools alone leave its budget no room for pages: refused where the model's
+    window is known to be too small for it as it is; else (the caller) it goes untouched."""
+    window = control.policy.window
+    if window and tokens > window:
+        raise ClientError(
+            f"this request cannot be paged: its query, attachments and tools alone fill the context budget ({control.policy.rounds.budget:,} "
+            f"tokens), and at {tokens:,} tokens it is larger than the model's context window ({window:,}): raise PCP_CONTEXT_BUDGET",
+            status=413,
+            code="context_budget_too_small",
+        )
+    log.info("a request's query and tools fill the context budget (%d tokens): forwarded untouched", control.policy.rounds.budget)
+
+
 async def _protocol(
     request: Request[Any, Any, Any],
     services: Services,
-    api: Api,
-    body: bytes,
-    reading: Reading,
+    codec: Codec,
+    conversation: Conversation,
     tokens: int,
     headers: dict[str, str],
     control: Control,
@@ -153,13 +179,7 @@ async def _protocol(
 ) -> Response[Any]:
     services.metrics.inc("pcp_requests_total", mode="protocol")
     namespace = services.namespaces.of(request.headers)
-    messages = reading.messages
-
-    def read() -> tuple[Any, Conversation]:
-        codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
-        return codec, Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)
-
-    codec, conversation = await _read(body, read)
+    messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
     work = serve_protocol(
         services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pcp_core.engine import RoundPolicy
 from pcp_core.frame import continues
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.replies import WorkerReply
@@ -55,7 +56,7 @@ def test_what_a_follow_up_adds_after_its_frame_keeps_to_its_share():
     first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
     second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What was the name of Ingrid's greyhound again?")
     fresh = _document(second)[second.synthesis.frame_end : _document(second).index("</Linear_Flow>")]
-    assert COUNT(fresh) <= 0.125 * 4096 + 200  # its share, and the last page, which the frame leaves out
+    assert COUNT(fresh) <= RoundPolicy().fresh_share * 4096  # its share, less the turns since and the query
     assert "Biscuit" in fresh or "Biscuit" in second.frame.text  # the evidence is there
 
 

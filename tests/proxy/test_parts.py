@@ -74,18 +74,19 @@ def test_a_part_of_an_older_turn_is_sent_again_when_its_page_is_consulted(protoc
     assert answer.choices[0].message.content == "The locker in the photo is blue."
 
 
-def test_parts_never_take_a_prompt_over_the_budget(protocol_proxy, upstream):
+def test_a_query_whose_parts_fill_the_budget_is_never_answered_blind(protocol_proxy, start_proxy, upstream):
     images = [{"type": "image_url", "image_url": {"url": f"{PIXEL}#{i}"}} for i in range(6)]  # 6 × 765 tokens: over the budget
+    messages = asking(*images, text="Which of these is my locker?")
     upstream.enqueue(completion("Six photos."))
+    response = protocol_proxy.client().chat.completions.with_raw_response.create(model="m", messages=messages)
+    assert response.headers["x-pcp-mode"] == "passthrough"  # no page would fit beside them: untouched, every image with it
+    (sent,) = upstream.chat_requests()
+    assert user_parts(sent) == images and sent.json["messages"] == messages
 
-    protocol_proxy.client().chat.completions.create(model="m", messages=asking(*images, text="Which of these is my locker?"))
-
-    (worker,) = upstream.chat_requests("worker")
-    sent = user_parts(worker)
-    assert sent == images[: len(sent)] and 0 < len(sent) < len(images)
-    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
-    query = xml(worker).findtext("Query")
-    assert all(f"[image_url {part_handle(image)}]" in query for image in images)  # those left out stay named
+    small_window = start_proxy(sentry_threshold=500, context_budget=BUDGET, context_window=4000)
+    refused = small_window.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert refused.status_code == 413 and refused.json()["error"]["code"] == "context_budget_too_small"
+    assert len(upstream.chat_requests()) == 1  # nothing went upstream
 
 
 def test_parts_are_counted_at_a_fixed_price():
