@@ -9,6 +9,7 @@ checked by the routers' guard (``keys.proxy_key``) before any handler runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from time import perf_counter
 from typing import Any, TypeVar
@@ -73,6 +74,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     the proxy cannot see) forwarded as it came."""
     started = perf_counter()
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
+    api = _asked_at(api, request)
     body = await request.body()
     reading, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
     pcp_headers = dict(PASSTHROUGH)
@@ -96,6 +98,13 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         )
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
+
+
+def _asked_at(api: Api, request: Request[Any, Any, Any]) -> Api:
+    """``api`` at the path the client asked for: with its query string (Anthropic's SDK adds ``?beta=true``,
+    Azure's ``?api-version=…``), which every upstream call made for the request carries, in both modes."""
+    query = request.scope.get("query_string") or b""
+    return dataclasses.replace(api, path=f"{api.path}?{query.decode('latin-1')}") if query else api
 
 
 async def _chat_extras(
@@ -156,6 +165,7 @@ async def _protocol(
 
     def read() -> tuple[Any, Conversation]:
         codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+        codec.api = api  # at the path the client asked for (``_asked_at``)
         return codec, Conversation.of(messages, control.policy.paging.blocks, services.tokenizer.count)
 
     codec, conversation = await _read(body, read)
@@ -205,6 +215,12 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return {"status": "ok", "upstream": services.upstream.shown_url} if shows_details(services.settings, request.headers) else {"status": "ok"}
 
 
+@route("/", http_method=[HttpMethod.GET, HttpMethod.HEAD])
+async def root() -> Response[bytes]:
+    """The root: a client's connectivity probe (Claude Code's ``HEAD /``) finds a server that answers."""
+    return Response(b'{"status": "ok"}', media_type="application/json")
+
+
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> str:
     check_metrics_key(services.settings, request.headers)
@@ -213,4 +229,4 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
 
 API_ROUTES = [chat_completions, responses, messages, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
-OPEN_ROUTES = [healthz, metrics]  # at the root, without a proxy key
+OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key
