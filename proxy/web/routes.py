@@ -21,7 +21,7 @@ from pcp_core import Conversation, CountText, engaged, prompt_tokens
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
-from ..apis.codec import Api, Reading, whole_body
+from ..apis.codec import Api, Reading, tools_text, whole_body
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
 from ..memory.hooks import faults, memory_scope, remember_forwarded
@@ -90,7 +90,16 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     if api.chat_body:
         body, rewrite = await _chat_extras(request, services, reading, body, pcp_headers, scope)
     response = await forward(
-        services.upstream_of(api), request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure, rewrite=rewrite
+        services.upstream_of(api),
+        request,
+        "POST",
+        api.path,
+        body,
+        headers,
+        pcp_headers,
+        stream=reading.stream,
+        failure=api.failure,
+        rewrite=rewrite,
     )
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
         remember_forwarded(
@@ -127,9 +136,13 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
 
 
 def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int]:
-    """The request as ``api`` reads it, and its prompt's tokens (0 for one forwarded untouched, which is not counted)."""
+    """The request as ``api`` reads it, and its prompt's tokens, its tool definitions' with them (0 for one
+    forwarded untouched, which is not counted)."""
     reading = api.read(body)
-    return reading, prompt_tokens(reading.messages, count) if reading.untouched is None else 0
+    if reading.untouched is not None:
+        return reading, 0
+    tools = tools_text(body)
+    return reading, prompt_tokens(reading.messages, count) + (count(tools) if tools else 0)
 
 
 def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> Scope | None:

@@ -113,3 +113,27 @@ def test_a_chat_query_of_tool_results_shows_the_worker_the_call_that_asked(start
     assert answer.status_code == 200
     query = query_of(api_requests(upstream, "chat", role="worker")[0])
     assert "(calls edit(" in query and "a + b" in query and "(edit returned: Edit applied successfully.)" in query
+
+
+def tools_of(api: str, n: int = 12) -> list[dict]:
+    """``n`` tools with long descriptions, as ``api`` writes them (a coding agent's are ~16k tokens)."""
+    described = [(f"tool_{i}", f"Tool {i} reads the repository's files and reports on the ledger, invoice {i} and audit trail. " * 8) for i in range(n)]
+    schema = {"type": "object", "properties": {"path": {"type": "string", "description": "the file"}}}
+    if api == "chat":
+        return [{"type": "function", "function": {"name": name, "description": text, "parameters": schema}} for name, text in described]
+    if api == "responses":
+        return [{"type": "function", "name": name, "description": text, "parameters": schema} for name, text in described]
+    return [{"name": name, "description": text, "input_schema": schema} for name, text in described]
+
+
+@pytest.mark.parametrize("api", list(BODIES))
+def test_the_sentry_counts_the_requests_tool_definitions(start_proxy, upstream, api):
+    proxy = start_proxy(sentry_threshold=1000, context_budget=40000)
+    path, body = BODIES[api]
+    tools = tools_of(api)
+    bare = proxy.http.post(path, content=json.dumps(body), headers={**ANTHROPIC, "content-type": "application/json"})
+    tooled = proxy.http.post(path, content=json.dumps({**body, "tools": tools}), headers={**ANTHROPIC, "content-type": "application/json"})
+    tool_tokens = proxy.services.tokenizer.count(json.dumps(tools))
+    assert tool_tokens > 1000 > int(bare.headers["x-pcp-prompt-tokens"])
+    assert int(tooled.headers["x-pcp-prompt-tokens"]) == int(bare.headers["x-pcp-prompt-tokens"]) + tool_tokens
+    assert (bare.headers["x-pcp-mode"], tooled.headers["x-pcp-mode"]) == ("passthrough", "protocol")
