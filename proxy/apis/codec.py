@@ -79,6 +79,8 @@ class Api:
     # Its bodies and answers are chat's: PACT components and Hybrid mode edit them below the
     # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one said.
     chat_body: bool = False
+    # An answer that came whole where a stream was asked for, as the event stream the client asked for (``whole_streams``).
+    as_stream: Callable[[bytes], bytes] | None = None
 
 
 class Usage(msgspec.Struct):

@@ -100,6 +100,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         stream=reading.stream,
         failure=api.failure,
         rewrite=rewrite,
+        as_stream=api.as_stream,
     )
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
         remember_forwarded(
