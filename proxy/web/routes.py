@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, CountText, engaged, prompt_tokens
+from pcp_core import Conversation, CountText, client_named, engaged, prompt_tokens
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
@@ -185,7 +185,7 @@ async def _protocol(
     codec, conversation = await _read(body, read)
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
     work = serve_protocol(
-        services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope
+        services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
     )
     # Worker rounds run before any byte is sent: a client that leaves cancels them.
     response = await unless_client_leaves(request, work)
@@ -193,6 +193,13 @@ async def _protocol(
     if scope is not None:
         response.headers[pcp.MEMORY] = scope.name
     return response
+
+
+def _pinned(request: Request[Any, Any, Any], conversation: Conversation) -> str | None:
+    """The session the client pins (``x-pcp-session``); else, for a coding agent that names its own session,
+    the one that agent session and conversation keep (``pcp_core.client_named``); else None: found by content."""
+    named, said = pcp.client_session(request.headers), [*conversation.history, conversation.query]
+    return pcp.pinned_session(request.headers) or (client_named(named, said[0]) if named else None)
 
 
 @route("/{path:path}", http_method=METHODS, status_code=200)

@@ -137,3 +137,23 @@ def test_the_sentry_counts_the_requests_tool_definitions(start_proxy, upstream, 
     assert tool_tokens > 1000 > int(bare.headers["x-pcp-prompt-tokens"])
     assert int(tooled.headers["x-pcp-prompt-tokens"]) == int(bare.headers["x-pcp-prompt-tokens"]) + tool_tokens
     assert (bare.headers["x-pcp-mode"], tooled.headers["x-pcp-mode"]) == ("passthrough", "protocol")
+
+
+def test_two_agents_that_name_their_sessions_keep_two_sessions_however_alike_they_start(start_proxy, upstream):
+    proxy = start_proxy(anthropic_base_url="http://anthropic.test")
+    system = [{"type": "text", "text": "You are Claude Code."}]
+    first = {"role": "user", "content": [{"type": "text", "text": TASK}]}
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "calc/ops.py"}}]}
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "def add_totals(a, b): return a - b"}]}
+
+    def send(agent: str, messages: list[dict]) -> str:
+        body = {"model": "claude", "max_tokens": 100, "system": system, "messages": messages}
+        answer = proxy.http.post("/v1/messages", json=body, headers={**ANTHROPIC, **FORCE, "x-claude-code-session-id": agent})
+        assert answer.status_code == 200
+        return answer.headers["x-pcp-session"]
+
+    a, b = send("agent-a", [first]), send("agent-b", [first])
+    assert a != b  # the same first request, two agents
+    assert send("agent-a", [first, call, result]) == a and send("agent-b", [first, call, result]) == b
+    sub = {"role": "user", "content": "You are a sub-agent: list the tests."}
+    assert send("agent-a", [sub]) not in (a, b)  # another conversation of agent a: a session of its own
