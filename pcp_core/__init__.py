@@ -24,7 +24,19 @@ from .paging import PagedHistory, PagingPolicy
 from .pblock import ScanPolicy
 from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, pageable, prepare, remembered, rounds, settle, with_appendix, with_components
-from .session import SESSION_ID, Session, begins_with, chain_links, common_prefix, links_continuing, longest_extended, new_session_id, reconciled, transcript
+from .session import (
+    SESSION_ID,
+    Session,
+    begins_with,
+    chain_links,
+    client_named,
+    common_prefix,
+    links_continuing,
+    longest_extended,
+    new_session_id,
+    reconciled,
+    transcript,
+)
 from .summaries import model_summary, summary_prompt
 from .synthesis import Step, Synthesis
 from .tokens import Checkpoint, CountText, part_text, prompt_tokens
@@ -75,6 +87,7 @@ __all__ = [
     "calls_client_tool",
     "chain_links",
     "chat_messages",
+    "client_named",
     "common_prefix",
     "conversation_links",
     "delete",

@@ -5,6 +5,17 @@ system prompt that changes on every call (today's date in it, say) does not
 break the session; the history is what is paged; the last message is the
 query. A query too large for a prompt (a file pasted with its question) is a
 File block too: the session takes it as its next message, scanned.
+
+Two shapes of coding agents' requests are read so that the query stays what
+was asked:
+
+* system or developer messages after the last turn (Claude Code's
+  mid-conversation system message, a reminder appended to the request) are
+  instructions, not the query: they join the head;
+* a chat conversation that ends in tool results (``role: "tool"``) ends in
+  one turn, the assistant's calls and the results that answer them (as
+  ``exchanges`` reads the other APIs): the query is that turn, so the worker
+  reads what was asked and what came back together.
 """
 
 from __future__ import annotations
@@ -19,7 +30,20 @@ from .pages import short_hash
 from .pblock import ScanPolicy
 from .tokens import CountText, function_calls, part_text
 
-__all__ = ["HEAD_ROLES", "PLACEHOLDER", "Conversation", "attached", "fold_system", "message_text", "part_handle", "parts_of", "placeholder"]
+__all__ = [
+    "HEAD_ROLES",
+    "PLACEHOLDER",
+    "Conversation",
+    "attached",
+    "conversation_end",
+    "exchange_start",
+    "exchange_turn",
+    "fold_system",
+    "message_text",
+    "part_handle",
+    "parts_of",
+    "placeholder",
+]
 
 HEAD_ROLES = ("system", "developer")
 
@@ -35,10 +59,18 @@ class Conversation(msgspec.Struct, frozen=True):
     @classmethod
     def of(cls, messages: Sequence[Message], blocks: ScanPolicy, count: CountText) -> Conversation:
         start = conversation_start(messages)
-        rest = list(messages[start:])
+        end = conversation_end(messages, start)
+        head, rest = [*messages[:start], *messages[end:]], list(messages[start:end])
+        exchange = exchange_start(rest)
+        if exchange is not None:
+            turn = exchange_turn(rest[exchange:])
+            # A turn too large for a prompt stays as it came: the session holds a File-block query
+            # as the one message it is, and the next request sends the same message back.
+            if not blocks.is_block(message_text(turn), count):
+                return cls(head=head, history=rest[:exchange], query=turn)
         query = rest[-1] if rest else None
         block = query is not None and blocks.is_block(message_text(query), count)
-        return cls(head=list(messages[:start]), history=rest[:-1], query=query, query_is_block=block)
+        return cls(head=head, history=rest[:-1], query=query, query_is_block=block)
 
     @property
     def chained(self) -> list[Message]:
@@ -66,6 +98,40 @@ class Conversation(msgspec.Struct, frozen=True):
 def conversation_start(messages: Sequence[Mapping[str, Any]]) -> int:
     """Where the conversation starts: after the head, the leading system and developer messages."""
     return next((i for i, m in enumerate(messages) if m.get("role") not in HEAD_ROLES), len(messages))
+
+
+def conversation_end(messages: Sequence[Mapping[str, Any]], start: int) -> int:
+    """Where the conversation ends: before the system and developer messages that follow its last turn."""
+    end = len(messages)
+    while end > start and messages[end - 1].get("role") in HEAD_ROLES:
+        end -= 1
+    return end
+
+
+def exchange_start(messages: Sequence[Mapping[str, Any]]) -> int | None:
+    """Where the turn starts whose calls the chat tool results that end ``messages`` answer (the assistant's
+    message with ``tool_calls``); None when they do not end in tool results, or the calls are not there."""
+    i = len(messages)
+    while i > 0 and messages[i - 1].get("role") == "tool":
+        i -= 1
+    if i == len(messages) or i == 0 or messages[i - 1].get("role") != "assistant" or not function_calls(messages[i - 1]):
+        return None
+    return i - 1
+
+
+def exchange_turn(messages: Sequence[Mapping[str, Any]]) -> Message:
+    """An assistant's message with its calls and the tool messages that answer them, as one turn:
+    ``Let me look. (calls read({…})) (read returned: …)``, a result's attachments after its text."""
+    calls, names = messages[0], {}
+    for call in calls.get("tool_calls") or ():
+        if isinstance(call, Mapping) and isinstance(call.get("function"), Mapping):
+            names[call.get("id")] = call["function"].get("name")
+    content: list[Any] = [{"type": "text", "text": message_text(calls).strip()}]
+    for result in messages[1:]:
+        name = names.get(result.get("tool_call_id")) or result.get("name") or "a tool"
+        said = message_text({**result, "name": None})
+        content += [{"type": "text", "text": f"({name} returned: {said})"}, *parts_of(result)]
+    return {"role": "assistant", "content": content}
 
 
 def message_text(message: Mapping[str, Any]) -> str:

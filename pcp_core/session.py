@@ -34,6 +34,7 @@ __all__ = [
     "Session",
     "begins_with",
     "chain_links",
+    "client_named",
     "common_prefix",
     "continuation",
     "links_continuing",
@@ -235,6 +236,19 @@ def reconciled(mine: Session, winner: Session, fresh_id: str, *, pinned: bool = 
     if shared == len(winner.chain) or pinned:
         return solidified(mine, winner.pages.storage) if shared == len(winner.chain) else mine
     return msgspec.structs.replace(mine, id=fresh_id)
+
+
+def client_named(client_session: str, first: Mapping[str, Any] | None) -> str | None:
+    """The session of a request whose client names a session of its own (a coding agent's ``X-Claude-Code-Session-Id``),
+    as a rule: one per client session and first message of the conversation (``first``: None, the request has none).
+
+    Two agents given the same task start alike (the task, the same instructions:
+    only their heads, which a session does not hold, tell their folders apart), and
+    sessions found by content would be one until they part. Named by the client,
+    they are two from the start; a client's other conversations (a sub-agent's,
+    whose first message is its own task) keep theirs.
+    """
+    return None if first is None else "c-" + short_hash(client_session, chain_links([first])[0], length=16)
 
 
 def new_session_id(namespace: str, chain: Sequence[str], nonce: int) -> str:

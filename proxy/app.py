@@ -30,8 +30,9 @@ from .web.cors import UpstreamCorsDropped, cors_config
 from .web.handlers import EXCEPTION_HANDLERS
 from .web.keys import proxy_key
 from .web.routes import API_ROUTES, OPEN_ROUTES, RESERVED
+from .web.websockets import refuse_websocket
 
-__all__ = ["create_app"]
+__all__ = ["Proxy", "create_app"]
 
 
 def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> Litestar:
@@ -46,7 +47,7 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
 
     own_api = Router("/v1/pcp", route_handlers=[*COMPONENT_ROUTES, *HYBRID_ROUTES, *MEMORY_ROUTES, *INSPECTOR_API, RESERVED], guards=[proxy_key])
     apis = Router("/v1", route_handlers=API_ROUTES, guards=[proxy_key])
-    return Litestar(
+    return Proxy(
         route_handlers=[apis, own_api, *OPEN_ROUTES, *INSPECTOR_PAGES],
         dependencies=DEPENDENCIES,
         lifespan=[lifespan],
@@ -58,6 +59,16 @@ def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None
         openapi_config=None,
         logging_config=None,
     )
+
+
+class Proxy(Litestar):
+    """The Litestar application, but for WebSocket upgrades: no route takes one (``web.websockets``)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "websocket":
+            await refuse_websocket(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def _services(state: State) -> Services:

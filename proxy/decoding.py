@@ -9,35 +9,63 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import ClientError
 
-__all__ = ["decode_json", "error_param"]
+__all__ = ["decode_json", "error_param", "not_utf8"]
 
 T = TypeVar("T")
 
 
-def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat request", code: str | None = None) -> T:
+def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat request", code: str | None = None, field: str | None = None) -> T:
     """``decode(body)``, or the 400 that says what is wrong with the body (``code``: the code of one of the wrong shape).
 
     Besides what is not JSON or not of the API's shape, msgspec refuses text
     that is not UTF-8 and raises RecursionError past some thousand levels of
-    nesting: both are the request's fault, not the proxy's.
+    nesting: both are the request's fault, not the proxy's. ``body`` may be
+    one field of the request (``field``, its name): the error names it. Text
+    that is not UTF-8 is named by where it is (``messages.[2].content``).
     """
     try:
         return decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
-        raise ClientError(f"invalid {what}: {text}", param=error_param(text), code=code) from None
+        raise ClientError(f"invalid {what}: {text}", param=_within(field, error_param(text)), code=code) from None
     except msgspec.DecodeError as exc:
-        raise ClientError(f"request body is not valid JSON: {exc}") from None
+        raise ClientError(f"{f'`{field}`' if field else 'request body'} is not valid JSON: {exc}", param=field) from None
     except UnicodeDecodeError:
-        raise ClientError(f"request body is not valid UTF-8 ({_bad_utf8(body)})", code="invalid_encoding") from None
+        where = _within(field, not_utf8(body))
+        said = f"`{where}` is not valid UTF-8" if where else "request body is not valid UTF-8"
+        raise ClientError(f"{said} ({_bad_utf8(body)}{' of the field' if field else ''})", param=where, code="invalid_encoding") from None
     except RecursionError:
         raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+
+
+def _within(field: str | None, param: str | None) -> str | None:
+    return ".".join(filter(None, (field, param))) or None
+
+
+def not_utf8(body: bytes, depth: int = 12) -> str | None:
+    """Where in the JSON ``body`` text is not UTF-8, written as OpenAI writes ``param`` (``messages.[2].content``):
+    the first object key or array item that holds it, followed down ``depth`` levels; None: the body is not a JSON
+    object or array, or a key itself is not UTF-8."""
+    for shape, name in ((dict[str, msgspec.Raw], "{}"), (list[msgspec.Raw], "[{}]")):
+        try:
+            items = msgspec.json.decode(body, type=shape)
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+            continue
+        pairs: Any = items.items() if isinstance(items, dict) else enumerate(items)
+        for key, raw in pairs:
+            try:
+                bytes(raw).decode()
+            except UnicodeDecodeError:
+                deeper = not_utf8(bytes(raw), depth - 1) if depth > 0 else None
+                return ".".join(filter(None, (name.format(key), deeper)))
+        return None
+    return None
 
 
 def _bad_utf8(body: bytes) -> str:

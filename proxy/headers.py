@@ -32,6 +32,7 @@ __all__ = [
     "TOKENS_SAVED",
     "TRACE",
     "WORKSPACE",
+    "client_session",
     "pinned_session",
 ]
 
@@ -59,6 +60,16 @@ CONTEXT_ROUND = "x-pcp-context-round"
 
 # Sent upstream on the proxy's own calls: worker, router, memory-router, summary-writer, embeddings.
 ROLE = "x-pcp-role"
+
+
+# Sent by coding agents: the session the agent itself is in (Claude Code's, Codex CLI's). Not the proxy's
+# to read as a pin (``x-pcp-session``), but a name two agents' sessions are kept apart by (``pcp_core.client_named``).
+CLIENT_SESSIONS = ("x-claude-code-session-id", "session-id")
+
+
+def client_session(headers: Mapping[str, str]) -> str | None:
+    """The session a coding agent names its own calls with, if it names one."""
+    return next((headers[name] for name in CLIENT_SESSIONS if headers.get(name)), None)
 
 
 def pinned_session(headers: Mapping[str, str]) -> str | None:

@@ -54,6 +54,9 @@ class StreamRules(Protocol):
     def missing(self) -> str | None:
         """What the stream lacks to be whole, once it has ended (None: nothing)."""
 
+    def whole(self, body: bytes) -> list[dict[str, Any]]:
+        """An answer that came whole (a server that ignores ``stream``), as the events of its stream; or the 502 that says it is not one."""
+
 
 class StreamReader:
     """The JSON events of a stream, from its raw bytes, checked as they come by the API's ``rules``.

@@ -214,12 +214,11 @@ class Upstream:
         """Decode an event stream into its JSON events, checked whole by the API's ``rules``; closes the response at the end."""
         try:
             content_type = response.headers.get("content-type")
-            if content_type and not is_event_stream(content_type):
-                body = await self.read(response)
-                raise UpstreamError(
-                    f"the upstream at {self.shown_url} answered a streamed call with {content_type}, not an event stream: {body[:200]!r}",
-                    code="upstream_bad_stream",
-                )
+            if content_type and not is_event_stream(content_type):  # a server that ignores ``stream``: its answer as its events
+                for event in rules.whole(await self.read(response)):
+                    rules.failure(event)
+                    yield event
+                return
             reader = StreamReader(rules, self.shown_url)
             async for chunk in reader.chunks(self._chunks(response)):
                 yield chunk

@@ -22,6 +22,7 @@ from ..decoding import decode_json
 from ..errors import ClientError, PcpError
 from ..sse import DONE, data_event, said
 from .codec import Api, Reading, Usage, checked
+from .whole_streams import chat_chunks
 
 __all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
 
@@ -126,11 +127,22 @@ def usage(total: Usage, completion: dict[str, Any]) -> None:
     total.add(completion.get("usage"))
 
 
+def whole(body: bytes) -> list[dict[str, Any]]:
+    """A completion that came whole where a stream was asked for, as its chunks (``whole_streams``)."""
+    return list(chat_chunks(check(body)))
+
+
+def as_stream(body: bytes) -> bytes:
+    """A completion that came whole, as the event stream the client asked for."""
+    return b"".join(map(event, whole(body))) + DONE_EVENT
+
+
 class ChatRules:
     """A streamed chat completion is whole when it carried at least one choice and
     ended with ``[DONE]`` or a ``finish_reason``."""
 
     check = staticmethod(check_chunk)
+    whole = staticmethod(whole)
 
     def __init__(self) -> None:
         self.choices = False  # an event carried a choice
@@ -227,21 +239,8 @@ class ChatCodec:
 
     async def events(self, completion: dict[str, Any]) -> AsyncIterator[bytes]:
         """A whole completion as the stream of chunks that would have carried it."""
-        meta = {
-            "id": completion.get("id", ""),
-            "object": "chat.completion.chunk",
-            "created": completion.get("created", int(time.time())),
-            "model": completion.get("model", ""),
-        }
-        for n, choice in enumerate(completion["choices"]):
-            message = choice["message"]
-            delta = {"role": "assistant", "content": message.get("content")}
-            if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-            for part, finish in ((delta, None), ({}, choice.get("finish_reason") or "stop")):
-                yield event({**meta, "choices": [{"index": choice.get("index", n), "delta": part, "finish_reason": finish}]})
-        if self.include_usage:
-            yield event({**meta, "choices": [], "usage": completion["usage"]})
+        for chunk in chat_chunks(completion, usage=self.include_usage):
+            yield event(chunk)
         yield DONE_EVENT
 
     def round(self, usage: Usage) -> ChatRound:
@@ -323,4 +322,4 @@ def _answer(choice: dict[str, Any], index: int, text: str) -> dict[str, Any]:
 # The fields chat's protocol mode reads; every other one goes upstream as the bytes the client sent.
 READ_FIELDS = frozenset({"stream", "model", "tools", "stream_options", "n", "pcp_components"})
 
-CHAT = Api("chat", "/chat/completions", READ_FIELDS, read, ChatCodec, failure, chat_body=True)
+CHAT = Api("chat", "/chat/completions", READ_FIELDS, read, ChatCodec, failure, chat_body=True, as_stream=as_stream)

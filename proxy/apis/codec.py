@@ -47,6 +47,7 @@ __all__ = [
     "function_call",
     "split_system",
     "text_of",
+    "tools_text",
     "whole_body",
 ]
 
@@ -78,6 +79,8 @@ class Api:
     # Its bodies and answers are chat's: PACT components and Hybrid mode edit them below the
     # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one said.
     chat_body: bool = False
+    # An answer that came whole where a stream was asked for, as the event stream the client asked for (``whole_streams``).
+    as_stream: Callable[[bytes], bytes] | None = None
 
 
 class Usage(msgspec.Struct):
@@ -228,7 +231,23 @@ def whole_body(body: bytes, read: frozenset[str], decoded: dict[str, Any]) -> di
     rest as the bytes the client sent (``msgspec.Raw``), so what the proxy does not read (a number
     past a double's range, text that is not UTF-8) is the upstream's to judge, as in passthrough."""
     fields = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
-    return {key: decoded[key] if key in decoded else decode_json(raw, msgspec.json.decode) if key in read else raw for key, raw in fields.items()}
+    return {
+        key: decoded[key] if key in decoded else decode_json(bytes(raw), msgspec.json.decode, field=key) if key in read else raw for key, raw in fields.items()
+    }
+
+
+class _Tools(msgspec.Struct):
+    tools: msgspec.Raw = msgspec.Raw(b"null")  # msgspec takes Raw in no union
+
+
+_TOOLS = msgspec.json.Decoder(_Tools)
+
+
+def tools_text(body: bytes) -> str:
+    """The request's tool definitions as the client wrote them (``tools``, JSON), "" when it has none: part of
+    the prompt the upstream reads, so the Sentry counts them (a coding agent's are ~16k tokens of a ~19k prompt)."""
+    raw = bytes(decode_json(body, _TOOLS.decode).tools)
+    return "" if raw == b"null" else decode_json(raw, bytes.decode, field="tools")
 
 
 def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, Any]:

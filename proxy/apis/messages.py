@@ -33,6 +33,7 @@ from ..decoding import decode_json
 from ..errors import ClientError, PcpError, anthropic_envelope
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system
+from .whole_streams import message_events
 
 __all__ = [
     "MESSAGES",
@@ -158,8 +159,20 @@ def failure(error: PcpError) -> bytes:
     return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"
 
 
+def whole(body: bytes) -> list[dict[str, Any]]:
+    """A message that came whole where a stream was asked for, as its events (``whole_streams``)."""
+    return list(message_events(check(body)))
+
+
+def as_stream(body: bytes) -> bytes:
+    """A message that came whole, as the event stream the client asked for."""
+    return b"".join(named_event(e["type"], e) for e in whole(body))
+
+
 class MessagesRules:
     """A Messages stream is whole when it ends with ``message_stop``; an ``error`` event is the upstream's failure."""
+
+    whole = staticmethod(whole)
 
     def __init__(self) -> None:
         self.done = False
@@ -359,4 +372,4 @@ class MessagesRound:
             yield named_event(event["type"], event)
 
 
-MESSAGES = Api("messages", "/messages", frozenset({"system", "model", "stream", "tools", "tool_choice"}), read, MessagesCodec, failure)
+MESSAGES = Api("messages", "/messages", frozenset({"system", "model", "stream", "tools", "tool_choice"}), read, MessagesCodec, failure, as_stream=as_stream)

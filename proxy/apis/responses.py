@@ -27,6 +27,7 @@ from ..decoding import decode_json
 from ..errors import PcpError
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
+from .whole_streams import response_events
 
 __all__ = [
     "RESPONSES",
@@ -164,9 +165,21 @@ class _Event(msgspec.Struct):
     item: dict[str, Any] | None = None
 
 
+def whole(body: bytes) -> list[dict[str, Any]]:
+    """A response that came whole where a stream was asked for, as its events (``whole_streams``)."""
+    return list(response_events(check(body)))
+
+
+def as_stream(body: bytes) -> bytes:
+    """A response that came whole, as the event stream the client asked for."""
+    return b"".join(named_event(e["type"], e) for e in whole(body))
+
+
 class ResponsesRules:
     """A Responses stream is whole when it ends with ``response.completed`` (or ``response.incomplete``);
     an ``error`` or ``response.failed`` event is the upstream's failure."""
+
+    whole = staticmethod(whole)
 
     def __init__(self) -> None:
         self.done = False
@@ -351,4 +364,12 @@ class ResponsesRound:
             yield named_event(event["type"], event)
 
 
-RESPONSES = Api("responses", "/responses", frozenset({"input", "instructions", "model", "stream", "tools", "tool_choice"}), read, ResponsesCodec, failure)
+RESPONSES = Api(
+    "responses",
+    "/responses",
+    frozenset({"input", "instructions", "model", "stream", "tools", "tool_choice"}),
+    read,
+    ResponsesCodec,
+    failure,
+    as_stream=as_stream,
+)

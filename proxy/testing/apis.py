@@ -115,7 +115,7 @@ def _responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     }
 
 
-def _output(text: str | None, function_calls: Calls, reasoning: bool) -> list[dict[str, Any]]:
+def _output(text: str | None, function_calls: Calls, reasoning: bool, custom_calls: Calls = ()) -> list[dict[str, Any]]:
     n = next(_ids)
     output: list[dict[str, Any]] = [{"id": f"rs_fake{n}", "type": "reasoning", "summary": []}] if reasoning else []
     if text is not None:
@@ -139,6 +139,10 @@ def _output(text: str | None, function_calls: Calls, reasoning: bool) -> list[di
                 "arguments": _arguments(arguments),
             }
         )
+    for i, (name, text) in enumerate(custom_calls):  # a custom (freeform) tool's call: its input is text
+        output.append(
+            {"id": f"ctc_fake{n}_{i}", "type": "custom_tool_call", "status": "completed", "call_id": f"call_fakec{n}_{i}", "name": name, "input": text}
+        )
     return output
 
 
@@ -146,6 +150,7 @@ def response(
     text: str | None = "ok",
     *,
     function_calls: Calls = (),
+    custom_calls: Calls = (),
     reasoning: bool = False,
     model: str = "fake-model",
     input_tokens: int = 10,
@@ -153,23 +158,26 @@ def response(
     status: str = "completed",
     headers: dict[str, str] | None = None,
 ) -> Reply:
-    """A response object: (a reasoning item,) a message saying ``text`` unless it is None, a function call per ``function_calls``."""
-    return _json(_response(_output(text, function_calls, reasoning), model, status, _responses_usage(input_tokens, output_tokens)), headers)
+    """A response object: (a reasoning item,) a message saying ``text`` unless it is None, a function call per
+    ``function_calls``, a custom tool's call per ``custom_calls`` (name, input text)."""
+    output = _output(text, function_calls, reasoning, custom_calls)
+    return _json(_response(output, model, status, _responses_usage(input_tokens, output_tokens)), headers)
 
 
 def responses_stream(
     pieces: Iterable[str] | None,
     *,
     function_calls: Calls = (),
+    custom_calls: Calls = (),
     model: str = "fake-model",
     input_tokens: int = 10,
     output_tokens: int = 2,
     status: str = "completed",
     headers: dict[str, str] | None = None,
 ) -> Reply:
-    """The events of a streamed response that says ``pieces`` in order (none: no message) and makes ``function_calls``."""
+    """The events of a streamed response that says ``pieces`` in order (none: no message) and makes ``function_calls`` and ``custom_calls``."""
     pieces = list(pieces) if pieces is not None else None
-    output = _output("".join(pieces) if pieces is not None else None, function_calls, False)
+    output = _output("".join(pieces) if pieces is not None else None, function_calls, False, custom_calls)
     final = _response(output, model, status, _responses_usage(input_tokens, output_tokens))
     events: list[dict[str, Any]] = [{"type": "response.created", "response": {**final, "status": "in_progress", "output": [], "usage": None}}]
     for index, item in enumerate(output):
@@ -179,6 +187,14 @@ def responses_stream(
 
 
 def _item_events(index: int, item: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+    if item["type"] == "custom_tool_call":
+        at = {"output_index": index, "item_id": item["id"]}
+        return [
+            {"type": "response.output_item.added", "output_index": index, "item": {**item, "status": "in_progress", "input": ""}},
+            {"type": "response.custom_tool_call_input.delta", **at, "delta": item["input"]},
+            {"type": "response.custom_tool_call_input.done", **at, "input": item["input"]},
+            {"type": "response.output_item.done", "output_index": index, "item": item},
+        ]
     if item["type"] == "function_call":
         added = {**item, "status": "in_progress", "arguments": ""}
         return [

@@ -74,8 +74,17 @@ def embeddings(count: int = 1, *, dimensions: int = 8, model: str = "fake-embedd
     return Reply(body=json.dumps({"object": "list", "data": data, "model": model, "usage": {"prompt_tokens": count, "total_tokens": count}}).encode())
 
 
-def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[str, int] | None = None, finish: str = "stop") -> list[bytes]:
-    """The SSE events of a streamed completion that says ``pieces`` in order, ending for ``finish``; ``usage`` comes in an event of its own, as OpenAI sends it when asked (``stream_options.include_usage``)."""
+def sse_chunks(
+    pieces: Iterable[str],
+    *,
+    model: str = "fake-model",
+    usage: dict[str, int] | None = None,
+    finish: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+) -> list[bytes]:
+    """The SSE events of a streamed completion that says ``pieces`` in order and makes ``tool_calls`` (their
+    arguments in two deltas), ending for ``finish``; ``usage`` comes in an event of its own, as OpenAI sends it
+    when asked (``stream_options.include_usage``)."""
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
@@ -91,7 +100,16 @@ def sse_chunks(pieces: Iterable[str], *, model: str = "fake-model", usage: dict[
 
     events = [event({"role": "assistant", "content": ""})]
     events += [event({"content": piece}) for piece in pieces]
-    events.append(event({}, finish))
+    for i, call in enumerate(tool_calls or ()):
+        arguments = call["function"]["arguments"]
+        opened = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": arguments[: len(arguments) // 2]},
+        }
+        events += [event({"tool_calls": [opened]}), event({"tool_calls": [{"index": i, "function": {"arguments": arguments[len(arguments) // 2 :]}}]})]
+    events.append(event({}, finish or ("tool_calls" if tool_calls else "stop")))
     if usage:
         chunk = {"id": cid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model, "choices": [], "usage": usage}
         events.append(f"data: {json.dumps(chunk)}\n\n".encode())

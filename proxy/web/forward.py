@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote
 
@@ -17,7 +17,8 @@ import httpx
 from litestar import Request, Response
 from litestar.response import Stream
 
-from ..errors import ClientClosed, ClientError
+from ..errors import ClientClosed, ClientError, UpstreamError
+from ..sse import is_event_stream
 from ..upstream import Failure, Upstream, forwardable
 
 __all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
@@ -49,16 +50,19 @@ async def forward(
     stream: bool | None,
     failure: Failure,
     rewrite: Rewrite | None = None,
+    as_stream: Callable[[bytes], bytes] | None = None,
 ) -> Response[Any]:
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
     when it is an event stream, of unknown length or large, else read whole (a cheaper response).
     ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came.
-    ``failure``: how a stream that fails midway says so (an error event of the client's API)."""
+    ``failure``: how a stream that fails midway says so (an error event of the client's API).
+    ``as_stream``: a streamed call's answer that came whole (a server that ignores ``stream``) as the
+    API's event stream, which the client asked for."""
     if stream:
         # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
-        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure))
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure, as_stream))
         if rewrite is not None and response.status_code < 300:
             chunks = rewrite.stream(chunks)
         return Stream(chunks, **_relayed(response, pcp_headers))
@@ -85,10 +89,22 @@ def _relayed_as_it_comes(response: httpx.Response) -> bool:
 
 
 async def _started(
-    upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure
+    upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure, as_stream: Callable[[bytes], bytes] | None
 ) -> tuple[httpx.Response, AsyncIterator[bytes]]:
     response = await upstream.open(method, path, content=body, headers=headers)
-    return response, await upstream.started(response, failure)
+    if as_stream is None or response.status_code >= 300 or is_event_stream(response.headers.get("content-type")):
+        return response, await upstream.started(response, failure)
+    whole = await upstream.read(response)
+    try:
+        events = as_stream(whole)
+    except UpstreamError:  # not an answer of the API: the client gets it as it came
+        return response, _once(whole)
+    response.headers["content-type"] = "text/event-stream; charset=utf-8"
+    return response, _once(events)
+
+
+async def _once(content: bytes) -> AsyncIterator[bytes]:
+    yield content
 
 
 def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ checked by the routers' guard (``keys.proxy_key``) before any handler runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Callable
 from time import perf_counter
@@ -17,11 +18,11 @@ from typing import Any, TypeVar
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, CountText, engaged, pageable, prompt_tokens
+from pcp_core import Conversation, CountText, client_named, engaged, pageable, prompt_tokens
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
-from ..apis.codec import Api, Codec, Reading, whole_body
+from ..apis.codec import Api, Codec, Reading, tools_text, whole_body
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
 from ..errors import ClientError
@@ -77,6 +78,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     the proxy cannot see) forwarded as it came."""
     started = perf_counter()
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
+    api = _asked_at(api, request)
     body = await request.body()
     reading, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
     pcp_headers = dict(PASSTHROUGH)
@@ -95,7 +97,17 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     if api.chat_body:
         body, rewrite = await _chat_extras(request, services, reading, body, pcp_headers, scope)
     response = await forward(
-        services.upstream_of(api), request, "POST", api.path, body, headers, pcp_headers, stream=reading.stream, failure=api.failure, rewrite=rewrite
+        services.upstream_of(api),
+        request,
+        "POST",
+        api.path,
+        body,
+        headers,
+        pcp_headers,
+        stream=reading.stream,
+        failure=api.failure,
+        rewrite=rewrite,
+        as_stream=api.as_stream,
     )
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
         assert response.status_code is not None  # forward's responses carry the upstream's status (None is Litestar's "the route's default")
@@ -104,6 +116,13 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         )
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
+
+
+def _asked_at(api: Api, request: Request[Any, Any, Any]) -> Api:
+    """``api`` at the path the client asked for: with its query string (Anthropic's SDK adds ``?beta=true``,
+    Azure's ``?api-version=…``), which every upstream call made for the request carries, in both modes."""
+    query = request.scope.get("query_string") or b""
+    return dataclasses.replace(api, path=f"{api.path}?{query.decode('latin-1')}") if query else api
 
 
 async def _chat_extras(
@@ -126,9 +145,13 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
 
 
 def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int]:
-    """The request as ``api`` reads it, and its prompt's tokens (0 for one forwarded untouched, which is not counted)."""
+    """The request as ``api`` reads it, and its prompt's tokens, its tool definitions' with them (0 for one
+    forwarded untouched, which is not counted)."""
     reading = api.read(body)
-    return reading, prompt_tokens(reading.messages, count) if reading.untouched is None else 0
+    if reading.untouched is not None:
+        return reading, 0
+    tools = tools_text(body)
+    return reading, prompt_tokens(reading.messages, count) + (count(tools) if tools else 0)
 
 
 def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> Scope | None:
@@ -150,6 +173,7 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
 def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: Services) -> tuple[Codec, Conversation]:
     """The request's codec, and its conversation as the rules read it."""
     codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+    codec.api = api  # at the path the client asked for (``_asked_at``)
     return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
 
 
@@ -182,7 +206,7 @@ async def _protocol(
     messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
     work = serve_protocol(
-        services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope
+        services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
     )
     # Worker rounds run before any byte is sent: a client that leaves cancels them.
     response = await unless_client_leaves(request, work)
@@ -190,6 +214,13 @@ async def _protocol(
     if scope is not None:
         response.headers[pcp.MEMORY] = scope.name
     return response
+
+
+def _pinned(request: Request[Any, Any, Any], conversation: Conversation) -> str | None:
+    """The session the client pins (``x-pcp-session``); else, for a coding agent that names its own session,
+    the one that agent session and conversation keep (``pcp_core.client_named``); else None: found by content."""
+    named, said = pcp.client_session(request.headers), [*conversation.history, conversation.query]
+    return pcp.pinned_session(request.headers) or (client_named(named, said[0]) if named else None)
 
 
 @route("/{path:path}", http_method=METHODS, status_code=200)
@@ -226,6 +257,12 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return {"status": "ok", "upstream": services.upstream.shown_url} if shows_details(services.settings, request.headers) else {"status": "ok"}
 
 
+@route("/", http_method=[HttpMethod.GET, HttpMethod.HEAD])
+async def root() -> Response[bytes]:
+    """The root: a client's connectivity probe (Claude Code's ``HEAD /``) finds a server that answers."""
+    return Response(b'{"status": "ok"}', media_type="application/json")
+
+
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> str:
     check_metrics_key(services.settings, request.headers)
@@ -234,4 +271,4 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
 
 API_ROUTES = [chat_completions, responses, messages, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
-OPEN_ROUTES = [healthz, metrics]  # at the root, without a proxy key
+OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key

@@ -1,0 +1,120 @@
+"""Real coding agents finish a real task through the proxy: Claude Code (Messages), Codex CLI (Responses), opencode and
+aider (chat completions), each installed by ``make agents`` and run offline against the scripted upstream.
+
+Each agent runs the task (read a file, run a command, edit the file, run the
+tests, answer) twice: below the threshold (every call forwarded) and with a
+threshold its history crosses on the way (the command prints ~6k tokens of
+notes), so that most of its steps run in protocol mode. The repo must end up
+fixed with its tests passing, and the agent must never see a 5xx, an empty
+200, a stream without its terminal event, the proxy's ``<PagedContext>`` or a
+directive. Two agents at once keep two sessions; a server that ignores
+``stream`` and Codex's WebSocket first try are met as the agents need.
+
+The context budget is 40,000 tokens in these runs: room for the agents' own
+tool definitions (Claude Code's are ~16k tokens), which the budget counts.
+Wall time: ~80 s for the whole module on 2 cores (opencode's start-up is ~8 s
+a run, aider's ~5 s; Claude Code and Codex finish in 1-3 s).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+
+import pytest
+
+from proxy.testing.agent_upstream import AgentScript
+
+from .agents import AGENTS, AgentRun, installed, missing, run_agent
+from .recording import AgentProxy, Exchange, agent_proxy, seen_problems
+
+BUDGET = 40000  # the agents' tool definitions fit (see the module's docstring)
+BELOW = 10_000_000  # no request of the task comes near it
+# A threshold each agent's history crosses during the task, measured on the pinned versions (x-pcp-prompt-tokens):
+# Claude Code's calls count ~17.6k tokens before the command's output and ~22.8k after it, Codex's ~7.7k and
+# ~12.9k, opencode's ~6.5k and ~11.7k; aider's two calls count ~2.5k and ~10.1k: both are paged.
+CROSSED = {"claude": 20000, "codex": 10000, "opencode": 9000, "aider": 2000}
+# The header each agent names its own session with: two of them at once are told apart by it.
+SESSION_HEADER = {"claude": "x-claude-code-session-id", "codex": "session-id"}
+
+
+def needs(agent: str) -> None:
+    if not installed(agent):
+        pytest.skip(missing(agent))
+
+
+def task_calls(exchanges: list[Exchange]) -> list[Exchange]:
+    """The agent's calls of a paged API, but for its side requests (a title, a commit message: no tools, a short prompt)."""
+    return [e for e in exchanges if e.api and int(e.response_headers.get("x-pcp-prompt-tokens") or 0) > 1000]
+
+
+def assert_done(run: AgentRun, proxy: AgentProxy) -> None:
+    assert run.done, run.summary()
+    assert seen_problems(proxy.exchanges) == []
+    assert not [turn for turn in proxy.script.turns if turn.refused], "the upstream refused a call: " + str([t.refused for t in proxy.script.turns])
+    for leak in ("<PagedContext", "Consult(", "Explore(", "Shelve("):
+        assert leak not in run.stdout, f"{run.agent} printed {leak!r}"
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_agent_finishes_the_task_with_every_call_forwarded(agent, tmp_path: Path):
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=BELOW, context_budget=BUDGET) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run")
+    assert_done(run, proxy)
+    calls = task_calls(proxy.exchanges)
+    assert len(calls) >= 2 and {e.mode for e in calls} == {"passthrough"}
+    assert not any(turn.paged for turn in proxy.script.turns)
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_agent_finishes_the_task_with_most_of_its_steps_in_protocol_mode(agent, tmp_path: Path):
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run")
+    assert_done(run, proxy)
+    modes = [e.mode for e in task_calls(proxy.exchanges)]
+    assert modes.count("protocol") > len(modes) / 2, modes
+    worker = [turn for turn in proxy.script.turns if turn.role == "worker"]
+    assert worker and all(turn.paged for turn in worker)  # the upstream read a <PagedContext>, and still found its step
+    if agent != "aider":  # the calls after the threshold continue one session (aider rewrites its history each call)
+        assert len({e.response_headers["x-pcp-session"] for e in task_calls(proxy.exchanges) if e.mode == "protocol"}) == 1
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+def test_an_agent_gets_a_stream_from_a_server_that_ignores_stream(agent, tmp_path: Path):
+    """Claude Code retried six times and never got an answer, Codex failed its turn, opencode looped: the proxy
+    turns such a server's JSON into the API's events, in passthrough (the first steps) and protocol mode (the last)."""
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True, json_for_stream=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run")
+    assert_done(run, proxy)
+    assert all(not turn.stream for turn in proxy.script.turns)  # every answer came whole
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+def test_two_agents_at_once_keep_two_sessions(agent, tmp_path: Path):
+    """Two of the same agent, one key, the same task in two repos: their histories differ only by their folders."""
+    needs(agent)
+    proxy_at = agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent] // 4, context_budget=BUDGET)
+    with proxy_at as proxy, concurrent.futures.ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda n: run_agent(agent, proxy.url, tmp_path / f"run{n}"), range(2)))
+    for run in runs:
+        assert_done(run, proxy)
+    sessions: dict[str, set[str]] = {}
+    for e in task_calls(proxy.exchanges):
+        assert e.mode == "protocol"
+        sessions.setdefault(e.headers[SESSION_HEADER[agent]], set()).add(e.response_headers["x-pcp-session"])
+    assert len(sessions) == 2, sessions  # two agents
+    first, second = sessions.values()
+    assert len(first) == len(second) == 1 and first != second, sessions  # each kept one session of its own
+
+
+def test_codex_with_websockets_on_falls_back_to_http_after_one_try(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    needs("codex")
+    monkeypatch.setenv("PCP_TEST_CODEX_WEBSOCKETS", "1")  # the provider says supports_websockets = true
+    with agent_proxy(tmp_path / "data", AgentScript(), sentry_threshold=BELOW, context_budget=BUDGET) as proxy:
+        run = run_agent("codex", proxy.url, tmp_path / "run")
+    assert_done(run, proxy)
+    tries = [e for e in proxy.exchanges if e.websocket]
+    assert len(tries) == 1 and tries[0].status == 426  # where a 403 cost it seven tries and ~7 s
