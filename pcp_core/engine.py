@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Generator, Mapping, Sequence
 from datetime import datetime
+from itertools import takewhile
 from typing import Any, Literal
 
 import msgspec
@@ -38,7 +39,7 @@ from .bm25 import Bm25Cache
 from .conversation import fold_system
 from .directives import Consult, Directive, Explore, Shelve
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
-from .frame import Frame, extended
+from .frame import Frame, Shown, extended
 from .index import Activation, PageIndex, UnknownPage
 from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
@@ -232,15 +233,27 @@ class _Loop:
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        return extended(frame, new, self.count, self.context.query_link, self.context.query_at)
+        return extended(frame, new, self.count, self.context.query_link, self.context.query_at, self._ranked_again(frame.after))
+
+    def _ranked_again(self, after: Sequence[Shown]) -> list[Shown]:
+        """The opening run of what the previous request showed after its frame that this one would show too: the
+        best-ranked pages, as many as a follow-up's share of the budget holds. It keeps its place, billed once."""
+        wanted, used, share = set(), 0, int(self.policy.fresh_share * self.policy.budget)
+        for page_id in self.hot:
+            used += self.count(node_lines(self.index.get(page_id), View.DETAIL))
+            if used > share:
+                break
+            wanted.add(page_id)
+        return list(takewhile(lambda shown: shown.id in wanted, after))
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
         """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it replayed)."""
         context = self.context
         if self.frame is not None:
-            return msgspec.structs.replace(self.frame, line=context.query_link, at=context.query_at)
+            return msgspec.structs.replace(self.frame, line=context.query_link, at=context.query_at, after=synthesis.after)
         tokens = self.count(synthesis.frame_text)
-        return Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
+        frame = Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
+        return msgspec.structs.replace(frame, after=synthesis.after)
 
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
@@ -291,6 +304,7 @@ class _Loop:
             fresh_tokens=fresh if round_no == 0 and self.capped else None,
             frame_room=fresh if round_no == 0 else min(policy.fresh_room, policy.budget // 2),
             frame_budget=int(policy.frame_share * policy.budget),
+            last=self.open,
         )
         return synthesize(self.index, self.views.raised(), request, self.count)
 

@@ -14,6 +14,10 @@ frame, like a log kept by compaction:
   appends the pages said since at its end (``extended``); after it comes only
   what is new with the request: the pages ranked for its query, within a share
   of the budget, the trace, the Query and the time;
+* the pages ranked for the previous request that this one ranks again keep
+  their place too: they join the frame before the new turns' pages
+  (``after``: what came after the frame, in order), so what a conversation
+  keeps coming back to is billed once;
 * it is made again only at rare boundaries: when it leaves too little room,
   and when a request does not continue the conversation it was made for (an
   edited or regenerated question is a sibling, ranked afresh).
@@ -31,7 +35,15 @@ from .markup import node_lines
 from .pages import Page, View
 from .tokens import CountText
 
-__all__ = ["Frame", "continues", "extended"]
+__all__ = ["Frame", "Shown", "continues", "extended"]
+
+
+class Shown(msgspec.Struct, frozen=True):
+    """A page shown after the frame, as the document had it (a top-level node's text)."""
+
+    id: str
+    view: View
+    text: str
 
 
 class Frame(msgspec.Struct, frozen=True):
@@ -43,6 +55,7 @@ class Frame(msgspec.Struct, frozen=True):
     turns: int  # the history's closed pages of turns before this one are in it; later ones are appended
     line: str  # the chain link of the query it was made (or last extended) for
     at: int  # where that query is in the conversation
+    after: list[Shown] = []  # what that request showed after it (the last page aside), in order
 
 
 def continues(frame: Frame, links: Sequence[str]) -> bool:
@@ -51,10 +64,11 @@ def continues(frame: Frame, links: Sequence[str]) -> bool:
     return len(links) > frame.at and links[frame.at] == frame.line
 
 
-def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, at: int) -> Frame:
-    """``frame`` with ``pages`` (closed pages of turns said since, in order) appended in Detail, for the query at ``at``."""
-    new = [page for page in pages if page.id not in frame.shown]
-    text = "".join(node_lines(page, View.DETAIL) for page in new)
+def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, at: int, kept: Sequence[Shown] = ()) -> Frame:
+    """``frame`` with ``kept`` (the opening run of what came after it that still ranks) and ``pages`` (closed pages
+    of turns said since, in order, in Detail) after it, for the query at ``at``."""
+    new = [page for page in pages if page.id not in frame.shown and page.id not in {s.id for s in kept}]
+    text = "".join(s.text for s in kept) + "".join(node_lines(page, View.DETAIL) for page in new)
     turns = max([frame.turns, *(page.last_turn + 1 for page in new)])
-    shown = {**frame.shown, **{page.id: View.DETAIL for page in new}}
+    shown = {**frame.shown, **{s.id: s.view for s in kept}, **{page.id: View.DETAIL for page in new}}
     return Frame(text=frame.text + text, shown=shown, tokens=frame.tokens + (count(text) if text else 0), turns=turns, line=line, at=at)

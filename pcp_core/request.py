@@ -70,8 +70,8 @@ class Policy(msgspec.Struct, frozen=True):
     window: int = 0  # the model's context window (0: unknown): what fits it may go untouched while that is cheaper
 
 
-# What a worker call must leave for pages, beyond what it carries whatever is paged: below it paging shows nothing.
-LEAST_ROOM = 256
+# What a worker call must leave beyond what it carries whatever is paged: the flow's tags, a page's line.
+LEAST_ROOM = 64
 
 
 def pageable(conversation: Conversation, client_tools: list[dict[str, Any]], policy: Policy, count: CountText) -> bool:

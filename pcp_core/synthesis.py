@@ -38,7 +38,7 @@ from lxml import etree
 
 from . import document
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
-from .frame import Frame
+from .frame import Frame, Shown
 from .index import PageIndex
 from .markup import background_line, node, node_lines
 from .pages import Origin, View
@@ -99,6 +99,8 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     frame_room: int = 0
     # Without a frame: the most of the budget the next frame may take (the overview, the latest closed pages).
     frame_budget: int | None = None
+    # The history's last page while it may still take the next turns: laid out last in the flow.
+    last: str | None = None
 
 
 class Synthesis(msgspec.Struct):
@@ -115,6 +117,7 @@ class Synthesis(msgspec.Struct):
     frame_shown: dict[str, View] = {}  # what the frame shows
     frame_end: int = 0  # the character at which the frame ends in the document
     overflow: bool = False  # the frame replayed leaves less room than ``fresh_tokens`` (nothing admitted)
+    after: list[Shown] = []  # the top-level nodes after the frame, in order, the last page aside (``Frame.after``)
 
     def end_of(self, nodes: Sequence[str]) -> int | None:
         """Where the run of top-level nodes that opens the flow and is all of ``nodes`` ends in the document (None: no such run)."""
@@ -207,19 +210,22 @@ class _Builder:
         frame = self.request.frame
         layout = self._layout(shown, unfolded)
         start = len(self._registry)
+        made = [p for p in layout if self._place(p, shown, unfolded)[0] < 2] if frame is None else []  # the next frame's nodes
         if frame is not None:
             frame_text, frame_shown = frame.text, frame.shown
         else:
-            zone = [p for p in layout if self._place(p, shown, unfolded)[0] < 2]
-            frame_text = self._background(unfolded) + document.FLOW_OPEN + self._nodes(zone, shown)
-            frame_shown = {p: shown.get(p, S) for p in zone}
+            frame_text = self._background(unfolded) + document.FLOW_OPEN + self._nodes(made, shown)
+            frame_shown = {p: shown.get(p, S) for p in made}
         lines = _lines(text, layout, start + len(frame_text) if frame is not None else start)
+        ends = _ends(text, lines)
+        views = {**{r: S for r in unfolded}, **shown}
+        after = [Shown(p, views[p], text[a:b]) for p, a, b in list(zip(layout, lines, ends))[len(made) :] if p != self.request.last]
         folded = [r for r in self._listed() if r not in unfolded and (frame is None or r not in frame.shown)]
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=[p for p in shown if self._detached(p, shown)],
             folded=folded, dehydrated=[p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v], layout=layout,
-            starts=_starts(text, lines, self.count), ends=_ends(text, lines), frame_text=frame_text, frame_shown=frame_shown,
-            frame_end=start + len(frame_text),
+            starts=_starts(text, lines, self.count), ends=ends, frame_text=frame_text, frame_shown=frame_shown,
+            frame_end=start + len(frame_text), after=after,
         )  # fmt: skip
 
     def _frame_zone(self, views: dict[str, View], roots: set[str]) -> bool:
@@ -364,6 +370,8 @@ class _Builder:
     def _place(self, page_id: str, shown: dict[str, View], unfolded: set[str]) -> tuple[int, int]:
         """Where a top-level node goes: (its part of the flow, its order in it); parts 0 and 1 make the next frame."""
         page = self.index.get(page_id)
+        if page_id == self.request.last:
+            return 5, 0
         if self.request.frame is None and page_id in self.overview and page_id not in shown:
             return 0, page.first_turn
         if self.request.frame is None and page_id in self.request.frame_pages and shown.get(page_id) == D:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pcp_core.engine import RoundPolicy
 from pcp_core.frame import continues
 from pcp_core.paging import retroactive_paging, turns_from_messages
@@ -115,3 +117,16 @@ def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
     assert engaged(20_000, Policy(threshold=8192, rounds=rounds, window=128_000))  # paging pays
     assert engaged(8_500, Policy(threshold=8192, rounds=rounds, window=8_400))  # past the window: paged whatever it costs
     assert not engaged(5_000, Policy(threshold=8192, rounds=rounds, window=128_000))
+
+
+def test_pages_ranked_again_keep_their_place_after_the_frame():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
+    assert first.frame.after, "the request showed pages after its frame"
+    second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What is the name of Ingrid's greyhound?")
+    kept = first.frame.after[0]
+    assert "Biscuit" in kept.text  # the evidence the first request showed, which this one ranks again
+    assert second.frame.text.startswith(first.frame.text + kept.text)  # it follows the frame, as it did: billed once
+    before, after = _document(first), _document(second)
+    assert os.path.commonprefix([before, after]).startswith(before[: before.index(kept.text) + len(kept.text)])
+    unrelated, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What about the roses in the hedge?")
+    assert not unrelated.frame.text.startswith(first.frame.text + kept.text)  # what no longer ranks is not kept
