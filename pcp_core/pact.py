@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 MAX_COMPONENTS = 1000  # in one session: they are rendered into every prompt
-KEY = r"^[A-Za-z0-9._:-]{1,128}$"  # keys name components in URLs
+KEY = r"\A[A-Za-z0-9._:-]{1,128}\Z"  # keys name components in URLs (\Z: "$" would let a final newline in)
 
 
 class PactError(ValueError):

@@ -22,7 +22,7 @@ __all__ = ["checked_session", "json_response"]
 
 def checked_session(value: str) -> str:
     """A session id from a path, or the 400 that says what one is."""
-    if not SESSION_ID.match(value):
+    if not SESSION_ID.fullmatch(value):
         raise ClientError("a session id is 1 to 128 letters, digits or . _ : -", param="session_id", code="invalid_session")
     return value
 

@@ -192,7 +192,7 @@ def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
         if isinstance(item, CoreLine):
             core += item.blocks
             continue
-        if not SESSION_ID.match(item.id):
+        if not SESSION_ID.fullmatch(item.id):
             raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
         pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
     if not pages and not core:
