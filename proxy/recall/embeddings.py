@@ -38,7 +38,7 @@ import numpy as np
 from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
-from .vectors import VectorCache
+from .vectors import VectorCache, bounded
 
 __all__ = ["Embedder", "embeddings_available"]
 
@@ -127,7 +127,7 @@ class OneText:
     @classmethod
     def of(cls, model: Any) -> OneText | None:
         one = cls(model)
-        expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True)
+        expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         if all(np.allclose(one(text), vector, atol=1e-5) for text, vector in zip(TRACE_TEXTS, expected)):
             return one
         log.warning("the traced embedding model disagrees with the model: queries are encoded without it")
@@ -262,6 +262,7 @@ class Embedder:
             self.embed_sync([text])
 
     def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
+        texts = [bounded(t) for t in texts]  # memory bounded whatever a text's size: the model reads its head alone
         found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
         if absent:
@@ -277,6 +278,7 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
             self.warm_up()
             self._queue(list(dict.fromkeys(texts)))  # encoded once the model is in
@@ -297,7 +299,9 @@ class Embedder:
             if one_text is not None:
                 vectors = one_text(texts[0])[np.newaxis].astype(np.float32)
             else:
-                vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+                vectors = model.encode(
+                    list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+                ).astype(np.float32)  # no progress bar: it wrote to the log at each batch
         self.cache.add(dict(zip(texts, vectors)))
         if self.stored is not None:
             self.stored.put(texts, vectors)
