@@ -258,8 +258,13 @@ class Embedder:
         return asyncio.get_running_loop().run_in_executor(None, self._prefetch_sync, text)
 
     def _prefetch_sync(self, text: str) -> None:
-        if self.ready:
+        """Best effort: a request that fails before it awaits this (its store down, say) leaves no exception unretrieved."""
+        if not self.ready:
+            return
+        try:
             self.embed_sync([text])
+        except Exception as error:  # dense recall encodes it again, or goes without it
+            log.debug("a query's vector was not prefetched: %s", error)
 
     def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
         texts = [bounded(t) for t in texts]  # memory bounded whatever a text's size: the model reads its head alone
