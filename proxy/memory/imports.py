@@ -72,7 +72,7 @@ def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block
 
 def _line(line: bytes, n: int) -> OriginalPage | ConsolidatedPage | CoreLine:
     try:
-        return decode_stored(line, _LINE.decode, "page or core blocks", code="invalid_import", where=f" on line {n}")
+        return decode_stored(line, _LINE.decode, f"page or core blocks on line {n}", code="invalid_import")
     except ClientError as error:
         if not error.body.message.startswith("invalid "):  # not JSON, not UTF-8, too deep: say where
             error.body.message = f"line {n}: {error.body.message}"
