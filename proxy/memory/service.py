@@ -153,12 +153,13 @@ class Memory:
         self._jobs.drained()
 
     # -- the writer thread ---------------------------------------------------------------------
-    def _submit(self, scope: str, job: Callable[[], Any], counted: bool = True, kind: str = "change") -> Future[Any]:
-        """Queue ``job`` on the writer, in its tenant's turn (``proxy.memory.writer``); ``counted``: a write-back, in ``pending``."""
+    def _submit(self, scope: str, job: Callable[[], Any], counted: bool = True, kind: str = "change", patient: bool = True) -> Future[Any]:
+        """Queue ``job`` on the writer, in its tenant's turn (``proxy.memory.writer``); ``counted``: a write-back, in ``pending``;
+        ``patient``: tried again while the store is unavailable (no request waits for it)."""
         future: Future[Any] = Future()
         if counted:
             self.pending[scope] += 1
-        self._jobs.put(tenant_of(scope), Job(job, future, scope if counted else "", kind, time.monotonic()))
+        self._jobs.put(tenant_of(scope), Job(job, future, scope if counted else "", kind, time.monotonic(), patient))
         return future
 
     def _run(self) -> None:
@@ -173,7 +174,10 @@ class Memory:
             if self.metrics is not None:
                 self.metrics.observe("pcp_memory_write_wait_seconds", time.monotonic() - job.queued, kind=job.kind)
             try:
-                job.future.set_result(_patiently(job.run))
+                job.future.set_result(_patiently(job.run) if job.patient else job.run())
+            except StoreUnavailable as error:  # its request is a 503; a write-back waited out the retries
+                log.warning("a memory write (%s) failed: %s", job.kind, error)
+                job.future.set_exception(error)
             except BaseException as error:  # a failed write-back loses that write, never the writer
                 log.exception("memory write failed")
                 job.future.set_exception(error)
@@ -287,11 +291,11 @@ class Memory:
             self.known.pop(scope, None)
             return [*plan.removed, *(p.id for p in plan.rewritten if isinstance(p, OriginalPage))]
 
-        return self._submit(scope, job, counted=False, kind="forget")
+        return self._submit(scope, job, counted=False, kind="forget", patient=False)
 
     def run(self, scope: str, job: Callable[[], Any]) -> Future[Any]:
-        """Any other change to a scope (an import, a drop), on the writer thread."""
-        return self._submit(scope, job, counted=False)
+        """Any other change to a scope (an import's batch, a drop), on the writer thread, for a request that waits for it."""
+        return self._submit(scope, job, counted=False, patient=False)
 
     def drop(self, scope: str) -> int:
         """Everything the scope holds, its indexes too; call on the writer thread (``run``)."""

@@ -32,6 +32,7 @@ class Job(NamedTuple):
     scope: str  # counted in ``Memory.pending`` while queued ("" : not counted)
     kind: str  # for the wait's histogram: write_back, ingest, recalled, forget, change
     queued: float  # time.monotonic() when it was queued
+    patient: bool = True  # retried while the store is unavailable (a write-back); a request's own job is its 503 at once
 
 
 class FairQueue:
