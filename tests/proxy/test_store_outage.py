@@ -92,3 +92,25 @@ def _import(proxy):
         "keywords": ["orchard"], "summary": "orchard", "content": "the orchard",
     }  # fmt: skip
     return proxy.http.post("/v1/pcp/memory/notes/import", content=json.dumps(page).encode() + b"\n", headers=AUTH)
+
+
+def test_with_dense_recall_on_an_outage_leaves_no_exception_unretrieved(start_proxy, upstream, redis_server, caplog):
+    """The query's vector is encoded while the history is paged; a request that fails first (its store down) never awaits it."""
+    pytest.importorskip("sentence_transformers", reason="the bundled encoder is not installed (the `embeddings` extra)")
+    upstream.default = lambda recorded: completion("Noted.")
+    proxy = start_proxy(store=redis_server.url, **{**SETTINGS, "router_embeddings": True})
+    messages = [*conversation(80), {"role": "user", "content": "And the roof?"}]
+    assert chat(proxy, messages).status_code == 200
+    embedder = proxy.services.embedder
+    deadline = time.monotonic() + 120
+    while not embedder.ready and time.monotonic() < deadline:  # loaded in the background
+        time.sleep(0.1)
+    assert embedder.ready
+    caplog.set_level(logging.WARNING)
+    redis_server.stop()
+    for n in range(3):
+        assert chat(proxy, [*conversation(80, start=n * 100), {"role": "user", "content": f"Question {n}?"}]).status_code == 503
+    redis_server.start()
+    proxy.stop()
+    gc.collect()
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
