@@ -181,7 +181,8 @@ async def import_pages(
     fresh = [page for page in pages if page.id in new]
     for start in range(0, len(fresh), IMPORT_BATCH):
         batch = fresh[start : start + IMPORT_BATCH]
-        written = await asyncio.wrap_future(memory.run(key, lambda batch=batch: memory.write_pages(key, batch, owner="import")))
+        vectors = await asyncio.to_thread(memory.page_vectors, key, batch)  # encoded here: the shared writer only writes
+        written = await asyncio.wrap_future(memory.run(key, lambda batch=batch, vectors=vectors: memory.write_pages(key, batch, "import", vectors)))
         imported += len(written.added)
     return json_response({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 

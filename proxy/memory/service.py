@@ -228,10 +228,11 @@ class Memory:
         if roots:
             self.fresh.setdefault(scope, []).extend(roots)
 
-    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page]) -> Written:
-        """One write: the new pages' vectors first (outside the transaction), then the write and its index update, as one step."""
-        new = self.store.missing(scope, [p.id for p in pages])
-        vectors = self._vectors([p for p in pages if p.id in new])
+    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page], vectors: dict[str, bytes] | None = None) -> Written:
+        """One write: the new pages' vectors first (outside the transaction; ``vectors``: encoded already), then the write
+        and its index update, as one step."""
+        if vectors is None:
+            vectors = self.page_vectors(scope, pages)
         with self._open_lock:
             written = write(vectors)
             index = self.indexes.get(scope)
@@ -309,9 +310,16 @@ class Memory:
             held.pop(scope, None)
         return removed
 
-    def write_pages(self, scope: str, pages: Sequence[Page], owner: str) -> Written:
-        """Pages no conversation writes (an import); call on the writer thread (``run``)."""
-        return self._write(scope, lambda vectors: self.store.add(scope, pages, vectors, owner), pages)
+    def write_pages(self, scope: str, pages: Sequence[Page], owner: str, vectors: dict[str, bytes] | None = None) -> Written:
+        """Pages no conversation writes (an import); call on the writer thread (``run``). ``vectors``: encoded
+        beforehand (``page_vectors``, in a thread of the request's), so the writer that every caller shares is held
+        for the write alone."""
+        return self._write(scope, lambda found: self.store.add(scope, pages, found, owner), pages, vectors)
+
+    def page_vectors(self, scope: str, pages: Sequence[Page]) -> dict[str, bytes]:
+        """The vectors of those of ``pages`` the scope does not hold yet (blocking: the encoder's)."""
+        new = self.store.missing(scope, [p.id for p in pages])
+        return self._vectors([p for p in pages if p.id in new])
 
     def _vectors(self, pages: Sequence[Page]) -> dict[str, bytes]:
         encode = getattr(self.embedder, "vectors", None)

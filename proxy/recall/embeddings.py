@@ -77,6 +77,18 @@ def prepare_process() -> None:
     gc.freeze()
 
 
+def _no_progress_bars() -> None:
+    """Loading a model draws tqdm bars ("Loading weights"), and they went to the log: none."""
+    try:
+        import huggingface_hub.utils
+        import transformers.utils.logging
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+    except (ImportError, AttributeError):  # a version without them draws none
+        pass
+
+
 def embeddings_available(encoder: str = "minilm") -> bool:
     """Whether sentence-transformers and ``encoder``'s weights (``proxy.encoders.ENCODERS``) are installed."""
     import importlib.util
@@ -210,6 +222,8 @@ class Embedder:
             if role not in self._models:
                 import torch
                 from sentence_transformers import SentenceTransformer
+
+                _no_progress_bars()
 
                 model = SentenceTransformer(str(model_path(self.encoder, self.models_dir)), device="cpu")
                 with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
