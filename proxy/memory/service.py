@@ -173,18 +173,19 @@ class Memory:
                 continue
             if self.metrics is not None:
                 self.metrics.observe("pcp_memory_write_wait_seconds", time.monotonic() - job.queued, kind=job.kind)
+            outcome: tuple[bool, Any]
             try:
-                job.future.set_result(_patiently(job.run) if job.patient else job.run())
+                outcome = (True, _patiently(job.run) if job.patient else job.run())
             except StoreUnavailable as error:  # its request is a 503; a write-back waited out the retries
                 log.warning("a memory write (%s) failed: %s", job.kind, error)
-                job.future.set_exception(error)
+                outcome = (False, error)
             except BaseException as error:  # a failed write-back loses that write, never the writer
                 log.exception("memory write failed")
-                job.future.set_exception(error)
-            finally:
-                if job.scope:
-                    self.pending[job.scope] -= 1
-                self._jobs.done()
+                outcome = (False, error)
+            if job.scope:  # counted out before its request hears of it: an answer and the counts agree
+                self.pending[job.scope] -= 1
+            self._jobs.done()
+            job.future.set_result(outcome[1]) if outcome[0] else job.future.set_exception(outcome[1])
             if self._jobs.empty():
                 self._idle()
 

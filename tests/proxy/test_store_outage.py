@@ -114,3 +114,23 @@ def test_with_dense_recall_on_an_outage_leaves_no_exception_unretrieved(start_pr
     proxy.stop()
     gc.collect()
     assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:pw-secret@host:abc/0", "redis://:pw-secret@host:99999", "redis://:pw-secret@[::1", "redis://:pw-secret@host:6379/zero"]
+)
+def test_a_malformed_store_is_a_settings_error_naming_it_without_its_password(url, tmp_path):
+    import subprocess
+    import sys
+
+    from proxy.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match=r"setting store \(env PCP_STORE\)") as refused:
+        load_settings(environ={"PCP_STORE": url})
+    assert "pw-secret" not in str(refused.value)
+    env = {"PCP_STORE": url, "PCP_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    started = subprocess.run(
+        [sys.executable, "-m", "proxy", "serve", "--upstream", "http://127.0.0.1:9/v1"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert started.returncode != 0 and "setting store" in started.stderr
+    assert "Traceback" not in started.stderr and "pw-secret" not in started.stderr
