@@ -121,10 +121,12 @@ def oversized(upstream: str, tmp: Path, rows: list[list[str]]) -> None:
         proxy = Proxy(upstream, tmp / f"data-{len(rows)}", **settings)
         try:
             proxy.warm()
-            answer, seconds, up = proxy.measured(lambda: proxy.http.post("/v1/pcp/memory/big/import", content=ten_mb, headers=A))
+            answer, seconds, up = proxy.measured(lambda proxy=proxy: proxy.http.post("/v1/pcp/memory/big/import", content=ten_mb, headers=A))
             rows.append([f"10 MB page import ({label})", str(answer.status_code), f"{seconds:.2f}", f"{up:.0f}"])
             message = {"model": "m", "messages": [{"role": "user", "content": prose(10_000_000, 3)}]}
-            answer, seconds, up = proxy.measured(lambda: proxy.http.post("/v1/chat/completions", json=message, headers={**A, "x-pcp-memory": "chat"}))
+            answer, seconds, up = proxy.measured(
+                lambda proxy=proxy, message=message: proxy.http.post("/v1/chat/completions", json=message, headers={**A, "x-pcp-memory": "chat"})
+            )
             _drained(proxy)
             rows.append([f"10 MB message in a scoped chat ({label})", str(answer.status_code), f"{seconds:.2f}", f"{up:.0f} (answer; write-back after it)"])
         finally:
@@ -150,7 +152,7 @@ def hostile(upstream: str, tmp: Path, rows: list[list[str]]) -> None:
         ]
         for name, method, path, body in cases:
             content = _lines([{**page("p1", "x"), "depth": 10**30}]) if "import" in path else json.dumps(body).encode() if body is not None else None
-            answer, seconds, up = proxy.measured(lambda: proxy.http.request(method, path, content=content, headers=A))
+            answer, seconds, up = proxy.measured(lambda method=method, path=path, content=content: proxy.http.request(method, path, content=content, headers=A))
             rows.append([name, str(answer.status_code), f"{seconds:.2f}", f"{up:.0f}"])
     finally:
         proxy.stop()
