@@ -45,7 +45,7 @@ def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat req
 INT64 = (-(2**63), 2**63 - 1)
 
 
-def decode_stored(body: bytes, decode: Callable[[bytes], T], what: str, code: str | None = None, where: str = "") -> T:
+def decode_stored(body: bytes, decode: Callable[[bytes], T], what: str, code: str | None = None) -> T:
     """``decode_json``, and the 400 for a number in it that no store keeps (an integer past 64 bits, a float not finite).
 
     JSON integers have no size; a value past 64 bits was once accepted, then lost
@@ -56,7 +56,7 @@ def decode_stored(body: bytes, decode: Callable[[bytes], T], what: str, code: st
     if problem is not None:
         path, number = problem
         raise ClientError(
-            f"invalid {what}{where}: {path} is {_shown(number)}, past what is stored (a whole number within ±2^63, a finite float)",
+            f"invalid {what}: {path} is {_shown(number)}, past what is stored (a whole number within ±2^63, a finite float)",
             param=path or None,
             code="number_out_of_range",
         )
