@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 MAX_COMPONENTS = 1000  # in one session: they are rendered into every prompt
-KEY = r"^[A-Za-z0-9._:-]{1,128}$"  # keys name components in URLs
+KEY = r"\A[A-Za-z0-9._:-]{1,128}\Z"  # keys name components in URLs (\Z: "$" would let a final newline in)
 
 
 class PactError(ValueError):
@@ -83,7 +83,12 @@ class Coordinates(NamedTuple):
 
 
 _FIELDS = ("depth", "position", "offset")
-_INT = re.compile(r"^[+-]?\d+$")
+_INT = re.compile(r"\A[+-]?\d+\Z")
+# Numbers are kept as signed 64-bit integers (msgpack, Redis): a value past them is refused, not lost at save.
+# Coordinates keep half of that range: a moving component's depth grows by a turn at each request.
+HIGHEST = 2**63 - 1
+COORDINATE = 2**62
+_DIGITS = 19  # no more digits than HIGHEST has: int() of thousands of them is slow, and past 4,300 it raises
 
 
 def parse_coordinates(text: str) -> Coordinates:
@@ -91,14 +96,27 @@ def parse_coordinates(text: str) -> Coordinates:
     values = []
     for name, field in zip(_FIELDS, _three_fields(text, "coordinates")):
         if not _INT.match(field):
-            raise PactError(f"{text!r}: the {name} must be a whole number, not {field!r}")
-        values.append(int(field))
+            raise PactError(f"{_quoted(text)}: the {name} must be a whole number, not {_quoted(field)}")
+        values.append(_bounded(text, name, field))
     at = Coordinates(*values)
     if at.depth < -1:
         raise PactError(f"{text!r}: the depth must be -1 (system level), 0 (the current message) or more")
     if at.position == 0 and at.offset == 0:
         raise PactError(f"{text!r}: position 0, offset 0 is the message itself; a component goes at position 1 or more, or at another offset")
     return at
+
+
+def _bounded(text: str, name: str, digits: str) -> int:
+    """``digits`` (a whole number) as an int, or the PactError for one past what a store keeps."""
+    value = int(digits) if len(digits.lstrip("+-")) <= _DIGITS else None
+    if value is None or not -COORDINATE <= value <= COORDINATE:
+        raise PactError(f"{_quoted(text)}: the {name} must be between -2^62 and 2^62")
+    return value
+
+
+def _quoted(text: str) -> str:
+    """A client's text in a message: quoted, and cut short when it is long."""
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + f"… ({len(text)} characters)"
 
 
 def _three_fields(text: str, what: str) -> list[str]:
@@ -116,7 +134,7 @@ def _three_fields(text: str, what: str) -> list[str]:
 # -- selectors -----------------------------------------------------------------------------
 
 Range = tuple[int, int]  # inclusive
-_RANGE = re.compile(r"^([+-]?\d+)(?:(?:\.\.|-)([+-]?\d+))?$")
+_RANGE = re.compile(r"\A([+-]?\d+)(?:(?:\.\.|-)([+-]?\d+))?\Z")
 
 
 class Selector(msgspec.Struct, frozen=True):
@@ -153,9 +171,9 @@ def _range(text: str, name: str, field: str) -> Range | None:
         return None
     match = _RANGE.match(field)
     if match is None:
-        raise PactError(f"{text!r}: the {name} must be a number, a range such as 1-3 or 1..3, or *, not {field!r}")
-    low = int(match.group(1))
-    high = int(match.group(2)) if match.group(2) is not None else low
+        raise PactError(f"{_quoted(text)}: the {name} must be a number, a range such as 1-3 or 1..3, or *, not {_quoted(field)}")
+    low = _bounded(text, name, match.group(1))
+    high = _bounded(text, name, match.group(2)) if match.group(2) is not None else low
     if high < low:
         raise PactError(f"{text!r}: the {name} range {field!r} runs backwards ({low} > {high})")
     return low, high
@@ -169,8 +187,8 @@ class ComponentSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     at: str
     content: str
-    ttl: Annotated[int, msgspec.Meta(ge=1)] | None = None  # turns it lives; None: permanent
-    cadence: Annotated[int, msgspec.Meta(ge=1)] | None = None  # it comes back every ``cadence`` turns
+    ttl: Annotated[int, msgspec.Meta(ge=1, le=HIGHEST)] | None = None  # turns it lives; None: permanent
+    cadence: Annotated[int, msgspec.Meta(ge=1, le=HIGHEST)] | None = None  # it comes back every ``cadence`` turns
     key: Annotated[str, msgspec.Meta(pattern=KEY)] | None = None
     tags: Annotated[list[Annotated[str, msgspec.Meta(max_length=64)]], msgspec.Meta(max_length=32)] = []
 

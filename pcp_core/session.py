@@ -50,7 +50,8 @@ __all__ = [
 ]
 
 # What a client may send as a session id: short, printable, safe in a header and a key.
-SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# \A…\Z, not ^…$: "$" also matches before a final newline, and "alice\n" is no id.
+SESSION_ID = re.compile(r"\A[A-Za-z0-9._:-]{1,128}\Z")
 
 
 class Session(msgspec.Struct, frozen=True, kw_only=True):

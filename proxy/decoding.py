@@ -7,6 +7,7 @@ nested past what a decoder can follow is the request's fault, never a 500.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -15,7 +16,7 @@ import msgspec
 
 from .errors import ClientError
 
-__all__ = ["decode_json", "error_param", "not_utf8"]
+__all__ = ["INT64", "decode_json", "decode_stored", "error_param", "not_utf8", "out_of_range"]
 
 T = TypeVar("T")
 
@@ -66,6 +67,56 @@ def not_utf8(body: bytes, depth: int = 12) -> str | None:
                 return ".".join(filter(None, (name.format(key), deeper)))
         return None
     return None
+
+
+# What a store keeps of a number: msgpack and Redis take a signed 64-bit integer, and a finite float.
+INT64 = (-(2**63), 2**63 - 1)
+
+
+def decode_stored(body: bytes, decode: Callable[[bytes], T], what: str, code: str | None = None) -> T:
+    """``decode_json``, and the 400 for a number in it that no store keeps (an integer past 64 bits, a float not finite).
+
+    JSON integers have no size; a value past 64 bits was once accepted, then lost
+    when its save failed (msgpack raised OverflowError, Redis a 500).
+    """
+    value = decode_json(body, decode, what, code)
+    problem = out_of_range(value)
+    if problem is not None:
+        path, number = problem
+        raise ClientError(
+            f"invalid {what}: {path} is {_shown(number)}, past what is stored (a whole number within ±2^63, a finite float)",
+            param=path or None,
+            code="number_out_of_range",
+        )
+    return value
+
+
+def out_of_range(value: Any, path: str = "") -> tuple[str, Any] | None:
+    """Where in ``value`` (decoded: Structs, lists, dicts) a number lies that a store cannot keep, and the number."""
+    if isinstance(value, bool) or value is None or isinstance(value, str | bytes):
+        return None
+    if isinstance(value, int):
+        return None if INT64[0] <= value <= INT64[1] else (path, value)
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, value)
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    elif hasattr(value, "__struct_fields__"):
+        items = ((name, getattr(value, name)) for name in value.__struct_fields__)
+    else:
+        return None
+    for key, item in items:
+        found = out_of_range(item, f"{path}.{key}" if path and not isinstance(key, int) else f"{path}[{key}]" if isinstance(key, int) else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _shown(number: Any) -> str:
+    text = str(number) if not isinstance(number, int) or abs(number) < 10**30 else f"a {len(str(abs(number)))}-digit number"
+    return text
 
 
 def _bad_utf8(body: bytes) -> str:

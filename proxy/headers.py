@@ -75,6 +75,6 @@ def client_session(headers: Mapping[str, str]) -> str | None:
 def pinned_session(headers: Mapping[str, str]) -> str | None:
     """The session the client names in ``x-pcp-session``, if it names one."""
     pinned = headers.get(SESSION)
-    if pinned is not None and not SESSION_ID.match(pinned):
+    if pinned is not None and not SESSION_ID.fullmatch(pinned):
         raise ClientError(f"{SESSION} must be 1 to 128 letters, digits or . _ : -", param=SESSION, code="invalid_session")
     return pinned

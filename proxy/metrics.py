@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Callable
 
-__all__ = ["HELP", "HISTOGRAMS", "Metrics"]
+__all__ = ["GAUGES", "HELP", "HISTOGRAMS", "Metrics"]
 
 HELP = {
     "pcp_requests_total": "Requests under /v1, by mode: passthrough (forwarded as they came: every path, and chat completions below the threshold) | protocol (paged).",
@@ -38,6 +39,14 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
         (-8_000, -4_000, -2_000, -1_000, 0, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 64_000, 128_000),
     ),
     "pcp_upstream_seconds": ("Seconds of one call the proxy made upstream on its own behalf, by x-pcp-role, until its answer's last byte.", _SECONDS),
+    "pcp_memory_write_wait_seconds": (
+        "Seconds a memory write waited in its tenant's queue before the writer took it, by kind (write_back | ingest | recalled | forget | change: an import batch, a drop).",
+        _SECONDS,
+    ),
+}
+# Values read when /metrics is asked, not counted.
+GAUGES = {
+    "pcp_memory_pending": "Memory writes queued or running on the memory's writer, every tenant's (write-backs, forgets, import batches).",
 }
 
 Labels = tuple[tuple[str, str], ...]
@@ -80,7 +89,13 @@ class Metrics:
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, Labels]] = Counter()
         self.histograms: dict[tuple[str, Labels], _Histogram] = {}
+        self.gauges: dict[str, Callable[[], float]] = {}
         self.lock = threading.Lock()
+
+    def gauge(self, name: str, read: Callable[[], float]) -> None:
+        """Show ``read()`` as the gauge ``name`` (one of ``GAUGES``) whenever /metrics is asked."""
+        assert name in GAUGES, f"undeclared gauge {name}"
+        self.gauges[name] = read
 
     def inc(self, name: str, amount: int = 1, **labels: str) -> None:
         assert name in HELP, f"undeclared metric {name}"
@@ -111,6 +126,10 @@ class Metrics:
                 if metric == name:
                     rendered = ",".join(f'{k}="{v}"' for k, v in labels)
                     lines.append(f"{name}{{{rendered}}} {value}" if rendered else f"{name} {value}")
+        for name, help_text in GAUGES.items():
+            read = self.gauges.get(name)
+            if read is not None:
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {_number(read())}"]
         for name, (help_text, _) in HISTOGRAMS.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
             for (metric, labels), series in histograms:

@@ -123,7 +123,7 @@ async def open_services(
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
         sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=metrics)
         _closing(stack, sessions.close)
-        components = Components(stores.area("components"), sealer)
+        components = Components(stores.area("components"), sealer, settings.component_max_kb * 2**10, settings.components_per_session)
         _closing(stack, components.close)
         # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.core``).
         cores = ScopeCores(stores.area("memory/core"), sealer)

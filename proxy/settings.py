@@ -14,8 +14,11 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import msgspec
+
+from pcp_core.pact import MAX_COMPONENTS
 
 from .storage.sealing import data_key
 
@@ -88,6 +91,22 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     max_header_kb: int = 64
     # Seconds a client has, from its request's first byte, to send all of it: then a 408.
     client_timeout: float = 60.0
+    # What one request of the proxy's own API (/v1/pcp) may bring; past a limit, a 413 that names its setting.
+    # Largest body of a component, todo or forget request, in KiB.
+    api_max_body_kb: int = 1024
+    # Largest component (its content), in KiB: a session's components are rendered into each of its prompts.
+    component_max_kb: int = 32
+    # Most components one session holds.
+    components_per_session: int = 1000
+    # Largest memory import (its body), in MiB, and most pages in one.
+    memory_import_max_mb: int = 32
+    memory_import_max_pages: int = 20_000
+    # Largest page an import may hold (its content and summary), in KiB.
+    memory_page_max_kb: int = 1024
+    # Most pages one memory scope holds: an import that would take it past this is refused.
+    memory_scope_max_pages: int = 1_000_000
+    # Largest Hybrid memory block (its content and tags), in KiB, as an import brings it.
+    hybrid_block_max_kb: int = 16
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
     # Origins of web pages that may call the proxy from a browser (CORS), or "*"; empty: none.
@@ -179,6 +198,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
         _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
+        for name in LIMITS:
+            _require(getattr(self, name), getattr(self, name) >= 1, name, "must be at least 1")
+        _require(self.components_per_session, self.components_per_session <= MAX_COMPONENTS, "components_per_session", f"must be at most {MAX_COMPONENTS}")
+        _require(_without_password(self.store), _store_problem(self.store) is None, "store", _store_problem(self.store) or "")
         for origin in self.cors_origins:
             _require(origin, bool(_ORIGIN.match(origin)), "cors_origins", "must each be * or an origin: scheme://host[:port], no path")
         if self.data_key:
@@ -202,6 +225,40 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
 
 
 _ORIGIN = re.compile(r"^https?://[^/\s]+$|^\*$")
+# The own API's limits: each at least 1.
+LIMITS = (
+    "api_max_body_kb",
+    "component_max_kb",
+    "components_per_session",
+    "memory_import_max_mb",
+    "memory_import_max_pages",
+    "memory_page_max_kb",
+    "memory_scope_max_pages",
+    "hybrid_block_max_kb",
+)
+
+
+def _without_password(url: str) -> str:
+    """A store URL as a message may show it: whatever stands before an ``@`` (a user and password) left out."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
+
+
+def _store_problem(url: str) -> str | None:
+    """What in a Redis URL the client could not read (its port, its host), said without its password; None: readable."""
+    if not url.startswith(("redis://", "rediss://")):
+        return None  # empty, unix:// (a path), or a scheme __post_init__ refuses already
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # raises for a port that is not a number or not in 0..65535
+    except ValueError as error:
+        return f"is not a Redis URL the client can read: {error}"
+    if port == 0:
+        return "has port 0: give the port Redis listens on (6379 by default)"
+    db = parts.path.lstrip("/")
+    if db and not db.isdigit():
+        return f"names database {db[:20]!r}: after the host, a database is a number (redis://host:6379/0)"
+    return None
 
 
 def _require(value: object, ok: bool, name: str, what: str) -> None:

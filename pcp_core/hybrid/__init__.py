@@ -9,10 +9,26 @@ continues when it names none (``continuity``), and what the model is told
 
 from .cold import Cold, Shelved, fit, kept_cold, rehydrate
 from .continuity import continued_links, normal_workspace
-from .lifecycle import AgingPolicy, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection
+from .lifecycle import AgingPolicy, RoundFacts, TodoItem, age, scope_core, system_snapshot, this_round, todo_projection, within_room
 from .prompt import context_prompt, with_system_text
 from .separator import SEPARATOR, SeparatorGate, split_answer
-from .snapshot import TIERS, Block, Cursor, LimitsPolicy, Memory, Reading, Runtime, Snapshot, Todo, Violation, check, parse_context, read_snapshot, render
+from .snapshot import (
+    TIERS,
+    Block,
+    Cursor,
+    LimitsPolicy,
+    Memory,
+    Reading,
+    Runtime,
+    Snapshot,
+    Todo,
+    Violation,
+    block_problems,
+    check,
+    parse_context,
+    read_snapshot,
+    render,
+)
 
 __all__ = [
     "SEPARATOR",
@@ -33,6 +49,7 @@ __all__ = [
     "TodoItem",
     "Violation",
     "age",
+    "block_problems",
     "check",
     "context_prompt",
     "continued_links",
@@ -48,5 +65,6 @@ __all__ = [
     "system_snapshot",
     "this_round",
     "todo_projection",
+    "within_room",
     "with_system_text",
 ]

@@ -15,9 +15,9 @@ from datetime import datetime
 import msgspec
 
 from .cold import Cold, fit, kept_cold, rehydrate
-from .snapshot import TIERS, Block, LimitsPolicy, Memory, Runtime, Snapshot, Todo
+from .snapshot import TIERS, Block, LimitsPolicy, Memory, Runtime, Snapshot, Todo, render_block
 
-__all__ = ["AgingPolicy", "RoundFacts", "TodoItem", "age", "scope_core", "system_snapshot", "this_round", "todo_projection"]
+__all__ = ["AgingPolicy", "RoundFacts", "TodoItem", "age", "scope_core", "system_snapshot", "this_round", "todo_projection", "within_room"]
 
 
 class AgingPolicy(msgspec.Struct, frozen=True):
@@ -71,6 +71,7 @@ def this_round(
     task_done = bool(facts.todo) and all(item.done for item in facts.todo)
     aged = age(previous, facts.round, aging, limits, task_done) if previous is not None else None
     snapshot = system_snapshot(aged, facts.round, facts.workspace, facts.now, facts.startup_at, facts.todo)
+    shared_core = within_room(shared_core, room, count)
     if shared_core or given:
         shared = {block.id for block in shared_core}
         dropped = set(given) - shared
@@ -84,6 +85,30 @@ def this_round(
     back = {block.id for _, block in snapshot.memory.blocks() if block.rehydrated_at == stamp}
     snapshot, sent = fit(snapshot, room, count, keep=back)
     return snapshot, kept_cold(snapshot, Cold({**cold.payloads, **sent.payloads}, (*cold.shelved, *sent.shelved)))
+
+
+# More characters than any one token holds (cl100k's longest is 128 bytes).
+_TOKEN_CHARS = 256
+
+
+def within_room(blocks: Sequence[Block], room: int, count: Callable[[str], int]) -> tuple[Block, ...]:
+    """The best of a scope's core ``blocks`` whose text fits in ``room`` tokens together, best first.
+
+    Core blocks are never sent cold (``fit``), so the snapshot's share of the
+    budget holds for a scope's only if they are chosen within it: those past it
+    are not shown this round, and stay the scope's (it keeps what a round was not shown).
+    """
+    kept: list[Block] = []
+    used = 0
+    for block in sorted(blocks, key=lambda b: -b.quality):
+        text = render_block(block)
+        if len(text) > (room - used) * _TOKEN_CHARS:
+            continue  # it cannot fit: not counted (a block of megabytes took seconds to count on each request)
+        cost = count(text)
+        if used + cost <= room:
+            kept.append(block)
+            used += cost
+    return tuple(kept)
 
 
 def system_snapshot(previous: Snapshot | None, current: int, workspace: str, now: datetime, startup_at: int, todo: Sequence[TodoItem]) -> Snapshot:

@@ -30,6 +30,7 @@ __all__ = [
     "Snapshot",
     "Todo",
     "Violation",
+    "block_problems",
     "check",
     "parse_context",
     "read_snapshot",
@@ -220,6 +221,17 @@ def check(snapshot: Snapshot, limits: LimitsPolicy = LimitsPolicy()) -> list[str
             seen.add(block.id)
     if snapshot.todo.cursor is not None:
         problems += [str(v) for v in _cursor(msgspec.to_builtins(snapshot.todo.cursor))[1]]
+    return problems
+
+
+def block_problems(block: Block, limits: LimitsPolicy = LimitsPolicy()) -> list[str]:
+    """What in one block, given outside a round (a memory import), breaks the rules a round's block keeps to
+    (rules 12-14: decay and confidence in [0, 1] and within the limits; a round of 0 or more)."""
+    problems = _block_problems(block, limits, max(block.round, 0))
+    if block.round < 0:
+        problems.append(f"round {block.round} is before the first round (0)")
+    if block.content_state == "tag_ref":
+        problems.append("a placeholder (content_state tag_ref) is the system's, made for a round: give the block whole")
     return problems
 
 

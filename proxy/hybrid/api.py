@@ -23,9 +23,9 @@ from litestar.params import FromPath
 from pcp_core.hybrid import TodoItem, render, todo_projection
 
 from .. import headers as pcp
-from ..decoding import decode_json
+from ..decoding import INT64, decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, json_response
+from ..own_api import checked_session, json_response, limited_body
 from .store import HybridState
 from .turn import Hybrid
 
@@ -37,7 +37,7 @@ MAX_ITEMS = 1000
 
 class _Item(msgspec.Struct, forbid_unknown_fields=True):
     # A positive integer: the todo.cursor's targetId names items by it.
-    id: Annotated[int, msgspec.Meta(ge=1)]
+    id: Annotated[int, msgspec.Meta(ge=1, le=INT64[1])]  # kept as a 64-bit integer
     title: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
     done: bool = False
 
@@ -69,7 +69,8 @@ async def set_todo(
     request: Request[Any, Any, Any], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
     session_id = _checked(hybrid, session_id)
-    items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(await request.body()))
+    body = await limited_body(request, request.app.state.settings.api_max_body_kb * 2**10, "api_max_body_kb")
+    items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(body))
 
     def step(state: HybridState | None) -> HybridState:
         return msgspec.structs.replace(state or HybridState(), todo=items)
@@ -94,7 +95,7 @@ def _checked(hybrid: Hybrid, session_id: str) -> str:
 
 
 def _todo_list(body: bytes) -> list[_Item]:
-    items = decode_json(body, _TODO.decode, "todo list", code="invalid_todo").items
+    items = decode_stored(body, _TODO.decode, "todo list", code="invalid_todo").items
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
         twice = sorted(i for i, n in Counter(ids).items() if n > 1)

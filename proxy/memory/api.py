@@ -9,6 +9,7 @@ thread, after the write-backs queued before them.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,13 +19,14 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 from litestar.response import Stream
 
-from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, OriginalPage, Page
-from pcp_core.hybrid import Block
+from pcp_core import ConsolidatedPage, Conversation, Page
 from pcp_core.memory import memory_intent, ranked
-from pcp_core.pages import Origin
 
+from ..decoding import decode_stored
 from ..errors import ClientError
-from ..own_api import json_response
+from ..own_api import json_response, limited_body, too_large
+from ..settings import Settings
+from .imports import IMPORT_BATCH, CoreLine, read_import
 from .scopes import checked_scope
 from .service import Memory
 from .store import scope_key
@@ -35,13 +37,9 @@ MAX_LIMIT = 200
 EXPORT_BATCH = 1000
 
 
-class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
-    """The scope's Hybrid-mode core blocks (``proxy.memory.core``), the export's last line when it has any."""
-
-    blocks: tuple[Block, ...]
-
-
-_line_decoder = msgspec.json.Decoder(OriginalPage | ConsolidatedPage | CoreLine)
+def _settings(request: Request[Any, Any, Any]) -> Settings:
+    settings: Settings = request.app.state.settings
+    return settings
 
 
 def _scope(memory: Memory | None, namespace: str, name: str) -> tuple[Memory, str]:
@@ -120,16 +118,17 @@ class _Forget(msgspec.Struct, forbid_unknown_fields=True):
     query: str = ""
 
 
+_FORGET = msgspec.json.Decoder(_Forget)
+
+
 @post("/memory/{name:str}/forget", status_code=200)
 async def forget(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
     """Remove pages for good: ``{"ids": [...]}`` (each with the pages under it) or ``{"query": "..."}`` (the Originals holding all its words)."""
     memory, key = _scope(memory, namespace, name)
-    try:
-        asked = msgspec.json.decode(await request.body(), type=_Forget)
-    except msgspec.DecodeError as error:
-        raise ClientError(f'the body must be {{"ids": [...]}} or {{"query": "..."}}: {error}', param="body") from None
+    body = await limited_body(request, _settings(request).api_max_body_kb * 2**10, "api_max_body_kb")
+    asked = decode_stored(body, _FORGET.decode, 'forget request (give {"ids": [...]} or {"query": "..."})', code="invalid_forget")
     if bool(asked.ids) == bool(asked.query.strip()):
         raise ClientError('give one of "ids" (a list of page ids) or "query" (words the pages hold)', param="body")
     removed = await asyncio.wrap_future(memory.forget(key, ids=asked.ids, query=asked.query))
@@ -159,45 +158,47 @@ async def import_pages(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
     """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped. Core
-    blocks join the scope's (a block of the same id is the import's)."""
+    blocks join the scope's (a block of the same id is the import's).
+
+    Everything is checked before anything is kept; the pages are then written
+    in batches (``IMPORT_BATCH``), each its own job on the memory's writer, so
+    other callers' writes go on between them. A failure midway keeps the
+    batches before it (the answer is an error: sending the import again skips them).
+    """
     memory, key = _scope(memory, namespace, name)
-    pages, core = _read_lines(await request.body())
-    known = set(
-        await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])})
-    )
-    given = {p.id for p in pages}
-    for n, page in enumerate(pages, 1):
-        absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
-        if absent:
-            raise ClientError(f"line {n}: page {page.id} holds {absent[0]!r}, which is neither in the import nor in the scope", param=f"line {n}")
+    settings = _settings(request)
+    body = await limited_body(request, settings.memory_import_max_mb * 2**20, "memory_import_max_mb", "the import")
+    pages, core = await asyncio.to_thread(read_import, body, settings)
+    new = await asyncio.to_thread(_checked_tree, memory, key, pages)
+    if new:
+        held = await asyncio.to_thread(memory.store.counts, key)
+        total = held["originals"] + held["consolidated"] + len(new)
+        if total > settings.memory_scope_max_pages:
+            raise too_large("the scope with this import", f"{total} pages", f"{settings.memory_scope_max_pages} pages", "memory_scope_max_pages")
     cores = memory.cores
     kept_core = core if cores is not None else []  # a memory without Hybrid's store keeps none
     if cores is not None and core:  # only once the whole import is known good: a refused one keeps nothing
         await asyncio.to_thread(cores.keep, key, core, ())
-    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import"))) if pages else None
-    imported = len(written.added) if written is not None else 0
+    imported = 0
+    fresh = [page for page in pages if page.id in new]
+    for start in range(0, len(fresh), IMPORT_BATCH):
+        batch = fresh[start : start + IMPORT_BATCH]
+        vectors = await asyncio.to_thread(memory.page_vectors, key, batch)  # encoded here: the shared writer only writes
+        written = await asyncio.wrap_future(memory.run(key, functools.partial(memory.write_pages, key, batch, "import", vectors)))
+        imported += len(written.added)
     return json_response({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 
 
-def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
-    pages: list[Page] = []
-    core: list[Block] = []
-    for n, line in enumerate(body.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = _line_decoder.decode(line)
-        except msgspec.DecodeError as error:
-            raise ClientError(f"line {n} is neither a page nor core blocks: {error}", param=f"line {n}") from None
-        if isinstance(item, CoreLine):
-            core += item.blocks
-            continue
-        if not SESSION_ID.match(item.id):
-            raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
-        pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
-    if not pages and not core:
-        raise ClientError("the body holds no pages: send JSON lines, one page each, as export writes them", param="body")
-    return pages, core
+def _checked_tree(memory: Memory, key: str, pages: list[Page]) -> set[str]:
+    """The ids of the pages the scope does not hold yet, once every container's children are in the import or the scope."""
+    given = {p.id for p in pages}
+    children = [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids if c not in given]
+    known = {p.id for p in memory.store.pages(key, children)} if children else set()
+    for n, page in enumerate(pages, 1):
+        absent = [c for c in getattr(page, "source_ids", ()) if c not in given and c not in known]
+        if absent:
+            raise ClientError(f"page {n} ({page.id}) holds {absent[0]!r}, which is neither in the import nor in the scope", param=f"page {n}")
+    return memory.store.missing(key, list(given))
 
 
 @delete("/memory/{name:str}", status_code=200)

@@ -27,7 +27,7 @@ class _User(msgspec.Struct):
 
 
 def checked_scope(name: str, param: str = HEADER) -> str:
-    if not SESSION_ID.match(name):
+    if not SESSION_ID.fullmatch(name):
         raise ClientError(f"{param} must be 1 to 128 letters, digits or . _ : -, got {name[:40]!r}", param=param, code="invalid_memory_scope")
     return name
 
@@ -50,5 +50,5 @@ def request_scope(headers: Mapping[str, str], body: bytes, namespace: Callable[[
         return None  # the body's own errors are reported where it is read
     if not isinstance(user, str) or not user:
         return None
-    name = user if SESSION_ID.match(user) else "u-" + short_hash(user, length=16)
+    name = user if SESSION_ID.fullmatch(user) else "u-" + short_hash(user, length=16)
     return Scope(name, scope_key(namespace(), name))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import shutil
 import threading
 import time
@@ -50,6 +49,7 @@ from .core import ScopeCores
 from .forgetting import forget_ids, forget_query
 from .search import ScopeIndex
 from .store import MemoryStore, Written, vector_bytes, vector_of
+from .writer import FairQueue, Job, tenant_of
 
 __all__ = ["Memory"]
 
@@ -85,7 +85,9 @@ class Memory:
         self.fresh: dict[str, list[Root]] = {}  # roots written since the consolidator last ran, by scope
         self._forgotten: dict[str, set[str]] = {}
         self._open_lock = threading.Lock()  # a write and its index update are one step for an index being opened
-        self._jobs: queue.Queue[tuple[Callable[[], Any], Future[Any], str] | None] = queue.Queue()
+        self._jobs = FairQueue()  # by tenant, served in turn
+        if metrics is not None:
+            metrics.gauge("pcp_memory_pending", lambda: self._jobs.outstanding)
         self._writer = threading.Thread(target=self._run, name="pcp-memory", daemon=True)
         self._writer.start()
 
@@ -114,7 +116,7 @@ class Memory:
             chosen: list[Page] = done.value
         self._inc("pcp_memory_recalled_total", len(chosen))
         if chosen:
-            self._submit(scope, lambda: self.store.recalled(scope, [p.id for p in chosen]), counted=False)
+            self._submit(scope, lambda: self.store.recalled(scope, [p.id for p in chosen]), counted=False, kind="recalled")
         return chosen
 
     def broad_match(self, scope: str, intent: Intent) -> list[Candidate]:
@@ -140,43 +142,50 @@ class Memory:
 
     def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> Future[Any]:
         """Keep what a protocol-mode request said (its session holds the history paged)."""
-        return self._submit(scope, lambda: self._write_back(scope, session, conversation, now_ns))
+        return self._submit(scope, lambda: self._write_back(scope, session, conversation, now_ns), kind="write_back")
 
     def ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None = None) -> Future[Any]:
         """Keep what a forwarded request said: paged as a session in the background (and kept as one), then written back."""
-        return self._submit(scope, lambda: self._ingest(scope, namespace, conversation, now_ns, pinned))
+        return self._submit(scope, lambda: self._ingest(scope, namespace, conversation, now_ns, pinned), kind="ingest")
 
     def wait(self) -> None:
         """Until every write queued so far is stored (tests, benchmarks)."""
-        self._submit("", lambda: None, counted=False).result()
+        self._jobs.drained()
 
     # -- the writer thread ---------------------------------------------------------------------
-    def _submit(self, scope: str, job: Callable[[], Any], counted: bool = True) -> Future[Any]:
+    def _submit(self, scope: str, job: Callable[[], Any], counted: bool = True, kind: str = "change", patient: bool = True) -> Future[Any]:
+        """Queue ``job`` on the writer, in its tenant's turn (``proxy.memory.writer``); ``counted``: a write-back, in ``pending``;
+        ``patient``: tried again while the store is unavailable (no request waits for it)."""
         future: Future[Any] = Future()
         if counted:
             self.pending[scope] += 1
-        self._jobs.put((job, future, scope if counted else ""))
+        self._jobs.put(tenant_of(scope), Job(job, future, scope if counted else "", kind, time.monotonic(), patient))
         return future
 
     def _run(self) -> None:
         while True:
-            try:
-                item = self._jobs.get(timeout=1.0)
-            except queue.Empty:
+            job = self._jobs.take(timeout=1.0)
+            if job is None:
+                if self._jobs.closed and self._jobs.empty():
+                    self._idle(force=True)
+                    return
                 self._idle()
                 continue
-            if item is None:
-                self._idle(force=True)
-                return
-            job, future, counted = item
+            if self.metrics is not None:
+                self.metrics.observe("pcp_memory_write_wait_seconds", time.monotonic() - job.queued, kind=job.kind)
+            outcome: tuple[bool, Any]
             try:
-                future.set_result(_patiently(job))
+                outcome = (True, _patiently(job.run) if job.patient else job.run())
+            except StoreUnavailable as error:  # its request is a 503; a write-back waited out the retries
+                log.warning("a memory write (%s) failed: %s", job.kind, error)
+                outcome = (False, error)
             except BaseException as error:  # a failed write-back loses that write, never the writer
                 log.exception("memory write failed")
-                future.set_exception(error)
-            finally:
-                if counted:
-                    self.pending[counted] -= 1
+                outcome = (False, error)
+            if job.scope:  # counted out before its request hears of it: an answer and the counts agree
+                self.pending[job.scope] -= 1
+            self._jobs.done()
+            job.future.set_result(outcome[1]) if outcome[0] else job.future.set_exception(outcome[1])
             if self._jobs.empty():
                 self._idle()
 
@@ -220,10 +229,11 @@ class Memory:
         if roots:
             self.fresh.setdefault(scope, []).extend(roots)
 
-    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page]) -> Written:
-        """One write: the new pages' vectors first (outside the transaction), then the write and its index update, as one step."""
-        new = self.store.missing(scope, [p.id for p in pages])
-        vectors = self._vectors([p for p in pages if p.id in new])
+    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page], vectors: dict[str, bytes] | None = None) -> Written:
+        """One write: the new pages' vectors first (outside the transaction; ``vectors``: encoded already), then the write
+        and its index update, as one step."""
+        if vectors is None:
+            vectors = self.page_vectors(scope, pages)
         with self._open_lock:
             written = write(vectors)
             index = self.indexes.get(scope)
@@ -283,11 +293,11 @@ class Memory:
             self.known.pop(scope, None)
             return [*plan.removed, *(p.id for p in plan.rewritten if isinstance(p, OriginalPage))]
 
-        return self._submit(scope, job, counted=False)
+        return self._submit(scope, job, counted=False, kind="forget", patient=False)
 
     def run(self, scope: str, job: Callable[[], Any]) -> Future[Any]:
-        """Any other change to a scope (an import, a drop), on the writer thread."""
-        return self._submit(scope, job, counted=False)
+        """Any other change to a scope (an import's batch, a drop), on the writer thread, for a request that waits for it."""
+        return self._submit(scope, job, counted=False, patient=False)
 
     def drop(self, scope: str) -> int:
         """Everything the scope holds, its indexes too; call on the writer thread (``run``)."""
@@ -301,9 +311,16 @@ class Memory:
             held.pop(scope, None)
         return removed
 
-    def write_pages(self, scope: str, pages: Sequence[Page], owner: str) -> Written:
-        """Pages no conversation writes (an import); call on the writer thread (``run``)."""
-        return self._write(scope, lambda vectors: self.store.add(scope, pages, vectors, owner), pages)
+    def write_pages(self, scope: str, pages: Sequence[Page], owner: str, vectors: dict[str, bytes] | None = None) -> Written:
+        """Pages no conversation writes (an import); call on the writer thread (``run``). ``vectors``: encoded
+        beforehand (``page_vectors``, in a thread of the request's), so the writer that every caller shares is held
+        for the write alone."""
+        return self._write(scope, lambda found: self.store.add(scope, pages, found, owner), pages, vectors)
+
+    def page_vectors(self, scope: str, pages: Sequence[Page]) -> dict[str, bytes]:
+        """The vectors of those of ``pages`` the scope does not hold yet (blocking: the encoder's)."""
+        new = self.store.missing(scope, [p.id for p in pages])
+        return self._vectors([p for p in pages if p.id in new])
 
     def _vectors(self, pages: Sequence[Page]) -> dict[str, bytes]:
         encode = getattr(self.embedder, "vectors", None)
@@ -331,7 +348,7 @@ class Memory:
             self.metrics.inc(name, value)
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._jobs.close()  # the writer finishes what is queued, then stops
         self._writer.join()
         self.store.close()
         if self.cores is not None:

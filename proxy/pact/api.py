@@ -24,9 +24,10 @@ from litestar.params import FromPath
 from pcp_core import ComponentSpec, PactError, Tree, insert, node, parse_selector, select, snapshot
 from pcp_core import delete as detach
 
-from ..decoding import decode_json
+from ..decoding import decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, json_response
+from ..own_api import checked_session, json_response, limited_body, too_large
+from ..settings import Settings
 from .components import Components
 
 __all__ = ["COMPONENT_ROUTES"]
@@ -40,10 +41,15 @@ async def add_component(
     request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
     session = checked_session(session_id)
-    spec = _spec(await request.body())
+    settings: Settings = request.app.state.settings
+    spec = _spec(await limited_body(request, settings.api_max_body_kb * 2**10, "api_max_body_kb"))
+    components.check_size(spec)
     added: list[Any] = []
 
     def step(tree: Tree) -> Tree:
+        held = sum(1 for c in tree.components if spec.key is None or c.key != spec.key)
+        if held >= components.most:
+            raise too_large("this session's components", f"{held}", f"{components.most}", "components_per_session")
         try:
             tree, component = insert(tree, spec, time.time_ns())
         except PactError as error:
@@ -100,7 +106,7 @@ async def _tree(components: NamedDependency[Components], namespace: NamedDepende
 
 def _spec(body: bytes) -> ComponentSpec:
     try:
-        return decode_json(body, _SPEC.decode, "component", code="invalid_component")
+        return decode_stored(body, _SPEC.decode, "component", code="invalid_component")
     except ClientError as error:
         # Coordinates are checked once the fields are read, and their message (which quotes them) names no field.
         if error.body.code == "invalid_component" and error.body.param is None and error.body.message.startswith("invalid component: '"):

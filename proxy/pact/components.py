@@ -43,10 +43,12 @@ from pcp_core import (
     with_components,
 )
 from pcp_core.conversation import conversation_start
+from pcp_core.pact import MAX_COMPONENTS
 
 from .. import headers as pcp
 from ..apis.codec import Reading
 from ..errors import ClientError
+from ..own_api import too_large
 from ..storage.base import Store
 from ..storage.datadir import Namespaces
 from ..storage.keyed_store import RECENT, KeyedStore, store_key
@@ -102,8 +104,16 @@ class ComponentStore(KeyedStore[Tree]):
 class Components:
     """The two places a request meets its session's components."""
 
-    def __init__(self, store: Store | Path, sealer: Sealer | None = None):
+    def __init__(self, store: Store | Path, sealer: Sealer | None = None, max_bytes: int = 32 * 2**10, most: int = MAX_COMPONENTS):
         self.store = ComponentStore(store, sealer)
+        # A session's components are rendered into each of its prompts, and its tree is encoded whole at each change.
+        self.max_bytes, self.most = max_bytes, most
+
+    def check_size(self, spec: ComponentSpec, where: str = "the component") -> None:
+        """The 413 for a component whose content is over ``component_max_kb``."""
+        size = len(spec.content.encode(errors="surrogatepass"))
+        if size > self.max_bytes:
+            raise too_large(f"{where}'s content", f"{size} bytes", f"{self.max_bytes} bytes", "component_max_kb")
 
     async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, request: Reading, body: bytes, pcp_headers: dict[str, str]) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.
@@ -123,7 +133,7 @@ class Components:
                 self.store.saw(namespace, pinned, lambda: chain_links(messages[conversation_start(messages) :]))
             return body
         links = chain_links(messages[conversation_start(messages) :])
-        step = _step(links, request.components or [])
+        step = self._step(links, request.components or [])
         if pinned is None:  # no session to keep them in: they render in this request alone
             tree = step(Tree())
         elif self.store.in_memory(namespace, pinned):
@@ -149,20 +159,25 @@ class Components:
             self.store.saw(namespace, prepared.session.id, lambda: links)
             return prepared
         specs = msgspec.convert(inline, list[ComponentSpec]) if inline else []  # checked when the request was read
-        tree = self.store.change(namespace, prepared.session.id, _step(links, specs), base=source)
+        tree = self.store.change(namespace, prepared.session.id, self._step(links, specs), base=source)
         return with_components(prepared, conversation, tree)
 
     def close(self) -> None:
         self.store.close()
 
+    def _step(self, links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree], Tree]:
+        """The change one request makes to its session's tree; a component it carries that the rules refuse is the client's 400
+        (one over a limit, a 413)."""
+        for i, spec in enumerate(inline):
+            self.check_size(spec, f"pcp_components[{i}]")
 
-def _step(links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree], Tree]:
-    """The change one request makes to its session's tree; a component it carries that the rules refuse is the client's 400."""
+        def step(tree: Tree) -> Tree:
+            try:
+                changed = on_request(tree, links, inline, time.time_ns())
+            except PactError as error:
+                raise ClientError(str(error), param=error.param, code="invalid_component") from None
+            if len(changed.components) > self.most and len(changed.components) > len(tree.components):
+                raise too_large("this session's components", str(len(changed.components)), str(self.most), "components_per_session")
+            return changed
 
-    def step(tree: Tree) -> Tree:
-        try:
-            return on_request(tree, links, inline, time.time_ns())
-        except PactError as error:
-            raise ClientError(str(error), param=error.param, code="invalid_component") from None
-
-    return step
+        return step

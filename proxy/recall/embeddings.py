@@ -38,7 +38,7 @@ import numpy as np
 from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
-from .vectors import VectorCache
+from .vectors import VectorCache, bounded
 
 __all__ = ["Embedder", "embeddings_available"]
 
@@ -75,6 +75,18 @@ def prepare_process() -> None:
     torch.set_num_threads(TORCH_THREADS)
     gc.collect()
     gc.freeze()
+
+
+def _no_progress_bars() -> None:
+    """Loading a model draws tqdm bars ("Loading weights"), and they went to the log: none."""
+    try:
+        import huggingface_hub.utils
+        import transformers.utils.logging
+
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+    except (ImportError, AttributeError):  # a version without them draws none
+        pass
 
 
 def embeddings_available(encoder: str = "minilm") -> bool:
@@ -127,7 +139,7 @@ class OneText:
     @classmethod
     def of(cls, model: Any) -> OneText | None:
         one = cls(model)
-        expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True)
+        expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         if all(np.allclose(one(text), vector, atol=1e-5) for text, vector in zip(TRACE_TEXTS, expected)):
             return one
         log.warning("the traced embedding model disagrees with the model: queries are encoded without it")
@@ -211,6 +223,8 @@ class Embedder:
                 import torch
                 from sentence_transformers import SentenceTransformer
 
+                _no_progress_bars()
+
                 model = SentenceTransformer(str(model_path(self.encoder, self.models_dir)), device="cpu")
                 with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
                     # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
@@ -258,10 +272,16 @@ class Embedder:
         return asyncio.get_running_loop().run_in_executor(None, self._prefetch_sync, text)
 
     def _prefetch_sync(self, text: str) -> None:
-        if self.ready:
+        """Best effort: a request that fails before it awaits this (its store down, say) leaves no exception unretrieved."""
+        if not self.ready:
+            return
+        try:
             self.embed_sync([text])
+        except Exception as error:  # dense recall encodes it again, or goes without it
+            log.debug("a query's vector was not prefetched: %s", error)
 
     def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
+        texts = [bounded(t) for t in texts]  # memory bounded whatever a text's size: the model reads its head alone
         found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
         if absent:
@@ -277,6 +297,7 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
             self.warm_up()
             self._queue(list(dict.fromkeys(texts)))  # encoded once the model is in
@@ -297,7 +318,9 @@ class Embedder:
             if one_text is not None:
                 vectors = one_text(texts[0])[np.newaxis].astype(np.float32)
             else:
-                vectors = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+                vectors = model.encode(
+                    list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+                ).astype(np.float32)  # no progress bar: it wrote to the log at each batch
         self.cache.add(dict(zip(texts, vectors)))
         if self.stored is not None:
             self.stored.put(texts, vectors)

@@ -36,7 +36,7 @@ from ..errors import PcpError, UpstreamError
 from ..storage.base import Store
 from ..upstream import Upstream
 from .stored_vectors import stored_vectors
-from .vectors import VectorCache, unit_rows
+from .vectors import VectorCache, bounded, unit_rows
 
 __all__ = ["UpstreamVectors", "decoded", "done"]
 
@@ -129,6 +129,7 @@ class UpstreamVectors:
 
         ``headers``: the request's, whose authorization the calls for it carry.
         """
+        texts = [bounded(t) for t in texts]  # a text's head, as the bundled encoder is given it: an upstream's inputs are bounded too
         if not self.failing:
             task = self._queries.pop(query, None)
             vector = await task if task is not None else None
@@ -160,6 +161,7 @@ class UpstreamVectors:
 
     # -- the calls -------------------------------------------------------------------
     async def _query_vector(self, text: str, headers: dict[str, str]) -> Any | None:
+        text = bounded(text)
         found = self.cache.found([text])
         if text in found:
             return found[text]

@@ -63,9 +63,13 @@ class StoreSettingError(RuntimeError):
 
 def shown(url: str) -> str:
     """The store's URL without its password, for messages and the log."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a malformed port or host (settings refuse it first): what follows the last @
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"
     return f"{parts.scheme}://{host}{port}{parts.path}"
 
 

@@ -280,7 +280,10 @@ class SessionStore:
         mine = (session.id, version)  # the entry ``save`` put in memory, replaced only while it is still there
         try:
             if after is not None:  # the same request's first save, done by now (one writer, in order)
-                first = after.result() if after.exception() is None else None
+                failed = after.exception()
+                if failed is not None:  # what this one amends was not kept: neither is this (it once resolved to None, and the request answered 200)
+                    raise failed
+                first = after.result()
                 amended = reconciled(session, first.session, first.session.id) if first is not None else None
                 if first is None or amended is None:
                     self._settled(namespace, mine, first)
