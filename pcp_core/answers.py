@@ -13,7 +13,8 @@ An answer that says nothing once its directives are taken out says so
 
 from __future__ import annotations
 
-from .directives import DirectiveParser, Markup, Text, parse_directives
+from .directive_parser import DirectiveParser, parse_directives
+from .directives import Markup, Text
 
 __all__ = ["NO_ANSWER", "AnswerGate", "spoken"]
 

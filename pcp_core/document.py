@@ -25,8 +25,21 @@ from lxml import etree
 
 from .markup import background_line, newlines, shown_time, xml_safe
 from .pages import Page
+from .tokens import CountText
 
-__all__ = ["FLOW_CLOSE", "FLOW_OPEN", "PROTOCOL_VERSION", "SYSTEM_INSTRUCTIONS", "background", "element_text", "registry", "tail"]
+__all__ = [
+    "FLOW_CLOSE",
+    "FLOW_OPEN",
+    "PROTOCOL_VERSION",
+    "SYSTEM_INSTRUCTIONS",
+    "background",
+    "element_text",
+    "node_ends",
+    "node_places",
+    "node_starts",
+    "registry",
+    "tail",
+]
 
 PROTOCOL_VERSION = "0.1.0-alpha"
 
@@ -87,3 +100,30 @@ def tail(trace: Sequence[Any], query: str, current_time: str, final: bool) -> st
     if final:
         pieces.append(element_text(etree.Element("ST-Node", id="FINAL_ROUND", value="true")))
     return "".join(pieces) + _CLOSE
+
+
+# -- where the flow's top-level nodes are in a document ---------------------------------------
+
+
+def node_starts(document: str, lines: Sequence[int], count: CountText) -> list[int]:
+    """The token at which each top-level node starts in ``document`` (``lines``: the characters, ``_lines``), counted a line at a time."""
+    starts, at, tokens = [], 0, 0
+    for line in lines:
+        tokens += count(document[at:line])
+        starts.append(tokens)
+        at = line
+    return starts
+
+
+def node_ends(document: str, lines: Sequence[int]) -> list[int]:
+    """The character at which each top-level node ends in ``document`` (``lines``: where each starts): where the next one, or the flow's end tag, starts."""
+    return [*lines[1:], document.find("</Linear_Flow>", lines[-1])] if lines else []
+
+
+def node_places(document: str, layout: Sequence[str], start: int = 0) -> list[int]:
+    """The character at which each top-level node of ``layout`` starts in ``document`` (from ``start``: after a frame, which may show a page again)."""
+    lines, at = [], max(start - 1, 0)
+    for page_id in layout:
+        at = document.find(f'\n<Node id="{page_id}"', at) + 1
+        lines.append(at)
+    return lines

@@ -26,41 +26,28 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Generator, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Generator, Mapping, Sequence
 from itertools import takewhile
 from typing import Any, Literal
 
 import msgspec
 
+from .addressing import Addressed, address
 from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
-from .conversation import fold_system
-from .directives import Consult, Directive, Explore, Shelve
-from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
-from .frame import Frame, Shown, extended
-from .index import Activation, PageIndex, UnknownPage
+from .directives import Consult, Directive
+from .effects import CallWorker, Effect, LoadPages, Outcome
+from .frame import Frame, Shown, extended, prompt_text, shared_tokens, stored_end
+from .index import Activation, PageIndex
 from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
-from .pblock import around_handle, solidify
+from .pblock import solidify
 from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
-from .router import (
-    ROUTER_CANDIDATES,
-    Intent,
-    anchor_intent,
-    broad_match,
-    dense_scores,
-    dense_texts,
-    lexical_scores,
-    precision_selection,
-    router_prompt,
-    unit_texts,
-)
+from .router import anchor_intent, broad_match, lexical_scores
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
-from .timeline import moment
 from .tokens import CountText
 from .views import ViewState
+from .zooming import carry_out, diffuse, still_raised
 
 __all__ = ["RoundContext", "RoundPolicy", "kept_nodes", "run_rounds"]
 
@@ -138,7 +125,7 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
-    addressed = yield from _address(context, index, count, cache)
+    addressed = yield from address(context, index, count, cache)
     loop = _Loop(context, index, addressed, count, cache)
     for round_no in range(context.policy.max_rounds):
         reply = yield loop.call(round_no)
@@ -151,46 +138,10 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache:
     raise AssertionError("unreachable: the last round always answers")
 
 
-class _Addressed(msgspec.Struct, frozen=True):
-    """What the Router made of the request before round 0: the intent, and the pages by it."""
-
-    intent: Intent
-    leaves: list[Page]  # the history's Original pages, and the Draft pages of its PBlocks
-    texts: list[str]  # their unit texts, which broad match scores
-    ranked: list[str]  # best first
-    now: datetime | None
-
-
-def _address(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None) -> Generator[Effect, Any, _Addressed]:
-    """Anchor the intent (head + tail) and rank the pages by it: BM25, dense recall when the host embeds, the router model's pick."""
-    leaves = list(index.leaves())
-    said = [page for page in leaves if page.origin == Origin.HISTORY]
-    now = moment(context.current_time)
-    # A query that is a File block (``RoundContext.query``) is asked by what follows the file;
-    # what precedes it weighs as the head does.
-    before, asked = around_handle(context.query)
-    intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, said[-1].summary if said else "", now)
-    texts = unit_texts(leaves)
-    lexical = lexical_scores(intent, texts, cache)  # before the dense reading: the host encodes the query meanwhile
-    dense = None
-    if context.dense and texts:
-        cosines = yield Similarity(intent.text, dense_texts(texts))
-        if cosines is not None:
-            dense = dense_scores(cosines, len(texts))
-    ranked = broad_match(intent, leaves, lexical, dense)
-    if context.policy.router and ranked:
-        candidates = ranked[:ROUTER_CANDIDATES]
-        prompt = router_prompt(intent, [index.get(p) for p in candidates], context.policy.budget, count)
-        reply = yield CallRouter(fold_system(prompt) if context.policy.context_role == "user" else prompt)
-        if reply is not None:
-            ranked = precision_selection(ranked, reply, candidates)
-    return _Addressed(intent=intent, leaves=leaves, texts=texts, ranked=ranked, now=now)
-
-
 class _Loop:
     """The rounds' state: the views, what the worker asked for and read, the trace."""
 
-    def __init__(self, context: RoundContext, index: PageIndex, addressed: _Addressed, count: CountText, cache: Bm25Cache | None):
+    def __init__(self, context: RoundContext, index: PageIndex, addressed: Addressed, count: CountText, cache: Bm25Cache | None):
         policy = context.policy
         self.context, self.policy, self.index, self.addressed, self.count, self.cache = context, policy, index, addressed, count, cache
         self.views = ViewState(index)
@@ -322,7 +273,7 @@ class _Loop:
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
         messages, tools, trace = synthesis.messages, context.tools, list(self.trace)
         shared = self._shared(synthesis)
-        self.previous = _text(messages)
+        self.previous = prompt_text(messages)
         frame = self.frame
         return CallWorker(
             messages=messages, round=round_no, final=final, tools=tools, synthesis=synthesis, trace=trace, cuts=cuts, marks=marks, frame=frame, shared=shared
@@ -330,21 +281,10 @@ class _Loop:
 
     def _shared(self, synthesis: Synthesis) -> int:
         """Tokens of the prompt's opening the call before it had too: the previous round's prompt, or the frame replayed."""
-        text = _text(synthesis.messages)
-        if self.previous:
-            common = os.path.commonprefix([self.previous, text])
-        else:
-            end = self._stored_end(synthesis)
-            common = text[:end] if end is not None else ""
-        common = common[: common.rfind("\n") + 1]  # a whole line: a token may straddle where they part
-        return self.count(common) if common else 0
+        return shared_tokens(self.previous, prompt_text(synthesis.messages), self._stored_end(synthesis), self.count)
 
     def _stored_end(self, synthesis: Synthesis) -> int | None:
-        """Where the frame the request went on from ends in ``synthesis``'s document, when it replays it: the previous request's entry."""
-        stored = self.context.frame
-        if stored is None or not synthesis.frame_text.startswith(stored.text):
-            return None
-        return synthesis.frame_end - len(synthesis.frame_text) + len(stored.text)
+        return stored_end(self.context.frame, synthesis.frame_text, synthesis.frame_end)
 
     def unloaded(self, reply: WorkerReply) -> list[str]:
         """The pages a memory container the reply Consults holds that the request has not loaded (a page fault)."""
@@ -385,14 +325,14 @@ class _Loop:
         return Outcome(kind, text, rounds, self.trace, self.addressed.intent, list(self.solid.values()), self.index.states())
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
-        step, asked = _apply(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
+        step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
         self.trace.append(step)
         self.faulted |= step.action == "BusFault"
         views = self.views
-        self.consulted = _still_raised([*asked, *self.consulted], views)
-        diffused = _diffuse(directive, self.addressed.ranked, self.index, views, round_no, self.read, self.policy.diffusion_pages)
+        self.consulted = still_raised([*asked, *self.consulted], views)
+        diffused = diffuse(directive, self.addressed.ranked, self.index, views, round_no, self.read, self.policy.diffusion_pages)
         self.changed += [*asked, *diffused]
-        self.diffused = _still_raised([*diffused, *self.diffused], views)
+        self.diffused = still_raised([*diffused, *self.diffused], views)
 
     def _explore(self, keywords: Sequence[str]) -> list[str]:
         """The worker's own search: its keywords (and the times they name) addressed as a query is."""
@@ -445,78 +385,3 @@ def _priorities(
     unread = [p for p in rest if p not in read]
     seen = [*stale, *(p for p in rest if p in read)]
     return [*consulted, *fresh, *focus, *unread, *overview, *seen, *indexed, *recent]
-
-
-def _still_raised(page_ids: list[str], views: ViewState) -> list[str]:
-    """``page_ids`` without repeats, less those a directive folded back to Summary."""
-    return [p for p in dict.fromkeys(page_ids) if views.view(p) != View.SUMMARY]
-
-
-def _apply(
-    directive: Directive,
-    views: ViewState,
-    index: PageIndex,
-    explore: Callable[[Sequence[str]], list[str]],
-    round_no: int,
-    standalone: set[str],
-    hits: int = _DEFAULT.explore_hits,
-) -> tuple[Step, list[str]]:
-    """Carry out one directive; returns its trace step and the pages it raised."""
-    name = type(directive).__name__
-    target = directive.handle if isinstance(directive, Explore) else directive.id
-    try:
-        if isinstance(directive, Consult):
-            # A page shown on its own zooms in place; any other opens its path (§7.2).
-            changes = views.consult(directive.id, round_no, unfold=directive.id not in standalone)
-            index.touch(directive.id)
-            return _step(name, target, directive.reason, changes), [directive.id]
-        if isinstance(directive, Shelve):
-            changes = views.shelve(directive.id, round_no)
-            index.activate(directive.id, Activation.SHELVED)
-            return _step(name, target, directive.reason, changes), []
-        scope = None if directive.handle in ("history", "") else _subtree(index, directive.handle)
-        found = [p for p in explore(directive.keywords) if scope is None or p in scope][:hits]
-        for page_id in found:
-            views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
-            index.touch(page_id)
-        return Step(name, target, directive.reason, f"found {', '.join(found) or 'nothing'}"), found
-    except UnknownPage as missing:
-        return Step("BusFault", target, f"{name}: {missing}; use an id shown in the PagedContext"), []
-
-
-def _diffuse(
-    directive: Directive, ranked: list[str], index: PageIndex, views: ViewState, round_no: int, read: set[str], pages: int = _DEFAULT.diffusion_pages
-) -> list[str]:
-    """Reactive diffusion (§VI.4): zooming into a container re-addresses inside it.
-
-    The Original pages under the consulted container that rank best for the
-    intent, and that the worker has not been shown in Detail in any round
-    (``read``), are injected in Detail beside it — so a Consult on a summary
-    reaches new evidence, not only another summary or pages already read.
-    """
-    if not isinstance(directive, Consult) or directive.id not in index or not isinstance(index.get(directive.id), ConsolidatedPage):
-        return []
-    scope = _subtree(index, directive.id)
-    found = [p for p in ranked if p in scope and p not in read][:pages]
-    for page_id in found:
-        views.raise_to(page_id, View.DETAIL, round_no, unfold=False)
-        index.touch(page_id)
-    return found
-
-
-def _subtree(index: PageIndex, handle: str) -> set[str]:
-    page = index.get(handle)
-    if not isinstance(page, ConsolidatedPage):
-        return {page.id}
-    return {leaf.id for leaf in index.leaves([handle])}
-
-
-def _step(action: str, target: str, reason: str, changes: Sequence[Any]) -> Step:
-    result = "; ".join(f"{c.page_id} {c.before}→{c.after}" for c in changes) or "no change"
-    return Step(action, target, reason, result)
-
-
-def _text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """A prompt's first message's text: the document, where a provider's cache finds a prefix."""
-    content = messages[0].get("content") if messages else ""
-    return content if isinstance(content, str) else ""

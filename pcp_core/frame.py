@@ -27,7 +27,9 @@ Pages are shown in it as they were; a Consult on one shows it again, after it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import msgspec
 
@@ -35,7 +37,7 @@ from .markup import node_lines
 from .pages import Page, View
 from .tokens import CountText
 
-__all__ = ["Frame", "Shown", "continues", "extended"]
+__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "stored_end"]
 
 
 class Shown(msgspec.Struct, frozen=True):
@@ -72,3 +74,25 @@ def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, a
     turns = max([frame.turns, *(page.last_turn + 1 for page in new)])
     shown = {**frame.shown, **{s.id: s.view for s in kept}, **{page.id: View.DETAIL for page in new}}
     return Frame(text=frame.text + text, shown=shown, tokens=frame.tokens + (count(text) if text else 0), turns=turns, line=line, at=at)
+
+
+def stored_end(stored: Frame | None, frame_text: str, frame_end: int) -> int | None:
+    """Where the frame a request went on from ends in a document whose frame is ``frame_text`` (ending at
+    ``frame_end``), when the document replays it: the previous request's entry in a provider's cache."""
+    if stored is None or not frame_text.startswith(stored.text):
+        return None
+    return frame_end - len(frame_text) + len(stored.text)
+
+
+def shared_tokens(previous: str, text: str, stored: int | None, count: CountText) -> int:
+    """Tokens of ``text``'s opening the call before it had too: the ``previous`` call's prompt (a later round), or, for
+    a request's first call, the frame it replayed up to ``stored``: what a provider's cache may serve, to a whole line."""
+    common = os.path.commonprefix([previous, text]) if previous else text[:stored] if stored is not None else ""
+    common = common[: common.rfind("\n") + 1]  # a whole line: a token may straddle where they part
+    return count(common) if common else 0
+
+
+def prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    """A prompt's first message's text: the document, where a provider's cache finds a prefix."""
+    content = messages[0].get("content") if messages else ""
+    return content if isinstance(content, str) else ""

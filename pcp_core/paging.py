@@ -12,15 +12,15 @@ from typing import Any
 
 import msgspec
 
-from .conversation import message_text
 from .index import PageIndex
 from .metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge, signature
 from .pages import AnyPage, ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
 from .pblock import PBlock, ScanPolicy, block_handle, handle_line, scan
 from .summaries import consolidate, extractive_summary
 from .terms import TermStats, terms, top_keywords
-from .timeline import moment, opens_with_date, stated_time
-from .tokens import Checkpoint, CountText, split_words, unchecked
+from .timeline import opens_with_date
+from .tokens import Checkpoint, CountText, unchecked
+from .turn_pages import page_groups, segment_turns, turns_from_messages
 
 __all__ = ["PagedHistory", "PagingPolicy", "page_history", "reopened_from", "retroactive_paging", "segment_turns", "topic_groups", "turns_from_messages"]
 
@@ -38,25 +38,6 @@ class PagingPolicy(msgspec.Struct, frozen=True):
     container_summary_chars: int = 160
     metabolism: MetabolismPolicy = MetabolismPolicy()
     blocks: ScanPolicy = ScanPolicy()  # messages too large for turns are File PBlocks
-
-
-def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Sequence[str], start: int = 0, stated: str | None = None) -> list[Turn]:
-    """Turns for ``messages`` (numbered from ``start``), each with its time on the Timeline.
-
-    ``seen_at`` is when the proxy first saw the messages (one time, or one per
-    message); a date the conversation states wins over it, and a message's own
-    ``timestamp`` field over both (``pcp_core.timeline``). ``stated`` is the
-    date stated last before ``start``, which dates the first messages here.
-    """
-    times = [seen_at] * len(messages) if isinstance(seen_at, str) else seen_at
-    turns = []
-    for i, (message, seen) in enumerate(zip(messages, times, strict=True), start):
-        text = message_text(message)
-        stated = stated_time(text) or stated
-        own = message.get("timestamp")
-        own = own if isinstance(own, str) and moment(own) is not None else None  # not a time: the client's own field, not ours
-        turns.append(Turn(index=i, role=str(message.get("role", "user")), text=text, timestamp=own or stated or seen))
-    return turns
 
 
 class PagedHistory(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,7 +109,7 @@ def page_history(
     for leaf in known.leaves[len(kept) :]:
         _count_terms(df, leaf.content, -1)
     blocks, fresh_turns = _physical_blocks([t for t in turns if t.index >= start], count, policy.blocks, known.blocks, checkpoint)
-    groups = _split_oversized(fresh_turns, count, policy)
+    groups = page_groups(fresh_turns, count, policy.page_tokens, policy.page_turns)
     contents = ["\n".join(t.line() for t in group) for group in groups]
     for content in contents:
         _count_terms(df, content, +1)
@@ -345,32 +326,6 @@ def _unique(page: AnyPage, used: set[str]) -> AnyPage:
     return page
 
 
-def _split_oversized(turns: Sequence[Turn], count: CountText, policy: PagingPolicy) -> list[list[Turn]]:
-    pieces: list[Turn] = []
-    for turn in turns:
-        if count(turn.text) <= policy.page_tokens:
-            pieces.append(turn)
-            continue
-        # A turn longer than a page becomes several pages of consecutive words.
-        pieces += [msgspec.structs.replace(turn, text=part) for part in split_words(turn.text, count, policy.page_tokens)]
-    return [group for part in _dated_parts(pieces) for group in _bounded(part, count, policy)]
-
-
-def _dated_parts(turns: list[Turn]) -> list[list[Turn]]:
-    """``turns`` cut before every turn that opens with a dated header: a page never straddles one."""
-    parts: list[list[Turn]] = []
-    for turn in turns:
-        if not parts or opens_with_date(turn.text):
-            parts.append([])
-        parts[-1].append(turn)
-    return parts
-
-
-def _bounded(turns: list[Turn], count: CountText, policy: PagingPolicy) -> list[list[Turn]]:
-    ranges = segment_turns([count(t.line()) for t in turns], policy.page_tokens, policy.page_turns)
-    return [turns[r.start : r.stop] for r in ranges]
-
-
 def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingPolicy) -> OriginalPage:
     weights = stats.weights(content)
     first, last = group[0], group[-1]
@@ -385,23 +340,3 @@ def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingP
         first_turn=first.index,
         last_turn=last.index,
     )
-
-
-# -- segmentation ----------------------------------------------------------------
-
-
-def segment_turns(token_counts: Sequence[int], max_tokens: int, max_turns: int) -> list[range]:
-    """Consecutive groups of turns bounded in tokens and turns (the physical trigger, §VI.5).
-
-    A turn larger than ``max_tokens`` gets a group of its own; the caller splits it.
-    """
-    groups: list[range] = []
-    start, used = 0, 0
-    for i, tokens in enumerate(token_counts):
-        if i > start and (used + tokens > max_tokens or i - start >= max_turns):
-            groups.append(range(start, i))
-            start, used = i, 0
-        used += tokens
-    if start < len(token_counts):
-        groups.append(range(start, len(token_counts)))
-    return groups

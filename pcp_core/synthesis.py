@@ -1,19 +1,16 @@
 """Synthesis (§IX) and Overflow Governance (§III.2): the ``<PagedContext>`` under a token budget.
 
-The document is built with lxml, so every piece of user text is escaped: no
-message can close a tag or forge a Node. What the worker sees is decided
-greedily, cheapest guarantee first:
+What the worker sees is decided greedily, cheapest guarantee first:
 
-1. the fixed frame — registry, instructions, the client's head, the query, the
-   trace — clipped only if it alone exceeds the budget;
+1. what every call carries — the instructions, the client's head, the query,
+   the trace — clipped only if it alone exceeds the budget;
 2. every root starts folded into ``<Background_Context>`` (one line each, with
    its id, so the worker can still Consult it);
 3. pages are admitted in the caller's priority order (the engine's: what the
    worker consulted, the best Hot pages, the roots' Summaries for an overview —
    within its share of the budget, the first root always —, the other Hot
-   pages, the most recent turns). A page zoomed
-   into by Consult is shown nested in its Unpacked ancestors, and costs their
-   unfolding; a page the Router injected stands alone in the flow. A page
+   pages, the most recent turns). A page zoomed into by Consult is shown
+   nested in its Unpacked ancestors, and costs their unfolding; a page the Router injected stands alone in the flow. A page
    that does not fit stays at Summary — that is the Detail → Summary
    dehydration;
 4. remaining roots are unfolded to Summary nodes while they fit, newest first.
@@ -30,7 +27,7 @@ messages is checked and the last admission undone while it is over budget.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -38,11 +35,12 @@ from lxml import etree
 
 from . import document
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
+from .document import node_ends, node_places, node_starts
 from .frame import Frame, Shown
 from .index import PageIndex
 from .markup import background_line, node, node_lines
 from .pages import Origin, View
-from .tokens import CountText, part_tokens, prompt_tokens
+from .tokens import CountText, clip_tokens, part_tokens, prompt_tokens
 
 __all__ = ["Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
@@ -216,15 +214,15 @@ class _Builder:
         else:
             frame_text = self._background(unfolded) + document.FLOW_OPEN + self._nodes(made, shown)
             frame_shown = {p: shown.get(p, S) for p in made}
-        lines = _lines(text, layout, start + len(frame_text) if frame is not None else start)
-        ends = _ends(text, lines)
+        lines = node_places(text, layout, start + len(frame_text) if frame is not None else start)
+        ends = node_ends(text, lines)
         views = {**{r: S for r in unfolded}, **shown}
         after = [Shown(p, views[p], text[a:b]) for p, a, b in list(zip(layout, lines, ends))[len(made) :] if p != self.request.last]
         folded = [r for r in self._listed() if r not in unfolded and (frame is None or r not in frame.shown)]
         return Synthesis(
             messages=messages, tokens=tokens, shown={**{r: S for r in unfolded}, **shown}, standalone=[p for p in shown if self._detached(p, shown)],
             folded=folded, dehydrated=[p for p, v in self.wanted.items() if v != S and shown.get(p, S) != v], layout=layout,
-            starts=_starts(text, lines, self.count), ends=ends, frame_text=frame_text, frame_shown=frame_shown,
+            starts=node_starts(text, lines, self.count), ends=ends, frame_text=frame_text, frame_shown=frame_shown,
             frame_end=start + len(frame_text), after=after,
         )  # fmt: skip
 
@@ -327,8 +325,8 @@ class _Builder:
         head_cost, query_cost = self.count(head), self.count(query)
         if head_cost + query_cost <= spare:
             return head, query
-        head = _clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
-        return head, _clip_tokens(query, max(spare - self.count(head), 0), self.count)
+        head = clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
+        return head, clip_tokens(query, max(spare - self.count(head), 0), self.count)
 
     # -- rendering -----------------------------------------------------------------
     def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
@@ -400,42 +398,3 @@ class _Builder:
 
 
 _RANK = {S: 0, D: 1, U: 2}
-
-
-def _starts(document: str, lines: Sequence[int], count: CountText) -> list[int]:
-    """The token at which each top-level node starts in ``document`` (``lines``: the characters, ``_lines``), counted a line at a time."""
-    starts, at, tokens = [], 0, 0
-    for line in lines:
-        tokens += count(document[at:line])
-        starts.append(tokens)
-        at = line
-    return starts
-
-
-def _ends(document: str, lines: Sequence[int]) -> list[int]:
-    """The character at which each top-level node ends in ``document`` (``lines``: where each starts): where the next one, or the flow's end tag, starts."""
-    return [*lines[1:], document.find("</Linear_Flow>", lines[-1])] if lines else []
-
-
-def _lines(document: str, layout: Sequence[str], start: int = 0) -> list[int]:
-    """The character at which each top-level node of ``layout`` starts in ``document`` (from ``start``: after a frame, which may show a page again)."""
-    lines, at = [], max(start - 1, 0)
-    for page_id in layout:
-        at = document.find(f'\n<Node id="{page_id}"', at) + 1
-        lines.append(at)
-    return lines
-
-
-def _clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
-    """Keep the head and the tail of ``text`` within ``max_tokens``; the middle is what goes."""
-    if count(text) <= max_tokens:
-        return text
-    marker = " […] "
-    lo, hi = 0, len(text) // 2
-    while lo < hi:  # the largest half-width whose head+tail fits
-        mid = (lo + hi + 1) // 2
-        if count(text[:mid] + marker + text[-mid:]) <= max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return text[:lo] + marker + text[-lo:] if lo else ""

@@ -15,6 +15,7 @@ __all__ = [
     "PART_TOKENS",
     "Checkpoint",
     "CountText",
+    "clip_tokens",
     "function_calls",
     "message_tokens",
     "part_text",
@@ -111,3 +112,18 @@ def split_words(text: str, count: CountText, limit: int) -> list[str]:
     if part:
         pieces.append(" ".join(part))
     return pieces
+
+
+def clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """Keep the head and the tail of ``text`` within ``max_tokens``; the middle is what goes."""
+    if count(text) <= max_tokens:
+        return text
+    marker = " […] "
+    lo, hi = 0, len(text) // 2
+    while lo < hi:  # the largest half-width whose head+tail fits
+        mid = (lo + hi + 1) // 2
+        if count(text[:mid] + marker + text[-mid:]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo] + marker + text[-lo:] if lo else ""

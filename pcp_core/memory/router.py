@@ -24,7 +24,7 @@ import numpy as np
 
 from ..bm25 import stem
 from ..conversation import Conversation, message_text
-from ..engine import CallRouter, LoadPages
+from ..effects import CallRouter, LoadPages
 from ..pages import ConsolidatedPage, Page
 from ..pblock import around_handle
 from ..request import Policy, query_line

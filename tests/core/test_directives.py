@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcp_core.answers import AnswerGate
-from pcp_core.directives import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, DirectiveParser, Event, Explore, Markup, Shelve, Text, parse_directives
+from pcp_core.directive_parser import DirectiveParser, parse_directives
+from pcp_core.directives import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text
 
 REPLIES = [
     'I need the date. Consult("the date is missing", "a1b2c3d4")',
