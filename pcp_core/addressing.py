@@ -34,7 +34,7 @@ from .timeline import moment
 from .tokens import CountText
 
 if TYPE_CHECKING:
-    from .engine import RoundContext
+    from .round_policy import RoundContext
 
 __all__ = ["Addressed", "address"]
 

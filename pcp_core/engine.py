@@ -26,7 +26,7 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Sequence
 from itertools import takewhile
 from typing import Any, Literal
 
@@ -42,86 +42,17 @@ from .index import Activation, PageIndex
 from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
 from .pblock import solidify
-from .replies import DIRECTIVE_TOOLS, WorkerReply, calls_client_tool, read_reply
+from .replies import WorkerReply, calls_client_tool, read_reply
+from .round_policy import RoundContext, RoundPolicy
 from .router import anchor_intent, broad_match, lexical_scores
 from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
 from .tokens import CountText
 from .views import ViewState
 from .zooming import carry_out, diffuse, still_raised
 
-__all__ = ["RoundContext", "RoundPolicy", "kept_nodes", "run_rounds"]
-
-
-class RoundPolicy(msgspec.Struct, frozen=True):
-    """How a request's rounds run (§VI); built once from the settings."""
-
-    budget: int = 4096  # most prompt tokens of one worker call
-    max_rounds: int = 4
-    channel: Literal["text", "tools"] = "text"  # how the worker's directives come: in its text, or as tool calls
-    router: bool = False  # the host's router model picks among the best-ranked pages (§VI.2)
-    hot_pages: int = 40  # pages the Router may make Hot; the budget decides how many show
-    # The Router's best pages, which go before the roots' overview in round 0 and stay in
-    # every round after: the worker answers from one prompt, whichever round it is.
-    focus: int = 4
-    # Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
-    # Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
-    overview_share: float = 0.10
-    indexed_pages: int = 6  # the next-ranked pages, shown by summary as Consult targets
-    recent_pages: int = 2  # the latest Original pages, kept verbatim while they fit
-    explore_hits: int = 3
-    diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
-    # Where the PagedContext goes: the system message, or the user message, for upstreams that ignore system messages.
-    context_role: Literal["system", "user"] = "system"
-    # For providers' prompt caches: a later round keeps in their place the nodes of the round
-    # before that start within this share of the budget (after what the round brought in).
-    keep_share: float = 0.7
-    fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
-    # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
-    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.frame``) its follow-ups replay.
-    cached_price: float = 0.1
-    # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
-    # in full: the pages of the turns said since, the query, the pages ranked for it. The frame is made
-    # again when it leaves less room.
-    fresh_share: float = 0.2
-    # The most of the budget a frame takes when it is made: it grows by the turns said since.
-    frame_share: float = 0.25
-
+__all__ = ["kept_nodes", "run_rounds"]
 
 _DEFAULT = RoundPolicy()
-
-
-class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
-    """One request as the rounds see it."""
-
-    query: str
-    head: str = ""
-    current_time: str
-    policy: RoundPolicy = RoundPolicy()
-    client_tools: list[dict[str, Any]] = []
-    # Tokens of tool definitions sent with each worker call.
-    reserved_tokens: int = 0
-    # Ask the host for embeddings and fuse dense recall with BM25.
-    dense: bool = False
-    # Parts that are not text (images, audio, files): the query's, sent with every worker call;
-    # the history's by handle, sent again with the pages the worker asks for.
-    query_parts: list[Any] = []
-    parts: Mapping[str, Any] = {}
-    # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
-    # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
-    appendix: str = ""
-    # The frame the request goes on from (``pcp_core.frame``); None: it makes one.
-    frame: Frame | None = None
-    # The query's chain link and place in the conversation: the next request goes on from here.
-    query_link: str = ""
-    query_at: int = 0
-    # Whether the history's last page may still take the next turns (it is not full): then it stays out
-    # of the frame, which would show it as it no longer is.
-    last_page_open: bool = True
-
-    @property
-    def tools(self) -> list[dict[str, Any]]:
-        """The tools every worker call carries: the client's, and the directives' in the tools channel."""
-        return [*self.client_tools, *(DIRECTIVE_TOOLS if self.policy.channel == "tools" else [])]
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:

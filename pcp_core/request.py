@@ -29,7 +29,7 @@ from . import document
 from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
 from .effects import CallWorker, Effect, Outcome
-from .engine import RoundContext, RoundPolicy, run_rounds
+from .engine import run_rounds
 from .frame import Frame, continues
 from .pact import Tree
 from .pact_render import Placement, around, onto_messages, onto_pages, placement
@@ -37,6 +37,7 @@ from .pages import Origin, Page, Turn, iso_timestamp
 from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
 from .replies import DIRECTIVE_TOOLS
+from .round_policy import RoundContext, RoundPolicy
 from .session import Continuation, Session, chain_links, continuation, hold, new_session_id, page_on, resume, solidified
 from .tokens import Checkpoint, CountText, part_tokens, prompt_tokens, unchecked
 

@@ -10,10 +10,11 @@ from lxml import etree
 
 from pcp_core.answers import NO_ANSWER
 from pcp_core.directives import Consult
-from pcp_core.engine import RoundContext, RoundPolicy, _priorities, run_rounds
+from pcp_core.engine import _priorities, run_rounds
 from pcp_core.markup import node_type, node_view
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
+from pcp_core.round_policy import RoundContext, RoundPolicy
 from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
 from pcp_core.zooming import diffuse as _diffuse

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 
-from pcp_core.engine import RoundPolicy
 from pcp_core.frame import continues
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.replies import WorkerReply
+from pcp_core.round_policy import RoundPolicy
 from pcp_core.session import chain_links
 
 from .counting import COUNT
@@ -98,8 +98,8 @@ def test_a_follow_up_goes_on_from_the_frame_a_sibling_does_not():
 
 
 def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would_cost():
-    from pcp_core.engine import RoundPolicy
     from pcp_core.request import paging_pays
+    from pcp_core.round_policy import RoundPolicy
 
     cached = RoundPolicy(budget=4096, cached_price=0.1, fresh_share=0.125)  # crossover: 3,584 + 512 / 0.1 = 8,704
     assert not paging_pays(8_000, cached) and paging_pays(9_000, cached)
@@ -108,8 +108,8 @@ def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would
 
 
 def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
-    from pcp_core.engine import RoundPolicy
     from pcp_core.request import Policy, engaged
+    from pcp_core.round_policy import RoundPolicy
 
     rounds = RoundPolicy(budget=4096, cached_price=0.1)
     assert engaged(9_000, Policy(threshold=8192, rounds=rounds))  # the window unknown: the threshold alone
