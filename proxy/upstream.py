@@ -173,7 +173,7 @@ class Upstream:
         response = await self.open("POST", path, content=content, headers=headers, timeout=timeout, deadline=deadline)
         body = await self.read(response)
         if response.status_code >= 400:
-            raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
+            raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"), response.headers.get("retry-after"))
         return check(body), passed_back(response.headers)
 
     async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:

@@ -89,7 +89,9 @@ class Translation:
         if native is not None:
             if chat.status_code in LACKING:  # neither: the upstream's first answer stands
                 await chat.aclose()
-                return httpx.Response(native.status_code, headers=native.headers, stream=httpx.ByteStream(native.content), request=native.request, extensions=native.extensions)
+                return httpx.Response(
+                    native.status_code, headers=native.headers, stream=httpx.ByteStream(native.content), request=native.request, extensions=native.extensions
+                )
             self.lacking.add(path)
             log.info(
                 "the upstream answered %s %s with %s: its %s calls are sent as chat completions from now on", "POST", path, native.status_code, translator.name

@@ -87,7 +87,9 @@ class _SlotTransport(httpx.AsyncBaseTransport):
             finally:
                 await response.aclose()
                 self.slots.release()
-            return httpx.Response(response.status_code, headers=_plain(response.headers), stream=httpx.ByteStream(enveloped(body, response.status_code)), request=request)
+            return httpx.Response(
+                response.status_code, headers=_plain(response.headers), stream=httpx.ByteStream(enveloped(body, response.status_code)), request=request
+            )
         response.stream = _Released(response.stream, self.slots.release)  # type: ignore[arg-type]
         return response
 

@@ -23,6 +23,7 @@ from ..apis.chat import CHAT
 from ..apis.codec import Api, Reading, whole_body
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
+from ..errors import PcpError
 from ..memory.hooks import faults, memory_scope, remember_forwarded
 from ..memory.scopes import Scope
 from ..protocol.control import Control
@@ -150,7 +151,6 @@ async def _protocol(
     control: Control,
     scope: Scope | None,
 ) -> Response[Any]:
-    services.metrics.inc("pcp_requests_total", mode="protocol")
     namespace = services.namespaces.of(request.headers)
     messages = reading.messages
 
@@ -163,11 +163,15 @@ async def _protocol(
     work = serve_protocol(
         services, codec, conversation, headers, namespace, pcp.pinned_session(request.headers), policy=control.policy, telemetry=telemetry, memory=scope
     )
-    # Worker rounds run before any byte is sent: a client that leaves cancels them.
-    response = await unless_client_leaves(request, work)
-    response.headers[pcp.PROMPT_TOKENS] = str(tokens)
-    if scope is not None:
-        response.headers[pcp.MEMORY] = scope.name
+    said = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
+    try:  # worker rounds run before any byte is sent: a client that leaves cancels them
+        response = await unless_client_leaves(request, work)
+    except PcpError as error:  # not a served request: not counted as one, and the client still learns the mode
+        services.metrics.inc("pcp_requests_failed_total", mode="protocol", status=str(error.status))
+        error.headers.update({pcp.MODE: "protocol", **said})
+        raise
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    response.headers.update(said)
     return response
 
 

@@ -94,7 +94,9 @@ def test_a_responses_stream_is_translated_event_by_event(proxy, upstream):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_responses_tool_call_comes_back_as_a_function_call_item(proxy, upstream, stream):
     upstream.default = chat_only(tool_calls=WEATHER_CALL)
-    tools = [{"type": "function", "name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    tools = [
+        {"type": "function", "name": "get_weather", "description": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    ]
     client = proxy.client()
     if stream:
         events = list(client.responses.create(model="m", input="Weather in Paris?", tools=tools, stream=True))
@@ -119,7 +121,11 @@ def test_a_function_call_and_its_output_are_one_assistant_turn_and_a_tool_messag
     assert proxy.client().responses.create(model="m", input=items).output_text == "It is sunny."
     assert upstream.requests[-1].json["messages"] == [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
     ]
 
@@ -205,12 +211,19 @@ def test_a_tool_result_becomes_a_tool_message_before_the_rest_of_its_turn(proxy,
                 {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}},
             ],
         },
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]}, {"type": "text", "text": "And?"}]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny"}]}, {"type": "text", "text": "And?"}],
+        },
     ]
     proxy.anthropic().messages.create(model="m", max_tokens=32, messages=messages)
     assert upstream.requests[-1].json["messages"] == [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "Let me look.", "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {
+            "role": "assistant",
+            "content": "Let me look.",
+            "tool_calls": [{"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}],
+        },
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
         {"role": "user", "content": "And?"},
     ]
