@@ -204,9 +204,17 @@ async def reserved(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @get("/healthz")
-async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> dict[str, str]:
-    """Liveness for anyone; what the proxy fronts only for a proxy key, when it has keys."""
-    return {"status": "ok", "upstream": services.upstream.shown_url} if shows_details(services.settings, request.headers) else {"status": "ok"}
+async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[dict[str, Any]]:
+    """Liveness for anyone, and the embedded model's: ``busy`` while requests wait for its slots, a 503 once it is
+    down; what the proxy fronts only for a proxy key, when it has keys."""
+    local = await services.local_model.health() if services.local_model is not None else None
+    status = "unavailable" if local is not None and local["status"] == "down" else local["status"] if local is not None else "ok"
+    said: dict[str, Any] = {"status": status}
+    if shows_details(services.settings, request.headers):
+        said["upstream"] = services.upstream.shown_url
+        if local is not None:
+            said["local_model"] = local
+    return Response(said, status_code=503 if status == "unavailable" else 200)
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
