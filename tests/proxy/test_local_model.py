@@ -175,6 +175,25 @@ def test_a_client_that_leaves_a_stream_frees_its_slot(local_proxy):
     assert reply.choices[0].message.content.strip()
 
 
+def test_a_client_that_leaves_a_paged_stream_frees_its_slot(tmp_path):
+    from proxy.app import create_app
+    from proxy.testing.upstream import serve_in_thread
+
+    # One round, the final one: it streams from its first token (a round that may still Consult is held back).
+    server = serve_in_thread(create_app(settings(tmp_path, max_rounds=1)), timeout_graceful_shutdown=10)
+    body = {"model": "m", "messages": history(), "max_tokens": 3000, "stream": True, **ENDLESS}
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client, client.stream("POST", "/v1/chat/completions", json=body) as streamed:
+            assert streamed.headers["x-pcp-mode"] == "protocol"
+            lines = streamed.iter_lines()
+            for _ in range(10):
+                next(lines)
+            assert generating(server) == 1
+        until_idle(server)
+    finally:
+        server.stop()
+
+
 def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(local_proxy):
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000, **ENDLESS}
     with pytest.raises(httpx.ReadTimeout):
