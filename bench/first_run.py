@@ -77,6 +77,20 @@ def server_pid(proxy_pid: int | None) -> int | None:
     return None
 
 
+def cores(pid: int | None, seconds: float = 1.0) -> float:
+    """The cores llama-server keeps busy over the next ``seconds`` (1.0: one core all the time)."""
+    if pid is None:
+        return float("nan")
+
+    def used() -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    start = used()
+    time.sleep(seconds)
+    return (used() - start) / seconds
+
+
 def rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -123,21 +137,36 @@ def run(url: str, proxy_pid: int | None) -> None:
         seconds, final = timed(streamed)
         rows.append((f"messages.stream, {kind}", seconds, f"stop_reason={final.stop_reason}"))
 
+    pid = server_pid(proxy_pid)
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000, **ENDLESS}
     with httpx.Client(base_url=url, timeout=60) as http, http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
         lines = stream.iter_lines()
         for _ in range(30):
             next(lines)
+        busy = cores(pid)
+    after = cores(pid)
     seconds, reply = timed(lambda: client.chat.completions.create(model="m", messages=HELLO, max_tokens=16))
-    rows.append(("after a client left a stream: next answer", seconds, f"finish_reason={reply.choices[0].finish_reason}"))
+    rows.append(
+        (
+            "a client left a stream: the next answer",
+            seconds,
+            f"{reply.choices[0].finish_reason}; llama-server {busy:.2f} cores generating, {after:.2f} the second after",
+        )
+    )
     try:
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=3.0))
     except httpx.ReadTimeout:
         pass
+    after = cores(pid)
     seconds, reply = timed(lambda: client.chat.completions.create(model="m", messages=HELLO, max_tokens=16))
-    rows.append(("after a client gave up on a whole answer (3 s): next answer", seconds, f"finish_reason={reply.choices[0].finish_reason}"))
+    rows.append(
+        (
+            "a client gave up on a whole answer (3 s): the next answer",
+            seconds,
+            f"{reply.choices[0].finish_reason}; llama-server {after:.2f} cores the second after",
+        )
+    )
 
-    pid = server_pid(proxy_pid)
     before = rss_mb(pid) if pid else 0.0
     filler = " ".join(f"word{i}" for i in range(500))  # ~2,400 of SmolLM2's tokens
     seconds, _ = timed(
@@ -149,7 +178,9 @@ def run(url: str, proxy_pid: int | None) -> None:
         ]
     )
     after = rss_mb(pid) if pid else 0.0
-    rows.append(("100 requests (10 with distinct ~2,400-token prompts)", seconds, f"llama-server RSS {before:.0f} -> {after:.0f} MB (peak {_peak(pid):.0f} MB)"))
+    rows.append(
+        ("100 requests (10 with distinct ~2,400-token prompts)", seconds, f"llama-server RSS {before:.0f} -> {after:.0f} MB (peak {_peak(pid):.0f} MB)")
+    )
 
     print("| check | seconds | result |\n|---|---|---|")
     for name, seconds, result in rows:

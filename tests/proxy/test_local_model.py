@@ -157,10 +157,19 @@ def generating(server) -> int:
 
 
 def until_idle(server, timeout: float = 30.0) -> None:
+    """Until the proxy has every slot back and, where the test can ask it, llama-server generates for no one."""
     deadline = time.monotonic() + timeout
-    while generating(server):
+    while generating(server) or _server_busy(server):
         assert time.monotonic() < deadline, "the embedded model is still generating for a client that left"
         time.sleep(0.05)
+
+
+def _server_busy(server) -> bool:
+    model = server.app.state.services.local_model if hasattr(server, "app") else None
+    if model is None:
+        return False
+    slots = httpx.get(f"http://127.0.0.1:{model.port}/slots", headers={"authorization": f"Bearer {model.key}"}).json()
+    return any(slot["is_processing"] for slot in slots)
 
 
 def test_a_client_that_leaves_a_stream_frees_its_slot(local_proxy):
@@ -180,7 +189,9 @@ def test_a_client_that_leaves_a_paged_stream_frees_its_slot(tmp_path):
     from proxy.testing.upstream import serve_in_thread
 
     # One round, the final one: it streams from its first token (a round that may still Consult is held back).
-    server = serve_in_thread(create_app(settings(tmp_path, max_rounds=1)), timeout_graceful_shutdown=10)
+    app = create_app(settings(tmp_path, max_rounds=1))
+    server = serve_in_thread(app, timeout_graceful_shutdown=10)
+    server.app = app
     body = {"model": "m", "messages": history(), "max_tokens": 3000, "stream": True, **ENDLESS}
     try:
         with httpx.Client(base_url=server.url, timeout=120) as client, client.stream("POST", "/v1/chat/completions", json=body) as streamed:
@@ -220,7 +231,9 @@ def test_with_every_slot_busy_a_request_waits_a_while_then_gets_a_503_with_retry
     from proxy.app import create_app
     from proxy.testing.upstream import serve_in_thread
 
-    server = serve_in_thread(create_app(settings(tmp_path, local_slots=1, local_queue_timeout=1.0)), timeout_graceful_shutdown=10)
+    app = create_app(settings(tmp_path, local_slots=1, local_queue_timeout=1.0))
+    server = serve_in_thread(app, timeout_graceful_shutdown=10)
+    server.app = app
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000, "stream": True, **ENDLESS}
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client, client.stream("POST", "/v1/chat/completions", json=body) as streamed:
