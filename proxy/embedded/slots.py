@@ -6,7 +6,9 @@ proxy lets as many requests through as there are slots; one that finds them all
 busy waits up to ``queue_timeout`` seconds for one, then gets a 503 with
 ``Retry-After`` rather than hanging. A slot is the proxy's again when the answer
 is closed: read whole, or a stream ended or abandoned by its client (whose
-connection closes, and llama-server stops generating).
+connection closes, and llama-server stops generating). A chat completion asked
+whole is asked for as a stream and put together here (``whole``): llama-server
+notices at once a client that left a stream, late one that left a whole answer.
 
 Its errors come back in the proxy's envelope ``{"error": {"message", "type",
 "param", "code"}}``, as the proxy's own do: llama-server says ``"code": 400`` and
@@ -22,6 +24,8 @@ from typing import Any
 
 import httpx
 import msgspec
+
+from .whole import assembled, streamed_request
 
 __all__ = ["BUSY_CODE", "RETRY_AFTER", "Slots", "enveloped"]
 
@@ -76,11 +80,20 @@ class _SlotTransport(httpx.AsyncBaseTransport):
             return await self.inner.handle_async_request(request)
         if not await self.slots.acquire():
             return _busy(self.slots, request)
+        streamed = streamed_request(request)  # a whole answer, asked for as a stream (``whole``)
         try:
-            response = await self.inner.handle_async_request(request)
+            response = await self.inner.handle_async_request(streamed or request)
         except BaseException:
             self.slots.release()
             raise
+        if streamed is not None and response.status_code < 400:
+            try:
+                status, body = await assembled(response)
+            finally:  # a client that left cancels this: the stream closes, and the generation stops
+                await response.aclose()
+                self.slots.release()
+            content = body if status < 400 else enveloped(body, status)
+            return httpx.Response(status, headers=_plain(response.headers), stream=httpx.ByteStream(content), request=request)
         if response.status_code >= 400:
             try:
                 body = await response.aread()

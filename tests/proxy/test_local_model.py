@@ -38,10 +38,12 @@ class WorkerCalls(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
-        if request.headers.get("x-pcp-role") != "worker" or b'"stream": true' in request.content:
+        if request.headers.get("x-pcp-role") != "worker":
             return response
         body = await response.aread()
-        self.calls.append((json.loads(request.content), json.loads(body)))
+        # The proxy asks the embedded server for every answer as a stream: the usage is its last event's.
+        events = [json.loads(line[5:]) for line in body.splitlines() if line.startswith(b"data: {")]
+        self.calls.append((json.loads(request.content), next(event for event in reversed(events) if event.get("usage"))))
         return httpx.Response(response.status_code, headers=response.headers, stream=httpx.ByteStream(body))
 
     async def aclose(self) -> None:
@@ -165,11 +167,16 @@ def until_idle(server, timeout: float = 30.0) -> None:
 
 
 def _server_busy(server) -> bool:
+    return any(_slots(server))
+
+
+def _slots(server) -> list[bool]:
+    """Which of llama-server's slots are generating (none known: the test cannot ask it)."""
     model = server.app.state.services.local_model if hasattr(server, "app") else None
     if model is None:
-        return False
+        return []
     slots = httpx.get(f"http://127.0.0.1:{model.port}/slots", headers={"authorization": f"Bearer {model.key}"}).json()
-    return any(slot["is_processing"] for slot in slots)
+    return [slot["is_processing"] for slot in slots]
 
 
 def test_a_client_that_leaves_a_stream_frees_its_slot(local_proxy):
@@ -205,10 +212,19 @@ def test_a_client_that_leaves_a_paged_stream_frees_its_slot(tmp_path):
         server.stop()
 
 
-def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot(local_proxy):
+def test_a_client_that_gives_up_on_a_whole_answer_frees_its_slot_while_another_streams(local_proxy):
+    """llama-server checks for a client that left a whole answer only after a second with no result of any task:
+    beside a stream it never would. The proxy asks it for the answer as a stream (``embedded.whole``)."""
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000, **ENDLESS}
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{local_proxy.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+    with httpx.Client(base_url=local_proxy.url, timeout=60) as client, client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as other:
+        lines = other.iter_lines()
+        next(lines)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{local_proxy.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+        deadline = time.monotonic() + 10
+        while sum(_slots(local_proxy)) > 1:  # the stream's slot only
+            assert time.monotonic() < deadline, "llama-server still generates the whole answer of a client that left"
+            next(lines)  # the other stream goes on meanwhile
     until_idle(local_proxy)
 
 
