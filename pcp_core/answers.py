@@ -7,6 +7,11 @@ is clearly an answer: enough prose has arrived with no directive before it
 through at once, and directives that show up late are dropped. In the final
 round nothing is held: directives are not accepted there anyway.
 
+Nor does the prompt itself reach the client, should the model echo it: the
+document's tags are markup, and the registry's sentences are taken out as the
+text flows (``scaffolding``); held back text counts toward the commitment only
+once it is known not to be one of them.
+
 An answer that says nothing once its directives are taken out says so
 (``NO_ANSWER``): a client never gets an empty answer for a question.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 from .directive_parser import DirectiveParser, parse_directives
 from .directives import Markup, Text
+from .scaffolding import Scaffolding
 
 __all__ = ["NO_ANSWER", "AnswerGate", "spoken"]
 
@@ -30,6 +36,7 @@ def spoken(text: str) -> str:
 class AnswerGate:
     def __init__(self, final: bool, commit_chars: int = COMMIT_CHARS):
         self.parser = DirectiveParser()
+        self.scaffolding = Scaffolding()
         self.committed = final
         self.commit_chars = commit_chars
         self.saw_directive = False
@@ -49,9 +56,12 @@ class AnswerGate:
 
     def _take(self, events: list, end: bool) -> str:
         out: list[str] = []
-        for event in events:
-            if isinstance(event, Text):
-                (out if self.committed else self.held).append(event.text)
+        texts = [self.scaffolding.feed(event.text) if isinstance(event, Text) else event for event in events]
+        if end:
+            texts.append(self.scaffolding.flush())
+        for event in texts:
+            if isinstance(event, str):
+                (out if self.committed else self.held).append(event)
             elif not self.committed and not isinstance(event, Markup):  # a directive, or a malformed one, before any commitment
                 self.saw_directive = True
         if not self.committed and not self.saw_directive:

@@ -13,13 +13,15 @@ import re
 
 from .directives import MAX_DIRECTIVE_CHARS, NAMES, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text, Value, bind
 from .markup import TAGS
+from .scaffolding import without_scaffolding
 
 __all__ = ["DirectiveParser", "parse_directives"]
 
 _NAME_START = re.compile("[CES<]")  # first letters of NAMES, and a tag's "<": the only places text can be held
 _PREFIXES = frozenset(name[:i] for name in NAMES for i in range(1, len(name) + 1))
-# The document's tags, opening or closing: "<Node", "</Content".
-_TAG_NAMES = frozenset(opening + tag for tag in TAGS for opening in ("<", "</"))
+# The document's tags, opening or closing: "<Node", "</Content"; and the root as a small model misremembers it.
+ECHOED_TAGS = ("PageContext", "Paged_Context")
+_TAG_NAMES = frozenset(opening + tag for tag in (*TAGS, *ECHOED_TAGS) for opening in ("<", "</"))
 _TAG_PREFIXES = frozenset(name[:i] for name in _TAG_NAMES for i in range(1, len(name) + 1))
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _GAP_CHARS = " \t"  # allowed between a name and "(": not newlines, so prose lines are not joined
@@ -306,10 +308,10 @@ class DirectiveParser:
 
 
 def parse_directives(text: str) -> tuple[str, list[Directive], list[BusFault]]:
-    """Parse a whole reply: its text without directives, the directives, the faults."""
+    """Parse a whole reply: its text without directives (nor the prompt's own sentences, ``scaffolding``), the directives, the faults."""
     parser = DirectiveParser()
     events = parser.feed(text) + parser.flush()
-    clean = "".join(e.text for e in events if isinstance(e, Text))
+    clean = without_scaffolding("".join(e.text for e in events if isinstance(e, Text)))
     directives: list[Directive] = [e for e in events if isinstance(e, Consult | Explore | Shelve)]
     return clean, directives, [e for e in events if isinstance(e, BusFault)]
 

@@ -28,10 +28,13 @@ from .pages import Page
 from .tokens import CountText
 
 __all__ = [
+    "FINAL_ROUND_INSTRUCTION",
     "FLOW_CLOSE",
     "FLOW_OPEN",
+    "PARTS_INSTRUCTION",
     "PROTOCOL_VERSION",
     "SYSTEM_INSTRUCTIONS",
+    "USER_LINE",
     "background",
     "element_text",
     "node_ends",
@@ -53,6 +56,8 @@ Otherwise answer the Query as the assistant, in plain text, never mentioning pag
 """.strip()
 
 PARTS_INSTRUCTION = "A [image_url …], [input_audio …] or [file …] in a page stands for what that message attached: Consult the page to be shown it."
+FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
+USER_LINE = "Respond to the Query of the PagedContext."
 
 FLOW_OPEN = "<Linear_Flow>\n"
 FLOW_CLOSE = "</Linear_Flow>\n"

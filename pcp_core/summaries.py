@@ -35,6 +35,8 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     chosen: list[int] = []
     used = 0
     for i in scored:
+        if sentences[i] in (sentences[j] for j in chosen):  # a sentence said twice (two pages alike) is summarised once
+            continue
         if used + len(sentences[i]) + 1 <= max_chars:
             chosen.append(i)
             used += len(sentences[i]) + 1
@@ -43,7 +45,10 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     return " ".join(sentences[i] for i in sorted(chosen))
 
 
-_SPEAKER = re.compile(r"^([A-Z][\w .'-]{0,30}):(?:\s+|$)")
+# A speaker is a name: up to four capitalised words ("Caroline", "Jean-Luc Picard", "Dr. Ruth Smith"),
+# a dot only after an initial or a title. "Yes. One important thing:" is a sentence and a label, not a
+# speaker: taken for one, it opened every sentence of its line, its own first one twice.
+_SPEAKER = re.compile(r"^((?:[A-Z][a-z]{0,3}\. )?[A-Z][\w'-]*(?: (?:[A-Z]\. )?[A-Z][\w'-]*){0,3}):(?:\s+|$)")
 
 
 def _attributed_sentences(text: str) -> list[str]:

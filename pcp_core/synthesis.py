@@ -35,7 +35,7 @@ from lxml import etree
 
 from . import document
 from .conversation import PLACEHOLDER, attached, fold_system, placeholder
-from .document import node_ends, node_places, node_starts
+from .document import FINAL_ROUND_INSTRUCTION, USER_LINE, node_ends, node_places, node_starts
 from .frame import Frame, Shown
 from .index import PageIndex
 from .markup import background_line, node, node_lines
@@ -45,9 +45,6 @@ from .tokens import CountText, clip_tokens, part_tokens, prompt_tokens
 __all__ = ["Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
-
-FINAL_ROUND_INSTRUCTION = "This is the final round: answer the Query now from what is visible. Directives are not accepted."
-USER_LINE = "Respond to the Query of the PagedContext."
 
 
 class Step(msgspec.Struct, frozen=True):

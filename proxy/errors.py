@@ -41,6 +41,7 @@ class PcpError(Exception):
         self.status = status or self.status
         self.body = ErrorBody(message=message, type=type or self.type, param=param, code=code)
         self.media_type = "application/json"
+        self.headers: dict[str, str] = {}  # sent with the error's response (the proxy's x-pcp-*, an upstream's Retry-After)
 
     def envelope(self) -> bytes:
         return _ENCODER.encode(Envelope(self.body))
@@ -75,9 +76,12 @@ class UpstreamError(PcpError):
         self.media_type = media_type or "application/json"
 
     @classmethod
-    def refused(cls, status: int, body: bytes, media_type: str | None) -> UpstreamError:
-        """The upstream's own error response, to pass on with its status."""
-        return cls(body.decode(errors="replace")[:500], status=status, raw=body, media_type=media_type)
+    def refused(cls, status: int, body: bytes, media_type: str | None, retry_after: str | None = None) -> UpstreamError:
+        """The upstream's own error response, to pass on with its status (and when to try again, if it says)."""
+        error = cls(body.decode(errors="replace")[:500], status=status, raw=body, media_type=media_type)
+        if retry_after:
+            error.headers["retry-after"] = retry_after
+        return error
 
     def envelope(self) -> bytes:
         return self.raw if self.raw is not None else super().envelope()
@@ -102,6 +106,7 @@ ANTHROPIC_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    503: "overloaded_error",
     504: "timeout_error",
     529: "overloaded_error",
 }

@@ -10,7 +10,8 @@ from collections.abc import Callable
 __all__ = ["GAUGES", "HELP", "HISTOGRAMS", "Metrics"]
 
 HELP = {
-    "pcp_requests_total": "Requests under /v1, by mode: passthrough (forwarded as they came: every path, and chat completions below the threshold) | protocol (paged).",
+    "pcp_requests_total": "Requests under /v1, by mode: passthrough (forwarded as they came: every path, and chat completions below the threshold) | protocol (paged and answered; one that fails is in pcp_requests_failed_total).",
+    "pcp_requests_failed_total": "Protocol-mode requests that ended in an error (the upstream's, or the proxy's), by status; not counted in pcp_requests_total, their session not kept.",
     "pcp_sessions_total": "Protocol-mode requests by how they found their session (new | resumed | forked | pinned).",
     "pcp_turns_paged_total": "Messages paged in protocol mode; those a session already held are not paged again.",
     "pcp_pages_built_total": "Pages built by paging, by type (Original | Consolidated); reused pages are not counted.",

@@ -21,8 +21,8 @@ from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, ScanPolicy
 from pcp_core.memory import MemoryPolicy
 
 from .apis.codec import Api
+from .embedded import LocalModel
 from .hybrid import Hybrid, HybridStore
-from .local_model import LocalModel
 from .memory import Memory, open_memory_store
 from .memory.core import ScopeCores
 from .metrics import Metrics
@@ -38,7 +38,7 @@ from .storage.datadir import Namespaces, private_tree
 from .storage.sealing import Sealer, data_key
 from .storage.sessions import SessionStore
 from .tokenizer import Tokenizer
-from .upstream import Upstream
+from .upstream import Upstream, loopback
 
 __all__ = ["DenseRecall", "Services", "anthropic_url", "open_services", "policy_of"]
 
@@ -111,10 +111,9 @@ async def open_services(
     stands in for the one ``router_embeddings`` would load.
     """
     async with AsyncExitStack() as stack:
-        base_url = settings.upstream_base_url
-        local_model = None
+        base_url, local_model = settings.upstream_base_url, None
         if not base_url:
-            local_model = LocalModel(settings.data_path, settings.local_n_ctx)
+            local_model = _local_model(settings)
             base_url = await local_model.start()
             stack.push_async_callback(local_model.stop)
         tokenizer, metrics, policy = Tokenizer(settings.tokenizer), Metrics(), policy_of(settings)
@@ -132,9 +131,16 @@ async def open_services(
         # A passthrough request is one upstream call: the request's deadline is the call's.
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
-        upstream = Upstream(base_url, **timeouts, transport=transport)
+        if local_model is None:
+            upstream = Upstream(base_url, **timeouts, transport=transport, translate=settings.translate_apis)
+        else:  # its slots in front of it; Responses and Messages as chat completions, their errors and events the proxy's
+            upstream = Upstream(base_url, **timeouts, transport=local_model.slots.transport(transport or loopback()), translate="always")
         stack.push_async_callback(upstream.aclose)
-        anthropic = Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport) if settings.anthropic_base_url else None
+        anthropic = (
+            Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport, translate=settings.translate_apis)
+            if settings.anthropic_base_url
+            else None
+        )
         if anthropic is not None:
             stack.push_async_callback(anthropic.aclose)
         dense = _embedder(settings, metrics, upstream, stores, embedder)
@@ -171,6 +177,19 @@ async def open_services(
             summary_writer=summary_writer,
             local_model=local_model,
         )
+
+
+def _local_model(settings: Settings) -> LocalModel:
+    return LocalModel(
+        settings.data_path,
+        n_ctx=settings.local_n_ctx,
+        slots=settings.local_slots,
+        max_tokens=settings.local_max_tokens,
+        threads=settings.local_threads,
+        queue_timeout=settings.local_queue_timeout,
+        server=settings.local_server,
+        model=settings.local_model,
+    )
 
 
 def _closing(stack: AsyncExitStack, close: Any) -> None:

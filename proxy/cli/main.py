@@ -54,11 +54,12 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from ..app import create_app
-    from ..local_model import INSTALL_HINT, local_extra_missing
+    from ..embedded import local_missing
     from .server import server_options
 
-    if not settings.upstream_base_url and local_extra_missing():
-        print(f"pcp-proxy: no upstream configured and {INSTALL_HINT}", file=sys.stderr)
+    missing = None if settings.upstream_base_url else local_missing(settings.local_server, settings.local_model)
+    if missing:
+        print(f"pcp-proxy: no upstream configured (PCP_UPSTREAM_BASE_URL), and for the embedded local model {missing}", file=sys.stderr)
         return 2
     problem = _store_problem(settings)
     if problem:

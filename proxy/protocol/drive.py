@@ -230,6 +230,8 @@ class ProtocolRequest:
         Each step runs in a thread: ranking and synthesis over a long history take tens of
         milliseconds of CPU, which on the event loop every other request would wait for.
         """
+        if value is not None:  # a worker answered: the session is kept (a request the upstream refused keeps nothing)
+            self._save_once()
         effect = await asyncio.to_thread(_step, loop, value)
         while not isinstance(effect, (CallWorker, Outcome)):
             effect = await asyncio.to_thread(_step, loop, await self.fulfil(effect))
@@ -239,7 +241,6 @@ class ProtocolRequest:
             return effect
         if self.unsaved and self.prepared is not None:  # round 0: the next request keeps what still ranks of it
             self.prepared = remembered(self.prepared, effect)
-        self._save_once()
         return effect
 
     async def fulfil(self, effect: Similarity | CallRouter | LoadPages) -> Any:
@@ -280,8 +281,9 @@ class ProtocolRequest:
         return await memory.recall(scope.key, self.conversation, time.time_ns(), ask)
 
     def _save_once(self) -> None:
-        """Send the session to the store, once: when the first worker call goes out, so that
-        writing a long history does not hold the interpreter while this request computes."""
+        """Send the session to the store, once: when the first worker call has answered (one the upstream
+        refused keeps nothing), while the next round computes, so that writing a long history does not hold
+        the interpreter meanwhile."""
         if self.unsaved and self.prepared is not None and self.resolution is not None:
             self.unsaved = False
             prepared, found = self.prepared, self.resolution.found
@@ -356,6 +358,7 @@ class ProtocolRequest:
             round_ = StreamedRound(step, partial(self._open_stream, step), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
+                self._save_once()  # the worker is answering: the session is kept before the answer starts
                 await self._stored()
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
@@ -369,7 +372,9 @@ class ProtocolRequest:
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
         response = await upstream.open("POST", codec.api.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
-            raise UpstreamError.refused(response.status_code, await upstream.read(response), response.headers.get("content-type"))
+            raise UpstreamError.refused(
+                response.status_code, await upstream.read(response), response.headers.get("content-type"), response.headers.get("retry-after")
+            )
         self.answered = passed_back(response.headers)
         events = upstream.sse_events(response, codec.rules())
         return self.context.sections().events(events) if self.context is not None else events

@@ -34,7 +34,7 @@ def error_response(error: PcpError, headers: dict[str, str] | None = None, anthr
 
 
 def _on_pcp_error(request: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
-    return error_response(exc, anthropic=speaks_anthropic(request))
+    return error_response(exc, exc.headers or None, anthropic=speaks_anthropic(request))
 
 
 def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:

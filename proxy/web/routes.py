@@ -25,7 +25,7 @@ from ..apis.chat import CHAT
 from ..apis.codec import Api, Codec, Reading, tools_text, whole_body
 from ..apis.messages import MESSAGES
 from ..apis.responses import RESPONSES
-from ..errors import ClientError
+from ..errors import ClientError, PcpError
 from ..memory.hooks import faults, memory_scope, remember_forwarded
 from ..memory.scopes import Scope
 from ..protocol.control import Control
@@ -201,18 +201,21 @@ async def _protocol(
     control: Control,
     scope: Scope | None,
 ) -> Response[Any]:
-    services.metrics.inc("pcp_requests_total", mode="protocol")
     namespace = services.namespaces.of(request.headers)
     messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
     work = serve_protocol(
         services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
     )
-    # Worker rounds run before any byte is sent: a client that leaves cancels them.
-    response = await unless_client_leaves(request, work)
-    response.headers[pcp.PROMPT_TOKENS] = str(tokens)
-    if scope is not None:
-        response.headers[pcp.MEMORY] = scope.name
+    said = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
+    try:  # worker rounds run before any byte is sent: a client that leaves cancels them
+        response = await unless_client_leaves(request, work)
+    except PcpError as error:  # not a served request: not counted as one, and the client still learns the mode
+        services.metrics.inc("pcp_requests_failed_total", mode="protocol", status=str(error.status))
+        error.headers.update({pcp.MODE: "protocol", **said})
+        raise
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    response.headers.update(said)
     return response
 
 
@@ -252,9 +255,17 @@ async def reserved(request: Request[Any, Any, Any]) -> Response[Any]:
 
 
 @get("/healthz")
-async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> dict[str, str]:
-    """Liveness for anyone; what the proxy fronts only for a proxy key, when it has keys."""
-    return {"status": "ok", "upstream": services.upstream.shown_url} if shows_details(services.settings, request.headers) else {"status": "ok"}
+async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[dict[str, Any]]:
+    """Liveness for anyone, and the embedded model's: ``busy`` while requests wait for its slots, a 503 once it is
+    down; what the proxy fronts only for a proxy key, when it has keys."""
+    local = await services.local_model.health() if services.local_model is not None else None
+    status = "unavailable" if local is not None and local["status"] == "down" else local["status"] if local is not None else "ok"
+    said: dict[str, Any] = {"status": status}
+    if shows_details(services.settings, request.headers):
+        said["upstream"] = services.upstream.shown_url
+        if local is not None:
+            said["local_model"] = local
+    return Response(said, status_code=503 if status == "unavailable" else 200)
 
 
 @route("/", http_method=[HttpMethod.GET, HttpMethod.HEAD])

@@ -1,0 +1,294 @@
+"""Anthropic's Messages API over an upstream that speaks only chat completions: the request translated, the answer back.
+
+``request`` writes a Messages request as a chat completion's body: ``system``
+as a system message, ``tool_use`` blocks as the assistant's tool calls, each
+``tool_result`` as a ``tool`` message before the rest of its user turn, images
+and documents as chat parts, thinking left out; client tools as chat functions
+(server tools have no chat form). ``reply`` writes a chat completion as a
+message (``finish_reason`` as ``stop_reason``, usage with the cache reads the
+upstream names), ``Round`` a chat stream as Anthropic's events, and
+``failure`` an upstream's error in Anthropic's envelope.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from pcp_core import short_hash
+
+from ..errors import ANTHROPIC_TYPES
+from ..sse import named_event
+from .codec import text_of
+from .responses_chat import said_error
+
+__all__ = ["Round", "failure", "reply", "request", "usage"]
+
+Block = dict[str, Any]
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use", "content_filter": "refusal"}
+SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
+
+
+def request(asked: dict[str, Any]) -> dict[str, Any]:
+    """The chat completion's body that asks what ``asked`` (a Messages request) asks."""
+    messages: list[dict[str, Any]] = []
+    system = _text(asked.get("system"))
+    if system:
+        messages.append({"role": "system", "content": system})
+    for message in asked.get("messages") or ():
+        if isinstance(message, dict):
+            _add(messages, message)
+    chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
+    chat["messages"] = messages
+    if asked.get("stop_sequences"):
+        chat["stop"] = asked["stop_sequences"]
+    tools = [_tool(tool) for tool in asked.get("tools") or () if isinstance(tool, dict) and "input_schema" in tool and isinstance(tool.get("name"), str)]
+    if tools:
+        chat["tools"] = tools
+        choice = asked.get("tool_choice")
+        if isinstance(choice, dict):
+            chat["tool_choice"] = _tool_choice(choice)
+            if choice.get("disable_parallel_tool_use"):
+                chat["parallel_tool_calls"] = False
+    user = (asked.get("metadata") or {}).get("user_id") if isinstance(asked.get("metadata"), dict) else None
+    if isinstance(user, str):
+        chat["user"] = user
+    if asked.get("stream"):
+        chat["stream"] = True
+        chat["stream_options"] = {"include_usage": True}
+    return chat
+
+
+def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    role, content = message.get("role"), message.get("content")
+    if not isinstance(content, list):
+        messages.append({"role": role, "content": text_of(content)})
+        return
+    blocks = [block for block in content if isinstance(block, dict)]
+    if role == "assistant":
+        said: dict[str, Any] = {"role": "assistant", "content": "".join(text_of(b.get("text")) for b in blocks if b.get("type") == "text") or None}
+        calls = [_call(block) for block in blocks if block.get("type") == "tool_use"]
+        if calls:
+            said["tool_calls"] = calls
+        messages.append(said)
+        return
+    # A turn's tool results answer the calls just before it: in chat they come first, as tool messages.
+    for block in blocks:
+        if block.get("type") == "tool_result":
+            messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": _result(block)})
+    parts = [part for part in (_part(block) for block in blocks) if part is not None]
+    if parts:
+        texts_only = all(part["type"] == "text" for part in parts)
+        messages.append({"role": role, "content": "".join(part["text"] for part in parts) if texts_only else parts})
+
+
+def _call(block: Block) -> dict[str, Any]:
+    return {
+        "id": str(block.get("id") or ""),
+        "type": "function",
+        "function": {"name": str(block.get("name") or ""), "arguments": json.dumps(block.get("input") or {})},
+    }
+
+
+def _result(block: Block) -> str:
+    text = _text(block.get("content"))
+    return f"Error: {text}" if block.get("is_error") else text
+
+
+def _text(value: Any) -> str:
+    """Text, or the text of a list of blocks."""
+    if isinstance(value, list):
+        return "".join(text_of(block.get("text")) for block in value if isinstance(block, dict) and block.get("type") == "text")
+    return text_of(value)
+
+
+def _part(block: Block) -> dict[str, Any] | None:
+    kind, source = block.get("type"), block.get("source")
+    if not isinstance(source, dict):
+        source = {}
+    if kind == "text":
+        return {"type": "text", "text": text_of(block.get("text"))}
+    if kind == "image":
+        url = source.get("url") if source.get("type") == "url" else f"data:{source.get('media_type')};base64,{source.get('data')}"
+        return {"type": "image_url", "image_url": {"url": url}}
+    if kind == "document" and source.get("type") == "text":
+        return {"type": "text", "text": text_of(source.get("data"))}
+    if kind == "document" and source.get("type") == "base64":
+        return {
+            "type": "file",
+            "file": {"file_data": f"data:{source.get('media_type')};base64,{source.get('data')}", "filename": block.get("title") or "document"},
+        }
+    return None  # thinking, a tool result (a message of its own), what chat has no part for
+
+
+def _tool(tool: Block) -> dict[str, Any]:
+    function = {"name": tool["name"], "parameters": tool["input_schema"]}
+    if tool.get("description"):
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _tool_choice(choice: Block) -> Any:
+    kind = choice.get("type")
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return {"any": "required", "none": "none"}.get(str(kind), "auto")
+
+
+# -- the answer ---------------------------------------------------------------------------
+
+
+def usage(said: Any) -> dict[str, int]:
+    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read."""
+    said = said if isinstance(said, dict) else {}
+    details = said.get("prompt_tokens_details")
+    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
+    prompt = int(said.get("prompt_tokens") or 0)
+    return {
+        "input_tokens": max(0, prompt - cached),
+        "output_tokens": int(said.get("completion_tokens") or 0),
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+    }
+
+
+def _id(prefix: str) -> str:
+    return f"{prefix}_{short_hash(f'{prefix}{time.time_ns()}')}"
+
+
+def _input(arguments: str) -> Any:
+    """A call's arguments as the tool's input (Anthropic's is an object); what does not parse, under ``input``."""
+    try:
+        said = json.loads(arguments or "{}")
+    except ValueError:
+        return {"input": arguments}
+    return said if isinstance(said, dict) else {"input": said}
+
+
+def _stop_reason(finish_reason: Any, called: bool) -> str:
+    return "tool_use" if called else STOP_REASONS.get(str(finish_reason), "end_turn")
+
+
+def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion as the message that answers ``asked``."""
+    choices = completion.get("choices") or [{}]
+    choice = choices[0] if isinstance(choices[0], dict) else {}
+    message = choice.get("message") or {}
+    content: list[Block] = [{"type": "text", "text": text_of(message["content"])}] if message.get("content") else []
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") or {}
+        content.append(
+            {
+                "type": "tool_use",
+                "id": str(call.get("id") or _id("toolu")),
+                "name": str(function.get("name") or ""),
+                "input": _input(text_of(function.get("arguments"))),
+            }
+        )
+    called = any(block["type"] == "tool_use" for block in content)
+    return {
+        "id": _id("msg"), "type": "message", "role": "assistant", "model": completion.get("model") or asked.get("model") or "",
+        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called), "stop_sequence": None,
+        "usage": usage(completion.get("usage")),
+    }  # fmt: skip
+
+
+def failure(status: int, body: bytes) -> bytes:
+    """An upstream's error in Anthropic's envelope: its kind by the status, its message kept."""
+    error = said_error(body)
+    kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return json.dumps({"type": "error", "error": {"type": kind, "message": str(error.get("message") or f"the upstream answered {status}")[:500]}}).encode()
+
+
+def event(kind: str, **fields: Any) -> bytes:
+    return named_event(kind, {"type": kind, **fields})
+
+
+# -- a stream ------------------------------------------------------------------------------
+
+
+class Round:
+    """A chat completion's chunks, read as they come, written as Anthropic's events: ``message_start``, a
+    text block and its deltas, a ``tool_use`` block per call and its JSON deltas, then ``message_delta``
+    with the stop reason and the usage, and ``message_stop``."""
+
+    def __init__(self, asked: dict[str, Any]):
+        self.model = asked.get("model") or ""
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: tuple[str, Any] | None = None  # the block being written: ("text", None) or ("tool", the chunk's call index)
+        self.called = False
+        self.finish_reason: Any = None
+        self.usage: Any = None
+
+    def _opening(self) -> bytes:
+        if self.started:
+            return b""
+        self.started = True
+        message: dict[str, Any] = {
+            "id": _id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+        }
+        return event("message_start", message={**message, "usage": {"input_tokens": 0, "output_tokens": 0}})
+
+    def read(self, chunk: dict[str, Any]) -> bytes:
+        """One chat chunk's events."""
+        if chunk.get("model"):
+            self.model = chunk["model"]
+        out = [self._opening()]
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                out.append(self._block(("text", None), {"type": "text", "text": ""}))
+                out.append(event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text_of(delta["content"])}))
+            for call in delta.get("tool_calls") or ():
+                out.append(self._called(call))
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        return b"".join(out)
+
+    def _block(self, which: tuple[str, Any], start: Block) -> bytes:
+        """Open the block ``which`` unless it is the one open, closing that one."""
+        if self.open == which:
+            return b""
+        out = event("content_block_stop", index=self.blocks - 1) if self.open is not None else b""
+        self.open = which
+        self.blocks += 1
+        return out + event("content_block_start", index=self.blocks - 1, content_block=start)
+
+    def _called(self, delta: dict[str, Any]) -> bytes:
+        self.called = True
+        function = delta.get("function") or {}
+        which = ("tool", delta.get("index", 0))
+        out = b""
+        if self.open != which:
+            start = {"type": "tool_use", "id": str(delta.get("id") or _id("toolu")), "name": str(function.get("name") or ""), "input": {}}
+            out = self._block(which, start)
+        piece = text_of(function.get("arguments"))
+        if piece:
+            out += event("content_block_delta", index=self.blocks - 1, delta={"type": "input_json_delta", "partial_json": piece})
+        return out
+
+    def closing(self) -> bytes:
+        """The events that end the message, once the chat stream has."""
+        out = [self._opening()]
+        if self.open is not None:
+            out.append(event("content_block_stop", index=self.blocks - 1))
+            self.open = None
+        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called), "stop_sequence": None}
+        out.append(event("message_delta", delta=delta, usage=usage(self.usage)))
+        out.append(event("message_stop"))
+        return b"".join(out)
+
+    def failure(self, message: str, code: str = "upstream_error") -> bytes:
+        """An error midway, as Anthropic's stream tells it: an ``error`` event, and no ``message_stop``."""
+        return self._opening() + event("error", error={"type": "api_error", "message": f"{message} ({code})"})

@@ -1,0 +1,217 @@
+"""Every API on any chat-completions upstream: Responses and Messages calls sent as chat completions where the upstream lacks them.
+
+``Upstream.open`` asks ``Translation.of`` whether a call may need it: a POST of
+``/responses`` or ``/messages``. Then, by the ``translate_apis`` setting:
+
+* ``auto``: the call goes as it came; an answer of 404 or 405 means the upstream
+  lacks the path, and the call is sent again as a chat completion. If chat
+  completions answer (anything but a 404 or 405 again: a wrong model name is a
+  404 on both), the upstream is remembered to lack the path and every later
+  call of it goes translated at once. Where the upstream speaks the API itself,
+  nothing changes: its answer goes back byte for byte.
+* ``always``: every such call goes as a chat completion (the embedded model).
+* ``never``: none does.
+
+The translated answer is an ``httpx.Response`` like any other, so passthrough
+and protocol mode read it as they read the API's own: whole, or as a stream
+translated as it arrives (closing it closes the upstream's, which stops the
+generation). The translations themselves are ``responses_chat`` and ``messages_chat``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+
+from ..errors import ClientError, UpstreamError
+from ..sse import DONE
+from . import messages_chat, responses_chat
+
+__all__ = ["Translation", "Translator"]
+
+log = logging.getLogger("pcp.upstream")
+
+Send = Callable[[str, bytes, Mapping[str, str]], Awaitable[httpx.Response]]
+CHAT_PATH = "/chat/completions"
+LACKING = (404, 405)
+# What speaks to the API the client called, not to a chat upstream; x-api-key becomes its Bearer key.
+_DROPPED = frozenset({"anthropic-version", "anthropic-beta", "x-api-key", "openai-beta", "content-length", "content-type"})
+# What of the chat answer's headers no longer describes the translated one.
+_REWRITTEN = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding", "etag"})
+
+
+@dataclass(frozen=True)
+class Translator:
+    """One API over chat completions: its request as chat's, chat's answer, stream and error as its own."""
+
+    name: str
+    request: Callable[[dict[str, Any]], dict[str, Any]]
+    reply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
+    failure: Callable[[int, bytes], bytes]
+    round: Callable[[dict[str, Any]], Any]
+
+
+TRANSLATORS = {
+    "/responses": Translator("responses", responses_chat.request, responses_chat.reply, responses_chat.failure, responses_chat.Round),
+    "/messages": Translator("messages", messages_chat.request, messages_chat.reply, messages_chat.failure, messages_chat.Round),
+}
+
+
+class Translation:
+    """Which calls of one upstream go as chat completions, and what it has been found to lack."""
+
+    def __init__(self, mode: Literal["auto", "always", "never"] = "auto"):
+        self.mode = mode
+        self.lacking: set[str] = set()  # paths this upstream answered 404 or 405 where chat completions answered
+
+    def of(self, method: str, path: str) -> Translator | None:
+        """The translator a call may need (None: it goes as it came, whatever the upstream answers)."""
+        if self.mode == "never" or method != "POST":
+            return None
+        return TRANSLATORS.get(path)
+
+    async def open(self, translator: Translator, path: str, content: bytes | None, headers: Mapping[str, str], send: Send) -> httpx.Response:
+        """The call's answer: the upstream's own, or (where it lacks ``path``) chat completions' translated."""
+        native = None
+        if self.mode == "auto" and path not in self.lacking:
+            native = await send(path, content or b"", headers)
+            if native.status_code not in LACKING:
+                return native
+            await native.aread()  # a short error: kept, in case chat completions are missing too
+            await native.aclose()
+        asked = _decoded(content)
+        chat = await send(CHAT_PATH, json.dumps(translator.request(asked)).encode(), chat_headers(headers))
+        if native is not None:
+            if chat.status_code in LACKING:  # neither: the upstream's first answer stands
+                await chat.aclose()
+                return httpx.Response(
+                    native.status_code, headers=native.headers, stream=httpx.ByteStream(native.content), request=native.request, extensions=native.extensions
+                )
+            self.lacking.add(path)
+            log.info(
+                "the upstream answered %s %s with %s: its %s calls are sent as chat completions from now on", "POST", path, native.status_code, translator.name
+            )
+        return await translated(translator, asked, chat)
+
+
+def _decoded(content: bytes | None) -> dict[str, Any]:
+    try:
+        asked = json.loads(content or b"")
+    except ValueError as exc:
+        raise ClientError(f"the request body is not JSON: {exc}", code="invalid_json") from None
+    if not isinstance(asked, dict):
+        raise ClientError("the request body is not a JSON object", code="invalid_json")
+    return asked
+
+
+def chat_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The call's headers for a chat upstream: Anthropic's key as the Bearer key (unless one is set), its version headers left out."""
+    said = {k.lower(): v for k, v in headers.items()}
+    out = {k: v for k, v in said.items() if k not in _DROPPED}
+    if "authorization" not in out and said.get("x-api-key"):
+        out["authorization"] = f"Bearer {said['x-api-key']}"
+    out["content-type"] = "application/json"
+    return out
+
+
+async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.Response) -> httpx.Response:
+    """Chat's answer as the API's: an error's envelope, a whole answer, or a stream translated as it arrives."""
+    headers = {k: v for k, v in chat.headers.items() if k.lower() not in _REWRITTEN}
+    if chat.status_code >= 400 or not asked.get("stream"):
+        try:
+            body = await chat.aread()
+        finally:
+            await chat.aclose()
+        if chat.status_code >= 400:
+            content = translator.failure(chat.status_code, body)
+        else:
+            content = json.dumps(translator.reply(_completion(body), asked)).encode()
+        headers["content-type"] = "application/json"
+        return httpx.Response(chat.status_code, headers=headers, stream=httpx.ByteStream(content), request=chat.request, extensions=chat.extensions)
+    if not chat.headers.get("content-type", "").startswith("text/event-stream"):
+        body = await chat.aread()
+        await chat.aclose()
+        raise UpstreamError(
+            f"the upstream answered a streamed chat completion with {chat.headers.get('content-type')}: {body[:200]!r}", code="upstream_bad_stream"
+        )
+    headers["content-type"] = "text/event-stream"
+    return httpx.Response(chat.status_code, headers=headers, stream=_Events(translator.round(asked), chat), request=chat.request, extensions=chat.extensions)
+
+
+def _completion(body: bytes) -> dict[str, Any]:
+    try:
+        completion = json.loads(body)
+    except ValueError:
+        completion = None
+    if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list) or not completion["choices"]:
+        raise UpstreamError(f"the upstream's answer is not a chat completion: {body[:200]!r}", code="upstream_bad_response")
+    return completion
+
+
+class _Events(httpx.AsyncByteStream):
+    """A chat stream's chunks as the API's events, as they arrive; closing it closes the chat stream.
+
+    A stream that ends with an error event, or stops before it is whole (no ``[DONE]``, no finish
+    reason), ends with the API's error event and never with the events that complete an answer.
+    """
+
+    def __init__(self, round_: Any, chat: httpx.Response):
+        self.round = round_
+        self.chat = chat
+        self.whole = False  # [DONE] came
+        self.failed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        pending = b""
+        async for data in self.chat.aiter_raw():
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            out = []
+            for line in lines:
+                if self.failed or self.whole:
+                    break
+                out.append(self._line(line))
+            if out:
+                yield b"".join(out)
+            if self.failed or self.whole:
+                break
+        else:
+            if pending and not (self.failed or self.whole):
+                yield self._line(pending)
+        if self.failed:
+            return
+        if not (self.whole or self.round.finish_reason is not None):
+            yield self.round.failure("the upstream's stream ended before its answer did (no finish_reason, no [DONE])", "upstream_bad_stream")
+            return
+        yield self.round.closing()
+
+    def _line(self, line: bytes) -> bytes:
+        said = _data(line)
+        if said is None:
+            return b""
+        if said == DONE:
+            self.whole = True
+            return b""
+        try:
+            chunk = json.loads(said)
+        except ValueError:
+            self.failed = True
+            return self.round.failure(f"the upstream's stream holds an event that is not JSON: {said[:200]!r}", "upstream_bad_stream")
+        if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
+            error = chunk["error"]
+            self.failed = True
+            return self.round.failure(f"the upstream sent an error in its stream: {str(error.get('message') if isinstance(error, dict) else error)[:300]}")
+        return self.round.read(chunk) if isinstance(chunk, dict) else b""
+
+    async def aclose(self) -> None:
+        await self.chat.aclose()
+
+
+def _data(line: bytes) -> bytes | None:
+    line = line.rstrip(b"\r")
+    return line[5:].strip() if line.startswith(b"data:") else None

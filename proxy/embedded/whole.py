@@ -1,0 +1,86 @@
+"""A whole chat completion from the embedded server, asked for as a stream so that a client who leaves stops it.
+
+llama-server notices that the client of a streamed answer has left at its next
+token (the write fails). For an answer asked whole it has only a check once a
+second, which any other result resets: while another slot streams, or anyone
+polls it, a client that left a long whole answer kept its slot generating to
+the end (measured: 9 s and more after the close). So a chat completion asked
+whole goes to it streamed, and the proxy puts the answer together: the client
+gets the same ``chat.completion``, and one that leaves closes the stream.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+__all__ = ["assembled", "streamed_request"]
+
+
+def streamed_request(request: httpx.Request) -> httpx.Request | None:
+    """``request`` asking for its answer streamed, with its usage; None when it is not a chat completion asked whole."""
+    if not request.url.path.endswith("/chat/completions"):
+        return None
+    try:
+        body = json.loads(request.content)
+    except ValueError:
+        return None  # the server's own 400
+    if not isinstance(body, dict) or body.get("stream") or (body.get("n") or 1) != 1:
+        return None
+    body.update(stream=True, stream_options={"include_usage": True})
+    headers = {k: v for k, v in request.headers.items() if k.lower() != "content-length"}
+    return httpx.Request(request.method, request.url, headers=headers, content=json.dumps(body).encode(), extensions=request.extensions)
+
+
+async def assembled(response: httpx.Response) -> tuple[int, bytes]:
+    """The stream's chunks read to the end and put together as one ``chat.completion`` (or the error it ended in)."""
+    completion: dict[str, Any] = {"object": "chat.completion", "choices": []}
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    calls: dict[int, dict[str, Any]] = {}
+    choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": None}
+    logprobs: list[Any] = []
+    pending = b""
+    async for data in response.aiter_raw():
+        lines = (pending + data).split(b"\n")
+        pending = lines.pop()
+        for line in lines:
+            chunk = _chunk(line)
+            if chunk is None:
+                continue
+            if "error" in chunk and not chunk.get("choices"):
+                return 500, json.dumps({"error": chunk["error"]}).encode()
+            completion.update({k: chunk[k] for k in ("id", "created", "model", "system_fingerprint", "usage") if chunk.get(k) is not None})
+            for said in chunk.get("choices") or ():
+                delta = said.get("delta") or {}
+                for field in ("content", "reasoning_content"):
+                    if delta.get(field):
+                        message[field] = (message.get(field) or "") + delta[field]
+                for call in delta.get("tool_calls") or ():
+                    known = calls.setdefault(call.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    known["id"] = call.get("id") or known["id"]
+                    function = call.get("function") or {}
+                    known["function"]["name"] += function.get("name") or ""
+                    known["function"]["arguments"] += function.get("arguments") or ""
+                logprobs += ((said.get("logprobs") or {}).get("content")) or []
+                choice["finish_reason"] = said.get("finish_reason") or choice["finish_reason"]
+    if choice["finish_reason"] is None:  # cut short: the server stopped, or went away
+        return 502, json.dumps({"error": {"message": "the embedded model's answer stopped before its end", "type": "server_error"}}).encode()
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    if logprobs:
+        choice["logprobs"] = {"content": logprobs}
+    completion["choices"] = [choice]
+    return 200, json.dumps(completion).encode()
+
+
+def _chunk(line: bytes) -> dict[str, Any] | None:
+    line = line.strip()
+    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+        return None
+    try:
+        chunk = json.loads(line[5:])
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None

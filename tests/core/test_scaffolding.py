@@ -1,0 +1,42 @@
+"""The proxy's own sentences are taken out of a text however it is cut into chunks; everything else is kept."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcp_core.answers import AnswerGate
+from pcp_core.document import SYSTEM_INSTRUCTIONS, USER_LINE
+from pcp_core.scaffolding import SENTENCES, Scaffolding, without_scaffolding
+
+ECHO = f'<PageContext version="0.1.0-alpha"> {SYSTEM_INSTRUCTIONS}\n2026-11-26T21:11 [d02fdaee] turn, allotment\nYour code is 5521.\n{USER_LINE}'
+WORDS = st.text(alphabet=st.sampled_from(list("abcdefghij .;:\n-[]0123456789TYoueLinar_F")), max_size=60)
+
+
+def fed(text: str, cuts: list[int]) -> str:
+    scaffolding, out, start = Scaffolding(), [], 0
+    for cut in sorted(set(cuts)):
+        out.append(scaffolding.feed(text[start:cut]))
+        start = cut
+    return "".join(out) + scaffolding.feed(text[start:]) + scaffolding.flush()
+
+
+@settings(max_examples=200)
+@given(before=WORDS, after=WORDS, cuts=st.lists(st.integers(min_value=0, max_value=800), max_size=40))
+def test_the_same_text_comes_out_whatever_the_chunks(before, after, cuts):
+    text = before + SYSTEM_INSTRUCTIONS + after
+    words = lambda said: "".join(said.split())  # noqa: E731  (a sentence taken out whole or clause by clause leaves other spaces)
+    assert words(fed(text, cuts)) == words(without_scaffolding(text))
+    assert not [sentence for sentence in SENTENCES if sentence in fed(text, cuts)]
+
+
+@settings(max_examples=200)
+@given(text=WORDS, cuts=st.lists(st.integers(min_value=0, max_value=60), max_size=10))
+def test_text_that_is_not_the_proxys_goes_through_untouched(text, cuts):
+    assert fed(text, cuts) == text
+
+
+def test_an_echo_keeps_only_what_the_conversation_said():
+    gate = AnswerGate(final=True)
+    streamed = "".join(gate.feed(ECHO[i : i + 5]) for i in range(0, len(ECHO), 5)) + gate.close()
+    assert streamed.strip() == "Your code is 5521."

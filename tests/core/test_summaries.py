@@ -1,0 +1,85 @@
+"""A summary says each chosen sentence once, with its speaker once: no phrase doubled that its page does not double.
+
+Property tests over real turns of the LoCoMo dev split (read in place beside the
+repository, never copied), with their speakers and without them, as a chat whose
+turns name no speaker sends them: one page's summary, and a container's summary
+of its pages' summaries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcp_core.summaries import extractive_summary
+from pcp_core.terms import TermStats
+
+DEV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo-dev" / "conversations.jsonl"
+SPEAKER = re.compile(r"^[A-Z]\w+: ")
+SESSION = re.compile(r"^\[Session [^\]]*\]\n")
+
+
+def dev_turns() -> list[str]:
+    if not DEV.exists():
+        return []
+    turns = []
+    for line in DEV.read_text().splitlines():
+        turns += [SESSION.sub("", message["content"]) for message in json.loads(line)["messages"]]
+    return turns
+
+
+TURNS = dev_turns()
+pytestmark = pytest.mark.skipif(not TURNS, reason=f"the dev data is not at {DEV}")
+
+
+def doubled(text: str) -> set[str]:
+    """Runs of two words or more said twice in a row that are not whole sentences ("Yes. One thing: Yes. One thing: …");
+    a sentence two turns both say ("Talk soon. Talk soon.") is the conversation's own."""
+    words = text.lower().split()
+    found = set()
+    for size in range(2, len(words) // 2 + 1):
+        for start in range(len(words) - 2 * size + 1):
+            if words[start + size - 1][-1:] not in ".!?" and words[start : start + size] == words[start + size : start + 2 * size]:
+                found.add(" ".join(words[start : start + size]))
+    return found
+
+
+def summary(text: str, chars: int = 240) -> str:
+    return extractive_summary(text, TermStats([text]).weights(text), chars)
+
+
+PAGES = st.tuples(
+    st.integers(min_value=0, max_value=max(len(TURNS) - 8, 0)), st.integers(min_value=1, max_value=6), st.booleans(), st.integers(min_value=80, max_value=400)
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(page=PAGES)
+def test_a_pages_summary_doubles_nothing_its_page_does_not(page):
+    start, size, named, chars = page
+    turns = TURNS[start : start + size] if named else [SPEAKER.sub("", turn) for turn in TURNS[start : start + size]]
+    text = "\n".join(turns)
+    said = summary(text, chars)
+    assert doubled(said) <= doubled(text), said
+
+
+@settings(max_examples=200, deadline=None)
+@given(start=st.integers(min_value=0, max_value=max(len(TURNS) - 30, 0)), sizes=st.lists(st.integers(1, 6), min_size=2, max_size=4), named=st.booleans())
+def test_a_containers_summary_of_summaries_doubles_nothing_they_do_not(start, sizes, named):
+    children = []
+    for size in sizes:  # the pages of a stretch of the conversation, one after another
+        turns = TURNS[start : start + size] if named else [SPEAKER.sub("", turn) for turn in TURNS[start : start + size]]
+        children.append(summary("\n".join(turns), 160))
+        start += size
+    text = "\n".join(children)
+    said = summary(text)
+    assert doubled(said) <= doubled(text), said
+
+
+def test_a_sentence_that_opens_with_a_label_is_not_taken_for_a_speaker():
+    assert summary("Yes. One important thing: the keys are under the mat.", 200) == "Yes. One important thing: the keys are under the mat."
