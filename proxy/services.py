@@ -98,7 +98,10 @@ def policy_of(settings: Settings) -> Policy:
         context_role=settings.context_role,
         cached_price=settings.cached_input_price,
     )
-    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=settings.context_window)
+    # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
+    # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
+    window = settings.context_window or (settings.local_n_ctx if not settings.upstream_base_url else 0)
+    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=window)
 
 
 @asynccontextmanager

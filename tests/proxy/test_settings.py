@@ -6,6 +6,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from proxy.services import policy_of
 from proxy.settings import Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,3 +72,9 @@ def test_a_former_name_is_read_as_the_current_one(tmp_path):
     assert load_settings(toml, environ={}).summaries == "llm"
     assert load_settings(environ={"PCP_CONSOLIDATOR": "llm"}).summaries == "llm"
     assert load_settings(environ={"PCP_CONSOLIDATOR": "llm", "PCP_SUMMARIES": "extractive"}).summaries == "extractive"
+
+
+def test_the_embedded_models_window_is_a_slots_unless_one_is_set():
+    assert policy_of(Settings(upstream_base_url="", local_n_ctx=6000)).window == 6000
+    assert policy_of(Settings(upstream_base_url="", local_n_ctx=6000, context_window=32000)).window == 32000
+    assert policy_of(Settings(upstream_base_url="http://127.0.0.1:9/v1", local_n_ctx=6000)).window == 0  # another upstream's is unknown
