@@ -51,9 +51,11 @@ class WorkerCalls(httpx.AsyncBaseTransport):
 
 
 def settings(tmp, **overrides) -> Settings:
-    # A low threshold so that a long history takes the protocol path through the real model.
+    # A low threshold, and a window said to be as small (else a slot's, which these histories fit), so that a long
+    # history takes the protocol path through the real model.
     fields = {"upstream_base_url": "", "data_dir": str(tmp), "local_server": SERVER, "local_model": MODEL, "router_embeddings": False}
-    return Settings(**{**fields, "local_n_ctx": 4096, "sentry_threshold": 600, "context_budget": 1024, "max_rounds": 2, **overrides})
+    small = {"sentry_threshold": 600, "context_window": 600, "context_budget": 1024, "max_rounds": 2}
+    return Settings(**{**fields, "local_n_ctx": 4096, **small, **overrides})
 
 
 @pytest.fixture(scope="module")
