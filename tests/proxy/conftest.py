@@ -15,6 +15,7 @@ from proxy.app import create_app
 from proxy.cli.server import server_options
 from proxy.settings import Settings
 from proxy.testing.upstream import FakeUpstream, serve_in_thread
+from tests.proxy.helpers import BUDGET
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model is on disk; nothing is fetched
 
@@ -134,6 +135,17 @@ def _test_redis(tmp_path, servers: list[Any]) -> Any:
 @pytest.fixture
 def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     return start_proxy()
+
+
+# The protocol-mode proxy: it pages a request over 500 tokens into a budget of ``BUDGET``, in four rounds at most.
+PROTOCOL = {"sentry_threshold": 500, "context_budget": BUDGET, "max_rounds": 4}
+
+
+@pytest.fixture
+def protocol_proxy(start_proxy: Callable[..., RunningProxy], request: pytest.FixtureRequest) -> RunningProxy:
+    """A proxy in protocol mode (``PROTOCOL``); a module's ``pytest.mark.protocol(setting=value, …)`` sets its own settings."""
+    marker = request.node.get_closest_marker("protocol")
+    return start_proxy(**{**PROTOCOL, **(marker.kwargs if marker is not None else {})})
 
 
 @pytest.fixture

