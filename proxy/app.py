@@ -26,6 +26,7 @@ from .memory.api import MEMORY_ROUTES
 from .pact.api import COMPONENT_ROUTES
 from .services import DenseRecall, Services, open_services
 from .settings import Settings
+from .tokenizer import Tokenizer
 from .web.cors import UpstreamCorsDropped, cors_config
 from .web.handlers import EXCEPTION_HANDLERS
 from .web.keys import proxy_key
@@ -35,13 +36,15 @@ from .web.websockets import refuse_websocket
 __all__ = ["Proxy", "create_app"]
 
 
-def create_app(settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None) -> Litestar:
+def create_app(
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None, tokenizer: Tokenizer | None = None
+) -> Litestar:
     """The proxy. ``transport`` carries its upstream calls (httpx's own by default);
-    ``embedder`` stands in for the one ``router_embeddings`` would load."""
+    ``embedder`` stands in for the one ``router_embeddings`` would load, ``tokenizer`` for the settings'."""
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        async with open_services(settings, transport=transport, embedder=embedder) as services:
+        async with open_services(settings, transport=transport, embedder=embedder, tokenizer=tokenizer) as services:
             app.state.services = services
             yield
 

@@ -106,12 +106,13 @@ def policy_of(settings: Settings) -> Policy:
 
 @asynccontextmanager
 async def open_services(
-    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None
+    settings: Settings, *, transport: httpx.AsyncBaseTransport | None = None, embedder: DenseRecall | None = None, tokenizer: Tokenizer | None = None
 ) -> AsyncIterator[Services]:
     """Open everything the settings ask for, yield it whole, and close it in the reverse order.
 
     ``transport`` carries the upstream calls (httpx's own by default); ``embedder``
-    stands in for the one ``router_embeddings`` would load.
+    stands in for the one ``router_embeddings`` would load; ``tokenizer`` for the
+    settings' (``Tokenizer(settings.tokenizer)``).
     """
     async with AsyncExitStack() as stack:
         base_url, local_model = settings.upstream_base_url, None
@@ -119,7 +120,7 @@ async def open_services(
             local_model = _local_model(settings)
             base_url = await local_model.start()
             stack.push_async_callback(local_model.stop)
-        tokenizer, metrics, policy = Tokenizer(settings.tokenizer), Metrics(), policy_of(settings)
+        tokenizer, metrics, policy = tokenizer or Tokenizer(settings.tokenizer), Metrics(), policy_of(settings)
         stores = Stores(settings.store, private_tree(settings.data_path), workers=settings.workers)
         _closing(stack, stores.close)
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)

@@ -45,8 +45,9 @@ class VectorCache:
     texts were stored together, so they go together). Safe to share between threads.
     """
 
-    def __init__(self, capacity: int, variant: bytes = b""):
+    def __init__(self, capacity: int, variant: bytes = b"", gather_block: int = GATHER_BLOCK):
         self.capacity = capacity
+        self.gather_block = gather_block  # rows gathered and multiplied at once by ``cosines``
         self.variant = variant  # names the encoder in ``text_key``: rows announced by digest are of this one
         self._rows: dict[str, int] = {}
         self._digested: dict[bytes, int] = {}  # rows announced by digest, their text not seen here yet
@@ -83,8 +84,8 @@ class VectorCache:
                 for i in np.flatnonzero(rows < 0).tolist():
                     rows[i] = self._row(texts[i])
             held = np.flatnonzero(rows >= 0)
-            for block in range(0, len(held), GATHER_BLOCK):
-                at = held[block : block + GATHER_BLOCK]
+            for block in range(0, len(held), self.gather_block):
+                at = held[block : block + self.gather_block]
                 out[at] = self._matrix[rows[at]] @ vector
         return out
 

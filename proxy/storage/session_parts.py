@@ -35,7 +35,7 @@ from pcp_core import PagedHistory, Session
 
 from .sealing import Sealer
 
-__all__ = ["KnownParts", "Layout", "Record", "digest", "prefix_digests"]
+__all__ = ["KnownParts", "Layout", "Parts", "Record", "digest", "prefix_digests"]
 
 PART_ITEMS = 32  # pages (or blocks) per part
 LINK_PART_ITEMS = 256  # links (or first-seen times) per part: short strings, and many
@@ -50,6 +50,15 @@ _PART_DECODERS = {
 }
 PartKey = tuple[str, str, str, str, int]  # ("part", namespace, session id, list, n)
 _SEPARATOR = "\x1f"
+
+
+class Parts(msgspec.Struct, frozen=True):
+    """How a session is cut into parts: items per part, and the session's own lists kept in parts
+    (with none, its chain and first-seen times stay in its record, as before they were parted)."""
+
+    part_items: int = PART_ITEMS
+    link_part_items: int = LINK_PART_ITEMS
+    session_parted: tuple[str, ...] = SESSION_PARTED
 
 
 class Record(msgspec.Struct):
@@ -127,21 +136,22 @@ class KnownParts:
 class Layout:
     """Sessions to the values a store keeps (sealed), and back."""
 
-    def __init__(self, sealer: Sealer, known: KnownParts):
+    def __init__(self, sealer: Sealer, known: KnownParts, parts: Parts = Parts()):
         self.sealer = sealer
         self.known = known
+        self.parts = parts
 
     def writes(self, namespace: str, session: Session) -> tuple[dict[Any, bytes], list[PartKey], list[PartKey], dict[PartKey, tuple[list[object], str]]]:
         """What keeping ``session`` writes: its record and the parts that changed (sealed), the first
         part of each list past its end (trimmed), the parts left as they are, and the new parts' items."""
         pages = session.pages
-        lists = _lists(session, pages)
+        lists = _lists(session, pages, self.parts.session_parted)
         digests: dict[str, list[str]] = {}
         writes: dict[Any, bytes] = {}
         new: dict[PartKey, tuple[list[object], str]] = {}
         kept: list[PartKey] = []
         for name, items in lists.items():
-            size = LINK_PART_ITEMS if name in SESSION_PARTED else PART_ITEMS
+            size = self.parts.link_part_items if name in SESSION_PARTED else self.parts.part_items
             digests[name] = []
             for i in range(0, len(items), size):
                 key: PartKey = ("part", namespace, session.id, name, i // size)
@@ -222,9 +232,9 @@ def said_digest(said: bytes) -> str:
     return hashlib.blake2b(said, digest_size=16).hexdigest()
 
 
-def _lists(session: Session, pages: PagedHistory) -> dict[str, list[object]]:
+def _lists(session: Session, pages: PagedHistory, session_parted: Sequence[str]) -> dict[str, list[object]]:
     """The lists of ``session`` (with ``pages``) that are stored in parts, by name."""
-    return {**{name: getattr(session, name) for name in SESSION_PARTED}, **{name: getattr(pages, name) for name in PAGES_PARTED}}
+    return {**{name: getattr(session, name) for name in session_parted}, **{name: getattr(pages, name) for name in PAGES_PARTED}}
 
 
 def _with_lists(session: Session, pages: PagedHistory, lists: dict[str, list[object]]) -> Session:

@@ -50,7 +50,7 @@ from pcp_core import (
 from .base import ANY, Commit, Store, new_version
 from .embedded import EmbeddedStore
 from .sealing import Sealer
-from .session_parts import KnownParts, Layout, prefix_digests, said_digest
+from .session_parts import KnownParts, Layout, Parts, prefix_digests, said_digest
 
 __all__ = ["Kept", "SessionStore"]
 
@@ -90,10 +90,10 @@ class _Held(NamedTuple):
 
 
 class SessionStore:
-    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None):
+    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None, parts: Parts = Parts()):
         self.store: Store = EmbeddedStore(store, cull=True) if isinstance(store, Path) else store
         self.shared = self.store.shared
-        self.layout = Layout(sealer or Sealer(), KnownParts(KNOWN_PARTS))  # records and parts hold the conversation's text
+        self.layout = Layout(sealer or Sealer(), KnownParts(KNOWN_PARTS), parts)  # records and parts hold the conversation's text
         self.recent: OrderedDict[tuple[str, str], _Held] = OrderedDict()
         # The transcript of a recent session's messages, with the last link of the
         # chain it was taken for: how a follow-up finds it without a chain of its own.

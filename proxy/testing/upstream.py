@@ -42,6 +42,7 @@ __all__ = [
     "Recorded",
     "Reply",
     "StandInEmbedder",
+    "background_through",
     "by_role",
     "completion",
     "embeddings",
@@ -255,16 +256,18 @@ def metric_value(exposition: str, name: str, **labels: str) -> int:
     return next((int(row.removeprefix(line)) for row in exposition.splitlines() if row.startswith(line)), 0)
 
 
-def wait_for_background(read_metrics: Callable[[], str], name: str, done: Sequence[str], timeout: float = 600.0) -> float:
-    """Seconds until the proxy's background work counted by ``name`` is through.
+def background_through(exposition: str, name: str, done: Sequence[str]) -> bool:
+    """Whether the background work counted by ``name`` in ``/metrics`` is through: its ``state="queued"``
+    count reached by the sum of the ``done`` states."""
+    return metric_value(exposition, name, state="queued") <= sum(metric_value(exposition, name, state=state) for state in done)
 
-    That is when its ``state="queued"`` count is reached by the sum of the
-    ``done`` states; ``read_metrics`` returns the ``/metrics`` text.
-    """
+
+def wait_for_background(read_metrics: Callable[[], str], name: str, done: Sequence[str], timeout: float = 600.0) -> float:
+    """Seconds until the proxy's background work counted by ``name`` is through (``background_through``);
+    ``read_metrics`` returns the ``/metrics`` text. For the benches: they report the time."""
     start = time.monotonic()
     while True:
-        text = read_metrics()
-        if metric_value(text, name, state="queued") <= sum(metric_value(text, name, state=state) for state in done):
+        if background_through(read_metrics(), name, done):
             return time.monotonic() - start
         if time.monotonic() - start > timeout:
             raise TimeoutError(f"{name}: background work still queued after {timeout:.0f} s")

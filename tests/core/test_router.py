@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,22 +89,35 @@ def test_the_lexical_scores_of_texts_follow_their_order():
     assert len(scores) == 3 and scores[0] == max(scores) and scores[0] > 0
 
 
+class Read(Bm25Cache):
+    """The cache, noting the texts an index reads the terms of."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read: list[str] = []
+
+    def terms(self, text: str) -> Any:
+        self.read.append(text)
+        return super().terms(text)
+
+
 @pytest.mark.parametrize(
-    "earlier",
-    [lambda turns: turns[:41], lambda turns: [*turns[:40], "the greyhound on the beach, as the page stood"]],
+    ("earlier", "shared"),
+    [(lambda turns: turns[:41], 41), (lambda turns: [*turns[:40], "the greyhound on the beach, as the page stood"], 40)],
     ids=["a prefix of them", "the last page before it was reopened"],
 )
-def test_an_index_extended_from_an_earlier_requests_scores_as_one_built_whole(monkeypatch, earlier):
+def test_an_index_extended_from_an_earlier_requests_scores_as_one_built_whole(earlier, shared):
     rng = random.Random(7)
     words = "greyhound biscuit beach garden roof invoice lisbon concert puppy weather budget river".split()
     turns = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 12))) for _ in range(60)]
     query = anchor_intent("", "Where did the greyhound run on the beach?").weights
     whole = Bm25.of_texts(turns, Bm25Cache()).feedback_scores(query)
 
-    cache = Bm25Cache()
+    cache = Read()
     Bm25.of_texts(earlier(turns), cache)  # an earlier request of the conversation
-    monkeypatch.setattr(Bm25, "_build", lambda *_: pytest.fail("built from nothing"))
+    cache.read.clear()
     extended = Bm25.of_texts(turns, cache)
+    assert cache.read == turns[shared:]  # the texts after what the two share: not built from nothing
     assert extended.n == 60 and extended.ids == [str(i) for i in range(60)]
     np.testing.assert_allclose(extended.feedback_scores(query), whole)
 

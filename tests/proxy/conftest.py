@@ -15,6 +15,8 @@ from proxy.app import create_app
 from proxy.cli.server import server_options
 from proxy.settings import Settings
 from proxy.testing.upstream import FakeUpstream, serve_in_thread
+from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import BUDGET
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the bundled model is on disk; nothing is fetched
 
@@ -38,9 +40,9 @@ class RunningProxy:
     ``http`` is an httpx client at its root; ``client()`` the openai SDK pointed at it.
     """
 
-    def __init__(self, settings: Settings, upstream: FakeUpstream | None, sockets: bool = False, embedder: Any = None):
+    def __init__(self, settings: Settings, upstream: FakeUpstream | None, sockets: bool = False, embedder: Any = None, tokenizer: Tokenizer | None = None):
         self.settings = settings
-        app = create_app(settings, transport=upstream.transport() if upstream is not None else None, embedder=embedder)
+        app = create_app(settings, transport=upstream.transport() if upstream is not None else None, embedder=embedder, tokenizer=tokenizer)
         self.app = app
         if sockets:
             self.server = serve_in_thread(app, **server_options(settings))
@@ -98,18 +100,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def start_proxy(upstream: FakeUpstream, tmp_path) -> Iterator[Callable[..., RunningProxy]]:
     """Start a proxy in front of the fake upstream (``sockets=True``: a real server on loopback).
 
-    An ``upstream_base_url`` of the test's own is reached over the network, not the fake.
+    An ``upstream_base_url`` of the test's own is reached over the network, not the fake;
+    ``embedder`` and ``tokenizer`` stand in for the settings' (``create_app``).
     """
     running: list[RunningProxy] = []
     servers: list[Any] = []
 
-    def start(sockets: bool = False, embedder: Any = None, **overrides: Any) -> RunningProxy:
+    def start(sockets: bool = False, embedder: Any = None, tokenizer: Tokenizer | None = None, **overrides: Any) -> RunningProxy:
         # Embeddings load a model per proxy: on only where a test asks for them.
         fields = {"upstream_base_url": upstream.url, "data_dir": str(tmp_path / "data"), "router_embeddings": False, **overrides}
         if os.environ.get("PROXY_TEST_STORE") == "redis" and "store" not in overrides:  # the same tests, on a real Redis
             fields["store"] = _test_redis(tmp_path, servers).url
         fake = upstream if fields["upstream_base_url"] == upstream.url else None
-        proxy = RunningProxy(Settings(**fields), fake, sockets=sockets, embedder=embedder)
+        proxy = RunningProxy(Settings(**fields), fake, sockets=sockets, embedder=embedder, tokenizer=tokenizer)
         running.append(proxy)
         return proxy
 
@@ -134,6 +137,17 @@ def _test_redis(tmp_path, servers: list[Any]) -> Any:
 @pytest.fixture
 def proxy(start_proxy: Callable[..., RunningProxy]) -> RunningProxy:
     return start_proxy()
+
+
+# The protocol-mode proxy: it pages a request over 500 tokens into a budget of ``BUDGET``, in four rounds at most.
+PROTOCOL = {"sentry_threshold": 500, "context_budget": BUDGET, "max_rounds": 4}
+
+
+@pytest.fixture
+def protocol_proxy(start_proxy: Callable[..., RunningProxy], request: pytest.FixtureRequest) -> RunningProxy:
+    """A proxy in protocol mode (``PROTOCOL``); a module's ``pytest.mark.protocol(setting=value, …)`` sets its own settings."""
+    marker = request.node.get_closest_marker("protocol")
+    return start_proxy(**{**PROTOCOL, **(marker.kwargs if marker is not None else {})})
 
 
 @pytest.fixture

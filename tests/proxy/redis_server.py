@@ -9,18 +9,13 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.proxy.helpers import NotYet, eventually, free_port
+
 __all__ = ["RedisServer"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:
@@ -32,7 +27,7 @@ class RedisServer:
             pytest.skip("redis-server is not installed (apt-get install redis-server; .ci/run installs it)")
         self.binary = binary
         self.directory = directory
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.process: subprocess.Popen | None = None
         self.start()
@@ -56,20 +51,22 @@ class RedisServer:
             str(self.directory / "redis.log"),
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                pytest.skip(f"redis-server could not be started (exit {self.process.returncode}; see {self.directory / 'redis.log'})")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        pytest.skip("redis-server did not answer within 10 s")
+        try:
+            eventually(self._answers, timeout=10, awaiting="redis-server to answer PING")
+        except NotYet:
+            self.stop()
+            pytest.skip("redis-server did not answer within 10 s")
+
+    def _answers(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            pytest.skip(f"redis-server could not be started (exit {self.process.returncode}; see {self.directory / 'redis.log'})")
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import time
 
 import httpx
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.proxy.helpers import eventually
 
 
 def wait_healthy(process: subprocess.Popen, port: int, timeout: float = 30) -> None:
     """Until the proxy on ``port`` answers /healthz; fails if ``process`` exits first or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def healthy() -> bool:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                return
+                return True
         except httpx.HTTPError:
             pass
         assert process.poll() is None, "pcp-proxy exited during start-up"
-        assert time.monotonic() < deadline, "pcp-proxy did not become healthy"
-        time.sleep(0.1)
+        return False
+
+    eventually(healthy, timeout=timeout, interval=0.1, awaiting=f"pcp-proxy on port {port} to become healthy")

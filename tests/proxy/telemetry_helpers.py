@@ -19,7 +19,7 @@ TOPICS = [
 ]
 
 
-def conversation(turns: int = 160, question: str = "What is my gym locker code?") -> list[dict]:
+def dated_chat(turns: int = 160, question: str = "What is my gym locker code?") -> list[dict]:
     """A long chat over several topics, a day for each two (a dated line opens it), with one fact (the locker code) said once, and a question."""
     messages = [{"role": "system", "content": "You are a friendly assistant."}]
     for i in range(turns):

@@ -10,9 +10,9 @@ import pytest
 
 from proxy.testing.apis import PATHS, answer, api_of, api_requests
 from proxy.testing.upstream import Recorded, Reply, metric_value
+from tests.proxy.helpers import BUDGET, long_history
 
 from .api_helpers import document
-from .test_protocol import BUDGET, long_history
 
 APIS = list(PATHS)
 
@@ -36,7 +36,8 @@ def said(api: str, reply: httpx.Response) -> str:
     return data["choices"][0]["message"]["content"]
 
 
-def ask(proxy, api: str, messages: list[dict], **headers: str) -> httpx.Response:
+def ask_in(proxy, api: str, messages: list[dict], **headers: str) -> httpx.Response:
+    """One request of ``api`` (chat's ``ask``, in the API's own shape); its 200 checked."""
     reply = proxy.http.post(f"/v1{PATHS[api]}", json=body(api, messages), headers=headers)
     assert reply.status_code == 200, reply.text
     return reply
@@ -45,14 +46,14 @@ def ask(proxy, api: str, messages: list[dict], **headers: str) -> httpx.Response
 @pytest.mark.parametrize("api", APIS)
 def test_a_follow_up_continues_its_session_and_pages_only_its_new_turns(start_proxy, upstream, api):
     proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET)
-    first = ask(proxy, api, long_history())
+    first = ask_in(proxy, api, long_history())
     follow_up = [*long_history(), {"role": "assistant", "content": said(api, first)}, {"role": "user", "content": "And my bike lock?"}]
-    second = ask(proxy, api, follow_up)
+    second = ask_in(proxy, api, follow_up)
     assert re.fullmatch(r"s-[0-9a-f]{16}", first.headers["x-pcp-session"])
     assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
     metrics = proxy.http.get("/metrics").text
     assert metric_value(metrics, "pcp_sessions_total", how="new") == 1 and metric_value(metrics, "pcp_sessions_total", how="resumed") == 1
-    pinned = ask(proxy, api, long_history(), **{"x-pcp-session": "pinned-1"})
+    pinned = ask_in(proxy, api, long_history(), **{"x-pcp-session": "pinned-1"})
     assert pinned.headers["x-pcp-session"] == "pinned-1"
 
 
@@ -66,7 +67,7 @@ def test_the_router_model_is_asked_in_the_clients_api_and_its_usage_counted(star
 
     upstream.default = play
     proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, router_model="small-router")
-    reply = ask(proxy, api, long_history())
+    reply = ask_in(proxy, api, long_history())
     (router,) = api_requests(upstream, api, "router")
     (worker,) = api_requests(upstream, api, "worker")
     assert router.json["model"] == "small-router" and "What is my gym locker code?" in router.body.decode()
@@ -80,5 +81,5 @@ def test_the_router_model_is_asked_in_the_clients_api_and_its_usage_counted(star
 def test_a_worker_that_only_writes_directives_in_its_last_round_still_answers_without_them(start_proxy, upstream, api):
     upstream.default = lambda recorded: answer(api_of(recorded), 'Consult("more", "nope")')
     proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=2)
-    reply = ask(proxy, api, long_history())
+    reply = ask_in(proxy, api, long_history())
     assert said(api, reply) == "I could not find that in our conversation." and reply.headers["x-pcp-rounds"] == "2"

@@ -14,7 +14,8 @@ import httpx
 import openai
 import pytest
 
-from tests.proxy.serving import free_port, wait_healthy
+from tests.proxy.helpers import free_port
+from tests.proxy.serving import wait_healthy
 
 
 def _clean_env(tmp_path, **extra: str) -> dict[str, str]:
@@ -55,7 +56,7 @@ def test_bad_setting_stops_start_up_with_its_name(tmp_path):
 def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, tmp_path):
     """PCP_LOG_FORMAT=json: every line on stderr is one JSON object, uvicorn's too; a protocol-mode request's carry its trace."""
     from proxy.testing.upstream import completion
-    from tests.proxy.telemetry_helpers import conversation
+    from tests.proxy.telemetry_helpers import dated_chat
 
     port = free_port()
     env = _clean_env(tmp_path, PCP_LOG_FORMAT="json", PCP_ROUTER_EMBEDDINGS="false", PCP_SENTRY_THRESHOLD="500", PCP_CONTEXT_BUDGET="1024")
@@ -67,7 +68,7 @@ def test_serve_with_json_logs_writes_json_lines_with_the_trace(served_upstream, 
         wait_healthy(process, port)
         response = httpx.post(
             f"http://127.0.0.1:{port}/v1/chat/completions",
-            json={"model": "m", "messages": conversation()},
+            json={"model": "m", "messages": dated_chat()},
             headers={"authorization": "Bearer sk-x"},
             timeout=30,
         )

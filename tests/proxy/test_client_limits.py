@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 
 import pytest
 
 from proxy.testing.upstream import completion
+from tests.proxy.helpers import eventually
 
 BODY = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
@@ -75,16 +77,26 @@ def test_a_body_that_stops_arriving_is_a_408_within_client_timeout(limited, upst
     assert not upstream.requests
 
 
+def answered(sock: socket.socket) -> bool:
+    """Whether the proxy has said something on ``sock`` (or closed it)."""
+    return bool(select.select([sock], [], [], 0)[0])
+
+
 def test_a_head_that_trickles_in_is_a_408(limited):
+    def trickled() -> bool:
+        """One more header line, unless the proxy has answered."""
+        if answered(sock):
+            return True
+        try:
+            sock.sendall(b"x-slow-%d: 1\r\n" % int(time.monotonic() * 1000))
+        except OSError:  # closed: its answer is there to read
+            return True
+        return False
+
     with connect(limited) as sock:
         sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\n")
         started = time.monotonic()
-        try:
-            while time.monotonic() - started < 3:
-                sock.sendall(b"x-slow-%d: 1\r\n" % int(time.monotonic() * 1000))
-                time.sleep(0.1)
-        except OSError:
-            pass
+        eventually(trickled, timeout=3, interval=0.1, awaiting="the proxy to answer a head that has trickled in for client_timeout")
         status, _, body = answer(sock)
     assert status == 408 and time.monotonic() - started < 3
 
@@ -103,6 +115,8 @@ def test_a_large_body_sent_in_time_and_a_kept_alive_connection_are_served(limite
             sock.sendall(request(body))
             status, _, _ = answer(sock)
             assert status == 200
-        time.sleep(1.0)  # idle between requests is not a slow request
+        idle = time.monotonic() + limited.settings.client_timeout + 0.4  # idle between requests is not a slow request
+        eventually(lambda: time.monotonic() >= idle, awaiting="the connection to have idled past client_timeout")
+        assert not answered(sock)  # no 408, and not closed
         sock.sendall(request(BODY))
         assert answer(sock)[0] == 200

@@ -12,6 +12,7 @@ from proxy.testing.upstream import completion, stream_reply
 KEY = {"authorization": "Bearer sk-one"}
 PINNED = {**KEY, "x-pcp-session": "chat-1"}
 API = "/v1/pcp/sessions/chat-1"
+pytestmark = pytest.mark.protocol(sentry_threshold=400, context_budget=900, max_rounds=2)
 
 
 def turns(n: int, edit: int | None = None) -> list[dict]:
@@ -147,11 +148,6 @@ def test_a_streamed_request_carries_its_components_both_ways(start_proxy, upstre
         assert response.headers["x-pcp-components"] == "1" and "seedlings" in text
         sent = upstream.requests[-1].json
         assert "pcp_components" not in sent and "(asked in the garden)" in json.dumps(sent["messages"])
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=400, context_budget=900, max_rounds=2)
 
 
 def long_chat(n: int = 120) -> list[dict]:

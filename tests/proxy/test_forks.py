@@ -22,6 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from proxy.settings import Settings
 from proxy.testing.upstream import FakeUpstream, completion
+from tests.proxy.helpers import ask
 
 from .conftest import RunningProxy
 
@@ -62,50 +63,49 @@ class Conversation(RuleBasedStateMachine):
         for i in range(30):
             self.messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {self.word()} about gardens {self.word()} and rivers"})
 
-    def ask(self) -> None:
+    def asked(self) -> None:
+        """The conversation asked a new question: the worker is shown no word the request does not hold."""
         self.upstream.requests.clear()
-        body = {"model": "m", "messages": [*self.messages, {"role": "user", "content": f"What about {self.word()}?"}]}
-        headers = {"authorization": "Bearer k", **({"x-pcp-session": self.pinned} if self.pinned else {})}
-        response = self.proxy.http.post("/v1/chat/completions", json=body, headers=headers)
-        assert response.status_code == 200, response.text
-        sent = set(WORD.findall(json.dumps(body)))
+        messages = [*self.messages, {"role": "user", "content": f"What about {self.word()}?"}]
+        ask(self.proxy, messages, "k", headers={"x-pcp-session": self.pinned} if self.pinned else {})
+        sent = set(WORD.findall(json.dumps(messages)))
         for recorded in self.upstream.chat_requests("worker"):
             shown = set(WORD.findall(recorded.json["messages"][0]["content"]))
             assert shown <= sent, f"the worker was shown words no message of the request holds: {sorted(shown - sent)[:5]}"
-        self.messages += [body["messages"][-1], {"role": "assistant", "content": f"Answer {self.word()}."}]
+        self.messages += [messages[-1], {"role": "assistant", "content": f"Answer {self.word()}."}]
 
     @rule(n=st.integers(1, 6))
     def follow_up(self, n: int) -> None:
         self.messages += [{"role": "user", "content": f"more {self.word()} {self.word()}"} for _ in range(n - 1)]
-        self.ask()
+        self.asked()
 
     @rule(data=st.data())
     def edit(self, data: st.DataObject) -> None:
         i = data.draw(st.integers(1, len(self.messages) - 1))
         self.messages[i] = {"role": self.messages[i]["role"], "content": f"edited {self.word()} {self.word()}"}
-        self.ask()
+        self.asked()
 
     @rule(data=st.data())
     def cut_back(self, data: st.DataObject) -> None:
         self.messages = self.messages[: data.draw(st.integers(10, len(self.messages)))]
-        self.ask()
+        self.asked()
 
     @rule()
     def paste_a_file(self) -> None:
         lines = "\n".join(f"line {self.word()} of the notes, with more words to fill it" for _ in range(120))
         self.messages.append({"role": "user", "content": f"# Notes\n\n{lines}"})
-        self.ask()
+        self.asked()
 
     @rule(session=st.sampled_from([None, "p-1", "p-2"]))
     def pin(self, session: str | None) -> None:
         self.pinned = session
-        self.ask()
+        self.asked()
 
     @rule()
     def restart(self) -> None:
         self.proxy.stop()
         self.proxy = self._serve()
-        self.ask()
+        self.asked()
 
 
 # The same examples in every run; FUZZ_EXAMPLES=200 searches further, with new ones each time.

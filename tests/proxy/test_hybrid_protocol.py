@@ -13,8 +13,9 @@ from lxml import etree
 from pcp_core import prompt_tokens
 from pcp_core.hybrid import SEPARATOR
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
+from tests.proxy.helpers import BUDGET, long_history
 
-from .hybrid_helpers import BUDGET, COUNT, KEY, ask, block, long_history, model, shown, stored, violations, with_memory
+from .hybrid_helpers import COUNT, KEY, answered, block, model, shown, stored, violations, with_memory
 
 # -- protocol mode ------------------------------------------------------------------------------
 
@@ -23,7 +24,7 @@ from .hybrid_helpers import BUDGET, COUNT, KEY, ask, block, long_history, model,
 def test_in_protocol_mode_the_snapshot_follows_the_paged_context_within_the_budget(start_proxy, upstream, stream):
     proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
     upstream.enqueue(model("The code is 5521.", with_memory(working=[block("w", content="asked for the code")]), stream=stream))
-    text, headers = ask(proxy, long_history(), KEY, stream=stream)
+    text, headers = answered(proxy, long_history(), KEY, stream=stream)
     assert text == "The code is 5521." and headers["x-pcp-mode"] == "protocol" and headers["x-pcp-context-round"] == "1"
     worker = upstream.chat_requests("worker")[-1]
     system = worker.json["messages"][0]["content"]
@@ -32,7 +33,7 @@ def test_in_protocol_mode_the_snapshot_follows_the_paged_context_within_the_budg
     session = headers["x-pcp-session"]
     assert [b.id for b in stored(proxy, f"/v1/pcp/sessions/{session}").memory.working] == ["w"]
     upstream.enqueue(model("Sure.", stream=stream))
-    _, follow = ask(proxy, [*long_history(), {"role": "assistant", "content": text}, {"role": "user", "content": "Thanks!"}], KEY, stream=stream)
+    _, follow = answered(proxy, [*long_history(), {"role": "assistant", "content": text}, {"role": "user", "content": "Thanks!"}], KEY, stream=stream)
     assert follow["x-pcp-session"] == session and shown(upstream.chat_requests("worker")[-1])["runtime"]["round"] == 2
 
 
@@ -45,7 +46,7 @@ def test_a_section_written_in_a_round_of_directives_is_kept_when_the_answer_has_
         return completion(f'Consult("look closer", "{page}")\n{SEPARATOR}\n' + json.dumps({"memory": {"core": [block("from-round-0")]}}))
 
     upstream.enqueue(consult, completion("It is 5521."))
-    text, headers = ask(proxy, long_history(), KEY)
+    text, headers = answered(proxy, long_history(), KEY)
     assert text == "It is 5521." and headers["x-pcp-rounds"] == "2"
     assert [b.id for b in stored(proxy, f"/v1/pcp/sessions/{headers['x-pcp-session']}").memory.core] == ["from-round-0"]
     assert violations(proxy, "no_context") == 0
@@ -55,10 +56,10 @@ def test_a_conversation_that_outgrows_the_threshold_keeps_its_snapshot(start_pro
     proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
     opening = long_history()[:16]  # below the threshold, ending with a user's turn
     upstream.enqueue(model("Hi.", with_memory(core=[block("me", content="likes gardens")])))
-    _, below = ask(proxy, opening, KEY)
+    _, below = answered(proxy, opening, KEY)
     upstream.enqueue(model("Lovely."))
     pasted = {"role": "user", "content": "My garden diary: " + "watered the beans, weeded the onions. " * 60}
-    _, above = ask(proxy, [*opening, {"role": "assistant", "content": "Hi."}, pasted], KEY)
+    _, above = answered(proxy, [*opening, {"role": "assistant", "content": "Hi."}, pasted], KEY)
     assert (below["x-pcp-mode"], above["x-pcp-mode"], above["x-pcp-context-round"]) == ("passthrough", "protocol", "2")
     assert [b["id"] for b in shown(upstream.chat_requests("worker")[-1])["memory"]["core"]] == ["me"]
 
@@ -100,7 +101,7 @@ def test_however_the_answer_is_chunked_the_client_never_sees_the_section_and_the
 
     full = f"{answer}\n{SEPARATOR}\n{section}" if with_section else answer
     upstream.enqueue(stream_reply(cut(full)) if stream else completion(full))
-    text, headers = ask(proxy, long_history() if paged else "go", stream=stream)
+    text, headers = answered(proxy, long_history() if paged else "go", stream=stream)
     assert headers["x-pcp-mode"] == ("protocol" if paged else "passthrough")
     assert SEPARATOR not in text and "memory" not in text and "active_task" not in text
     if not paged:  # in protocol mode the answer gate also takes markup out of the text

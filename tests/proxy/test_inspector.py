@@ -10,14 +10,14 @@ import pytest
 
 from proxy.cli.sessions import Progress, list_sessions, show_session
 from proxy.testing.upstream import completion
-from tests.proxy.telemetry_helpers import consult_first_summary, conversation
+from tests.proxy.telemetry_helpers import consult_first_summary, dated_chat
 
 KEY = {"authorization": "Bearer k1"}
 
 
 def _paged(proxy, upstream, headers=KEY):
     upstream.enqueue(consult_first_summary, completion("5521"))
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=headers)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=headers)
     assert response.headers["x-pcp-mode"] == "protocol", response.text
     return response
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from proxy.testing.upstream import completion
-from tests.proxy.telemetry_helpers import consult_first_summary, conversation
+from tests.proxy.telemetry_helpers import consult_first_summary, dated_chat
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = [
@@ -51,7 +51,7 @@ def _served_conversation(proxy, upstream, key: str) -> list[dict]:
     client = proxy.client(api_key=key)
     upstream.enqueue(completion("Lisbon, in May."), completion("The espresso grinder."), consult_first_summary, completion("Your locker code is 5521."))
     asked = [(160, "Which trip did we plan?"), (260, "What did I buy for the kitchen?"), (360, "What is my gym locker code?")]
-    return [client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=conversation(turns, question)).headers for turns, question in asked]
+    return [client.chat.completions.with_raw_response.create(model="gpt-4o-mini", messages=dated_chat(turns, question)).headers for turns, question in asked]
 
 
 def test_inspector_shows_a_real_session(start_proxy, upstream, browser, tmp_path):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 
 from proxy.testing.upstream import StandInEmbedder, completion
+from tests.proxy.helpers import ask
 
 SCOPE = {"x-pcp-memory": "alice"}
+KEY = "sk-client"  # as the openai SDK of ``RunningProxy.client`` sends it
 TOLD = [
     {"role": "user", "content": "My sister Beatrix moved to Lisbon in March, she teaches cello at the conservatory there."},
     {"role": "assistant", "content": "That sounds wonderful for her."},
@@ -20,17 +22,13 @@ def remembered(proxy, headers=SCOPE, api_key="sk-client"):
     return proxy.http.get(f"/v1/pcp/memory/{headers['x-pcp-memory']}", headers=auth).json()
 
 
-def ask(proxy, messages, headers=SCOPE, api_key="sk-client"):
-    return proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={**headers, "authorization": f"Bearer {api_key}"})
-
-
 def worker_prompts(upstream):
     return [r.json["messages"][0]["content"] for r in upstream.requests if r.headers.get("x-pcp-role") == "worker"]
 
 
 def test_a_request_without_a_scope_is_never_remembered(start_proxy, upstream):
     proxy = start_proxy()
-    response = ask(proxy, TOLD, headers={})
+    response = ask(proxy, TOLD, KEY)
     assert response.headers["x-pcp-mode"] == "passthrough" and "x-pcp-memory" not in response.headers
     proxy.services.memory.wait()
     assert proxy.services.memory.store.counts("") == {"originals": 0, "consolidated": 0, "conversations": 0, "forgotten_turns": 0}
@@ -38,20 +36,20 @@ def test_a_request_without_a_scope_is_never_remembered(start_proxy, upstream):
 
 
 def test_a_malformed_scope_is_a_400_naming_the_header(start_proxy):
-    response = ask(start_proxy(), TOLD, headers={"x-pcp-memory": "no spaces/allowed"})
+    response = ask(start_proxy(), TOLD, KEY, headers={"x-pcp-memory": "no spaces/allowed"}, status=400)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "x-pcp-memory"
 
 
 def test_what_a_forwarded_conversation_said_reaches_a_new_one_as_storage_pages(start_proxy, upstream):
     proxy = start_proxy()
-    first = ask(proxy, TOLD)
+    first = ask(proxy, TOLD, KEY, headers=SCOPE)
     assert first.headers["x-pcp-mode"] == "passthrough" and first.headers["x-pcp-memory"] == "alice"
     status = remembered(proxy)
     assert status["pending"] == 0 and status["originals"] >= 1 and status["conversations"] == 1
     assert "x-pcp-memory" not in upstream.requests[-1].headers  # ours, never the upstream's
 
-    reply = ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}])
+    reply = ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], KEY, headers=SCOPE)
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-pcp-mode"] == "protocol"  # a page fault, far below the threshold
     prompt = worker_prompts(upstream)[0]
@@ -60,10 +58,10 @@ def test_what_a_forwarded_conversation_said_reaches_a_new_one_as_storage_pages(s
 
 def test_a_resent_conversation_adds_nothing_twice(start_proxy):
     proxy = start_proxy()
-    ask(proxy, TOLD)
+    ask(proxy, TOLD, KEY, headers=SCOPE)
     once = remembered(proxy)
-    ask(proxy, TOLD)
-    ask(proxy, [*TOLD, {"role": "assistant", "content": "A classic bike."}, {"role": "user", "content": "It has a new bell."}])
+    ask(proxy, TOLD, KEY, headers=SCOPE)
+    ask(proxy, [*TOLD, {"role": "assistant", "content": "A classic bike."}, {"role": "user", "content": "It has a new bell."}], KEY, headers=SCOPE)
     again = remembered(proxy)
     assert again["conversations"] == once["conversations"] == 1
     texts = [p["content"] for p in proxy.http.get("/v1/pcp/memory/alice/pages?limit=200", headers={"authorization": "Bearer sk-client"}).json()["data"]]
@@ -72,10 +70,10 @@ def test_a_resent_conversation_adds_nothing_twice(start_proxy):
 
 def test_another_key_sees_nothing_of_a_scope_of_the_same_name(start_proxy, upstream):
     proxy = start_proxy()
-    ask(proxy, TOLD, api_key="sk-alice")
+    ask(proxy, TOLD, "sk-alice", headers=SCOPE)
     assert remembered(proxy, api_key="sk-alice")["originals"] >= 1
     assert remembered(proxy, api_key="sk-mallory")["pages"] == 0
-    reply = ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], api_key="sk-mallory")
+    reply = ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], "sk-mallory", headers=SCOPE)
     assert reply.headers["x-pcp-mode"] == "passthrough"
     assert "Lisbon" not in json.dumps(upstream.requests[-1].json)
 
@@ -83,12 +81,12 @@ def test_another_key_sees_nothing_of_a_scope_of_the_same_name(start_proxy, upstr
 def test_a_forgotten_text_does_not_come_back_when_its_conversation_is_sent_again(start_proxy, upstream):
     proxy = start_proxy()
     auth = {"authorization": "Bearer sk-client"}
-    ask(proxy, TOLD)
+    ask(proxy, TOLD, KEY, headers=SCOPE)
     remembered(proxy)
     forgotten = proxy.http.post("/v1/pcp/memory/alice/forget", json={"query": "Gazelle bicycle"}, headers=auth).json()["forgotten"]
     assert forgotten
-    ask(proxy, TOLD)
-    ask(proxy, [*TOLD, {"role": "assistant", "content": "Nice."}, {"role": "user", "content": "Thanks."}])
+    ask(proxy, TOLD, KEY, headers=SCOPE)
+    ask(proxy, [*TOLD, {"role": "assistant", "content": "Nice."}, {"role": "user", "content": "Thanks."}], KEY, headers=SCOPE)
     remembered(proxy)
     exported = proxy.http.get("/v1/pcp/memory/alice/export", headers=auth).text
     assert "Gazelle" not in exported and "Beatrix" in exported
@@ -97,7 +95,7 @@ def test_a_forgotten_text_does_not_come_back_when_its_conversation_is_sent_again
 def test_forgetting_by_id_takes_the_page_out_of_search_and_of_its_containers(start_proxy):
     proxy = start_proxy()
     auth = {"authorization": "Bearer sk-client"}
-    ask(proxy, TOLD)
+    ask(proxy, TOLD, KEY, headers=SCOPE)
     remembered(proxy)
     found = proxy.http.get("/v1/pcp/memory/alice/pages", params={"query": "Lisbon cello"}, headers=auth).json()["data"]
     target = next(p for p in found if "Lisbon" in p.get("content", ""))
@@ -114,7 +112,7 @@ def test_export_and_import_keep_the_tree(start_proxy):
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i} about the orchard, apple variety number {i}, pruning and grafting notes."}
         for i in range(60)
     ]
-    ask(proxy, long_talk)
+    ask(proxy, long_talk, KEY, headers=SCOPE)
     status = remembered(proxy)
     assert status["consolidated"] >= 1
     exported = proxy.http.get("/v1/pcp/memory/alice/export", headers=auth).content
@@ -133,8 +131,8 @@ def test_export_and_import_keep_the_tree(start_proxy):
 def test_pages_are_listed_with_a_cursor_and_errors_use_the_envelope(start_proxy):
     proxy = start_proxy()
     auth = {"authorization": "Bearer sk-client"}
-    ask(proxy, TOLD)
-    ask(proxy, [{"role": "user", "content": "The plumber comes on Tuesday at nine."}])
+    ask(proxy, TOLD, KEY, headers=SCOPE)
+    ask(proxy, [{"role": "user", "content": "The plumber comes on Tuesday at nine."}], KEY, headers=SCOPE)
     remembered(proxy)
     first = proxy.http.get("/v1/pcp/memory/alice/pages?limit=1", headers=auth).json()
     assert len(first["data"]) == 1 and first["next_cursor"]
@@ -159,14 +157,14 @@ def test_a_consult_on_a_memory_container_opens_its_pages(start_proxy, upstream):
     long_talk = [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Orchard note {i}: the Bramley tree in row {i} needs grafting."} for i in range(40)
     ]
-    ask(proxy, long_talk)
+    ask(proxy, long_talk, KEY, headers=SCOPE)
     remembered(proxy)
     containers = [
         p for p in proxy.http.get("/v1/pcp/memory/alice/export", headers={"authorization": "Bearer sk-client"}).text.splitlines() if '"Consolidated"' in p
     ]
     target = json.loads(containers[-1])
     upstream.enqueue(completion(f'Consult("look", "{target["id"]}")'), completion(f'Consult("open", "{target["id"]}")'), completion("done"))
-    reply = ask(proxy, [{"role": "user", "content": "Which orchard trees need grafting?"}])
+    reply = ask(proxy, [{"role": "user", "content": "Which orchard trees need grafting?"}], KEY, headers=SCOPE)
     assert reply.status_code == 200
     last = worker_prompts(upstream)[-1]
     assert f'<Node id="{target["id"]}" type="Consolidated" view="Unpacked" origin="Storage"' in last
@@ -175,7 +173,7 @@ def test_a_consult_on_a_memory_container_opens_its_pages(start_proxy, upstream):
 
 def test_the_indexes_are_built_again_when_their_files_are_gone(start_proxy, tmp_path):
     proxy = start_proxy(embedder=StandInEmbedder())
-    ask(proxy, TOLD)
+    ask(proxy, TOLD, KEY, headers=SCOPE)
     remembered(proxy)
     proxy.stop()
     for saved in (tmp_path / "data" / "memory" / "index").rglob("*"):
@@ -194,9 +192,9 @@ def test_the_memory_api_wants_the_proxy_key_when_one_is_set(start_proxy):
 
 def test_a_router_model_reads_memory_candidates_as_the_memory_router(start_proxy, upstream):
     proxy = start_proxy(router_model="picker")
-    ask(proxy, TOLD)
+    ask(proxy, TOLD, KEY, headers=SCOPE)
     remembered(proxy)
-    ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}])
+    ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], KEY, headers=SCOPE)
     roles = [r.headers.get("x-pcp-role") for r in upstream.requests]
     assert "memory-router" in roles
     asked = next(r for r in upstream.requests if r.headers.get("x-pcp-role") == "memory-router")

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 
 import httpx
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.proxy.helpers import eventually, free_port
+from tests.proxy.serving import wait_healthy
 
 
 def _serve(tmp_path, upstream: str, port: int) -> subprocess.Popen:
@@ -24,15 +20,8 @@ def _serve(tmp_path, upstream: str, port: int) -> subprocess.Popen:
     process = subprocess.Popen(
         [sys.executable, "-m", "proxy", "serve", "--upstream", upstream, "--port", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
-                return process
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "pcp-proxy did not start"
-        time.sleep(0.05)
+    wait_healthy(process, port)
+    return process
 
 
 def _listed(url: str) -> dict[str, dict]:
@@ -42,6 +31,17 @@ def _listed(url: str) -> dict[str, dict]:
         pages.update((p["id"], p) for p in body["data"])
         cursor = body["next_cursor"]
     return pages
+
+
+def _taken_in(url: str, ever: set[str], more: int) -> Callable[[], bool]:
+    """Whether memory lists ``more`` pages beyond ``ever`` yet; what it lists joins ``ever``."""
+    enough = len(ever) + more
+
+    def grown() -> bool:
+        ever.update(_listed(url))
+        return len(ever) >= enough
+
+    return grown
 
 
 def _talk(url: str, stop: threading.Event) -> None:
@@ -60,7 +60,7 @@ def _talk(url: str, stop: threading.Event) -> None:
 
 
 def test_no_listed_page_is_lost_and_no_write_is_read_half_when_the_proxy_is_killed(served_upstream, tmp_path):
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     ever: set[str] = set()
     for _ in range(2):
@@ -71,9 +71,7 @@ def test_no_listed_page_is_lost_and_no_write_is_read_half_when_the_proxy_is_kill
         stop = threading.Event()
         talker = threading.Thread(target=_talk, args=(url, stop))
         talker.start()
-        deadline = time.monotonic() + 1.5
-        while time.monotonic() < deadline:
-            ever |= set(_listed(url))
+        eventually(_taken_in(url, ever, 20), timeout=30, awaiting="memory to list 20 more pages, mid-ingestion")  # then kill -9
         process.send_signal(signal.SIGKILL)
         process.wait()
         stop.set()

@@ -12,11 +12,12 @@ from proxy.testing.apis import api_requests, message, messages_stream, worker_do
 from proxy.testing.prompt_cache import PromptCache
 from proxy.testing.upstream import Recorded, Reply
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import BUDGET, long_history
 
 from .api_helpers import consult, document
-from .test_protocol import BUDGET, long_history
 
 ANTHROPIC = "http://anthropic.test"
+pytestmark = pytest.mark.protocol(anthropic_base_url=ANTHROPIC, upstream_api_key="sk-openai-upstream")
 SYSTEM = [{"type": "text", "text": "You are a friendly assistant.", "cache_control": {"type": "ephemeral"}}]
 QUESTION = {"role": "user", "content": [{"type": "text", "text": "What is my gym locker code?", "cache_control": {"type": "ephemeral"}}]}
 WEATHER = [
@@ -31,11 +32,6 @@ WEATHER = [
 
 def history() -> list[dict]:
     return long_history()[1:-1]
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4, anthropic_base_url=ANTHROPIC, upstream_api_key="sk-openai-upstream")
 
 
 def workers(upstream) -> list[Recorded]:

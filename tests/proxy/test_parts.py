@@ -11,20 +11,17 @@ from lxml import etree
 from pcp_core.conversation import part_handle
 from pcp_core.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
 from proxy.testing.upstream import Recorded, Reply, completion
+from tests.proxy.helpers import long_history
 
-from .test_protocol import COUNT, long_history, xml
+from .test_protocol import COUNT, xml
 
 BUDGET = 2048  # an image is counted 765 tokens: room for two beside the frame, not for six
+pytestmark = pytest.mark.protocol(context_budget=BUDGET)
 
 PIXEL = "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(64)).decode()
 IMAGE = {"type": "image_url", "image_url": {"url": PIXEL, "detail": "high"}}
 AUDIO = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"RIFF" + bytes(256)).decode(), "format": "wav"}}
 FILE = {"type": "file", "file": {"filename": "report.pdf", "file_data": "data:application/pdf;base64," + base64.b64encode(b"%PDF-1.7" + bytes(128)).decode()}}
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
 
 
 def asking(*parts: dict, text: str = "What is in this picture of my gym locker?") -> list[dict]:

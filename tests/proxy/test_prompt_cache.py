@@ -8,8 +8,7 @@ from pcp_core.engine import kept_nodes
 from pcp_core.replies import WorkerReply
 from proxy.testing.upstream import completion
 from tests.core.test_engine import context, doc, drive, summary_node_ids
-
-from .test_protocol import long_history
+from tests.proxy.helpers import long_history
 
 
 def consult_a_summary(call):

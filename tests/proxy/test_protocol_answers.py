@@ -10,8 +10,9 @@ import pydantic
 import pytest
 
 from proxy.testing.upstream import Recorded, Reply, completion, sse_chunks, stream_reply
+from tests.proxy.helpers import long_history
 
-from .test_protocol import BUDGET, long_history, summary_ids
+from .test_protocol import summary_ids
 
 USAGE = {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}
 UPSTREAM_HEADERS = {"x-request-id": "req-answer", "x-ratelimit-remaining-requests": "41", "x-ratelimit-reset-tokens": "6ms", "openai-processing-ms": "120"}
@@ -19,11 +20,6 @@ UPSTREAM_HEADERS = {"x-request-id": "req-answer", "x-ratelimit-remaining-request
 
 class Locker(pydantic.BaseModel):
     code: str
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
 
 
 def consult(stream: bool):

@@ -10,9 +10,9 @@ import pytest
 
 from proxy.testing.apis import api_requests, response, responses_stream
 from proxy.testing.upstream import Recorded, Reply
+from tests.proxy.helpers import BUDGET, long_history
 
 from .api_helpers import consult, document
-from .test_protocol import BUDGET, long_history
 
 QUESTION = {"role": "user", "content": "What is my gym locker code?"}
 WEATHER = [
@@ -42,11 +42,6 @@ def history_items() -> list[dict]:
         else:
             items.append({"role": "user", "content": [{"type": "input_text", "text": m["content"]}]})
     return items
-
-
-@pytest.fixture
-def protocol_proxy(start_proxy):
-    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=4)
 
 
 def workers(upstream) -> list[Recorded]:

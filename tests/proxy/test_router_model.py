@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 
-import httpx
 from lxml import etree
 
 from pcp_core.markup import node_view
 from proxy.testing.upstream import Recorded, Reply, by_role, completion
+from tests.proxy.helpers import ask
 
 PLACES = ["Lisbon", "Oslo", "Nairobi", "Quito", "Hanoi"]
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the order #{1000 + i} ships to {PLACES[i % 5]} by sea."} for i in range(200)]
@@ -30,18 +30,10 @@ def detail_ids(recorded: Recorded) -> set[str]:
     return {node.get("id") for node in document.iter("Node") if node_view(node) == "Detail"}
 
 
-def ask(proxy) -> httpx.Response:
-    response = proxy.http.post(
-        "/v1/chat/completions", json={"model": "big", "messages": [*HISTORY, QUESTION]}, headers={"authorization": "Bearer sk-a"}, timeout=30
-    )
-    assert response.status_code == 200, response.text
-    return response
-
-
 def test_the_router_models_pick_is_shown_to_the_worker(start_proxy, upstream):
     upstream.default = picks_the_last_candidate
     proxy = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
-    response = ask(proxy)
+    response = ask(proxy, [*HISTORY, QUESTION], model="big")
 
     (router,) = upstream.chat_requests("router")
     (worker,) = upstream.chat_requests("worker")
@@ -56,11 +48,11 @@ def test_the_router_models_pick_is_shown_to_the_worker(start_proxy, upstream):
 def test_without_a_router_model_the_broad_match_decides(start_proxy, upstream):
     upstream.default = picks_the_last_candidate
     routed = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
-    ask(routed)
+    ask(routed, [*HISTORY, QUESTION], model="big")
     pick = candidates(upstream.chat_requests("router")[0])[-1]
 
     plain = start_proxy(sentry_threshold=500, context_budget=900)
-    ask(plain)
+    ask(plain, [*HISTORY, QUESTION], model="big")
     assert len(upstream.chat_requests("router")) == 1  # the second proxy asked no router
     assert pick not in detail_ids(upstream.chat_requests("worker")[-1])
 
@@ -69,5 +61,5 @@ def test_a_failing_router_model_costs_the_client_nothing(start_proxy, upstream):
     overloaded = Reply(status=503, body=b'{"error": {"message": "overloaded"}}')
     upstream.default = by_role({"router": overloaded}, default=completion("Orders 1001 and 1006."))
     proxy = start_proxy(sentry_threshold=500, context_budget=900, router_model="small-router")
-    assert ask(proxy).json()["choices"][0]["message"]["content"] == "Orders 1001 and 1006."
+    assert ask(proxy, [*HISTORY, QUESTION], model="big").json()["choices"][0]["message"]["content"] == "Orders 1001 and 1006."
     assert len(upstream.chat_requests("router")) == 1 and len(upstream.chat_requests("worker")) == 1

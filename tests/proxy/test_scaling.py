@@ -24,8 +24,8 @@ import pytest
 
 from proxy.memory.store import scope_key
 from proxy.testing.upstream import completion, metric_value
-from tests.proxy.serving import free_port, wait_healthy
-from tests.proxy.test_sessions import conversation
+from tests.proxy.helpers import ask, conversation, eventually, free_port
+from tests.proxy.serving import wait_healthy
 
 SETTINGS = {"sentry_threshold": 500, "context_budget": 1024, "router_embeddings": False, "log_level": "warning"}
 
@@ -51,9 +51,6 @@ class Served:
         wait_healthy(self.process, self.port)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
 
-    def ask(self, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx.Response:
-        return self.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers={"authorization": f"Bearer {key}", **headers})
-
     def metric(self, name: str, **labels: str) -> int:
         return metric_value(self.http.get("/metrics").text, name, **labels)
 
@@ -62,10 +59,10 @@ class Served:
         return sum(int(row.rsplit(" ", 1)[1]) for row in self.http.get("/metrics").text.splitlines() if row.startswith(name + "{"))
 
     def stop(self, kill: bool = False) -> None:
-        self.http.close()
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
             self.process.wait(timeout=30)
+        self.http.close()  # after the process: a request under way fails on its connection, not on a closed client
 
 
 @pytest.fixture
@@ -91,14 +88,14 @@ def said(i: int) -> list[dict]:
 def test_follow_ups_alternating_between_two_processes_keep_one_session_and_page_only_what_is_new(served, redis_server):
     a, b = served(redis_server.url), served(redis_server.url)
     messages = [*conversation(160), {"role": "user", "content": "Question 0?"}]
-    first = a.ask(messages)
+    first = ask(a, messages)
     assert first.status_code == 200 and first.headers["x-pcp-mode"] == "protocol"
     session = first.headers["x-pcp-session"]
     for i in range(1, 7):
         proxy = (a, b)[i % 2]
         before = proxy.metric("pcp_turns_paged_total")
         messages = [*messages, *said(i)]
-        answer = proxy.ask(messages)
+        answer = ask(proxy, messages)
         assert answer.status_code == 200 and answer.headers["x-pcp-session"] == session
         assert proxy.metric("pcp_turns_paged_total") - before <= 2 + 4  # its new messages and the reopened last page
     assert a.metric("pcp_sessions_total", how="new") + b.metric("pcp_sessions_total", how="new") == 1
@@ -108,12 +105,12 @@ def test_follow_ups_alternating_between_two_processes_keep_one_session_and_page_
 def test_ten_concurrent_follow_ups_over_two_processes_page_every_message_once(served, redis_server):
     a, b = served(redis_server.url), served(redis_server.url)
     history = [*conversation(160), {"role": "user", "content": "Question 0?"}]
-    session = a.ask(history).headers["x-pcp-session"]
+    session = ask(a, history).headers["x-pcp-session"]
     paged = lambda: a.metric("pcp_turns_paged_total") + b.metric("pcp_turns_paged_total")  # noqa: E731
     before = paged()
     branches = [[*history, *said(i)] for i in range(1, 11)]  # ten follow-ups of one session, each its own
     with ThreadPoolExecutor(10) as pool:
-        answers = list(pool.map(lambda i: (a, b)[i % 2].ask(branches[i]), range(10)))
+        answers = list(pool.map(lambda i: ask((a, b)[i % 2], branches[i], status=None), range(10)))
     assert all(r.status_code == 200 for r in answers)
     burst = paged() - before
     ids = [r.headers["x-pcp-session"] for r in answers]
@@ -123,7 +120,7 @@ def test_ten_concurrent_follow_ups_over_two_processes_page_every_message_once(se
     for i, branch in enumerate(branches):  # every branch goes on, on the other process, paging only what is new
         proxy = (b, a)[i % 2]
         before = proxy.metric("pcp_turns_paged_total")
-        answer = proxy.ask([*branch, *said(100 + i)])
+        answer = ask(proxy, [*branch, *said(100 + i)])
         assert answer.headers["x-pcp-session"] == ids[i]
         assert proxy.metric("pcp_turns_paged_total") - before <= 2 + 4
 
@@ -131,36 +128,41 @@ def test_ten_concurrent_follow_ups_over_two_processes_page_every_message_once(se
 def test_a_redis_restart_loses_nothing_acknowledged_and_the_proxy_recovers_by_itself(served, redis_server):
     a, b = served(redis_server.url), served(redis_server.url)
     messages = [*conversation(160), {"role": "user", "content": "Question 0?"}]
-    session = a.ask(messages, **{"x-pcp-memory": "notes"}).headers["x-pcp-session"]
+    session = ask(a, messages, headers={"x-pcp-memory": "notes"}).headers["x-pcp-session"]
     for i in range(1, 4):
         messages = [*messages, *said(i)]
-        assert (a, b)[i % 2].ask(messages, **{"x-pcp-memory": "notes"}).status_code == 200
+        ask((a, b)[i % 2], messages, headers={"x-pcp-memory": "notes"})
     _memory_written(a), _memory_written(b)
     counts = _memory_written(a)
     assert _memory_written(b)["pages"] == counts["pages"] > 0  # one memory, whichever process wrote it
 
     redis_server.stop()
-    lost = b.ask([*messages, *said(50)])
+    lost = ask(b, [*messages, *said(50)], status=None)
     assert lost.status_code == 503 and lost.json()["error"]["code"] == "store_unavailable"
-    small = b.ask([{"role": "user", "content": "Hi?"}])  # passthrough does not need the store
+    small = ask(b, [{"role": "user", "content": "Hi?"}])  # passthrough does not need the store
     assert small.status_code == 200 and small.headers["x-pcp-mode"] == "passthrough"
 
     redis_server.start()  # its append-only file read back
-    deadline = time.monotonic() + 20
-    while (answer := b.ask([*messages, *said(4)])).status_code == 503 and time.monotonic() < deadline:
-        time.sleep(0.2)
+
+    def answered() -> httpx.Response | None:
+        answer = ask(b, [*messages, *said(4)], status=None)
+        return answer if answer.status_code != 503 else None
+
+    answer = eventually(answered, timeout=20, interval=0.2, awaiting="the proxy to reach the restarted store")
     assert answer.status_code == 200 and answer.headers["x-pcp-session"] == session
     assert b.metric("pcp_sessions_total", how="resumed") >= 2
     after = a.http.get("/v1/pcp/memory/notes", headers={"authorization": "Bearer sk-a"}).json()
     assert after["pages"] >= counts["pages"] and after["conversations"] == counts["conversations"]
 
 
-def _memory_written(proxy: Served) -> dict:
+def _memory_written(proxy: Served, scope: str = "notes", key: str = "sk-a") -> dict:
     """The scope's counts once the process has no write-back pending."""
-    deadline = time.monotonic() + 20
-    while (counts := proxy.http.get("/v1/pcp/memory/notes", headers={"authorization": "Bearer sk-a"}).json())["pending"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return counts
+
+    def written() -> dict | None:
+        counts = proxy.http.get(f"/v1/pcp/memory/{scope}", headers={"authorization": f"Bearer {key}"}).json()
+        return None if counts["pending"] else counts
+
+    return eventually(written, timeout=20, interval=0.1, awaiting=f"memory {scope!r} to have no write-back pending")
 
 
 def _sessions_in_redis(client) -> list[tuple[str, str]]:
@@ -176,21 +178,27 @@ def test_a_worker_killed_mid_write_leaves_no_half_written_session(served, redis_
     for attempt in range(4):
         proxy = served(redis_server.url)
         stop = threading.Event()
+        answers: list[float] = []  # when each answer came: the store holds its session then (``Rounds._stored``)
 
-        def talk(n: int = attempt, stop: threading.Event = stop, proxy: Any = proxy) -> None:  # long histories: each write is some hundreds of kB
-            for i in range(100):
+        def talk(n: int = attempt, stop: threading.Event = stop, proxy: Any = proxy, answers: list[float] = answers) -> None:
+            for i in range(100):  # long histories: each write is some hundreds of kB
                 if stop.is_set():
                     return
                 try:
-                    proxy.ask([*conversation(1500 + 40 * i, start=n * 5000), {"role": "user", "content": f"Q{i}?"}])
+                    ask(proxy, [*conversation(1500 + 40 * i, start=n * 5000), {"role": "user", "content": f"Q{i}?"}], status=None)
                 except httpx.HTTPError:
                     return
+                answers.append(time.monotonic())
 
         talker = threading.Thread(target=talk)
         talker.start()
-        time.sleep(1.5 + 0.7 * attempt)
+        eventually(lambda: len(answers) >= 2, timeout=60, awaiting="two answers, their session in the store")  # noqa: B023
+        # The third request's cycle (paging, then the write while the worker is asked) takes about as long as
+        # the second's: each attempt kills at another point of it, from its start to three quarters through.
+        kill_at = answers[1] + (answers[1] - answers[0]) * attempt / 4
+        eventually(lambda: time.monotonic() >= kill_at, awaiting=f"{attempt}/4 of a request's cycle")  # noqa: B023
+        stop.set()  # the request under way is the talker's last
         proxy.stop(kill=True)  # kill -9, mid-request or mid-write
-        stop.set()
         talker.join(timeout=30)
         rounds += 1
     store = SessionStore(RedisStore(client, "s"))
@@ -205,15 +213,16 @@ def test_callers_stay_apart_in_redis_and_no_key_is_stored(served, redis_server, 
     a = served(redis_server.url)
     alpha, beta = "sk-alpha-0d7e51c8", "sk-beta-93ab2f44"
     secret = [*conversation(160), {"role": "user", "content": "The vault code is zanzibar-4471. Noted?"}]
-    mine = a.ask(secret, key=alpha, **{"x-pcp-session": "trip", "x-pcp-memory": "shared"})
-    assert mine.status_code == 200
-    theirs = a.ask(
-        [*conversation(160, start=500), {"role": "user", "content": "Anything about a vault?"}], key=beta, **{"x-pcp-session": "trip", "x-pcp-memory": "shared"}
+    ask(a, secret, key=alpha, headers={"x-pcp-session": "trip", "x-pcp-memory": "shared"})
+    theirs = ask(
+        a,
+        [*conversation(160, start=500), {"role": "user", "content": "Anything about a vault?"}],
+        key=beta,
+        headers={"x-pcp-session": "trip", "x-pcp-memory": "shared"},
     )
-    assert theirs.status_code == 200 and theirs.headers["x-pcp-session"] == "trip"
+    assert theirs.headers["x-pcp-session"] == "trip"
     assert not any("zanzibar" in r.body.decode() for r in served_upstream.requests[-2:] if r.headers.get("authorization", "").endswith(beta))
-    time.sleep(0.5)
-    assert a.http.get("/v1/pcp/memory/shared", headers={"authorization": f"Bearer {beta}"}).json()["pages"] >= 1
+    assert _memory_written(a, "shared", beta)["pages"] >= 1
     listed = a.http.get("/v1/pcp/memory/shared/pages", params={"query": "zanzibar"}, headers={"authorization": f"Bearer {beta}"}).json()["data"]
     assert not any("zanzibar" in (p.get("content") or "") for p in listed)
 
@@ -271,16 +280,15 @@ def test_workers_sharing_the_data_dir_never_serve_a_session_another_has_changed(
     one, two = (start_proxy(workers=2, **{k: v for k, v in SETTINGS.items() if k != "log_level"}) for _ in range(2))
     assert one.services.sessions.shared and two.services.sessions.shared
     history = [*conversation(160), {"role": "user", "content": "Question 0?"}]
-    ask = lambda proxy, messages: proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})  # noqa: E731
-    session = ask(one, history).headers["x-pcp-session"]
+    session = ask(one, history, key=None).headers["x-pcp-session"]
     grown = [*history, *said(1)]
-    assert ask(two, grown).headers["x-pcp-session"] == session  # found on the shared disk
+    assert ask(two, grown, key=None).headers["x-pcp-session"] == session  # found on the shared disk
     # ``one`` holds the session as it was in memory; ``two`` has moved it on: ``one`` must read it again.
     branch = [*history, *said(2)]
-    forked = ask(one, branch)
+    forked = ask(one, branch, key=None)
     assert forked.headers["x-pcp-session"] != session  # two branches: the one kept second forks, neither is lost
-    assert ask(one, [*grown, *said(3)]).headers["x-pcp-session"] == session
-    assert ask(two, [*branch, *said(4)]).headers["x-pcp-session"] == forked.headers["x-pcp-session"]
+    assert ask(one, [*grown, *said(3)], key=None).headers["x-pcp-session"] == session
+    assert ask(two, [*branch, *said(4)], key=None).headers["x-pcp-session"] == forked.headers["x-pcp-session"]
 
 
 # -- the rule, store by store: two processes' stores, one session --------------------------------
@@ -401,19 +409,18 @@ def test_vectors_one_replica_encodes_reach_the_others_and_no_text_is_encoded_twi
     assert a.claim(texts) == texts and b.claim(texts) == []  # the first to claim a text encodes it; the other waits
     vectors = np.random.default_rng(0).normal(size=(100, 8)).astype(np.float32)
     a.put(texts, vectors)
-    deadline = time.monotonic() + 10
-    while len(b.cache.found(texts)) < 100 and time.monotonic() < deadline:  # announced: b takes them into memory
-        time.sleep(0.05)
+    eventually(lambda: len(b.cache.found(texts)) == 100, awaiting="b to take the vectors a announced into memory")
     assert np.array_equal(np.vstack([b.cache.found(texts)[t] for t in texts]), vectors)
     late = replica()  # a replica that starts takes the latest vectors from the store
-    deadline = time.monotonic() + 10
-    while len(late.cache.found(texts)) < 100 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(late.cache.found(texts)) == 100
-    other = replica(b"mpnet")  # another encoder's replica: its vectors are not these
-    time.sleep(0.5)
-    assert other.claim(texts) == texts and other.get(texts) == {} and len(other.cache) == 0
-    for stored in (a, b, late, other):
+    eventually(lambda: len(late.cache.found(texts)) == 100, awaiting="a replica that starts late to take the latest vectors from the store")
+    # Another encoder's replica: its vectors are not these. It takes in what its own encoder's replicas
+    # announce (one vector, here), and by then it would have taken these in, were they announced to it.
+    mpnet = replica(b"mpnet")
+    mpnet.put(["a page the other encoder encoded"], np.ones((1, 8), dtype=np.float32))
+    other = replica(b"mpnet")
+    eventually(lambda: other.cache.found(["a page the other encoder encoded"]), awaiting="the other encoder's replica to take in its own announcement")
+    assert other.claim(texts) == texts and other.get(texts) == {} and len(other.cache) == 1
+    for stored in (a, b, late, mpnet, other):
         stored.close()
 
 
@@ -433,21 +440,19 @@ def test_serve_with_two_workers_spreads_connections_keeps_one_session_and_replac
         if i == 4:
             os.kill(workers[0], signal.SIGKILL)  # a worker killed: the others serve, and it is replaced
             _gone(workers[0])  # (connections the kernel had queued for it die with it)
-    deadline = time.monotonic() + 30
-    while len(set(_workers(proxy)) - {workers[0]}) < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert len(set(_workers(proxy)) - {workers[0]}) == 2
+    eventually(lambda: len(set(_workers(proxy)) - {workers[0]}) == 2, timeout=30, interval=0.2, awaiting="the killed worker to be replaced")
 
 
 def _gone(pid: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except FileNotFoundError:
-            return
-        time.sleep(0.02)
+    eventually(lambda: _dead(pid), interval=0.02, awaiting=f"process {pid} to be gone")
+
+
+def _dead(pid: int) -> bool:
+    """Whether the process is gone, or a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def _workers(proxy: Served) -> list[int]:

