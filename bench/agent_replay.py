@@ -28,7 +28,7 @@ what each is billed. The replay is the proxy's: the requests are the agent's
 own, whatever the proxy answered (the answers feed nothing back).
 
     .venv/bin/python bench/agent_replay.py [--record] [--agents claude,codex,opencode,aider]
-                                           [--threshold 8192] [--budget 40000] [--sessions DIR]
+                                           [--threshold 8192] [--budget 40000] [--window 0] [--sessions DIR]
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class Step:
 
 
 @contextmanager
-def running_proxy(threshold: int, budget: int) -> Iterator[tuple[Any, Any, str]]:
+def running_proxy(threshold: int, budget: int, window: int) -> Iterator[tuple[Any, Any, str]]:
     """The proxy on loopback in front of the scripted upstream (in process): (the upstream, its script, the proxy's URL)."""
     from proxy.app import create_app
     from proxy.cli.server import server_options
@@ -122,7 +122,10 @@ def running_proxy(threshold: int, budget: int) -> Iterator[tuple[Any, Any, str]]
     fake = FakeUpstream(script)
     with tempfile.TemporaryDirectory(prefix="pcp-agent-replay-") as data:
         settings = Settings(
-            upstream_base_url=fake.url, data_dir=data, router_embeddings=False, sentry_threshold=threshold, context_budget=budget, log_level="warning"
+            upstream_base_url=fake.url, data_dir=data, router_embeddings=False, sentry_threshold=threshold,
+            context_budget=budget,
+            context_window=window,
+            log_level="warning",
         )
         server = serve_in_thread(create_app(settings, transport=fake.transport()), **server_options(settings))
         try:
@@ -131,14 +134,14 @@ def running_proxy(threshold: int, budget: int) -> Iterator[tuple[Any, Any, str]]
             server.stop()
 
 
-def replay(requests: Sequence[dict[str, Any]], threshold: int, budget: int, renderer: Renderer) -> list[Step]:
+def replay(requests: Sequence[dict[str, Any]], threshold: int, budget: int, window: int, renderer: Renderer) -> list[Step]:
     import httpx
 
     from proxy.testing.agent_upstream import AgentScript
     from proxy.testing.replies import Recorded
 
     direct, proxied, steps, judge = PrefixCache(), PrefixCache(), [], AgentScript(big=True)
-    with running_proxy(threshold, budget) as (fake, script, url), httpx.Client(base_url=url, timeout=120) as client:
+    with running_proxy(threshold, budget, window) as (fake, script, url), httpx.Client(base_url=url, timeout=120) as client:
         for sent in requests:
             api = API_PATHS.get(sent["path"]) if sent["method"] == "POST" else None
             if api is None:
@@ -200,19 +203,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sessions", type=Path, default=SESSIONS, help="where the recorded sessions are")
     parser.add_argument("--threshold", type=int, default=8192, help="PCP_SENTRY_THRESHOLD (the proxy's default: 8,192)")
     parser.add_argument("--budget", type=int, default=40000, help="PCP_CONTEXT_BUDGET: room for an agent's tool definitions")
+    parser.add_argument("--window", type=int, default=0, help="PCP_CONTEXT_WINDOW (0: unknown, the proxy's default): known, a session that fits it goes untouched while paging costs more")
     args = parser.parse_args(argv)
     selftest()
     from proxy.tokenizer import Tokenizer
 
     renderer = Renderer(Tokenizer(ENCODING).encoding)
-    print(f"pcp-proxy: threshold {args.threshold:,}, context budget {args.budget:,}; billed = uncached + 0.1 x cached input tokens (bench/cost_replay.py)\n")
+    print(f"pcp-proxy: threshold {args.threshold:,}, context budget {args.budget:,}, window {args.window:,}; billed = uncached + 0.1 x cached input tokens (bench/cost_replay.py)\n")
     for agent in args.agents.split(","):
         path = args.sessions / f"{agent}.jsonl"
         if args.record or not path.exists():
             record(agent, path)
         requests = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         started = time.perf_counter()
-        steps = replay(requests, args.threshold, args.budget, renderer)
+        steps = replay(requests, args.threshold, args.budget, args.window, renderer)
         renderer.forget()
         print(table(agent, steps))
         print(f"\n({len(requests)} requests recorded, replayed in {time.perf_counter() - started:.1f} s)\n")

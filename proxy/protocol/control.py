@@ -11,9 +11,15 @@ by header, for less than its model's policy allows, never for more:
 * ``x-pcp-budget: N`` — the most prompt tokens a worker call may carry (512 up
   to the model's budget).
 
-A request that sends none of these headers costs three dictionary lookups
+A request that sends none of these headers costs a few dictionary lookups
 (``Controls.of``): passthrough stays as cheap as it was. The headers are the
 proxy's and are not forwarded upstream.
+
+Where the settings give no context window, the window of a well-known model
+family (``KNOWN_WINDOWS``) is its model's: the Sentry can then forward a
+conversation that fits it while paging would cost more. These are the smallest
+windows each family's current models have, so a conversation the proxy lets
+through fits the model it names.
 """
 
 from __future__ import annotations
@@ -38,6 +44,15 @@ CONTROL_HEADERS = (MODE, THRESHOLD, BUDGET)
 MIN_BUDGET = 512  # as the settings require: below it the frame alone may not fit
 # Model names are the client's to choose: the memo of their policies is bounded.
 KNOWN_MODELS = 256
+# Context windows of well-known model families, by glob (first match): what the Sentry knows without settings.
+KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
+    ("claude-*", 200_000),
+    ("gpt-4o*", 128_000),
+    ("gpt-4.1*", 1_000_000),
+    ("gpt-5*", 272_000),  # the input a request may carry, of 400k with the output
+    ("o3*", 200_000),
+    ("o4-mini*", 200_000),
+)
 
 
 class Control(msgspec.Struct, frozen=True):
@@ -60,7 +75,7 @@ class Controls:
 
     def of(self, headers: dict[str, str], model: str | None) -> Control:
         """The control of a request with these (forwardable, lower-case) ``headers``, which lose the control headers."""
-        base = self.for_model(model) if model is not None and (self.exact or self.globs) else self.default
+        base = self.for_model(model) if model is not None else self.default
         if MODE not in headers and THRESHOLD not in headers and BUDGET not in headers:
             return base
         return _requested(base, headers.pop(MODE, None), headers.pop(THRESHOLD, None), headers.pop(BUDGET, None))
@@ -71,11 +86,19 @@ class Controls:
         if known is not None:
             return known
         spec = self.exact.get(model) or next((spec for pattern, spec in self.globs if fnmatchcase(model, pattern)), None)
-        control = self.default if spec is None else Control("auto", _narrowed(self.default.policy, spec))
+        policy = self.default.policy if spec is None else _narrowed(self.default.policy, spec)
+        if not policy.window:
+            policy = msgspec.structs.replace(policy, window=known_window(model))
+        control = self.default if policy == self.default.policy else Control("auto", policy)
         if len(self.by_model) >= KNOWN_MODELS:
             self.by_model.clear()
         self.by_model[model] = control
         return control
+
+
+def known_window(model: str) -> int:
+    """The context window of ``model``'s family if it is a well-known one, else 0 (unknown)."""
+    return next((window for pattern, window in KNOWN_WINDOWS if fnmatchcase(model, pattern)), 0)
 
 
 def _is_glob(name: str) -> bool:

@@ -140,3 +140,15 @@ def test_a_conversation_that_fits_the_window_goes_untouched_while_paging_costs_m
     assert forced.headers["x-pcp-mode"] == "protocol"
     unknown = start_proxy(sentry_threshold=500)  # no window known: above the threshold, paged
     assert unknown.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}).headers["x-pcp-mode"] == "protocol"
+
+
+def test_a_well_known_model_family_brings_its_window(start_proxy, upstream):
+    # An agent's session at a budget that holds its tools: ~2,400 tokens fit a Claude's 200k window and are
+    # cheaper untouched; a model the proxy does not know is paged above the threshold, as the settings say.
+    proxy = start_proxy(sentry_threshold=500, context_budget=40_000)
+    upstream.default = completion("hello")
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of a long chat about gardens."} for i in range(201)]
+    modes = {model: _post(proxy, messages, model=model).headers["x-pcp-mode"] for model in ("claude-sonnet-4-5", "gpt-5-codex", "my-own-model")}
+    assert modes == {"claude-sonnet-4-5": "passthrough", "gpt-5-codex": "passthrough", "my-own-model": "protocol"}
+    told = start_proxy(sentry_threshold=500, context_budget=40_000, models={"claude-*": ModelSettings(context_window=1_000)})
+    assert _post(told, messages, model="claude-sonnet-4-5").headers["x-pcp-mode"] == "protocol"  # the settings' window wins: past it
