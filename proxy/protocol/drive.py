@@ -49,9 +49,8 @@ from pcp_core import (
 )
 
 from .. import headers as pcp
-from ..apis.codec import Usage
-from ..errors import ClientError, PcpError, UpstreamError
-from ..upstream import passed_back
+from ..errors import ClientError, PcpError
+from .calls import UpstreamCalls
 from .interrupt import Interrupt, Stopped
 from .streaming import StreamedRound
 from .telemetry import RequestTelemetry
@@ -64,9 +63,6 @@ if TYPE_CHECKING:
 __all__ = ["serve_protocol"]
 
 Rounds = Generator[Effect, Any, Outcome]
-# A router model reranks; it is worth waiting for briefly, never for a whole generation.
-ROUTER_TIMEOUT = 10.0
-ROUTER_MAX_TOKENS = 80
 
 log = logging.getLogger("pcp.drive")
 
@@ -119,7 +115,6 @@ class ProtocolRequest:
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
-        self.upstream = services.upstream_of(codec.api)
         self.conversation = conversation
         self.headers = {**headers, pcp.ROLE: "worker", "content-type": "application/json"}
         self.headers.pop("accept-encoding", None)
@@ -131,18 +126,18 @@ class ProtocolRequest:
         self.kept: Future[Any] | None = None  # the session's save (``SessionStore.save``): what the store kept
         self.session_id = ""  # the session as the store kept it, when that differs (a concurrent request kept the id first)
         self.unsaved = True
-        self.usage = Usage()
-        self.answered: dict[str, str] = {}  # the headers of the latest worker call's answer: the answering round's, in the end
-        self.deadline = time.monotonic() + services.settings.request_timeout  # for the upstream calls
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
         self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
         self.recalled: list[Page] = []
+        # The answering round's headers are the latest worker call's, in the end.
+        self.calls = UpstreamCalls(services, codec, self.headers, time.monotonic() + services.settings.request_timeout, self.context)
+        self.usage = self.calls.usage
 
     def response_headers(self, rounds: int) -> dict[str, str]:
         """The answering round's upstream headers (its request id, rate limits), and the proxy's own."""
         session = self.session_id or (self.prepared.session.id if self.prepared is not None else "")
-        headers = {**self.answered, pcp.MODE: "protocol", pcp.ROUNDS: str(rounds), pcp.SESSION: session}
+        headers = {**self.calls.answered, pcp.MODE: "protocol", pcp.ROUNDS: str(rounds), pcp.SESSION: session}
         if self.prepared is not None and self.prepared.components is not None:
             headers[pcp.COMPONENTS] = str(self.prepared.components)
         headers.update(self.telemetry.headers())  # x-pcp-tokens-saved, x-pcp-pages, x-pcp-consulted, x-pcp-trace
@@ -163,11 +158,11 @@ class ProtocolRequest:
         self.recalled = await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
-        if self.services.keys_prompt_cache(self.upstream):
+        if self.services.keys_prompt_cache(self.calls.upstream):
             self.codec.cache_key(f"pcp-{prepared.session.id}")
         self.telemetry.priced(self._untouched_read(prepared), self.usage)
         writer = services.summary_writer
-        if writer is not None and self.upstream is services.upstream:  # it asks for chat completions
+        if writer is not None and self.calls.upstream is services.upstream:  # it asks for chat completions
             await writer.submit(prepared.session.pages, self.codec.model, self.headers)
         # Each worker call's synthesis is recorded, each upstream call timed. The rounds' index of a
         # long history is built in a thread, as their steps run (``_step``).
@@ -245,7 +240,7 @@ class ProtocolRequest:
 
     async def fulfil(self, effect: Similarity | CallRouter | LoadPages) -> Any:
         if isinstance(effect, CallRouter):
-            return await self.ask_router(effect)
+            return await self.calls.router(effect)
         if isinstance(effect, LoadPages):  # a page fault: the memory container the worker opens
             memory = self.services.memory
             return await memory.load(self.memory.key, effect.ids) if memory is not None and self.memory is not None else []
@@ -256,28 +251,12 @@ class ProtocolRequest:
             await _quietly(self.prefetch)
         return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts, self.headers))
 
-    async def ask_router(self, call: CallRouter, role: str = "router") -> str | None:
-        """The router model's reply, or None: addressing works without it, so its failure fails nothing."""
-        model = self.services.settings.router_model
-        self.services.metrics.inc("pcp_upstream_calls_total", role=role)
-        codec = self.codec
-        body = codec.router_body(call.messages, model, ROUTER_MAX_TOKENS)
-        try:
-            data, _ = await self.upstream.complete(
-                codec.api.path, body, {**self.headers, pcp.ROLE: role}, codec.check, timeout=ROUTER_TIMEOUT, deadline=self.deadline
-            )
-        except PcpError as error:
-            log.warning("router model %s gave no ranking (status %s): %s", model, error.status, error)
-            return None
-        codec.usage(self.usage, data)
-        return codec.reply(data).text
-
     async def _recall(self) -> list[Page]:
         """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
         memory, scope = self.services.memory, self.memory
         if memory is None or scope is None or not memory.has_pages(scope.key):
             return []
-        ask = (lambda messages: self.ask_router(CallRouter(messages), role="memory-router")) if self.services.settings.router_model else None
+        ask = (lambda messages: self.calls.router(CallRouter(messages), role="memory-router")) if self.services.settings.router_model else None
         return await memory.recall(scope.key, self.conversation, time.time_ns(), ask)
 
     def _save_once(self) -> None:
@@ -330,20 +309,9 @@ class ProtocolRequest:
         loop = await self.start()
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
-            data = await self._call(step)
+            data = await self.calls.worker(step)
             step = await self.advance(loop, self.codec.reply(data))
         return data, step
-
-    async def _call(self, call: CallWorker) -> dict[str, Any]:
-        self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        codec = self.codec
-        data, self.answered = await self.upstream.complete(
-            codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline
-        )
-        codec.usage(self.usage, data)
-        if self.context is not None:
-            self.context.sections().completion(data)  # the context section out of every choice
-        return data
 
     # -- streaming -----------------------------------------------------------------------
     async def stream(self) -> Response[Any]:
@@ -355,7 +323,7 @@ class ProtocolRequest:
         loop = await self.start()
         step = await self.advance(loop, None)
         while isinstance(step, CallWorker):
-            round_ = StreamedRound(step, partial(self._open_stream, step), codec.round(self.usage))
+            round_ = StreamedRound(step, partial(self.calls.worker_stream, step), codec.round(self.usage))
             first = await round_.until_committed()
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 self._save_once()  # the worker is answering: the session is kept before the answer starts
@@ -366,18 +334,6 @@ class ProtocolRequest:
         # A call of the client's own tools goes back as the upstream sent it.
         body = round_.api.replay(round_.events) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))
-
-    async def _open_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
-        upstream, codec = self.upstream, self.codec
-        self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
-        response = await upstream.open("POST", codec.api.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
-        if response.status_code >= 400:
-            raise UpstreamError.refused(
-                response.status_code, await upstream.read(response), response.headers.get("content-type"), response.headers.get("retry-after")
-            )
-        self.answered = passed_back(response.headers)
-        events = upstream.sse_events(response, codec.rules())
-        return self.context.sections().events(events) if self.context is not None else events
 
     async def _relay(self, round_: StreamedRound, first: str, loop: Rounds | None) -> AsyncIterator[bytes]:
         """The answer as the API's events: ``first``, then (with ``loop``) the rest of the round as it comes."""
