@@ -87,7 +87,7 @@ class Controls:
             return known
         spec = self.exact.get(model) or next((spec for pattern, spec in self.globs if fnmatchcase(model, pattern)), None)
         policy = self.default.policy if spec is None else _narrowed(self.default.policy, spec)
-        if not policy.window:
+        if not policy.window and (spec is None or spec.context_window is None):  # a model entry's 0 says: unknown
             policy = msgspec.structs.replace(policy, window=known_window(model))
         control = self.default if policy == self.default.policy else Control("auto", policy)
         if len(self.by_model) >= KNOWN_MODELS:

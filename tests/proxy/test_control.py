@@ -152,3 +152,10 @@ def test_a_well_known_model_family_brings_its_window(start_proxy, upstream):
     assert modes == {"claude-sonnet-4-5": "passthrough", "gpt-5-codex": "passthrough", "my-own-model": "protocol"}
     told = start_proxy(sentry_threshold=500, context_budget=40_000, models={"claude-*": ModelSettings(context_window=1_000)})
     assert _post(told, messages, model="claude-sonnet-4-5").headers["x-pcp-mode"] == "protocol"  # the settings' window wins: past it
+
+
+def test_a_model_entry_that_says_the_window_is_unknown_is_believed(start_proxy, upstream):
+    upstream.default = completion("hello")
+    messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of a long chat about gardens."} for i in range(201)]
+    proxy = start_proxy(sentry_threshold=500, context_budget=40_000, models={"claude-*": ModelSettings(context_window=0)})
+    assert _post(proxy, messages, model="claude-sonnet-4-5").headers["x-pcp-mode"] == "protocol"

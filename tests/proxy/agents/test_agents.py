@@ -23,12 +23,16 @@ from pathlib import Path
 
 import pytest
 
+from proxy.settings import ModelSettings
 from proxy.testing.agent_upstream import AgentScript
 
 from .agents import AGENTS, AgentRun, installed, missing, run_agent
 from .recording import AgentProxy, Exchange, agent_proxy, seen_problems
 
 BUDGET = 40000  # the agents' tool definitions fit (see the module's docstring)
+# The models' windows unknown (their families' are known: claude-*, gpt-5*): above the threshold every call is
+# paged, as these runs mean to, where a known window would send a session this short untouched.
+UNKNOWN_WINDOWS = {"*": ModelSettings(context_window=0)}
 BELOW = 10_000_000  # no request of the task comes near it
 # A threshold each agent's history crosses during the task, measured on the pinned versions (x-pcp-prompt-tokens):
 # Claude Code's calls count ~17.6k tokens before the command's output and ~22.8k after it, Codex's ~7.7k and
@@ -59,7 +63,7 @@ def assert_done(run: AgentRun, proxy: AgentProxy) -> None:
 @pytest.mark.parametrize("agent", AGENTS)
 def test_an_agent_finishes_the_task_with_every_call_forwarded(agent, tmp_path: Path):
     needs(agent)
-    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=BELOW, context_budget=BUDGET) as proxy:
+    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=BELOW, context_budget=BUDGET, models=UNKNOWN_WINDOWS) as proxy:
         run = run_agent(agent, proxy.url, tmp_path / "run")
     assert_done(run, proxy)
     calls = task_calls(proxy.exchanges)
@@ -70,7 +74,7 @@ def test_an_agent_finishes_the_task_with_every_call_forwarded(agent, tmp_path: P
 @pytest.mark.parametrize("agent", AGENTS)
 def test_an_agent_finishes_the_task_with_most_of_its_steps_in_protocol_mode(agent, tmp_path: Path):
     needs(agent)
-    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET) as proxy:
+    with agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET, models=UNKNOWN_WINDOWS) as proxy:
         run = run_agent(agent, proxy.url, tmp_path / "run")
     assert_done(run, proxy)
     modes = [e.mode for e in task_calls(proxy.exchanges)]
@@ -86,7 +90,9 @@ def test_an_agent_gets_a_stream_from_a_server_that_ignores_stream(agent, tmp_pat
     """Claude Code retried six times and never got an answer, Codex failed its turn, opencode looped: the proxy
     turns such a server's JSON into the API's events, in passthrough (the first steps) and protocol mode (the last)."""
     needs(agent)
-    with agent_proxy(tmp_path / "data", AgentScript(big=True, json_for_stream=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET) as proxy:
+    with agent_proxy(
+        tmp_path / "data", AgentScript(big=True, json_for_stream=True), sentry_threshold=CROSSED[agent], context_budget=BUDGET, models=UNKNOWN_WINDOWS
+    ) as proxy:
         run = run_agent(agent, proxy.url, tmp_path / "run")
     assert_done(run, proxy)
     assert all(not turn.stream for turn in proxy.script.turns)  # every answer came whole
@@ -96,7 +102,7 @@ def test_an_agent_gets_a_stream_from_a_server_that_ignores_stream(agent, tmp_pat
 def test_two_agents_at_once_keep_two_sessions(agent, tmp_path: Path):
     """Two of the same agent, one key, the same task in two repos: their histories differ only by their folders."""
     needs(agent)
-    proxy_at = agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent] // 4, context_budget=BUDGET)
+    proxy_at = agent_proxy(tmp_path / "data", AgentScript(big=True), sentry_threshold=CROSSED[agent] // 4, context_budget=BUDGET, models=UNKNOWN_WINDOWS)
     with proxy_at as proxy, concurrent.futures.ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(lambda n: run_agent(agent, proxy.url, tmp_path / f"run{n}"), range(2)))
     for run in runs:
@@ -113,7 +119,7 @@ def test_two_agents_at_once_keep_two_sessions(agent, tmp_path: Path):
 def test_codex_with_websockets_on_falls_back_to_http_after_one_try(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     needs("codex")
     monkeypatch.setenv("PCP_TEST_CODEX_WEBSOCKETS", "1")  # the provider says supports_websockets = true
-    with agent_proxy(tmp_path / "data", AgentScript(), sentry_threshold=BELOW, context_budget=BUDGET) as proxy:
+    with agent_proxy(tmp_path / "data", AgentScript(), sentry_threshold=BELOW, context_budget=BUDGET, models=UNKNOWN_WINDOWS) as proxy:
         run = run_agent("codex", proxy.url, tmp_path / "run")
     assert_done(run, proxy)
     tries = [e for e in proxy.exchanges if e.websocket]
