@@ -285,6 +285,13 @@ def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
+def first_deltas(chunk: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str | None]]:
+    """A chat chunk's deltas of its first choice, each with its finish reason: the one answer a translated stream relays."""
+    for choice in chunk.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            yield choice.get("delta") or {}, choice.get("finish_reason")
+
+
 def text_of(value: Any) -> str:
     """A field that should hold text, as text: JSON for anything else, nothing for null."""
     return value if isinstance(value, str) else "" if value is None else json.dumps(value)

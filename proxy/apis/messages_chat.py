@@ -20,7 +20,7 @@ from pcp_core import short_hash
 
 from ..errors import ANTHROPIC_TYPES
 from ..sse import named_event
-from .codec import text_of
+from .codec import first_deltas, text_of
 from .responses_chat import said_error
 
 __all__ = ["Round", "failure", "reply", "request", "usage"]
@@ -244,16 +244,13 @@ class Round:
         out = [self._opening()]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for delta, finished in first_deltas(chunk):
             if delta.get("content"):
                 out.append(self._block(("text", None), {"type": "text", "text": ""}))
                 out.append(event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text_of(delta["content"])}))
             for call in delta.get("tool_calls") or ():
                 out.append(self._called(call))
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            self.finish_reason = finished or self.finish_reason
         return b"".join(out)
 
     def _block(self, which: tuple[str, Any], start: Block) -> bytes:

@@ -21,7 +21,7 @@ from pcp_core import short_hash
 
 from ..errors import ClientError
 from ..sse import named_event
-from .codec import text_of
+from .codec import first_deltas, text_of
 
 __all__ = ["Round", "failure", "reply", "request", "said_error", "usage"]
 
@@ -300,15 +300,12 @@ class Round:
         out = [self._opening()]
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        for delta, finished in first_deltas(chunk):
             if delta.get("content"):
                 out.append(self._text(text_of(delta["content"])))
             for call in delta.get("tool_calls") or ():
                 out.append(self._called(call))
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            self.finish_reason = finished or self.finish_reason
         return b"".join(out)
 
     def _text(self, text: str) -> bytes:
