@@ -92,11 +92,12 @@ class Embedder:
         encoder: str = "minilm",
         models_dir: Path | None = None,
         store: Store | None = None,
+        max_bytes: int = 0,
     ):
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
-        self.cache = VectorCache(cache_size, self.encoder.variant)
+        self.cache = VectorCache(cache_size, self.encoder.variant, max_bytes)
         self.stored = stored_vectors(self.cache, store, directory)
         self.batch_size = batch_size
         self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
