@@ -62,7 +62,16 @@ def test_the_bound_holds_with_forty_sessions_live(start_proxy, upstream):
     assert 1 < held < 40  # some kept, the rest dropped for them
     assert metric_value(proxy.http.get("/metrics").text, "pcp_resident_sessions_bytes") == sessions.resident_bytes > 0
     # A dropped one is read back from the store when its conversation goes on: resumed, not paged again.
-    _ask(proxy, [*history(120, 0), {"role": "user", "content": "What about the roof?"}, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And Lisbon?"}], "sk-0")
+    _ask(
+        proxy,
+        [
+            *history(120, 0),
+            {"role": "user", "content": "What about the roof?"},
+            {"role": "assistant", "content": "Noted."},
+            {"role": "user", "content": "And Lisbon?"},
+        ],
+        "sk-0",
+    )
     metrics = proxy.http.get("/metrics").text
     assert metric_value(metrics, "pcp_sessions_total", how="new") == 40 and metric_value(metrics, "pcp_sessions_total", how="resumed") == 1
 
