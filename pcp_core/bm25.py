@@ -34,13 +34,17 @@ class Bm25Cache:
     """What BM25 computed that conversations send again: each text's terms, and the recent indexes.
 
     One per host, created with it and passed to every request. Bounded: past
-    ``texts`` entries the older half is dropped. Shared by the host's threads
-    without a lock: each use is one dict or deque operation, and a race lost
-    costs a text's terms computed twice, never a wrong answer.
+    ``texts`` entries the older half is dropped; past ``indexes`` indexes, or
+    ``max_bytes`` of them (0: no such bound), the oldest goes (the newest
+    stays, whatever its size). An index extended into a new one is dropped for
+    it: a conversation keeps one, not one per follow-up. Shared by the host's
+    threads without a lock: each use is one dict or deque operation, and a race
+    lost costs a text's terms computed twice, never a wrong answer.
     """
 
-    def __init__(self, texts: int = CACHED_TEXTS, indexes: int = CACHED_INDEXES):
+    def __init__(self, texts: int = CACHED_TEXTS, indexes: int = CACHED_INDEXES, max_bytes: int = 0):
         self.size = texts
+        self.max_bytes = max_bytes
         self._terms: dict[str, _DocTerms] = {}
         self._indexes: deque[Bm25] = deque(maxlen=indexes)
 
@@ -61,9 +65,23 @@ class Bm25Cache:
     def recent(self) -> list[Bm25]:
         return list(self._indexes)
 
-    def keep(self, index: Bm25) -> None:
-        if self._indexes.maxlen:
-            self._indexes.append(index)
+    def keep(self, index: Bm25, replacing: Bm25 | None = None) -> None:
+        """Keep ``index`` for the requests after this one; ``replacing``: the index it extends, which it stands for now."""
+        if not self._indexes.maxlen:
+            return
+        if replacing is not None:
+            try:
+                self._indexes.remove(replacing)
+            except ValueError:  # dropped meanwhile
+                pass
+        self._indexes.append(index)
+        while self.max_bytes and len(self._indexes) > 1 and self.resident_bytes > self.max_bytes:
+            self._indexes.popleft()
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the kept indexes hold: their arrays, and a document's id and entry each (its terms are the texts' cache's)."""
+        return sum(index.resident_bytes for index in list(self._indexes))
 
     def __len__(self) -> int:
         return len(self._terms)
@@ -124,16 +142,22 @@ class Bm25:
         else:
             search._extend(prefix._cut(shared), [cache.terms(t) for t in texts[shared:]])
         search.texts = texts
-        cache.keep(search)
+        # The index it extends whole is superseded by it; one it cut short (an edit, a fork) is another branch's.
+        cache.keep(search, replacing=prefix if prefix is not None and shared == prefix.n else None)
         return search
+
+    @property
+    def resident_bytes(self) -> int:
+        """Its arrays' bytes, and ~120 bytes a document for its id and the slots that list it."""
+        return self.hashes.nbytes + self.tf.nbytes + self.doc_of.nbytes + self.lengths.nbytes + self.norm.nbytes + 120 * self.n
 
     def _build(self, ids: list[str], docs: list[_DocTerms]) -> None:
         self.ids, self.docs = ids, docs
         hashes = np.concatenate([d.hashes for d in docs]) if docs else np.zeros(0, dtype=np.int64)
         order = np.argsort(hashes, kind="stable")
         self.hashes = hashes[order]
-        self.tf = (np.concatenate([d.counts for d in docs]) if docs else np.zeros(0))[order]
-        self.doc_of = np.repeat(np.arange(len(docs)), [len(d.hashes) for d in docs])[order]
+        self.tf = (np.concatenate([d.counts for d in docs]) if docs else np.zeros(0, dtype=np.float32))[order]
+        self.doc_of = np.repeat(np.arange(len(docs), dtype=np.int32), [len(d.hashes) for d in docs])[order]
         self._lengths(np.array([d.length for d in docs], dtype=np.float64))
 
     def _cut(self, n: int) -> Bm25:
@@ -159,7 +183,7 @@ class Bm25:
             at = np.searchsorted(prefix.hashes, hashes[order], side="right")  # after equal keys: documents stay in order
             self.hashes = np.insert(prefix.hashes, at, hashes[order])
             self.tf = np.insert(prefix.tf, at, np.concatenate([d.counts for d in docs])[order])
-            self.doc_of = np.insert(prefix.doc_of, at, np.repeat(np.arange(n, n + len(docs)), [len(d.hashes) for d in docs])[order])
+            self.doc_of = np.insert(prefix.doc_of, at, np.repeat(np.arange(n, n + len(docs), dtype=np.int32), [len(d.hashes) for d in docs])[order])
         else:
             self.hashes, self.tf, self.doc_of = prefix.hashes, prefix.tf, prefix.doc_of
         self._lengths(np.concatenate([prefix.lengths, np.array([d.length for d in docs], dtype=np.float64)]))
@@ -265,6 +289,6 @@ def _doc_terms(text: str, keywords: tuple[str, ...] = ()) -> _DocTerms:
     return _DocTerms(
         terms=distinct,
         hashes=np.array([hash(t) for t in distinct], dtype=np.int64),
-        counts=np.array([counts[t] for t in distinct], dtype=np.float64),
+        counts=np.array([counts[t] for t in distinct], dtype=np.float32),  # whole numbers, exact: half the bytes of float64
         length=sum(counts.values()),
     )

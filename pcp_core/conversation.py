@@ -92,7 +92,8 @@ class Conversation(msgspec.Struct, frozen=True):
 
     def history_parts(self) -> dict[str, Any]:
         """The history's parts that are not text, by handle: what a Consult on the page that shows one sends again."""
-        return {part_handle(part): part for message in self.history for part in parts_of(message)}
+        listed = [m for m in self.history if isinstance(m.get("content"), list)]  # a text's message has none: one pass in C
+        return {part_handle(part): part for message in listed for part in parts_of(message)}
 
 
 def conversation_start(messages: Sequence[Mapping[str, Any]]) -> int:

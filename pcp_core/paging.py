@@ -214,7 +214,7 @@ def _consolidate_levels(
     containers = {c.id: c for c in (*firsts, *above.values())}
     depths = _new_depths(level, containers, fresh_from)
     return PagedHistory(
-        leaves=[at_depth(p, depths.get(p.id, p.depth)) for p in leaves],
+        leaves=[at_depth(p, depths[p.id]) if p.id in depths else p for p in leaves],  # on a follow-up most stay where they were
         containers=[at_depth(p, depths.get(p.id, p.depth)) for p in containers.values()],
         df=df,
         topics={c: t for c, (t, _) in by_id.items()},

@@ -48,6 +48,12 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
 # Values read when /metrics is asked, not counted.
 GAUGES = {
     "pcp_memory_pending": "Memory writes queued or running on the memory's writer, every tenant's (write-backs, forgets, import batches).",
+    # What the caches bounded by cache_mb hold (estimated, proxy.resident), and the encoder's weights once loaded.
+    "pcp_resident_sessions_bytes": "Bytes of the sessions kept decoded in memory, with the transcripts follow-ups find them by (estimated).",
+    "pcp_resident_vectors_bytes": "Bytes of the history texts' vectors kept in memory for dense recall.",
+    "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups.",
+    "pcp_resident_memory_bytes": "Bytes of the memory scopes' indexes open in memory (estimated).",
+    "pcp_resident_encoder_bytes": "Bytes of the dense-recall encoder's weights, once a request has loaded it (0 before).",
 }
 
 Labels = tuple[tuple[str, str], ...]

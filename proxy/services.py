@@ -32,6 +32,7 @@ from .protocol.summary_writer import SummaryWriter
 from .protocol.telemetry import Traces
 from .recall.embeddings import Embedder, embeddings_available
 from .recall.upstream_embeddings import UpstreamVectors
+from .resident import share
 from .settings import Settings
 from .storage import Stores
 from .storage.datadir import Namespaces, private_tree
@@ -124,7 +125,7 @@ async def open_services(
         stores = Stores(settings.store, private_tree(settings.data_path), workers=settings.workers)
         _closing(stack, stores.close)
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
-        sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=metrics)
+        sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=metrics, max_bytes=share(settings.cache_mb, "sessions"))
         _closing(stack, sessions.close)
         components = Components(stores.area("components"), sealer, settings.component_max_kb * 2**10, settings.components_per_session)
         _closing(stack, components.close)
@@ -158,6 +159,8 @@ async def open_services(
             summary_writer = SummaryWriter(stores.area("summaries"), upstream, metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
             summary_writer.start()
             stack.push_async_callback(summary_writer.stop)
+        bm25 = Bm25Cache(max_bytes=share(settings.cache_mb, "bm25"))
+        _resident_gauges(metrics, sessions, bm25, dense, memory)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
         if anthropic is not None:
             log.info("Anthropic's Messages API at %s", anthropic.shown_url)
@@ -168,7 +171,7 @@ async def open_services(
             controls=Controls(settings, policy),
             metrics=metrics,
             traces=Traces(),
-            bm25=Bm25Cache(),
+            bm25=bm25,
             upstream=upstream,
             anthropic=anthropic,
             stores=stores,
@@ -196,6 +199,17 @@ def _local_model(settings: Settings) -> LocalModel:
     )
 
 
+def _resident_gauges(metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, dense: DenseRecall | None, memory: Memory) -> None:
+    """What the caches bounded by ``cache_mb`` hold, and the encoder's weights, on /metrics (``proxy.resident``)."""
+    metrics.gauge("pcp_resident_sessions_bytes", lambda: sessions.resident_bytes)
+    metrics.gauge("pcp_resident_bm25_bytes", lambda: bm25.resident_bytes)
+    metrics.gauge("pcp_resident_memory_bytes", lambda: memory.resident_bytes)
+    bundled = dense.fallback if isinstance(dense, UpstreamVectors) else dense
+    if isinstance(bundled, Embedder):
+        metrics.gauge("pcp_resident_vectors_bytes", lambda: bundled.cache.resident_bytes)
+        metrics.gauge("pcp_resident_encoder_bytes", lambda: bundled.resident_bytes)
+
+
 def _closing(stack: AsyncExitStack, close: Any) -> None:
     """Close a blocking resource off the event loop when the services close."""
     stack.push_async_callback(asyncio.to_thread, close)
@@ -218,7 +232,13 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: 
     on_encoded = lambda state, n: metrics.inc("pcp_texts_embedded_total", n, state=state)  # noqa: E731
     bundled = stand_in
     if bundled is None and embeddings_available(settings.embeddings_model):
-        bundled = Embedder(store=stores.area("embeddings"), on_encoded=on_encoded, encoder=settings.embeddings_model, models_dir=settings.data_path / "models")
+        bundled = Embedder(
+            store=stores.area("embeddings"),
+            on_encoded=on_encoded,
+            encoder=settings.embeddings_model,
+            models_dir=settings.data_path / "models",
+            max_bytes=share(settings.cache_mb, "vectors"),
+        )
     elif bundled is None and not settings.embeddings_upstream:
         log.warning(
             "router_embeddings is on but %s is not installed (%s): pages are addressed by BM25 alone",
@@ -259,4 +279,5 @@ def _memory(
         sessions=sessions,
         metrics=metrics,
         cores=cores,
+        max_index_bytes=share(settings.cache_mb, "memory"),
     )

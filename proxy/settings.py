@@ -87,6 +87,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
     # images inline as base64 take more.
     max_body_mb: int = 64
+    # Most MiB of what the proxy keeps in memory for its conversations and memory scopes, the store
+    # being the truth: decoded sessions, their BM25 indexes and vectors, memory's indexes (``proxy.resident``).
+    # Past it the least recently used are dropped, and read again from the store when asked.
+    cache_mb: int = 256
     # Largest request head (request line and headers), in KiB: a larger one is a 431.
     max_header_kb: int = 64
     # Seconds a client has, from its request's first byte, to send all of it: then a 408.
@@ -214,6 +218,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
         _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
         _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
+        _require(self.cache_mb, self.cache_mb >= 1, "cache_mb", "must be at least 1")
         _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
         for name in LIMITS:
             _require(getattr(self, name), getattr(self, name) >= 1, name, "must be at least 1")

@@ -18,15 +18,12 @@ def tune_process(settings: Settings) -> None:
     the last collection, not 700: a follow-up on a long history makes and
     drops tens of thousands of objects, which reference counting frees; at
     700 the collector ran ~8 times a request (~1.8 ms at 200k tokens) and
-    found nothing to collect. With dense recall, the model's libraries are
-    made ready before the first request (``embeddings.prepare_process``).
+    found nothing to collect. The encoder of dense recall and torch are not
+    imported here: they load when a request first wants them
+    (``embeddings.prepare_process``), so a proxy that forwards stays small.
     """
     import gc
-
-    from ..recall.embeddings import embeddings_available, prepare_process
 
     gc.set_threshold(YOUNG_GENERATION, *gc.get_threshold()[1:])
     # Whatever the proxy writes (sessions, caches, the local model's log) is its user's alone.
     os.umask(0o077)
-    if settings.router_embeddings and embeddings_available(settings.embeddings_model):
-        prepare_process()

@@ -44,6 +44,7 @@ from pcp_core.router import Intent
 from pcp_core.terms import TermStats
 from pcp_core.tokens import CountText
 
+from ..resident import close_least_used, indexes_bytes, used_last
 from ..storage.base import StoreUnavailable
 from .core import ScopeCores
 from .forgetting import forget_ids, forget_query
@@ -73,8 +74,10 @@ class Memory:
         metrics: Any = None,
         shared: bool = False,
         cores: ScopeCores | None = None,
+        max_index_bytes: int = 0,
     ):
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
+        self.max_index_bytes = max_index_bytes  # what open indexes may hold (``proxy.resident``; 0: unbounded)
         # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
         self.shared = shared
         self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
@@ -273,7 +276,14 @@ class Memory:
                 index = self.indexes.get(scope)
                 if index is None:
                     index = self.indexes[scope] = ScopeIndex.open(self.store, scope, self._index_directory(scope))
+                    close_least_used(self.indexes, self.max_index_bytes)
+        elif self.max_index_bytes:
+            used_last(self.indexes, scope, self._open_lock)
         return index
+
+    @property
+    def resident_bytes(self) -> int:
+        return indexes_bytes(self.indexes)
 
     def _index_directory(self, scope: str) -> Path:
         return self.directory / "index" / short_hash(scope, length=24)

@@ -148,8 +148,11 @@ class Traces:
 class RequestTelemetry:
     """One protocol-mode request, followed from its arrival to the end of its last round."""
 
-    def __init__(self, traces: Traces, metrics: Metrics, namespace: str, model: str | None, prompt_tokens: int, control: Control, messages: int = 0):
+    def __init__(
+        self, traces: Traces, metrics: Metrics, namespace: str, model: str | None, prompt_tokens: int, control: Control, messages: int = 0, said: int = 0
+    ):
         self.traces, self.metrics, self.namespace = traces, metrics, namespace
+        self.said = said  # the tokens of the request's messages alone (0: not counted), its tools aside
         self.id = secrets.token_hex(8)
         self.started = time.perf_counter()
         policy = control.policy

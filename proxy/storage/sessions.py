@@ -16,6 +16,11 @@ nor paged again. With a shared store (``Store.shared``: Redis, or workers
 sharing the data dir) a session kept in memory is used only while the
 store still holds the version it was kept at.
 
+Memory is bounded by count (``recent``) and by bytes (``max_bytes``, the
+``cache_mb`` setting's share, ``proxy.resident``): past either, the least
+recently used session is dropped, and read again from the store when a
+request continues it.
+
 Writes go through one background thread, in order, so a request never waits
 on the store to compute; ``save`` gives a future of what was kept (a
 request on a shared store waits for it before its answer is complete), a
@@ -26,9 +31,7 @@ lookup that must read links first waits for the writes queued before it, and
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -49,6 +52,8 @@ from pcp_core import (
 
 from .base import ANY, Commit, Store, new_version
 from .embedded import EmbeddedStore
+from .recent_sessions import Held as _Held
+from .recent_sessions import RecentSessions
 from .sealing import Sealer
 from .session_parts import KnownParts, Layout, Parts, prefix_digests, said_digest
 
@@ -77,30 +82,14 @@ class Kept(NamedTuple):
     version: str
 
 
-class _Held(NamedTuple):
-    """A recent session in memory, valid while the store holds ``version``.
-
-    ``pending``: its write is queued; this process trusts it, as the write is
-    conditional and fixes memory if it loses.
-    """
-
-    session: Session
-    version: str
-    pending: bool = False
-
-
 class SessionStore:
-    def __init__(self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None, parts: Parts = Parts()):
+    def __init__(
+        self, store: Store | Path, recent: int = RECENT, sealer: Sealer | None = None, metrics: Any = None, max_bytes: int = 0, parts: Parts = Parts()
+    ):
         self.store: Store = EmbeddedStore(store, cull=True) if isinstance(store, Path) else store
         self.shared = self.store.shared
         self.layout = Layout(sealer or Sealer(), KnownParts(KNOWN_PARTS), parts)  # records and parts hold the conversation's text
-        self.recent: OrderedDict[tuple[str, str], _Held] = OrderedDict()
-        # The transcript of a recent session's messages, with the last link of the
-        # chain it was taken for: how a follow-up finds it without a chain of its own.
-        # A session kept since under another chain (a concurrent request's) does not match it.
-        self.transcripts: dict[tuple[str, str], tuple[str, bytes]] = {}
-        self.lock = threading.Lock()  # requests read ``recent`` from worker threads
-        self.recent_size = recent
+        self.recent: RecentSessions = RecentSessions(recent, max_bytes)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
         self.pending: Future[Kept | None] | None = None
         self.metrics = metrics  # counts the conflicts (``pcp_session_conflicts_total``)
@@ -144,8 +133,7 @@ class SessionStore:
         return kept.session if kept is not None else None
 
     def _load(self, namespace: str, session_id: str, remember: bool = True) -> Kept | None:
-        with self.lock:
-            held = self.recent.get((namespace, session_id))
+        held = self.recent.get((namespace, session_id))
         if held is not None and self._valid(namespace, held):
             return Kept(held.session, held.version)
         kept = self._read(namespace, session_id)
@@ -214,8 +202,7 @@ class SessionStore:
 
     def _extended(self, namespace: str, chain: list[str]) -> _Held | None:
         """The longest recent session that ``chain`` extends: a follow-up, found without the store."""
-        with self.lock:
-            recent = {held.session.id: held for (owner, _), held in self.recent.items() if owner == namespace}
+        recent = self.recent.of(namespace)
         session = longest_extended(chain, (held.session for held in recent.values()))
         best = recent[session.id] if session is not None else None
         return best if best is not None and self._valid(namespace, best) else None
@@ -223,13 +210,7 @@ class SessionStore:
     def _continued(self, namespace: str, said: bytes) -> _Held | None:
         """The longest recent session whose messages the transcript ``said`` opens with: a follow-up, found without its chain."""
         best = None
-        with self.lock:
-            candidates = [
-                (self.recent[key], known)
-                for key, (last, known) in self.transcripts.items()
-                if key[0] == namespace and self.recent[key].session.chain[-1:] == [last]
-            ]
-        for held, known in candidates:
+        for held, known in self.recent.transcribed(namespace):
             if (best is None or len(held.session.chain) > len(best.session.chain)) and begins_with(said, known):
                 best = held
         if best is not None and not self._valid(namespace, best):
@@ -355,16 +336,7 @@ class SessionStore:
 
     def _settled(self, namespace: str, mine: tuple[str, str], kept: Kept | None) -> None:
         """A write is done: memory holds what the store kept in place of what ``save`` put there (unless a later save replaced that)."""
-        key = (namespace, mine[0])
-        with self.lock:
-            held = self.recent.get(key)
-            if held is None or held.version != mine[1]:
-                return
-            if kept is None or kept.session.id != mine[0]:
-                self.recent.pop(key, None)
-                self.transcripts.pop(key, None)
-        if kept is not None:
-            self._remember(namespace, _Held(*kept))
+        self.recent.replace((namespace, mine[0]), mine[1], _Held(*kept) if kept is not None else None)
 
     def flush(self) -> None:
         """Wait for the writes submitted so far."""
@@ -378,21 +350,19 @@ class SessionStore:
         self.writer.shutdown(wait=True)
         self.store.close()
 
+    @property
+    def resident_bytes(self) -> int:
+        """What the sessions kept in memory hold, estimated."""
+        return self.recent.resident_bytes
+
     def _remember(self, namespace: str, held: _Held) -> None:
         """Keep a session in memory, where the next request finds it before it reaches the store."""
-        key = (namespace, held.session.id)
-        with self.lock:
-            self.recent[key] = held
-            self.recent.move_to_end(key)
-            while len(self.recent) > self.recent_size:
-                self.transcripts.pop(self.recent.popitem(last=False)[0], None)
+        self.recent.put((namespace, held.session.id), held)
 
     def _recognise(self, namespace: str, session: Session, said: bytes) -> None:
         """Let a follow-up find ``session`` by the transcript ``said`` of the messages its chain links."""
-        key = (namespace, session.id)
-        with self.lock:
-            if key in self.recent and session.chain:
-                self.transcripts[key] = (session.chain[-1], said)
+        if session.chain:
+            self.recent.recognise((namespace, session.id), session.chain[-1], said)
 
 
 def _stored(start: int, end: int) -> list[int]:

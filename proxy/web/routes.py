@@ -80,7 +80,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    reading, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
+    reading, said, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
@@ -90,7 +90,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         if control is not None:
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
             if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
-                return await _protocol(request, services, codec, conversation, tokens, headers, control, scope)
+                return await _protocol(request, services, codec, conversation, (_as_read(said, reading, conversation), tokens), headers, control, scope)
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     rewrite = None
@@ -144,14 +144,22 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
     return await asyncio.to_thread(read) if len(body) > LARGE_BODY else read()
 
 
-def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int]:
-    """The request as ``api`` reads it, and its prompt's tokens, its tool definitions' with them (0 for one
-    forwarded untouched, which is not counted)."""
+def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int, int]:
+    """The request as ``api`` reads it, its messages' tokens, and its prompt's: theirs and its tool
+    definitions' (0 for one forwarded untouched, which is not counted)."""
     reading = api.read(body)
     if reading.untouched is not None:
-        return reading, 0
+        return reading, 0, 0
     tools = tools_text(body)
-    return reading, prompt_tokens(reading.messages, count) + (count(tools) if tools else 0)
+    said = prompt_tokens(reading.messages, count)
+    return reading, said, said + (count(tools) if tools else 0)
+
+
+def _as_read(said: int, reading: Reading, conversation: Conversation) -> int:
+    """``said``, the tokens of the request's messages, when they are the conversation's (0: some were merged
+    into one turn, a chat exchange's calls and results: their sum is not the conversation's)."""
+    same = len(reading.messages) == len(conversation.head) + len(conversation.history) + (conversation.query is not None)
+    return said if same else 0
 
 
 def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> Scope | None:
@@ -196,26 +204,28 @@ async def _protocol(
     services: Services,
     codec: Codec,
     conversation: Conversation,
-    tokens: int,
+    counted: tuple[int, int],
     headers: dict[str, str],
     control: Control,
     scope: Scope | None,
 ) -> Response[Any]:
+    """``counted``: the tokens of the request's messages, and of its whole prompt (with its tools)."""
+    said, tokens = counted
     namespace = services.namespaces.of(request.headers)
     messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
-    telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages))
+    telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages), said)
     work = serve_protocol(
         services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
     )
-    said = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
+    told = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
     try:  # worker rounds run before any byte is sent: a client that leaves cancels them
         response = await unless_client_leaves(request, work)
     except PcpError as error:  # not a served request: not counted as one, and the client still learns the mode
         services.metrics.inc("pcp_requests_failed_total", mode="protocol", status=str(error.status))
-        error.headers.update({pcp.MODE: "protocol", **said})
+        error.headers.update({pcp.MODE: "protocol", **told})
         raise
     services.metrics.inc("pcp_requests_total", mode="protocol")
-    response.headers.update(said)
+    response.headers.update(told)
     return response
 
 

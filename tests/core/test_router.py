@@ -131,9 +131,31 @@ def test_the_cache_of_terms_is_bounded_and_keeps_the_newer_half():
     kept = cache.terms(texts[-1])
     assert kept is cache.terms(texts[-1])  # held: the same arrays, not computed again
     assert "greyhound" in kept.terms
-    for n in range(3, 6):
-        Bm25.of_texts(texts[:n], cache)
+    for n in range(3):  # three conversations: the newer two kept
+        Bm25.of_texts([f"conversation {n} turn {i} about {texts[i]}" for i in range(4)], cache)
     assert len(cache.recent()) == 2
+
+
+def test_a_conversation_keeps_one_index_however_many_follow_ups_extend_it():
+    cache = Bm25Cache()
+    turns = [f"turn {i} about the greyhound and the beach {i}" for i in range(40)]
+    for n in range(10, 41, 10):  # follow-ups
+        latest = Bm25.of_texts(turns[:n], cache)
+    assert cache.recent() == [latest]
+    forked = Bm25.of_texts([*turns[:20], "an edited turn about the roof"], cache)  # a branch of its own
+    assert cache.recent() == [latest, forked]
+
+
+def test_the_indexes_kept_are_bounded_by_bytes_the_newest_always_kept():
+    conversations = [[f"conversation {c} turn {i} about the greyhound {i * c}" for i in range(50)] for c in range(4)]
+    one = Bm25.of_texts(conversations[0]).resident_bytes
+    cache = Bm25Cache(max_bytes=int(2.5 * one))
+    for turns in conversations:
+        Bm25.of_texts(turns, cache)
+    assert len(cache.recent()) == 2 and cache.resident_bytes <= 2.5 * one
+    alone = Bm25Cache(max_bytes=1)
+    newest = Bm25.of_texts(conversations[0], alone)
+    assert alone.recent() == [newest]
 
 
 # -- the Timeline in addressing ------------------------------------------------------------

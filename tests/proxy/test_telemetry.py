@@ -229,3 +229,30 @@ def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_befo
     assert read >= 1024  # the later round opens with the first one's prompt: a provider's cache serves it
     sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
     assert int(response.headers["x-pcp-tokens-saved"]) == round(prompt_tokens(messages, COUNT) - sent[0] - billed(sent[1], read, 0.1))
+
+
+@pytest.mark.parametrize("shape", ["chat", "trailing system", "tool results"])
+def test_a_follow_up_prices_its_untouched_request_by_what_the_request_before_sent(paging_proxy, upstream, shape, monkeypatch):
+    # What a provider's cache would serve of the follow-up sent untouched: the messages the request before sent too,
+    # counted from the request's own count less its new messages (the history is not counted again), or counted
+    # whole where a turn merges some (a chat exchange's calls and results).
+    from proxy.protocol.telemetry import RequestTelemetry
+
+    read: list[int] = []
+    priced = RequestTelemetry.priced
+    monkeypatch.setattr(RequestTelemetry, "priced", lambda self, untouched, usage: (read.append(untouched), priced(self, untouched, usage)))
+    upstream.default = completion("The code is 5521.", prompt_tokens=1800)
+    messages = [{"role": "system", "content": "You are terse."}, *dated_chat()]
+    paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
+    if shape == "tool results":
+        call = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": '{"code": 1}'}}
+        new = [{"role": "assistant", "content": "", "tool_calls": [call]}, {"role": "tool", "tool_call_id": "c1", "content": "5521"}]
+    else:
+        new = [{"role": "assistant", "content": "The code is 5521."}, {"role": "user", "content": "And the other one?"}]
+    follow_up = [*messages, *new, *([{"role": "system", "content": "Answer in French."}] if shape == "trailing system" else [])]
+    response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, headers=KEY)
+    assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
+    # The head (a trailing system message is the head's) and the history the session held: the first request's
+    # without its query, which was no page of it.
+    before = prompt_tokens([*messages[:-1], *follow_up[len(messages) + len(new) :]], COUNT)
+    assert read == [0, before]  # a new conversation: nothing; its follow-up: what the request before sent

@@ -1,0 +1,84 @@
+"""What the proxy keeps in memory for its conversations, bounded by ``cache_mb``: the shares, and what a session holds.
+
+The store is the truth; memory is a cache of it. Each cache takes its share
+of ``cache_mb`` and, past it, drops what was used least recently (a whole
+session, the older vectors, the oldest BM25 index, a memory scope's index),
+which the next request that needs it reads again from the store. What is
+left out: the model and libraries of dense recall, the interpreter, the
+tokenizer's counts (a few hundred bytes a message, bounded by count), and
+what the allocator keeps of what requests freed.
+"""
+
+from __future__ import annotations
+
+import threading
+from itertools import chain
+from operator import attrgetter
+from typing import Any
+
+from pcp_core import Session
+
+__all__ = ["SHARES", "close_least_used", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
+
+# Of ``cache_mb``: decoded sessions, their texts' vectors, their BM25 indexes, memory scopes' indexes.
+SHARES = {"sessions": 0.5, "vectors": 0.25, "bm25": 0.125, "memory": 0.125}
+
+# What a Python object of each kind costs beyond its text (CPython 3.11, 64 bits): a page's struct,
+# its id, timestamp and keyword tuple; a link (a list slot and a 32-character string); a message's time.
+PAGE = 420
+KEYWORD = 60
+LINK = 90
+SEEN = 16  # a list slot: the timestamps themselves are shared by the messages paged together
+TERM = 110  # a document-frequency entry: its key and count
+_CONTENT, _SUMMARY, _KEYWORDS = attrgetter("content"), attrgetter("summary"), attrgetter("keywords")
+
+
+def share(cache_mb: int, part: str) -> int:
+    """The bytes ``part`` (one of ``SHARES``) may hold."""
+    return int(cache_mb * 2**20 * SHARES[part])
+
+
+def session_bytes(session: Session) -> int:
+    """About what ``session`` holds in memory, decoded (within a third: tests/proxy/test_resident.py).
+
+    One pass in C over its pages' texts: ~1 ms for a session of a million tokens.
+    """
+    pages = session.pages
+    every = list(chain(pages.leaves, pages.containers, pages.storage, *(block.drafts for block in pages.blocks)))
+    text = sum(map(len, map(_CONTENT, every))) + sum(map(len, map(_SUMMARY, every)))
+    keywords = sum(map(len, map(_KEYWORDS, every)))
+    frame = len(session.frame.text) + 200 * len(session.frame.shown) if session.frame is not None else 0
+    return text + PAGE * len(every) + KEYWORD * keywords + LINK * len(session.chain) + SEEN * len(session.seen_at) + TERM * len(pages.df) + frame
+
+
+# -- memory scopes' indexes (``proxy.memory.service``) ------------------------------------------
+INDEXED_PAGE = 400  # a page in the keyword index: its postings, its row, length and liveness
+
+
+def scope_index_bytes(index: Any) -> int:
+    """About what a scope's index (``proxy.memory.search.ScopeIndex``) holds: its vectors and a page's postings each."""
+    vectors = index.vectors
+    dense = int(vectors.index.ntotal) * vectors.dim * 4 if vectors is not None else 0
+    return dense + INDEXED_PAGE * index.lexical.n
+
+
+def indexes_bytes(indexes: dict[str, Any]) -> int:
+    return sum(scope_index_bytes(index) for index in list(indexes.values()))
+
+
+def close_least_used(indexes: dict[str, Any], max_bytes: int) -> None:
+    """Close the least recently used of ``indexes`` (in use order, the last used last) while they hold more than
+    ``max_bytes`` (0: never), each saved first; the last stays. Their owner's lock held."""
+    while max_bytes and len(indexes) > 1 and indexes_bytes(indexes) > max_bytes:
+        scope, index = next(iter(indexes.items()))
+        index.save_if_due(index.row, index.seq, force=True)  # at its own position: what it applied
+        del indexes[scope]
+
+
+def used_last(indexes: dict[str, Any], scope: str, lock: threading.Lock) -> None:
+    """Move ``scope`` to the end of ``indexes``: the last to be closed."""
+    if next(reversed(indexes), None) == scope:
+        return
+    with lock:  # a reader that misses it meanwhile looks again under the lock (``Memory.index``)
+        if scope in indexes:
+            indexes[scope] = indexes.pop(scope)
