@@ -1,4 +1,7 @@
-"""The embedder's memory: vectors by text in one matrix, compared with a query a block at a time."""
+"""The embedder's memory: vectors by text in one matrix, compared with a query a block at a time.
+
+Rows are held in half precision: a cosine agrees with float32's to ~1e-3.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ def test_cosines_are_nan_for_texts_not_held():
     cache = VectorCache(capacity=10)
     cache.add({"dog": unit(1, 0), "cat": unit(0.6, 0.8)})
     cosines = cache.cosines(["cat", "bird", "dog"], unit(1, 0))
-    np.testing.assert_allclose(cosines[[0, 2]], [0.6, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(cosines[[0, 2]], [0.6, 1.0], atol=1e-3)
     assert np.isnan(cosines[1])
 
 
@@ -30,4 +33,4 @@ def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right():
     held = [t for t in vectors if not np.isnan(cache.cosines([t], vectors[t])[0])]
     assert held[-1] == "t13" and "t0" not in held
     query = unit(*rng.normal(size=8))
-    np.testing.assert_allclose(cache.cosines(held, query), [float(vectors[t] @ query) for t in held], rtol=1e-5)
+    np.testing.assert_allclose(cache.cosines(held, query), [float(vectors[t] @ query) for t in held], atol=1e-3)
