@@ -20,14 +20,14 @@ from litestar.response import Stream
 
 from pcp_core import SESSION_ID, ConsolidatedPage, Conversation, OriginalPage, Page
 from pcp_core.hybrid import Block
-from pcp_core.memory import memory_intent, ranked
+from pcp_core.memory import decay, memory_intent, ranked
 from pcp_core.pages import Origin
 
 from ..errors import ClientError
 from ..own_api import json_response
 from .scopes import checked_scope
 from .service import Memory
-from .store import scope_key
+from .store import Stored, scope_key
 
 __all__ = ["MEMORY_ROUTES"]
 
@@ -60,8 +60,14 @@ async def scope_status(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
-    counts = await asyncio.to_thread(memory.store.counts, key)
+    counts = await asyncio.to_thread(_status, memory, key)
     return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
+
+
+def _status(memory: Memory, key: str) -> dict[str, int]:
+    """The store's counts; ``faded``: pages no Consult opened over the last half-life of the scope's requests; ``indexing``."""
+    half_life = memory.memory.metabolism.half_life_requests
+    return {**memory.store.counts(key, memory.store.clock(key) - half_life + 1), "indexing": memory.indexing(key)}
 
 
 @get("/memory/{name:str}/pages")
@@ -79,13 +85,21 @@ async def list_pages(
     stored = await asyncio.to_thread(memory.store.listing, key, cursor, limit + 1)
     shown = stored[:limit]
     more = len(stored) > limit
-    return json_response({"data": [_shown(s.page, recalls=s.recalls) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+    clock = await asyncio.to_thread(memory.store.clock, key)
+    return json_response({"data": [_used(memory, s, clock) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+
+
+def _used(memory: Memory, stored: Stored, clock: int) -> dict[str, Any]:
+    """A page as listed: with what requests did with it, and how far disuse has decayed it (``pcp_core.memory.metabolism``)."""
+    idle = max(clock - stored.used, 0)
+    decayed = round(decay(idle, memory.memory.metabolism), 4)
+    return _shown(stored.page, record=stored.record, recalls=stored.recalls, shown=stored.shown, consulted=stored.consulted, idle=idle, decay=decayed)
 
 
 def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> tuple[list[Page], bool]:
     conversation = Conversation.of([{"role": "user", "content": query}], memory.policy.paging.blocks, memory.count)
     intent = memory_intent(conversation, memory.policy, None, memory.count)
-    candidates = memory.broad_match(key, intent)
+    candidates = memory.broad_match(key, intent, records=True)
     order = [candidates[i].page for i in ranked(intent, candidates, None, memory.memory)]
     return order[offset : offset + limit], len(order) > offset + limit
 
@@ -145,13 +159,18 @@ async def export(request: Request[Any, Any, Any], memory: NamedDependency[Memory
     async def lines() -> AsyncIterator[bytes]:
         after = 0
         while batch := await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH):
-            yield b"".join(msgspec.json.encode(s.page) + b"\n" for s in batch)
+            yield b"".join(_line(s) for s in batch)
             after = batch[-1].row
         blocks = await asyncio.to_thread(memory.cores.recall, key) if memory.cores is not None else ()
         if blocks:
             yield msgspec.json.encode(CoreLine(tuple(blocks))) + b"\n"
 
     return Stream(lines(), media_type="application/x-ndjson")
+
+
+def _line(stored: Stored) -> bytes:
+    """A page's export line: its own fields, and ``"record": true`` for a record (import keeps it one)."""
+    return msgspec.json.encode({**msgspec.to_builtins(stored.page), "record": True} if stored.record else stored.page) + b"\n"
 
 
 @post("/memory/{name:str}/import", status_code=200)
@@ -161,7 +180,7 @@ async def import_pages(
     """Pages as ``export`` writes them (JSON lines); those the scope holds already are skipped. Core
     blocks join the scope's (a block of the same id is the import's)."""
     memory, key = _scope(memory, namespace, name)
-    pages, core = _read_lines(await request.body())
+    pages, core, records = _read_lines(await request.body())
     known = set(
         await asyncio.to_thread(lambda: {p.id for p in memory.store.pages(key, [c for p in pages if isinstance(p, ConsolidatedPage) for c in p.source_ids])})
     )
@@ -174,19 +193,25 @@ async def import_pages(
     kept_core = core if cores is not None else []  # a memory without Hybrid's store keeps none
     if cores is not None and core:  # only once the whole import is known good: a refused one keeps nothing
         await asyncio.to_thread(cores.keep, key, core, ())
-    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import"))) if pages else None
+    written = await asyncio.wrap_future(memory.run(key, lambda: memory.write_pages(key, pages, owner="import", records=records))) if pages else None
     imported = len(written.added) if written is not None else 0
     return json_response({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 
 
-def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
+class _Record(msgspec.Struct):
+    record: bool = False  # a page that added nothing to its scope (export marks it)
+
+
+def _read_lines(body: bytes) -> tuple[list[Page], list[Block], frozenset[str]]:
     pages: list[Page] = []
     core: list[Block] = []
+    records: set[str] = set()
     for n, line in enumerate(body.splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = _line_decoder.decode(line)
+            record = msgspec.json.decode(line, type=_Record).record
         except msgspec.DecodeError as error:
             raise ClientError(f"line {n} is neither a page nor core blocks: {error}", param=f"line {n}") from None
         if isinstance(item, CoreLine):
@@ -195,9 +220,11 @@ def _read_lines(body: bytes) -> tuple[list[Page], list[Block]]:
         if not SESSION_ID.match(item.id):
             raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
         pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
+        if record:
+            records.add(item.id)
     if not pages and not core:
         raise ClientError("the body holds no pages: send JSON lines, one page each, as export writes them", param="body")
-    return pages, core
+    return pages, core, frozenset(records)
 
 
 @delete("/memory/{name:str}", status_code=200)

@@ -30,8 +30,11 @@ from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy,
 from pcp_core.memory import (
     Candidate,
     ConsolidatorPolicy,
+    MemoryIntake,
     MemoryPolicy,
+    MemoryUse,
     Root,
+    asks,
     conversation_pages,
     horizontal_merges,
     index_weights,
@@ -48,6 +51,7 @@ from pcp_core.tokens import CountText
 from ..storage.base import StoreUnavailable
 from .core import ScopeCores
 from .forgetting import forget_ids, forget_query
+from .intake import judged
 from .search import ScopeIndex
 from .store import MemoryStore, Written, vector_bytes, vector_of
 
@@ -68,6 +72,7 @@ class Memory:
         policy: Policy,
         count: CountText,
         memory: MemoryPolicy = MemoryPolicy(),
+        intake: MemoryIntake = MemoryIntake(),
         embedder: Any = None,
         sessions: Any = None,
         metrics: Any = None,
@@ -77,7 +82,7 @@ class Memory:
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
         # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
         self.shared = shared
-        self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
+        self.memory, self.intake, self.embedder, self.sessions, self.metrics = memory, intake, embedder, sessions, metrics
         self.cores = cores  # Hybrid mode's core blocks, by scope: dropped with it
         self.indexes: dict[str, ScopeIndex] = {}
         self.known: dict[str, bool] = {}  # scope -> holds pages (what the Sentry asks on every request)
@@ -112,35 +117,46 @@ class Memory:
                     reply = await ask_model(effect.messages) if ask_model is not None else None
         except StopIteration as done:
             chosen: list[Page] = done.value
-        self._inc("pcp_memory_recalled_total", len(chosen))
-        if chosen:
-            self._submit(scope, lambda: self.store.recalled(scope, [p.id for p in chosen]), counted=False)
+        self._inc("pcp_memory_recalled_total", len(chosen))  # counted on the page with the request's use (``write_back``)
         return chosen
 
-    def broad_match(self, scope: str, intent: Intent) -> list[Candidate]:
-        """The first stage: keyword and vector matches, and the pages said in the periods the intent names."""
+    def broad_match(self, scope: str, intent: Intent, records: bool = False) -> list[Candidate]:
+        """The first stage: keyword and vector matches, and the pages said in the periods the intent names (``records``: records too, the API's)."""
         index = self.index(scope)
         if self.shared:
             index.catch_up(self.store, scope)
         vector = self._query_vector(intent.text)
         found = index.broad_match(index_weights(intent), vector, self.memory.candidates)
+        if records:
+            found = {**index.records_match(index_weights(intent), self.memory.candidates), **found}
         per_period = max(self.memory.candidates // max(len(intent.periods), 1), 20)
         for period in sorted(intent.periods, key=lambda p: p.start, reverse=True)[:_PERIODS]:
             for row in self.store.in_period(scope, period.start.isoformat(), period.end.isoformat(), per_period):
                 found.setdefault(row, (0.0, float("nan")))
-        stored = self.store.stored(scope, list(found))
+        stored = [s for s in self.store.stored(scope, list(found)) if records or not s.record]  # a period's pages may be records
         parents = self.store.parents(scope, [s.page.id for s in stored])
+        clock = self.store.clock(scope)
         return [
-            Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored
-        ]
+            Candidate(
+                s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), ""),
+                max(clock - s.used, 0), s.consulted, s.record,
+            )
+            for s in stored
+        ]  # fmt: skip
 
     async def load(self, scope: str, ids: Sequence[str]) -> list[Page]:
         """A page fault: the pages of ``ids`` the scope holds."""
         return await asyncio.to_thread(self.store.pages, scope, list(ids))
 
-    def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> Future[Any]:
-        """Keep what a protocol-mode request said (its session holds the history paged)."""
-        return self._submit(scope, lambda: self._write_back(scope, session, conversation, now_ns))
+    def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int, use: MemoryUse | None = None) -> Future[Any]:
+        """Keep what a protocol-mode request said (its session holds the history paged), and what it did with the pages it was given."""
+
+        def job() -> None:
+            self._write_back(scope, session, conversation, now_ns)
+            if use is not None and use.given:
+                self.store.metabolise(scope, use)
+
+        return self._submit(scope, job)
 
     def ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None = None) -> Future[Any]:
         """Keep what a forwarded request said: paged as a session in the background (and kept as one), then written back."""
@@ -212,18 +228,20 @@ class Memory:
 
     def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
         history = conversation_pages(session, conversation, iso_timestamp(now_ns / 1e9), self.count, self.policy.paging)
-        pages = memory_pages(history, self.forgotten(scope), self.policy.paging)
-        written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors), pages)
+        kept = judged(self.store, self.index(scope), scope, session.id, memory_pages(history, self.forgotten(scope), self.policy.paging), self.intake)
+        pages, records = kept.pages, kept.records
+        written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors, records), pages, records)
         below = {child for page in pages for child in getattr(page, "source_ids", ())}
         fresh_ids = {s.page.id for s in written.added}
-        roots = [Root(page, session.id) for page in pages if page.id not in below and page.id in fresh_ids]
-        if roots:
+        roots = [Root(page, session.id) for page in pages if page.id not in below and page.id in fresh_ids and page.id not in records and not asks(page)]
+        if roots:  # consolidated in the same step: once ``pending`` is 0, the containers over them are there too
             self.fresh.setdefault(scope, []).extend(roots)
+            self._consolidate(scope)
 
-    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page]) -> Written:
-        """One write: the new pages' vectors first (outside the transaction), then the write and its index update, as one step."""
+    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page], records: frozenset[str] = frozenset()) -> Written:
+        """One write: the new pages' vectors first (outside the transaction; a record ranks by none), then the write and its index update, as one step."""
         new = self.store.missing(scope, [p.id for p in pages])
-        vectors = self._vectors([p for p in pages if p.id in new])
+        vectors = self._vectors([p for p in pages if p.id in new and p.id not in records])
         with self._open_lock:
             written = write(vectors)
             index = self.indexes.get(scope)
@@ -248,7 +266,7 @@ class Memory:
         seen = {r.page.id for r in fresh}
         known = [s for s in self.store.stored(scope, list(rows)) if s.page.id not in seen]
         rooted = self.store.parents(scope, [s.page.id for s in known])
-        roots = [Root(s.page, s.conversation) for s in known if s.page.id not in rooted]
+        roots = [Root(s.page, s.conversation) for s in known if s.page.id not in rooted and not asks(s.page)]
         stats = TermStats([r.page.content or r.page.summary for r in (*fresh, *roots)])
         merged = horizontal_merges(fresh, roots, stats, ConsolidatorPolicy(paging=self.policy.paging))
         if merged:
@@ -264,6 +282,13 @@ class Memory:
                 if index is None:
                     index = self.indexes[scope] = ScopeIndex.open(self.store, scope, self._index_directory(scope))
         return index
+
+    def indexing(self, scope: str) -> int:
+        """Pages the store holds that this process's indexes have not read yet: another process wrote them (a shared
+        store); the scope's next search reads them first. (This process's own write-backs are indexed, with the
+        containers over them, before ``pending`` counts them out.)"""
+        index = self.indexes.get(scope)
+        return self.store.rows_after(scope, index.row) if index is not None else 0
 
     def _index_directory(self, scope: str) -> Path:
         return self.directory / "index" / short_hash(scope, length=24)
@@ -301,9 +326,9 @@ class Memory:
             held.pop(scope, None)
         return removed
 
-    def write_pages(self, scope: str, pages: Sequence[Page], owner: str) -> Written:
-        """Pages no conversation writes (an import); call on the writer thread (``run``)."""
-        return self._write(scope, lambda vectors: self.store.add(scope, pages, vectors, owner), pages)
+    def write_pages(self, scope: str, pages: Sequence[Page], owner: str, records: frozenset[str] = frozenset()) -> Written:
+        """Pages no conversation writes (an import; ``records``: those export marked); call on the writer thread (``run``)."""
+        return self._write(scope, lambda vectors: self.store.add(scope, pages, vectors, owner, records), pages, records)
 
     def _vectors(self, pages: Sequence[Page]) -> dict[str, bytes]:
         encode = getattr(self.embedder, "vectors", None)
