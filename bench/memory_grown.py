@@ -13,14 +13,19 @@ conversation (as ``memory_recall.py`` does):
 * **grown** — then the conversation's other questions, in dataset order,
   then the same sample;
 * **in order** — then all the conversation's questions in dataset order;
-  recall of each fifth of them (the first fifth of every scope together, …).
+  recall of each fifth of them (the first fifth of every scope together, …);
+* **in order, clean** — the same, each question's pages forgotten once it is
+  answered, so every question meets a scope holding only the conversations:
+  what each fifth recalls without the growth (LoCoMo's questions come
+  grouped by kind, so the fifths differ for that alone).
 
 A question is recalled as in ``memory_recall.py``: every evidence turn in the
 ``<Content>`` of a worker prompt, of round 0 or of any prompt of the request
 (≤ 3 Consults), in front of the simulated worker. By default each question
 waits, before the next is sent, until its write-back is stored and indexed
 (``pending`` and ``indexing`` 0) and, with ``--embeddings``, until the
-texts its rounds met are encoded: every run of the same input then sees the
+texts its rounds met are encoded; so does each session sent (the next one
+recalls from the scope it left): every run of the same input then sees the
 same scope. ``--no-wait`` sends them back to back, as a client would.
 
     .venv/bin/python bench/memory_grown.py [--budget 2048] [--embeddings] [--sample 20] [--phases clean grown order]
@@ -29,6 +34,7 @@ same scope. ``--no-wait`` sends them back to back, as a client would.
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
@@ -41,13 +47,13 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench.memory_recall import remember  # noqa: E402
+from bench.memory_recall import sessions_of  # noqa: E402
 from bench.recall import DEFAULT_DATA, ENCODING, Outcome, Question, evidence_texts, load_data, proxy_outcomes, running_proxy  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 Message = dict[str, Any]
-PHASES = ("clean", "grown", "order")
+PHASES = ("clean", "grown", "order", "order-clean")
 FIFTHS = 5
 
 
@@ -90,42 +96,68 @@ def settled(client: Any, url: str, scope: str, embeddings: bool) -> None:
 def run_phase(
     name: str,
     conversations: dict[str, list[Message]],
-    order: Callable[[str], list[tuple[Question, bool]]],
+    asked: Sequence[tuple[Question, bool]],
     budget: int,
     count: Any,
     embeddings: bool,
     wait: bool,
+    forget: bool = False,
+    one_scope: bool = False,
 ) -> Phase:
-    """One proxy: every conversation's sessions, then its questions as ``order`` gives them (measured or not)."""
+    """One proxy: every conversation's sessions, then the questions ``asked`` in order (measured or not);
+    ``forget``: each question's new pages forgotten once it is answered; ``one_scope``: all in one scope."""
     import httpx
 
     phase = Phase(name)
     started = time.perf_counter()
+    scope_of: Callable[[str], str] = (lambda c: "locomo") if one_scope else (lambda c: c)
+    places: dict[str, int] = {}
     with running_proxy(budget, simulated_worker, embeddings) as (fake, url), httpx.Client(timeout=300) as client:
         for conv_id, messages in conversations.items():
-            remember(client, url, conv_id, messages)
-            settled(client, url, conv_id, embeddings)
-            for place, (question, measured) in enumerate(order(conv_id)):
-                before = len(fake.requests)
-                response = client.post(
-                    f"{url}/v1/chat/completions",
-                    json={"model": "sim", "messages": [{"role": "user", "content": question.text}]},
-                    headers={"x-pcp-memory": conv_id},
-                )
-                phase.asked += 1
-                calls = [r.json for r in fake.requests[before:] if r.headers.get("x-pcp-role") == "worker"]
-                if response.status_code != 200 or not calls:
-                    phase.failed += 1
-                    print(f"  {conv_id} q{question.qa_idx}: status {response.status_code}, {len(calls)} worker calls", file=sys.stderr)
-                elif measured:
-                    outcomes = proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))
-                    phase.measured.append((question, place, outcomes[0], outcomes[1]))
-                if wait:
-                    settled(client, url, conv_id, embeddings)
-            settled(client, url, conv_id, embeddings)
-            phase.status[conv_id] = client.get(f"{url}/v1/pcp/memory/{conv_id}").json()
+            for session in sessions_of(messages):
+                response = client.post(f"{url}/v1/chat/completions", json={"model": "sim", "messages": session}, headers={"x-pcp-memory": scope_of(conv_id)})
+                assert response.status_code == 200, response.text[:300]
+                if wait:  # the next session meets the scope this one left (it recalls from it, in protocol mode)
+                    settled(client, url, scope_of(conv_id), embeddings)
+            settled(client, url, scope_of(conv_id), embeddings)
+        held = {scope: page_ids(client, url, scope) for scope in {scope_of(c) for c in conversations}} if forget else {}
+        for question, measured in asked:
+            scope, messages = scope_of(question.conv_id), conversations[question.conv_id]
+            place = places[question.conv_id] = places.get(question.conv_id, -1) + 1
+            before = len(fake.requests)
+            response = client.post(
+                f"{url}/v1/chat/completions",
+                json={"model": "sim", "messages": [{"role": "user", "content": question.text}]},
+                headers={"x-pcp-memory": scope},
+            )
+            phase.asked += 1
+            calls = [r.json for r in fake.requests[before:] if r.headers.get("x-pcp-role") == "worker"]
+            if response.status_code != 200 or not calls:
+                phase.failed += 1
+                print(f"  {question.conv_id} q{question.qa_idx}: status {response.status_code}, {len(calls)} worker calls", file=sys.stderr)
+            elif measured:
+                outcomes = proxy_outcomes(question, messages, calls, count, evidence_texts(question, messages))
+                phase.measured.append((question, place, outcomes[0], outcomes[1]))
+            if wait or forget:
+                settled(client, url, scope, embeddings)
+            if forget:
+                for pid in page_ids(client, url, scope) - held[scope]:
+                    client.delete(f"{url}/v1/pcp/memory/{scope}/pages/{pid}")
+        for scope in {scope_of(c) for c in conversations}:
+            settled(client, url, scope, embeddings)
+            phase.status[scope] = client.get(f"{url}/v1/pcp/memory/{scope}").json()
     phase.seconds = time.perf_counter() - started
     return phase
+
+
+def page_ids(client: Any, url: str, scope: str) -> set[str]:
+    ids: set[str] = set()
+    cursor: str | None = "0"
+    while cursor is not None:
+        listed = client.get(f"{url}/v1/pcp/memory/{scope}/pages", params={"limit": 200, "cursor": cursor}).json()
+        ids.update(page["id"] for page in listed["data"])
+        cursor = listed["next_cursor"]
+    return ids
 
 
 def share(outcomes: Sequence[Outcome]) -> float:
@@ -159,31 +191,45 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
     parser.add_argument("--no-wait", action="store_true", help="send each question as soon as the one before is answered")
+    parser.add_argument("--one-scope", action="store_true", help="every conversation's sessions and questions in one scope")
+    parser.add_argument("--outcomes", type=Path, default=None, help="write each measured question's outcome here (JSON lines), to compare runs")
     args = parser.parse_args(argv)
     count = Tokenizer(ENCODING).count
     conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
     chosen = sample(questions, args.sample, args.seed)
     picked = set(chosen)
-    of = {c: [q for q in questions if q.conv_id == c] for c in conversations}
+    of = {c: [q for q in questions if q.conv_id == c] for c in conversations}  # (their number: the fifths)
     print(
         f"LoCoMo {args.data.name}: {len(conversations)} conversations, {len(questions)} questions, a sample of {len(chosen)} "
         f"(seed {args.seed}); budget {args.budget:,}, {'BM25 + dense' if args.embeddings else 'BM25'}; "
         f"{'back to back' if args.no_wait else 'each question stored before the next'}\n"
     )
-    orders: dict[str, Callable[[str], list[tuple[Question, bool]]]] = {
-        "clean": lambda c: [(q, True) for q in of[c] if q in picked],
-        "grown": lambda c: [*((q, False) for q in of[c] if q not in picked), *((q, True) for q in of[c] if q in picked)],
-        "order": lambda c: [(q, True) for q in of[c]],
+    # Dataset order is each conversation's questions in turn: with a scope each, "grown" asks every scope its other
+    # questions before its sample, as with one scope for all (``--one-scope``).
+    orders: dict[str, list[tuple[Question, bool]]] = {
+        "clean": [(q, True) for q in chosen],
+        "grown": [*((q, False) for q in questions if q not in picked), *((q, True) for q in chosen)],
+        "order": [(q, True) for q in questions],
+        "order-clean": [(q, True) for q in questions],
     }
     lines = ["| the same sample, asked… | round 0 | ≤ 3 Consults | n |", "|---|---|---|---|"]
     notes = []
     for name in args.phases:
-        phase = run_phase(name, conversations, orders[name], args.budget, count, args.embeddings, not args.no_wait)
+        phase = run_phase(
+            name, conversations, orders[name], args.budget, count, args.embeddings, not args.no_wait, forget=name == "order-clean", one_scope=args.one_scope
+        )
         notes.append(scope_line(phase))
-        if name == "order":
+        if args.outcomes is not None:
+            with args.outcomes.open("a") as out:
+                for q, place, first, any_round in phase.measured:
+                    out.write(
+                        json.dumps({"phase": name, "conv": q.conv_id, "qa": q.qa_idx, "place": place, "round0": first.recalled, "consults": any_round.recalled})
+                        + "\n"
+                    )
+        if name.startswith("order"):
             parts = fifths(phase, {c: len(of[c]) for c in conversations})
             notes.append(
-                "in order, each fifth (round 0 / ≤3): "
+                f"{'in order' if name == 'order' else 'in order, each question forgotten once answered'}, each fifth (round 0 / ≤3): "
                 + ", ".join(f"{n + 1}: {a:.3f} / {b:.3f} ({k})" for n, (a, b, k) in enumerate(parts))
                 + f"; all {share([o for *_, o, _ in phase.measured]):.3f} / {share([o for *_, o in phase.measured]):.3f}"
             )

@@ -117,7 +117,7 @@ class Memory:
                     reply = await ask_model(effect.messages) if ask_model is not None else None
         except StopIteration as done:
             chosen: list[Page] = done.value
-        self._inc("pcp_memory_recalled_total", len(chosen))  # counted on the page with the request's use (``write_back``)
+        self._inc("pcp_memory_recalled_total", len(chosen))  # each page's own count goes with the request's write-back (its use)
         return chosen
 
     def broad_match(self, scope: str, intent: Intent, records: bool = False) -> list[Candidate]:
@@ -228,7 +228,10 @@ class Memory:
 
     def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
         history = conversation_pages(session, conversation, iso_timestamp(now_ns / 1e9), self.count, self.policy.paging)
-        kept = judged(self.store, self.index(scope), scope, session.id, memory_pages(history, self.forgotten(scope), self.policy.paging), self.intake)
+        index = self.index(scope)
+        if self.shared:  # judged against what every process wrote
+            index.catch_up(self.store, scope)
+        kept = judged(self.store, index, scope, session.id, memory_pages(history, self.forgotten(scope), self.policy.paging), self.intake)
         pages, records = kept.pages, kept.records
         written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors, records), pages, records)
         below = {child for page in pages for child in getattr(page, "source_ids", ())}
