@@ -144,3 +144,21 @@ def test_a_store_written_before_records_and_metabolism_opens_with_them(tmp_path)
         assert {"record", "shown", "consulted", "used"} <= columns
     finally:
         store.close()
+
+
+def test_on_a_shared_store_another_process_sees_records_and_use_and_indexing_counts_what_it_has_not_read(start_proxy, redis_server, tmp_path):
+    a = start_proxy(store=redis_server.url, data_dir=str(tmp_path / "a"))
+    b = start_proxy(store=redis_server.url, data_dir=str(tmp_path / "b"))
+    ask(a, TOLD)
+    remembered(a)
+    question(a, "Where does my sister Beatrix teach cello?")  # a request: the scope's clock ticks, the question is a record
+    remembered(a)
+    assert b.http.get(f"{P}/pages", params={"query": "Lisbon"}, headers=AUTH).status_code == 200  # b's index opens, reads all
+    seen = b.http.get(P, headers=AUTH).json()
+    assert seen["records"] == 1 and seen["requests"] == 1 and seen["indexing"] == 0
+    assert any(p["record"] and p["content"] == "[user] Where does my sister Beatrix teach cello?" for p in pages(b))
+    ask(a, [{"role": "user", "content": "My nephew Tomas started school in Porto this autumn."}])
+    remembered(a)
+    assert b.http.get(P, headers=AUTH).json()["indexing"] >= 1  # written by a, not read by b yet
+    found = b.http.get(f"{P}/pages", params={"query": "Tomas school Porto"}, headers=AUTH).json()["data"]
+    assert "Tomas" in found[0]["content"] and b.http.get(P, headers=AUTH).json()["indexing"] == 0
