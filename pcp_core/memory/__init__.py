@@ -7,6 +7,8 @@ tidied in the background. The host keeps them, indexes them, and runs both.
 """
 
 from .consolidator import ConsolidatorPolicy, Root, horizontal_merges
+from .metabolism import MemoryUse, Metabolism, decay, fade, memory_use, rise, vitality
+from .novelty import MemoryIntake, asks, content_terms, novelty, repeats
 from .pages import (
     MEMORY_ID_LENGTH,
     container_id,
@@ -20,29 +22,40 @@ from .pages import (
     vector_text,
     without_turns,
 )
-from .router import Candidate, MemoryPolicy, fade, index_weights, memory_intent, ranked, recalled_order, selection
+from .router import Candidate, MemoryPolicy, index_weights, memory_intent, ranked, recalled_order, selection
 
 __all__ = [
     "MEMORY_ID_LENGTH",
     "Candidate",
     "ConsolidatorPolicy",
+    "MemoryIntake",
     "MemoryPolicy",
+    "MemoryUse",
+    "Metabolism",
     "Root",
+    "asks",
     "container_id",
+    "content_terms",
     "conversation_pages",
+    "decay",
     "fade",
     "index_weights",
     "horizontal_merges",
     "index_terms",
     "memory_intent",
     "memory_pages",
+    "memory_use",
+    "novelty",
     "page_turns",
     "ranked",
     "rebuilt",
     "recalled_order",
+    "repeats",
+    "rise",
     "selection",
     "turn_hash",
     "turn_hashes",
     "vector_text",
+    "vitality",
     "without_turns",
 ]

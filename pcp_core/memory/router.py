@@ -31,8 +31,10 @@ from ..request import Policy, query_line
 from ..router import ROUTER_CANDIDATES, Intent, anchor_intent, precision_selection, router_prompt, said_in
 from ..timeline import moment
 from ..tokens import CountText
+from .metabolism import Metabolism, vitality
+from .novelty import asks
 
-__all__ = ["Candidate", "MemoryPolicy", "fade", "index_weights", "memory_intent", "ranked", "recalled_order", "selection"]
+__all__ = ["Candidate", "MemoryPolicy", "index_weights", "memory_intent", "ranked", "recalled_order", "selection"]
 
 
 class MemoryPolicy(msgspec.Struct, frozen=True):
@@ -46,10 +48,8 @@ class MemoryPolicy(msgspec.Struct, frozen=True):
     lexical_weight: float = 0.5  # the keyword share of a score when vectors score too (as the session Router)
     neighbour_share: float = 0.3  # of the better neighbour's score, in its own conversation
     time_weight: float = 1.0  # standard deviations for a page said in a period the intent names
-    # Fade: a page loses up to ``fade_weight`` standard deviations as it ages; each
-    # recall stretches its half-life, so what keeps being asked for stays.
-    half_life_days: float = 365.0
-    fade_weight: float = 0.25
+    # Fade by age and disuse, rise by Consults (``metabolism``): what keeps being asked for stays.
+    metabolism: Metabolism = Metabolism()
     router: bool = False  # a router model reads the best candidates' summaries (x-pcp-role: memory-router)
     router_budget: int = 2048
 
@@ -63,6 +63,9 @@ class Candidate(msgspec.Struct, frozen=True):
     recalls: int = 0  # requests it was given to before
     conversation: str = ""  # the conversation it was written back from: its neighbours are there
     parent: str = ""  # the container that holds it in memory, if one does
+    idle: int = 0  # the scope's requests since it was written or last consulted
+    consulted: int = 0  # Consults that opened it
+    record: bool = False  # it added nothing to the scope (``novelty``): after every page that informs
 
 
 def memory_intent(conversation: Conversation, policy: Policy, now: datetime | None, count: CountText) -> Intent:
@@ -81,15 +84,8 @@ def index_weights(intent: Intent) -> dict[str, float]:
     return out
 
 
-def fade(age_days: float, recalls: int, policy: MemoryPolicy = MemoryPolicy()) -> float:
-    """How far a page has faded, 0 (fresh) to 1: half way after a half-life, stretched by each recall."""
-    if not age_days > 0:
-        return 0.0
-    return 1.0 - 0.5 ** (age_days / (policy.half_life_days * (1 + recalls)))
-
-
 def ranked(intent: Intent, candidates: Sequence[Candidate], now: datetime | None, policy: MemoryPolicy = MemoryPolicy()) -> list[int]:
-    """The candidates' positions, best first."""
+    """The candidates' positions, best first: pages that state, then pages that only ask (``novelty.asks``), then records."""
     if not candidates:
         return []
     score = _z([c.lexical for c in candidates])
@@ -99,11 +95,13 @@ def ranked(intent: Intent, candidates: Sequence[Candidate], now: datetime | None
     timely = said_in([c.page.timestamp for c in candidates], intent.periods) if intent.periods else None
     if timely is not None:
         score = score + policy.time_weight * timely
-    if now is not None and policy.fade_weight:
-        score = score - policy.fade_weight * np.array([fade(_age_days(c.page.timestamp, now), c.recalls, policy) for c in candidates])
+    ages = [_age_days(c.page.timestamp, now) if now is not None else 0.0 for c in candidates]
+    score = score + np.array([vitality(age, c.recalls, c.idle, c.consulted, policy.metabolism) for age, c in zip(ages, candidates)])
     if policy.neighbour_share:
         score = score + policy.neighbour_share * _neighbours(candidates, score)
-    return [int(i) for i in np.argsort(-score, kind="stable")]
+    # A page that only asks shares a later question's words and holds none of its answer: it never outranks one that states.
+    tier = np.array([2 if c.record else 1 if asks(c.page) else 0 for c in candidates])
+    return [int(i) for i in np.lexsort((-score, tier))]
 
 
 def selection(
@@ -123,6 +121,7 @@ def selection(
         if reply is not None:
             by_id = {c.page.id: c for c in order}
             order = [by_id[p] for p in precision_selection([c.page.id for c in order], reply, [p.id for p in shown])]
+    order = [c for c in order if not c.record]  # kept, listed and searched; never given as what the scope knows
     leaves = [c.page for c in order if not isinstance(c.page, ConsolidatedPage)][: policy.pages]
     wanted = list(dict.fromkeys(c.parent or c.page.id for c in order if c.parent or isinstance(c.page, ConsolidatedPage)))[: policy.containers]
     containers: list[Page] = (yield LoadPages(wanted)) or [] if wanted else []

@@ -20,7 +20,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from pcp_core import ConsolidatedPage, Conversation, Page
-from pcp_core.memory import memory_intent, ranked
+from pcp_core.memory import decay, memory_intent, ranked
 
 from ..decoding import decode_stored
 from ..errors import ClientError
@@ -29,7 +29,7 @@ from ..settings import Settings
 from .imports import IMPORT_BATCH, CoreLine, read_import
 from .scopes import checked_scope
 from .service import Memory
-from .store import scope_key
+from .store import Stored, scope_key
 
 __all__ = ["MEMORY_ROUTES"]
 
@@ -58,8 +58,14 @@ async def scope_status(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
-    counts = await asyncio.to_thread(memory.store.counts, key)
+    counts = await asyncio.to_thread(_status, memory, key)
     return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
+
+
+def _status(memory: Memory, key: str) -> dict[str, int]:
+    """The store's counts; ``faded``: pages no Consult opened over the last half-life of the scope's requests; ``indexing``."""
+    half_life = memory.memory.metabolism.half_life_requests
+    return {**memory.store.counts(key, memory.store.clock(key) - half_life + 1), "indexing": memory.indexing(key)}
 
 
 @get("/memory/{name:str}/pages")
@@ -77,13 +83,21 @@ async def list_pages(
     stored = await asyncio.to_thread(memory.store.listing, key, cursor, limit + 1)
     shown = stored[:limit]
     more = len(stored) > limit
-    return json_response({"data": [_shown(s.page, recalls=s.recalls) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+    clock = await asyncio.to_thread(memory.store.clock, key)
+    return json_response({"data": [_used(memory, s, clock) for s in shown], "next_cursor": str(shown[-1].row) if more else None})
+
+
+def _used(memory: Memory, stored: Stored, clock: int) -> dict[str, Any]:
+    """A page as listed: with what requests did with it, and how far disuse has decayed it (``pcp_core.memory.metabolism``)."""
+    idle = max(clock - stored.used, 0)
+    decayed = round(decay(idle, memory.memory.metabolism), 4)
+    return _shown(stored.page, record=stored.record, recalls=stored.recalls, shown=stored.shown, consulted=stored.consulted, idle=idle, decay=decayed)
 
 
 def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> tuple[list[Page], bool]:
     conversation = Conversation.of([{"role": "user", "content": query}], memory.policy.paging.blocks, memory.count)
     intent = memory_intent(conversation, memory.policy, None, memory.count)
-    candidates = memory.broad_match(key, intent)
+    candidates = memory.broad_match(key, intent, records=True)
     order = [candidates[i].page for i in ranked(intent, candidates, None, memory.memory)]
     return order[offset : offset + limit], len(order) > offset + limit
 
@@ -144,13 +158,18 @@ async def export(request: Request[Any, Any, Any], memory: NamedDependency[Memory
     async def lines() -> AsyncIterator[bytes]:
         after = 0
         while batch := await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH):
-            yield b"".join(msgspec.json.encode(s.page) + b"\n" for s in batch)
+            yield b"".join(_line(s) for s in batch)
             after = batch[-1].row
         blocks = await asyncio.to_thread(memory.cores.recall, key) if memory.cores is not None else ()
         if blocks:
             yield msgspec.json.encode(CoreLine(tuple(blocks))) + b"\n"
 
     return Stream(lines(), media_type="application/x-ndjson")
+
+
+def _line(stored: Stored) -> bytes:
+    """A page's export line: its own fields, and ``"record": true`` for a record (import keeps it one)."""
+    return msgspec.json.encode({**msgspec.to_builtins(stored.page), "record": True} if stored.record else stored.page) + b"\n"
 
 
 @post("/memory/{name:str}/import", status_code=200)
@@ -168,7 +187,7 @@ async def import_pages(
     memory, key = _scope(memory, namespace, name)
     settings = _settings(request)
     body = await limited_body(request, settings.memory_import_max_mb * 2**20, "memory_import_max_mb", "the import")
-    pages, core = await asyncio.to_thread(read_import, body, settings)
+    pages, core, records = await asyncio.to_thread(read_import, body, settings)
     new = await asyncio.to_thread(_checked_tree, memory, key, pages)
     if new:
         held = await asyncio.to_thread(memory.store.counts, key)
@@ -183,8 +202,8 @@ async def import_pages(
     fresh = [page for page in pages if page.id in new]
     for start in range(0, len(fresh), IMPORT_BATCH):
         batch = fresh[start : start + IMPORT_BATCH]
-        vectors = await asyncio.to_thread(memory.page_vectors, key, batch)  # encoded here: the shared writer only writes
-        written = await asyncio.wrap_future(memory.run(key, functools.partial(memory.write_pages, key, batch, "import", vectors)))
+        vectors = await asyncio.to_thread(memory.page_vectors, key, batch, records)  # encoded here: the shared writer only writes
+        written = await asyncio.wrap_future(memory.run(key, functools.partial(memory.write_pages, key, batch, "import", vectors, records)))
         imported += len(written.added)
     return json_response({"imported": imported, "skipped": len(pages) - imported, "core_blocks": len(kept_core)})
 

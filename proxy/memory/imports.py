@@ -36,10 +36,19 @@ class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
 _LINE = msgspec.json.Decoder(OriginalPage | ConsolidatedPage | CoreLine)
 
 
-def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block]]:
-    """The pages and core blocks of an import's JSON lines, each checked; a 400 or 413 for the first that is not right."""
+class _Record(msgspec.Struct):
+    record: bool = False  # a page that added nothing to its scope (export marks it)
+
+
+_RECORD = msgspec.json.Decoder(_Record)
+
+
+def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block], frozenset[str]]:
+    """The pages, core blocks and records (the pages export marked ``"record": true``) of an import's JSON lines, each
+    checked; a 400 or 413 for the first that is not right."""
     pages: list[Page] = []
     core: list[Block] = []
+    records: set[str] = set()
     page_limit = settings.memory_page_max_kb * 2**10
     limits = LimitsPolicy(max_decay=settings.hybrid_max_decay, min_confidence=settings.hybrid_min_confidence)
     for n, line in enumerate(body.splitlines(), 1):
@@ -61,13 +70,15 @@ def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block
         if not SESSION_ID.fullmatch(item.id):
             raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
         pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
+        if _RECORD.decode(line).record:
+            records.add(item.id)
         if len(pages) > settings.memory_import_max_pages:
             raise too_large(
                 "the import", f"over {settings.memory_import_max_pages} pages", f"{settings.memory_import_max_pages} pages", "memory_import_max_pages"
             )
     if not pages and not core:
         raise ClientError("the body holds no pages: send JSON lines, one page each, as export writes them", param="body")
-    return pages, core
+    return pages, core, frozenset(records)
 
 
 def _line(line: bytes, n: int) -> OriginalPage | ConsolidatedPage | CoreLine:

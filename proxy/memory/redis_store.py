@@ -6,13 +6,15 @@ with a seq, and a scope's indexes catch up from the (row, seq) they reflect.
 Keys, under ``pcp:m:`` and the scope (the caller's namespace, ``/``, the
 scope's name; ``|`` is in no scope's name)::
 
-    r:<row>                 hash: scope, id, container, conversation, timestamp, body, vector, recalls
+    r:<row>                 hash: scope, id, container, conversation, timestamp, body, vector, recalls,
+                            record, shown, consulted, used (the metabolism's: ``pcp_core.memory.metabolism``)
     <scope>|ids             hash: page id -> row
     <scope>|rows            sorted set of the scope's rows (by row)
     <scope>|time            sorted set "timestamp|row" (by text: the periods a question names)
     <scope>|owned:<conv>    set: the pages a conversation holds;  <scope>|owners:<id>: the conversations holding a page
     <scope>|parents:<id>    set: the containers holding a page
-    <scope>|convs, |forgotten, |removed ("seq:row" by seq), |counts (originals, consolidated, vectors)
+    <scope>|convs, |forgotten, |removed ("seq:row" by seq), |counts (originals, consolidated, vectors, records, consulted)
+    <scope>|clock           the requests the scope served;  <scope>|used: sorted set of rows by the clock when last used
 
 A scope's writes take its lock (``<scope>|lock``, expiring): they read what
 they change, allocate rows and log removals under it, and apply everything
@@ -24,14 +26,19 @@ every row up to n has missed none below it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any
 
+import msgspec
+
 from pcp_core import ConsolidatedPage, Page
+from pcp_core.memory import MemoryUse
 
 from ..storage.redis_store import unavailable
 from .bodies import PageBodies
 from .store import Stored, Written
+
+_READ = ["s", "b", "n", "r", "v", "k", "w", "o", "u"]  # a row's fields as ``_stored`` reads them
 
 __all__ = ["RedisMemoryStore"]
 
@@ -97,9 +104,10 @@ class RedisMemoryStore:
     @_guarded
     def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
         found = []
-        for row, (held, body, conv, recalls, vector) in zip(rows, self._fields(rows, ["s", "b", "n", "r", "v"])):
+        for row, (held, body, conv, recalls, vector, *use) in zip(rows, self._fields(rows, _READ)):
             if held is not None and held.decode() == scope and (page := self.bodies.decode(scope, body)) is not None:
-                found.append(Stored(row, page, conv.decode(), int(recalls or 0), vector))
+                record, shown, consulted, used = (int(value or 0) for value in use)
+                found.append(Stored(row, page, conv.decode(), int(recalls or 0), vector, bool(record), shown, consulted, used))
         return found
 
     @_guarded
@@ -112,7 +120,7 @@ class RedisMemoryStore:
     @_guarded
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
         rows = [int(r) for r in self.client.zrangebyscore(self._k(scope, "rows"), f"({after}", "+inf", start=0, num=limit)]
-        return [Stored(s.row, s.page, s.conversation, s.recalls) for s in self.stored(scope, rows)]
+        return [msgspec.structs.replace(s, vector=None) for s in self.stored(scope, rows)]
 
     @_guarded
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
@@ -120,18 +128,51 @@ class RedisMemoryStore:
         return [int(member.rsplit(b"|", 1)[1]) for member in said]
 
     @_guarded
-    def counts(self, scope: str) -> dict[str, int]:
-        originals, consolidated = self.client.hmget(self._k(scope, "counts"), ["originals", "consolidated"])
+    def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
+        originals, consolidated, records, consulted = self.client.hmget(self._k(scope, "counts"), ["originals", "consolidated", "records", "consulted"])
         return {
             "originals": int(originals or 0),
             "consolidated": int(consolidated or 0),
             "conversations": int(self.client.scard(self._k(scope, "convs"))),
             "forgotten_turns": int(self.client.scard(self._k(scope, "forgotten"))),
+            "records": int(records or 0),
+            "requests": self.clock(scope),
+            "consulted": int(consulted or 0),
+            "faded": int(self.client.zcount(self._k(scope, "used"), "-inf", f"({faded_before}")),
         }
+
+    @_guarded
+    def clock(self, scope: str) -> int:
+        return int(self.client.get(self._k(scope, "clock")) or 0)
+
+    @_guarded
+    def metabolise(self, scope: str, use: MemoryUse) -> int:
+        """A request's use of the scope's pages: its clock ticks; the pages given, shown and consulted count it."""
+        now = int(self.client.incr(self._k(scope, "clock")))
+        rows = self._rows_of(scope, list(dict.fromkeys([*use.given, *use.shown, *use.consulted])))
+        pipe = self.client.pipeline(transaction=False)
+        for ids, field in ((use.given, "r"), (use.shown, "w")):
+            for pid in (pid for pid in ids if pid in rows):
+                pipe.hincrby(self._row_key(rows[pid]), field, 1)
+        pipe.execute()
+        opened = [rows[pid] for pid in use.consulted if pid in rows]
+        pipe = self.client.pipeline(transaction=False)
+        for row in opened:
+            pipe.hincrby(self._row_key(row), "o", 1)
+            pipe.hset(self._row_key(row), "u", now)
+            pipe.zadd(self._k(scope, "used"), {str(row): now})
+        counted = pipe.execute()[::3] if opened else []
+        if firsts := sum(n == 1 for n in counted):  # pages opened for the first time: one more page ever consulted each
+            self.client.hincrby(self._k(scope, "counts"), "consulted", firsts)
+        return now
 
     @_guarded
     def holds(self, scope: str) -> bool:
         return bool(self.client.exists(self._k(scope, "ids")))
+
+    @_guarded
+    def rows_after(self, scope: str, row: int) -> int:
+        return int(self.client.zcount(self._k(scope, "rows"), f"({row}", "+inf"))
 
     @_guarded
     def has_vectors(self, scope: str) -> bool:
@@ -160,7 +201,7 @@ class RedisMemoryStore:
 
     # -- writing (one process at a time per scope: its lock) -------------------------------
     @_guarded
-    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written:
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()) -> Written:
         """The conversation's pages are now ``pages``: new ones added, those it no longer holds and no one else does removed."""
         with self._lock(scope):
             before = {m.decode() for m in self.client.smembers(self._k(scope, f"owned:{conversation}"))}
@@ -168,7 +209,7 @@ class RedisMemoryStore:
             gone = sorted(before - mine)
             orphans = [pid for pid, owners in zip(gone, self._owner_counts(scope, gone)) if owners <= 1]
             pipe = self.client.pipeline(transaction=True)
-            added = self._insert(pipe, scope, conversation, pages, vectors)
+            added = self._insert(pipe, scope, conversation, pages, vectors, records)
             self._own(pipe, scope, conversation, mine - before)
             for pid in gone:
                 pipe.srem(self._k(scope, f"owned:{conversation}"), pid)
@@ -180,10 +221,10 @@ class RedisMemoryStore:
         return Written(added=added, removed=removed, seq=seq)
 
     @_guarded
-    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written:
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written:
         with self._lock(scope):
             pipe = self.client.pipeline(transaction=True)
-            added = self._insert(pipe, scope, owner, pages, vectors)
+            added = self._insert(pipe, scope, owner, pages, vectors, records)
             self._own(pipe, scope, owner, {page.id for page in pages})
             pipe.execute()
         return Written(added=added)
@@ -208,13 +249,6 @@ class RedisMemoryStore:
         return Written(added=added, removed=[*removed, *replaced], seq=seq)
 
     @_guarded
-    def recalled(self, scope: str, ids: Sequence[str]) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for row in self._rows_of(scope, ids).values():
-            pipe.hincrby(self._row_key(row), "r", 1)
-        pipe.execute()
-
-    @_guarded
     def drop(self, scope: str) -> int:
         with self._lock(scope):
             rows = [int(r) for r in self.client.zrange(self._k(scope, "rows"), 0, -1)]
@@ -232,19 +266,25 @@ class RedisMemoryStore:
         pass  # the client is the process's
 
     # -- the pieces of a write -------------------------------------------------------------
-    def _insert(self, pipe: Any, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> list[Stored]:
+    def _insert(
+        self, pipe: Any, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()
+    ) -> list[Stored]:
         """Queue the pages the scope does not hold (children before their containers), and every container's edges."""
         fresh = {p.id: p for p in pages}
         absent = self.missing(scope, list(fresh))
         new = [pid for pid in fresh if pid in absent]
         first = int(self.client.incrby(self.p + "row", len(new))) - len(new) + 1 if new else 0
+        now = self.clock(scope)
         added = []
         for row, pid in enumerate(new, start=first):
             page = fresh[pid]
             container = isinstance(page, ConsolidatedPage)
+            record = int(pid in records)
             fields = {"s": scope, "i": pid, "c": int(container), "n": conversation, "t": page.timestamp, "b": self.bodies.encode(scope, page), "r": 0}
-            if pid in vectors:
-                fields["v"] = vectors[pid]
+            fields.update(k=record, u=now, **({"v": vectors[pid]} if pid in vectors else {}))
+            pipe.zadd(self._k(scope, "used"), {str(row): now})
+            if record:
+                pipe.hincrby(self._k(scope, "counts"), "records", 1)
             pipe.hset(self._row_key(row), mapping=fields)
             pipe.hset(self._k(scope, "ids"), pid, row)
             pipe.zadd(self._k(scope, "rows"), {str(row): row})
@@ -252,7 +292,7 @@ class RedisMemoryStore:
             pipe.hincrby(self._k(scope, "counts"), "consolidated" if container else "originals", 1)
             if pid in vectors:
                 pipe.hincrby(self._k(scope, "counts"), "vectors", 1)
-            added.append(Stored(row, page, conversation, 0, vectors.get(pid)))
+            added.append(Stored(row, page, conversation, 0, vectors.get(pid), bool(record), used=now))
         for page in pages:
             for child in getattr(page, "source_ids", ()):
                 pipe.sadd(self._k(scope, f"parents:{child}"), page.id)
@@ -280,9 +320,14 @@ class RedisMemoryStore:
     def _delete(self, pipe: Any, scope: str, ids: Sequence[str]) -> tuple[list[int], int]:
         """Queue the removal of ``ids`` (rows, edges both ways, counts) and log it; the rows and the last seq."""
         rows = self._rows_of(scope, ids)
-        held = dict(zip(rows, self._fields(list(rows.values()), ["t", "c", "v", "b"])))
+        held = dict(zip(rows, self._fields(list(rows.values()), ["t", "c", "v", "b", "k", "o"])))
         for pid, row in rows.items():
-            timestamp, container, vector, body = held[pid]
+            timestamp, container, vector, body, record, consulted = held[pid]
+            pipe.zrem(self._k(scope, "used"), str(row))
+            if int(record or 0):
+                pipe.hincrby(self._k(scope, "counts"), "records", -1)
+            if int(consulted or 0):
+                pipe.hincrby(self._k(scope, "counts"), "consulted", -1)
             pipe.delete(self._row_key(row))
             pipe.hdel(self._k(scope, "ids"), pid)
             pipe.zrem(self._k(scope, "rows"), str(row))
@@ -304,7 +349,8 @@ class RedisMemoryStore:
             if page.id not in rows:
                 continue
             old = rows[page.id]
-            conv, recalls, vector, body, timestamp = self.client.hmget(self._row_key(old), ["n", "r", "v", "b", "t"])
+            conv, recalls, vector, body, timestamp, *use = self.client.hmget(self._row_key(old), ["n", "r", "v", "b", "t", "k", "w", "o", "u"])
+            record, shown, consulted, used = (int(value or 0) for value in use)
             for child in getattr(self.bodies.decode(scope, body), "source_ids", ()):
                 pipe.srem(self._k(scope, f"parents:{child}"), page.id)
             for child in getattr(page, "source_ids", ()):
@@ -318,6 +364,10 @@ class RedisMemoryStore:
                 "t": page.timestamp,
                 "b": self.bodies.encode(scope, page),
                 "r": int(recalls or 0),
+                "k": record,
+                "w": shown,
+                "o": consulted,
+                "u": used,
             }
             if vector is not None:
                 fields["v"] = vector
@@ -328,9 +378,11 @@ class RedisMemoryStore:
             pipe.zadd(self._k(scope, "rows"), {str(row): row})
             pipe.zrem(self._k(scope, "time"), f"{timestamp.decode()}|{old}")
             pipe.zadd(self._k(scope, "time"), {f"{page.timestamp}|{row}": 0})
+            pipe.zrem(self._k(scope, "used"), str(old))
+            pipe.zadd(self._k(scope, "used"), {str(row): used})
             seq = max(seq, self._log_removed(pipe, scope, [old]))
             replaced.append(old)
-            added.append(Stored(row, page, conv.decode(), int(recalls or 0), vector))
+            added.append(Stored(row, page, conv.decode(), int(recalls or 0), vector, bool(record), shown, consulted, used))
         return added, replaced, seq
 
     def _log_removed(self, pipe: Any, scope: str, rows: list[int]) -> int:

@@ -6,6 +6,10 @@ rows removed); with none saved, or one that does not load, they are built
 again from the store's pages and vectors. The writer thread applies every
 write as it commits (``apply``) and saves now and then; requests search
 under a lock held for the search alone.
+
+Records (pages that added nothing to the scope, ``pcp_core.memory.novelty``)
+have a keyword index of their own: the Memory Router's first stage never
+spends a candidate on them; the API's search and a write-back's repeats read them.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +34,19 @@ __all__ = ["ScopeIndex"]
 
 log = logging.getLogger("pcp.memory")
 
+RECORDS = "records"  # the records' keyword index, under the scope's directory
 SAVE_AFTER_CHANGES = 100_000
 SAVE_AFTER_SECONDS = 120.0
 _BATCH = 4096
 
 
 class ScopeIndex:
-    def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None, sealer: Sealer | None = None):
+    def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None, sealer: Sealer | None = None, records: LexicalIndex | None = None):
         self.directory = directory
         self.sealer = sealer or Sealer()  # the store's: the keyword index's words are sealed as its pages are
         self.lexical = lexical
         self.vectors = vectors
+        self.records = records or LexicalIndex()
         self.lock = threading.RLock()
         self.changes = 0  # applied since the last save
         self.saved_at = time.monotonic()
@@ -53,15 +59,18 @@ class ScopeIndex:
         """The scope's indexes as saved, caught up with the store; built from the store when not saved whole."""
         sealer = store.bodies.sealer
         lexical = LexicalIndex.load(directory, sealer)
+        records = LexicalIndex.load(directory / RECORDS, sealer)
         vectors = None
+        if lexical is not None and (records is None or (records.saved_row, records.saved_seq) != (lexical.saved_row, lexical.saved_seq)):
+            lexical = None  # saved apart: built again
         if lexical is not None and faiss_available() and store.has_vectors(scope):
             dim = _saved_dim(directory)
             vectors = VectorIndex.load(directory, dim) if dim else None
             if vectors is None or (vectors.saved_row, vectors.saved_seq) != (lexical.saved_row, lexical.saved_seq):
                 lexical, vectors = None, None  # missing, or saved apart: both built again
         if lexical is None:
-            lexical = LexicalIndex()
-        index = cls(directory, lexical, vectors, sealer)
+            lexical, records = LexicalIndex(), None
+        index = cls(directory, lexical, vectors, sealer, records)
         index.catch_up(store, scope)
         index.changes = index.changes if index.seq != lexical.saved_seq else 0
         log.debug("memory index of %s open: %d pages", scope, index.lexical.live)
@@ -72,9 +81,7 @@ class ScopeIndex:
         added, removed, seq = store.changes(scope, self.row, self.seq)
         with self.lock:
             if removed:
-                self.lexical.remove(removed)
-                if self.vectors is not None:
-                    self.vectors.remove(removed)
+                self._remove(removed)
             for batch in _batches(added):
                 self._add(batch)
                 self.row = max(self.row, batch[-1].row)
@@ -86,19 +93,23 @@ class ScopeIndex:
         """A committed write: its removed rows out, its added pages in."""
         with self.lock:
             if written.removed:
-                self.lexical.remove(written.removed)
-                if self.vectors is not None:
-                    self.vectors.remove(written.removed)
+                self._remove(written.removed)
             for batch in _batches(written.added):
                 self._add(batch)
             self.changes += len(written.added) + len(written.removed)
             self.row = max([self.row, *(s.row for s in written.added)])
             self.seq = max(self.seq, written.seq)
 
+    def _remove(self, rows: Sequence[int]) -> None:
+        self.lexical.remove(rows)
+        self.records.remove(rows)
+        if self.vectors is not None:
+            self.vectors.remove(rows)
+
     def _add(self, batch: Sequence[Stored]) -> None:
         for stored in batch:
-            self.lexical.add(stored.row, index_terms(stored.page))
-        with_vectors = [(s.row, s.vector) for s in batch if s.vector is not None]
+            (self.records if stored.record else self.lexical).add(stored.row, index_terms(stored.page))
+        with_vectors = [(s.row, s.vector) for s in batch if s.vector is not None and not s.record]
         if with_vectors and faiss_available():
             matrix = np.vstack([vector_of(vector) for _, vector in with_vectors])
             if self.vectors is None or self.vectors.dim != matrix.shape[1]:
@@ -130,6 +141,7 @@ class ScopeIndex:
             return
         with self.lock:
             self.lexical.save(self.directory, row, seq, self.sealer)
+            self.records.save(self.directory / RECORDS, row, seq, self.sealer)
             if self.vectors is not None:
                 self.vectors.save(self.directory, row, seq)
             self.changes, self.saved_at = 0, time.monotonic()
@@ -148,13 +160,48 @@ class ScopeIndex:
                     found[row] = (found.get(row, (0.0, 0.0))[0], cosine)
         return found
 
+    def records_match(self, weights: Mapping[str, float], limit: int) -> dict[int, tuple[float, float]]:
+        """The records the keyword index of records brings for a query (the API's search)."""
+        with self.lock:
+            rows, scores = self.records.search(weights, limit)
+        return {row: (score, float("nan")) for row, score in zip(rows.tolist(), scores.tolist())}
+
+    def alike(self, terms: Iterable[str], limit: int) -> list[int]:
+        """The pages, records too, that share most of ``terms`` (the best ``limit`` of each index): what a new page is weighed against."""
+        weights = dict.fromkeys(terms, 1.0)
+        with self.lock:
+            found = [*self.lexical.search(weights, limit)[0].tolist(), *self.records.search(weights, limit)[0].tolist()]
+        return list(dict.fromkeys(int(row) for row in found))
+
+    def frequencies(self) -> tuple[Mapping[str, int], int]:
+        """Each stemmed term's document frequency among the pages that inform, and their number (what novelty weighs terms by)."""
+        with self.lock:
+            return _Frequencies(self.lexical), self.lexical.live
+
     def containing(self, terms: list[str]) -> list[int]:
         with self.lock:
-            return [int(row) for row in self.lexical.containing(terms)]
+            return [int(row) for row in (*self.lexical.containing(terms), *self.records.containing(terms))]
 
     @property
     def size(self) -> int:
         return self.lexical.live
+
+
+class _Frequencies(Mapping[str, int]):
+    """A keyword index's document frequencies, read by term (a live view: read it under the index's lock, or accept a write's drift)."""
+
+    def __init__(self, lexical: LexicalIndex):
+        self.lexical = lexical
+
+    def __getitem__(self, term: str) -> int:
+        tid = self.lexical.vocab[term]
+        return int(self.lexical.df[tid])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.lexical.vocab)
+
+    def __len__(self) -> int:
+        return len(self.lexical.vocab)
 
 
 def _saved_dim(directory: Path) -> int:

@@ -23,21 +23,21 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pcp_core import Conversation, Facts, LoadPages, OriginalPage, Page, Policy, Session, prepare, short_hash
 from pcp_core.memory import (
     Candidate,
     ConsolidatorPolicy,
+    MemoryIntake,
     MemoryPolicy,
+    MemoryUse,
     Root,
+    asks,
     conversation_pages,
     horizontal_merges,
     index_weights,
     memory_intent,
     memory_pages,
     selection,
-    vector_text,
 )
 from pcp_core.pages import iso_timestamp
 from pcp_core.router import Intent
@@ -47,10 +47,12 @@ from pcp_core.tokens import CountText
 from ..resident import close_least_used, indexes_bytes, used_last
 from ..storage.base import StoreUnavailable
 from .core import ScopeCores
+from .encoding import cosine, encode_pages, encode_query
 from .forgetting import forget_ids, forget_query
+from .intake import judged
 from .search import ScopeIndex
-from .store import MemoryStore, Written, vector_bytes, vector_of
-from .writer import FairQueue, Job, tenant_of
+from .store import MemoryStore, Written
+from .writer import FairQueue, Job, patiently, tenant_of
 
 __all__ = ["Memory"]
 
@@ -69,6 +71,7 @@ class Memory:
         policy: Policy,
         count: CountText,
         memory: MemoryPolicy = MemoryPolicy(),
+        intake: MemoryIntake = MemoryIntake(),
         embedder: Any = None,
         sessions: Any = None,
         metrics: Any = None,
@@ -80,7 +83,7 @@ class Memory:
         self.max_index_bytes = max_index_bytes  # what open indexes may hold (``proxy.resident``; 0: unbounded)
         # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
         self.shared = shared
-        self.memory, self.embedder, self.sessions, self.metrics = memory, embedder, sessions, metrics
+        self.memory, self.intake, self.embedder, self.sessions, self.metrics = memory, intake, embedder, sessions, metrics
         self.cores = cores  # Hybrid mode's core blocks, by scope: dropped with it
         self.indexes: dict[str, ScopeIndex] = {}
         self.known: dict[str, bool] = {}  # scope -> holds pages (what the Sentry asks on every request)
@@ -117,35 +120,46 @@ class Memory:
                     reply = await ask_model(effect.messages) if ask_model is not None else None
         except StopIteration as done:
             chosen: list[Page] = done.value
-        self._inc("pcp_memory_recalled_total", len(chosen))
-        if chosen:
-            self._submit(scope, lambda: self.store.recalled(scope, [p.id for p in chosen]), counted=False, kind="recalled")
+        self._inc("pcp_memory_recalled_total", len(chosen))  # each page's own count goes with the request's write-back (its use)
         return chosen
 
-    def broad_match(self, scope: str, intent: Intent) -> list[Candidate]:
-        """The first stage: keyword and vector matches, and the pages said in the periods the intent names."""
+    def broad_match(self, scope: str, intent: Intent, records: bool = False) -> list[Candidate]:
+        """The first stage: keyword and vector matches, and the pages said in the periods the intent names (``records``: records too, the API's)."""
         index = self.index(scope)
         if self.shared:
             index.catch_up(self.store, scope)
-        vector = self._query_vector(intent.text)
+        vector = encode_query(self.embedder, intent.text)
         found = index.broad_match(index_weights(intent), vector, self.memory.candidates)
+        if records:
+            found = {**index.records_match(index_weights(intent), self.memory.candidates), **found}
         per_period = max(self.memory.candidates // max(len(intent.periods), 1), 20)
         for period in sorted(intent.periods, key=lambda p: p.start, reverse=True)[:_PERIODS]:
             for row in self.store.in_period(scope, period.start.isoformat(), period.end.isoformat(), per_period):
                 found.setdefault(row, (0.0, float("nan")))
-        stored = self.store.stored(scope, list(found))
+        stored = [s for s in self.store.stored(scope, list(found)) if records or not s.record]  # a period's pages may be records
         parents = self.store.parents(scope, [s.page.id for s in stored])
+        clock = self.store.clock(scope)
         return [
-            Candidate(s.page, found[s.row][0], _cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), "")) for s in stored
-        ]
+            Candidate(
+                s.page, found[s.row][0], cosine(vector, s.vector), s.recalls, s.conversation, next(iter(parents.get(s.page.id, [])), ""),
+                max(clock - s.used, 0), s.consulted, s.record,
+            )
+            for s in stored
+        ]  # fmt: skip
 
     async def load(self, scope: str, ids: Sequence[str]) -> list[Page]:
         """A page fault: the pages of ``ids`` the scope holds."""
         return await asyncio.to_thread(self.store.pages, scope, list(ids))
 
-    def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> Future[Any]:
-        """Keep what a protocol-mode request said (its session holds the history paged)."""
-        return self._submit(scope, lambda: self._write_back(scope, session, conversation, now_ns), kind="write_back")
+    def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int, use: MemoryUse | None = None) -> Future[Any]:
+        """Keep what a protocol-mode request said (its session holds the history paged), and what it did with the pages it was given."""
+
+        def job() -> None:
+            self._write_back(scope, session, conversation, now_ns)
+            if use is not None and use.given:
+                self.store.metabolise(scope, use)
+
+        return self._submit(scope, job, kind="write_back")
 
     def ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None = None) -> Future[Any]:
         """Keep what a forwarded request said: paged as a session in the background (and kept as one), then written back."""
@@ -178,7 +192,7 @@ class Memory:
                 self.metrics.observe("pcp_memory_write_wait_seconds", time.monotonic() - job.queued, kind=job.kind)
             outcome: tuple[bool, Any]
             try:
-                outcome = (True, _patiently(job.run) if job.patient else job.run())
+                outcome = (True, patiently(job.run) if job.patient else job.run())
             except StoreUnavailable as error:  # its request is a 503; a write-back waited out the retries
                 log.warning("a memory write (%s) failed: %s", job.kind, error)
                 outcome = (False, error)
@@ -224,19 +238,31 @@ class Memory:
 
     def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
         history = conversation_pages(session, conversation, iso_timestamp(now_ns / 1e9), self.count, self.policy.paging)
-        pages = memory_pages(history, self.forgotten(scope), self.policy.paging)
-        written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors), pages)
+        index = self.index(scope)
+        if self.shared:  # judged against what every process wrote
+            index.catch_up(self.store, scope)
+        kept = judged(self.store, index, scope, session.id, memory_pages(history, self.forgotten(scope), self.policy.paging), self.intake)
+        pages, records = kept.pages, kept.records
+        written = self._write(scope, lambda vectors: self.store.write(scope, session.id, pages, vectors, records), pages, records=records)
         below = {child for page in pages for child in getattr(page, "source_ids", ())}
         fresh_ids = {s.page.id for s in written.added}
-        roots = [Root(page, session.id) for page in pages if page.id not in below and page.id in fresh_ids]
-        if roots:
+        roots = [Root(page, session.id) for page in pages if page.id not in below and page.id in fresh_ids and page.id not in records and not asks(page)]
+        if roots:  # consolidated in the same step: once ``pending`` is 0, the containers over them are there too
             self.fresh.setdefault(scope, []).extend(roots)
+            self._consolidate(scope)
 
-    def _write(self, scope: str, write: Callable[[dict[str, bytes]], Written], pages: Sequence[Page], vectors: dict[str, bytes] | None = None) -> Written:
-        """One write: the new pages' vectors first (outside the transaction; ``vectors``: encoded already), then the write
-        and its index update, as one step."""
+    def _write(
+        self,
+        scope: str,
+        write: Callable[[dict[str, bytes]], Written],
+        pages: Sequence[Page],
+        vectors: dict[str, bytes] | None = None,
+        records: frozenset[str] = frozenset(),
+    ) -> Written:
+        """One write: the new pages' vectors first (outside the transaction; ``vectors``: encoded already; a record ranks
+        by none), then the write and its index update, as one step."""
         if vectors is None:
-            vectors = self.page_vectors(scope, pages)
+            vectors = self.page_vectors(scope, pages, records)
         with self._open_lock:
             written = write(vectors)
             index = self.indexes.get(scope)
@@ -261,7 +287,7 @@ class Memory:
         seen = {r.page.id for r in fresh}
         known = [s for s in self.store.stored(scope, list(rows)) if s.page.id not in seen]
         rooted = self.store.parents(scope, [s.page.id for s in known])
-        roots = [Root(s.page, s.conversation) for s in known if s.page.id not in rooted]
+        roots = [Root(s.page, s.conversation) for s in known if s.page.id not in rooted and not asks(s.page)]
         stats = TermStats([r.page.content or r.page.summary for r in (*fresh, *roots)])
         merged = horizontal_merges(fresh, roots, stats, ConsolidatorPolicy(paging=self.policy.paging))
         if merged:
@@ -284,6 +310,13 @@ class Memory:
     @property
     def resident_bytes(self) -> int:
         return indexes_bytes(self.indexes)
+
+    def indexing(self, scope: str) -> int:
+        """Pages the store holds that this process's indexes have not read yet: another process wrote them (a shared
+        store); the scope's next search reads them first. (This process's own write-backs are indexed, with the
+        containers over them, before ``pending`` counts them out.)"""
+        index = self.indexes.get(scope)
+        return self.store.rows_after(scope, index.row) if index is not None else 0
 
     def _index_directory(self, scope: str) -> Path:
         return self.directory / "index" / short_hash(scope, length=24)
@@ -321,37 +354,18 @@ class Memory:
             held.pop(scope, None)
         return removed
 
-    def write_pages(self, scope: str, pages: Sequence[Page], owner: str, vectors: dict[str, bytes] | None = None) -> Written:
-        """Pages no conversation writes (an import); call on the writer thread (``run``). ``vectors``: encoded
-        beforehand (``page_vectors``, in a thread of the request's), so the writer that every caller shares is held
-        for the write alone."""
-        return self._write(scope, lambda found: self.store.add(scope, pages, found, owner), pages, vectors)
+    def write_pages(
+        self, scope: str, pages: Sequence[Page], owner: str, vectors: dict[str, bytes] | None = None, records: frozenset[str] = frozenset()
+    ) -> Written:
+        """Pages no conversation writes (an import; ``records``: those export marked); call on the writer thread (``run``).
+        ``vectors``: encoded beforehand (``page_vectors``, in a thread of the request's), so the writer that every caller
+        shares is held for the write alone."""
+        return self._write(scope, lambda found: self.store.add(scope, pages, found, owner, records), pages, vectors, records)
 
-    def page_vectors(self, scope: str, pages: Sequence[Page]) -> dict[str, bytes]:
-        """The vectors of those of ``pages`` the scope does not hold yet (blocking: the encoder's)."""
+    def page_vectors(self, scope: str, pages: Sequence[Page], records: frozenset[str] = frozenset()) -> dict[str, bytes]:
+        """The vectors of those of ``pages`` the scope does not hold yet, records aside (blocking: the encoder's)."""
         new = self.store.missing(scope, [p.id for p in pages])
-        return self._vectors([p for p in pages if p.id in new])
-
-    def _vectors(self, pages: Sequence[Page]) -> dict[str, bytes]:
-        encode = getattr(self.embedder, "vectors", None)
-        if encode is None or not pages:
-            return {}
-        try:
-            matrix = encode([vector_text(page) for page in pages])
-        except Exception:  # vectors are worth having, never a lost write
-            log.exception("memory pages are kept without vectors")
-            return {}
-        return {page.id: vector_bytes(row) for page, row in zip(pages, matrix)}
-
-    def _query_vector(self, text: str) -> Any:
-        embed = getattr(self.embedder, "embed_sync", None)
-        if embed is None or not text or not getattr(self.embedder, "ready", True):
-            return None
-        try:
-            return np.asarray(embed([text])[0], dtype=np.float32)
-        except Exception:
-            log.exception("the memory Router goes on without the query's vector")
-            return None
+        return encode_pages(self.embedder, [p for p in pages if p.id in new and p.id not in records])
 
     def _inc(self, name: str, value: int = 1) -> None:
         if self.metrics is not None and value:
@@ -363,28 +377,6 @@ class Memory:
         self.store.close()
         if self.cores is not None:
             self.cores.close()
-
-
-# A write the store could not take (it is restarting, say) is tried again after these pauses, then given up.
-STORE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
-
-
-def _patiently(job: Callable[[], Any]) -> Any:
-    """``job()``, tried again while the store is unavailable: a write-back waits out a store's restart."""
-    for pause in STORE_RETRIES:
-        try:
-            return job()
-        except StoreUnavailable:
-            log.warning("the store is unavailable: a memory write waits %.1f s", pause)
-            time.sleep(pause)
-    return job()
-
-
-def _cosine(vector: Any, raw: bytes | None) -> float:
-    stored = vector_of(raw)
-    if vector is None or stored is None or len(stored) != len(vector):
-        return float("nan")
-    return float(stored @ vector)
 
 
 def _stems(keywords: Sequence[str]) -> list[str]:

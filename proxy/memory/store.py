@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol, overload
 
@@ -25,6 +25,7 @@ import msgspec
 import numpy as np
 
 from pcp_core import ConsolidatedPage, Page
+from pcp_core.memory import MemoryUse
 
 from .bodies import PageBodies
 
@@ -42,8 +43,12 @@ class Stored(msgspec.Struct, frozen=True):
     row: int
     page: Page
     conversation: str = ""
-    recalls: int = 0
+    recalls: int = 0  # requests it was given to
     vector: bytes | None = None  # float16, normalised
+    record: bool = False  # adds nothing the scope held when written (``pcp_core.memory.novelty``): kept, not ranked
+    shown: int = 0  # requests whose prompts showed it
+    consulted: int = 0  # Consults that opened it
+    used: int = 0  # the scope's request count when it was written or last consulted (``clock``)
 
 
 class Written(msgspec.Struct, frozen=True):
@@ -60,19 +65,21 @@ class MemoryStore(Protocol):
     bodies: PageBodies  # how its pages are kept as bytes (sealed with PCP_DATA_KEY)
 
     def missing(self, scope: str, ids: Sequence[str]) -> set[str]: ...
-    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written: ...
-    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written: ...
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()) -> Written: ...
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written: ...
     def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written: ...
     def pages(self, scope: str, ids: Sequence[str]) -> list[Page]: ...
     def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]: ...
     def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]: ...
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]: ...
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]: ...
-    def counts(self, scope: str) -> dict[str, int]: ...
+    def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]: ...
     def holds(self, scope: str) -> bool: ...
+    def rows_after(self, scope: str, row: int) -> int: ...
     def forgotten(self, scope: str) -> set[str]: ...
     def has_vectors(self, scope: str) -> bool: ...
-    def recalled(self, scope: str, ids: Sequence[str]) -> None: ...
+    def metabolise(self, scope: str, use: MemoryUse) -> int: ...
+    def clock(self, scope: str) -> int: ...
     def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]: ...
     def watermark(self) -> tuple[int, int]: ...
     def drop(self, scope: str) -> int: ...
@@ -94,7 +101,11 @@ CREATE INDEX IF NOT EXISTS edges_parent ON edges(scope, parent);
 CREATE TABLE IF NOT EXISTS forgotten(scope TEXT, hash TEXT, PRIMARY KEY(scope, hash)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS removed(seq INTEGER PRIMARY KEY AUTOINCREMENT, scope TEXT NOT NULL, row INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS removed_scope ON removed(scope, seq);
+CREATE TABLE IF NOT EXISTS clocks(scope TEXT PRIMARY KEY, requests INTEGER NOT NULL) WITHOUT ROWID;
 """
+# Columns added since the first schema (the metabolism's, ``pcp_core.memory.metabolism``, and records).
+_ADDED = {name: "INTEGER NOT NULL DEFAULT 0" for name in ("record", "shown", "consulted", "used")}
+_READ = "row, body, conversation, recalls, vector, record, shown, consulted, used"  # what ``_stored`` reads, in order
 _CHUNK = 500  # ids per IN (...) query: SQLite's variable limit is far above it
 
 
@@ -108,7 +119,12 @@ class SqliteMemoryStore:
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
-        self._db().executescript(_SCHEMA)
+        db = self._db()
+        db.executescript(_SCHEMA)
+        have = {name for _, name, *_ in db.execute("PRAGMA table_info(pages)")}
+        for name, kind in _ADDED.items():  # a store written before the column was added gains it
+            if name not in have:
+                db.execute(f"ALTER TABLE pages ADD COLUMN {name} {kind}")
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -137,12 +153,13 @@ class SqliteMemoryStore:
         found = {pid for chunk in _chunks(ids) for (pid,) in db.execute(f"SELECT id FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))}
         return set(ids) - found
 
-    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> Written:
-        """The conversation's pages are now ``pages``: new ones added, those it no longer holds and no one else does removed."""
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()) -> Written:
+        """The conversation's pages are now ``pages`` (those of ``records`` new pages that inform nothing): new ones
+        added, those it no longer holds and no one else does removed."""
         db = self._db()
         with _transaction(db):
             before = {pid for (pid,) in db.execute("SELECT id FROM owners WHERE scope=? AND conversation=?", (scope, conversation))}
-            added = self._insert(db, scope, conversation, pages, vectors)
+            added = self._insert(db, scope, conversation, pages, vectors, records)
             mine = {page.id for page in pages}
             db.executemany("INSERT OR IGNORE INTO owners VALUES (?,?,?)", [(scope, conversation, pid) for pid in mine - before])
             gone = sorted(before - mine)
@@ -152,11 +169,11 @@ class SqliteMemoryStore:
             seq = _last_seq(db, scope) if removed else 0
         return Written(added=added, removed=removed, seq=seq)
 
-    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "") -> Written:
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written:
         """Pages no conversation writes (the consolidator's, an import's), children before their containers."""
         db = self._db()
         with _transaction(db):
-            added = self._insert(db, scope, owner, pages, vectors)
+            added = self._insert(db, scope, owner, pages, vectors, records)
             db.executemany("INSERT OR IGNORE INTO owners VALUES (?,?,?)", [(scope, owner, page.id) for page in pages])
         return Written(added=added)
 
@@ -171,29 +188,34 @@ class SqliteMemoryStore:
             db.executemany("DELETE FROM owners WHERE scope=? AND id=?", [(scope, pid) for pid in ids])
             added = []
             for page in rewritten:
-                old = db.execute("SELECT row, conversation, recalls, vector FROM pages WHERE scope=? AND id=?", (scope, page.id)).fetchone()
+                query = "SELECT row, conversation, recalls, vector, record, shown, consulted, used FROM pages WHERE scope=? AND id=?"
+                old = db.execute(query, (scope, page.id)).fetchone()
                 if old is None:
                     continue
                 db.execute("DELETE FROM pages WHERE row=?", (old[0],))
                 db.execute("INSERT INTO removed(scope, row) VALUES (?,?)", (scope, old[0]))
                 cursor = db.execute(
-                    "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector, recalls) VALUES (?,?,?,?,?,?,?,?)",
-                    (scope, page.id, isinstance(page, ConsolidatedPage), old[1], page.timestamp, self.bodies.encode(scope, page), old[3], old[2]),
+                    "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector, recalls, record, shown, consulted, used)"
+                    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                    (scope, page.id, isinstance(page, ConsolidatedPage), old[1], page.timestamp, self.bodies.encode(scope, page), old[3], old[2], *old[4:]),
                 )
                 db.execute("DELETE FROM edges WHERE scope=? AND parent=?", (scope, page.id))
                 db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", [(scope, child, page.id) for child in getattr(page, "source_ids", ())])
                 removed.append(old[0])
-                added.append(Stored(int(cursor.lastrowid or 0), page, old[1], old[2], old[3]))
+                added.append(Stored(int(cursor.lastrowid or 0), page, old[1], old[2], old[3], bool(old[4]), *old[5:]))
             seq = _last_seq(db, scope) if removed else 0
         return Written(added=added, removed=removed, seq=seq)
 
-    def _insert(self, db: sqlite3.Connection, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes]) -> list[Stored]:
+    def _insert(
+        self, db: sqlite3.Connection, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()
+    ) -> list[Stored]:
         """Insert the pages the scope does not hold (dedup by id, a content hash); every container's edges."""
         fresh = {p.id: p for p in pages}
         absent = self._missing(db, scope, list(fresh))
         new = [pid for pid in fresh if pid in absent]  # in the order given: children before their containers
+        now = self._clock(db, scope)  # a page's disuse counts from its writing
         db.executemany(
-            "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector) VALUES (?,?,?,?,?,?,?)",
+            "INSERT INTO pages(scope, id, container, conversation, timestamp, body, vector, record, used) VALUES (?,?,?,?,?,?,?,?,?)",
             [
                 (
                     scope,
@@ -203,6 +225,8 @@ class SqliteMemoryStore:
                     fresh[pid].timestamp,
                     self.bodies.encode(scope, fresh[pid]),
                     vectors.get(pid),
+                    pid in records,
+                    now,
                 )
                 for pid in new
             ],
@@ -210,7 +234,7 @@ class SqliteMemoryStore:
         added: list[Stored] = []
         for chunk in _chunks(new):
             for row, pid in db.execute(f"SELECT row, id FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk)):
-                added.append(Stored(row, fresh[pid], conversation, 0, vectors.get(pid)))
+                added.append(Stored(row, fresh[pid], conversation, 0, vectors.get(pid), pid in records, used=now))
         edges = [(scope, child, p.id) for p in pages if isinstance(p, ConsolidatedPage) for child in p.source_ids]
         db.executemany("INSERT OR IGNORE INTO edges VALUES (?,?,?)", edges)
         return sorted(added, key=lambda s: s.row)
@@ -224,16 +248,30 @@ class SqliteMemoryStore:
         db.executemany("INSERT INTO removed(scope, row) VALUES (?,?)", [(scope, row) for row in rows])
         return rows
 
-    def recalled(self, scope: str, ids: Sequence[str]) -> None:
+    def metabolise(self, scope: str, use: MemoryUse) -> int:
+        """A request's use of the scope's pages: its clock ticks, the pages given, shown and consulted count it; the clock."""
         db = self._db()
         with _transaction(db):
-            db.executemany("UPDATE pages SET recalls = recalls + 1 WHERE scope=? AND id=?", [(scope, pid) for pid in ids])
+            now = self._clock(db, scope) + 1
+            db.execute("INSERT OR REPLACE INTO clocks VALUES (?,?)", (scope, now))
+            db.executemany("UPDATE pages SET recalls = recalls + 1 WHERE scope=? AND id=?", [(scope, pid) for pid in use.given])
+            db.executemany("UPDATE pages SET shown = shown + 1 WHERE scope=? AND id=?", [(scope, pid) for pid in use.shown])
+            db.executemany("UPDATE pages SET consulted = consulted + 1, used = ? WHERE scope=? AND id=?", [(now, scope, pid) for pid in use.consulted])
+        return now
+
+    def clock(self, scope: str) -> int:
+        """The requests the scope served (each request the Memory Router gave pages to)."""
+        return self._clock(self._db(), scope)
+
+    def _clock(self, db: sqlite3.Connection, scope: str) -> int:
+        found = db.execute("SELECT requests FROM clocks WHERE scope=?", (scope,)).fetchone()
+        return int(found[0]) if found else 0
 
     def drop(self, scope: str) -> int:
         db = self._db()
         with _transaction(db):
             rows = [row for (row,) in db.execute("SELECT row FROM pages WHERE scope=?", (scope,))]
-            for table in ("pages", "owners", "edges", "forgotten"):
+            for table in ("pages", "owners", "edges", "forgotten", "clocks"):
                 db.execute(f"DELETE FROM {table} WHERE scope=?", (scope,))
             db.executemany("INSERT INTO removed(scope, row) VALUES (?,?)", [(scope, row) for row in rows])
         return len(rows)
@@ -253,7 +291,7 @@ class SqliteMemoryStore:
         found: dict[int, Stored] = {}
         for chunk in _chunks(list(rows)):
             # By row alone (the primary key): with the scope in the condition SQLite may walk the scope's index instead.
-            query = f"SELECT scope, row, body, conversation, recalls, vector FROM pages WHERE row IN ({_marks(chunk)})"
+            query = f"SELECT scope, {_READ} FROM pages WHERE row IN ({_marks(chunk)})"
             rows_found = self._db().execute(query, chunk)
             found.update((stored.row, stored) for held, *values in rows_found if held == scope and (stored := self._stored(scope, *values)) is not None)
         return [found[row] for row in rows if row in found]
@@ -266,7 +304,7 @@ class SqliteMemoryStore:
         return out
 
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
-        query = "SELECT row, body, conversation, recalls FROM pages WHERE scope=? AND row > ? ORDER BY row LIMIT ?"
+        query = f"SELECT {_READ.replace('vector', 'NULL')} FROM pages WHERE scope=? AND row > ? ORDER BY row LIMIT ?"
         return [stored for values in self._db().execute(query, (scope, after, limit)) if (stored := self._stored(scope, *values)) is not None]
 
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
@@ -274,16 +312,24 @@ class SqliteMemoryStore:
         query = "SELECT row FROM pages WHERE scope=? AND timestamp >= ? AND timestamp < ? LIMIT ?"
         return [row for (row,) in self._db().execute(query, (scope, start, end, limit))]
 
-    def counts(self, scope: str) -> dict[str, int]:
+    def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
+        """Pages by kind, conversations, forgotten turns; and the metabolism's: records, the clock, pages ever
+        consulted, and pages neither written nor consulted since the clock stood at ``faded_before``."""
         db = self._db()
-        kinds = dict(db.execute("SELECT container, count(*) FROM pages WHERE scope=? GROUP BY container", (scope,)).fetchall())
+        query = "SELECT sum(NOT container), sum(container), sum(record), sum(consulted > 0), sum(used < ?) FROM pages WHERE scope=?"
+        originals, consolidated, records, consulted, faded = (int(n or 0) for n in db.execute(query, (faded_before, scope)).fetchone())
         conversations = db.execute("SELECT count(DISTINCT conversation) FROM owners WHERE scope=? AND conversation != ''", (scope,)).fetchone()[0]
         forgotten = db.execute("SELECT count(*) FROM forgotten WHERE scope=?", (scope,)).fetchone()[0]
-        return {"originals": kinds.get(0, 0), "consolidated": kinds.get(1, 0), "conversations": conversations, "forgotten_turns": forgotten}
+        kinds = {"originals": originals, "consolidated": consolidated, "conversations": conversations, "forgotten_turns": forgotten}
+        return {**kinds, "records": records, "requests": self._clock(db, scope), "consulted": consulted, "faded": faded}
 
     def holds(self, scope: str) -> bool:
         """Whether the scope has a page: one index probe (asked on a request's path)."""
         return self._db().execute("SELECT 1 FROM pages WHERE scope=? LIMIT 1", (scope,)).fetchone() is not None
+
+    def rows_after(self, scope: str, row: int) -> int:
+        """The scope's pages written after ``row`` (what an index at ``row`` has yet to read)."""
+        return int(self._db().execute("SELECT count(*) FROM pages WHERE row > ? AND scope=?", (row, scope)).fetchone()[0])
 
     def has_vectors(self, scope: str) -> bool:
         return self._db().execute("SELECT 1 FROM pages WHERE scope=? AND vector IS NOT NULL LIMIT 1", (scope,)).fetchone() is not None
@@ -303,14 +349,17 @@ class SqliteMemoryStore:
         db = self._db()
         removed = db.execute("SELECT seq, row FROM removed WHERE scope=? AND seq > ? ORDER BY seq", (scope, after_seq)).fetchall()
         last = removed[-1][0] if removed else after_seq
-        query = "SELECT row, body, conversation, recalls, vector FROM pages WHERE scope=? AND row > ? ORDER BY row"
+        query = f"SELECT {_READ} FROM pages WHERE scope=? AND row > ? ORDER BY row"
         added = (stored for values in self._db().execute(query, (scope, after_row)) if (stored := self._stored(scope, *values)) is not None)
         return added, [row for _, row in removed], int(last)
 
-    def _stored(self, scope: str, row: int, body: bytes, conversation: str, recalls: int, vector: bytes | None = None) -> Stored | None:
-        """A row as read; None when its page does not open (sealed under another key)."""
+    def _stored(self, scope: str, row: int, body: bytes, conversation: str, recalls: int, vector: bytes | None, *use: int) -> Stored | None:
+        """A row as read (``_READ``); None when its page does not open (sealed under another key)."""
         page = self.bodies.decode(scope, body)
-        return None if page is None else Stored(row, page, conversation, recalls, vector)
+        if page is None:
+            return None
+        record, shown, consulted, used = use
+        return Stored(row, page, conversation, recalls, vector, bool(record), shown, consulted, used)
 
 
 def _last_seq(db: sqlite3.Connection, scope: str) -> int:

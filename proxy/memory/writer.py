@@ -12,13 +12,19 @@ job. A tenant's own jobs keep their order.
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-__all__ = ["FairQueue", "Job", "tenant_of"]
+from ..storage.base import StoreUnavailable
+
+__all__ = ["FairQueue", "Job", "patiently", "tenant_of"]
+
+log = logging.getLogger("pcp.memory")
 
 
 def tenant_of(scope: str) -> str:
@@ -88,3 +94,18 @@ class FairQueue:
         with self._ready:
             self.closed = True
             self._ready.notify_all()
+
+
+# A write the store could not take (it is restarting, say) is tried again after these pauses, then given up.
+STORE_RETRIES = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
+
+
+def patiently(job: Callable[[], Any]) -> Any:
+    """``job()``, tried again while the store is unavailable: a write-back waits out a store's restart."""
+    for pause in STORE_RETRIES:
+        try:
+            return job()
+        except StoreUnavailable:
+            log.warning("the store is unavailable: a memory write waits %.1f s", pause)
+            time.sleep(pause)
+    return job()

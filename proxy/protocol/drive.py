@@ -47,6 +47,7 @@ from pcp_core import (
     rounds,
     settle,
 )
+from pcp_core.memory import memory_use
 
 from .. import headers as pcp
 from ..errors import ClientError, PcpError
@@ -295,7 +296,7 @@ class ProtocolRequest:
         self._save_once()  # the session's first write goes first
         session = settle(prepared, outcome)
         if self.memory is not None and self.services.memory is not None:  # written back in the background
-            self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns())
+            self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns(), memory_use(self.recalled, outcome))
         if session is not prepared.session:
             self.kept = self.services.sessions.save(self.namespace, session, 0, after=self.kept)
             self.services.metrics.inc("pcp_pages_solidified_total", len(session.pages.storage) - len(prepared.session.pages.storage))

@@ -31,7 +31,7 @@ def test_a_request_without_a_scope_is_never_remembered(start_proxy, upstream):
     response = ask(proxy, TOLD, KEY)
     assert response.headers["x-pcp-mode"] == "passthrough" and "x-pcp-memory" not in response.headers
     proxy.services.memory.wait()
-    assert proxy.services.memory.store.counts("") == {"originals": 0, "consolidated": 0, "conversations": 0, "forgotten_turns": 0}
+    assert set(proxy.services.memory.store.counts("").values()) == {0}
     assert not any(proxy.services.memory.store.listing(key, 0, 1) for key in ("", "x"))
 
 

@@ -7,7 +7,19 @@ from datetime import datetime
 from pcp_core import Conversation, LoadPages, Policy, Resolution, prepare, rounds
 from pcp_core.effects import CallWorker
 from pcp_core.index import PageIndex
-from pcp_core.memory import Candidate, MemoryPolicy, Root, conversation_pages, horizontal_merges, memory_pages, page_turns, ranked, selection, turn_hash
+from pcp_core.memory import (
+    Candidate,
+    MemoryPolicy,
+    Metabolism,
+    Root,
+    conversation_pages,
+    horizontal_merges,
+    memory_pages,
+    page_turns,
+    ranked,
+    selection,
+    turn_hash,
+)
 from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage
 from pcp_core.replies import WorkerReply
 from pcp_core.request import Facts
@@ -89,7 +101,7 @@ def test_the_router_lifts_a_page_beside_a_good_one_in_its_conversation():
     best = Candidate(page("a", "grafting", first=4), lexical=3.0, conversation="c1")
     beside = Candidate(page("b", "other", first=5), lexical=0.5, conversation="c1")
     elsewhere = Candidate(page("c", "other", first=5), lexical=0.6, conversation="c2")
-    order = ranked(intent, [best, elsewhere, beside], None, MemoryPolicy(fade_weight=0))
+    order = ranked(intent, [best, elsewhere, beside], None, MemoryPolicy(metabolism=Metabolism(fade_weight=0)))
     assert order.index(2) < order.index(1)
 
 
