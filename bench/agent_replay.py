@@ -122,7 +122,10 @@ def running_proxy(threshold: int, budget: int, window: int) -> Iterator[tuple[An
     fake = FakeUpstream(script)
     with tempfile.TemporaryDirectory(prefix="pcp-agent-replay-") as data:
         settings = Settings(
-            upstream_base_url=fake.url, data_dir=data, router_embeddings=False, sentry_threshold=threshold,
+            upstream_base_url=fake.url,
+            data_dir=data,
+            router_embeddings=False,
+            sentry_threshold=threshold,
             context_budget=budget,
             context_window=window,
             log_level="warning",
@@ -203,13 +206,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sessions", type=Path, default=SESSIONS, help="where the recorded sessions are")
     parser.add_argument("--threshold", type=int, default=8192, help="PCP_SENTRY_THRESHOLD (the proxy's default: 8,192)")
     parser.add_argument("--budget", type=int, default=40000, help="PCP_CONTEXT_BUDGET: room for an agent's tool definitions")
-    parser.add_argument("--window", type=int, default=0, help="PCP_CONTEXT_WINDOW (0: unknown, the proxy's default): known, a session that fits it goes untouched while paging costs more")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        help="PCP_CONTEXT_WINDOW (0: unknown, the proxy's default): known, a session that fits it goes untouched while paging costs more",
+    )
     args = parser.parse_args(argv)
     selftest()
     from proxy.tokenizer import Tokenizer
 
     renderer = Renderer(Tokenizer(ENCODING).encoding)
-    print(f"pcp-proxy: threshold {args.threshold:,}, context budget {args.budget:,}, window {args.window:,}; billed = uncached + 0.1 x cached input tokens (bench/cost_replay.py)\n")
+    print(
+        f"pcp-proxy: threshold {args.threshold:,}, context budget {args.budget:,}, window {args.window:,}; billed = uncached + 0.1 x cached input tokens (bench/cost_replay.py)\n"
+    )
     for agent in args.agents.split(","):
         path = args.sessions / f"{agent}.jsonl"
         if args.record or not path.exists():

@@ -20,6 +20,7 @@ from pcp_core.tokens import prompt_tokens
 from proxy.embedded import local_missing
 from proxy.settings import Settings
 from proxy.tokenizer import Tokenizer
+from tests.proxy.helpers import eventually
 
 SERVER, MODEL = os.environ.get("PCP_LOCAL_SERVER", ""), os.environ.get("PCP_LOCAL_MODEL", "")
 MISSING = local_missing(SERVER, MODEL)
@@ -162,10 +163,7 @@ def generating(server) -> int:
 
 def until_idle(server, timeout: float = 30.0) -> None:
     """Until the proxy has every slot back and, where the test can ask it, llama-server generates for no one."""
-    deadline = time.monotonic() + timeout
-    while generating(server) or _server_busy(server):
-        assert time.monotonic() < deadline, "the embedded model is still generating for a client that left"
-        time.sleep(0.05)
+    eventually(lambda: not (generating(server) or _server_busy(server)), timeout, awaiting="the embedded model to stop generating for a client that left")
 
 
 def _server_busy(server) -> bool:
@@ -281,10 +279,7 @@ def test_healthz_is_a_503_once_the_embedded_model_is_gone(tmp_path):
         assert httpx.get(f"{server.url}/healthz").status_code == 200
         pid = app.state.services.local_model.pid()
         os.kill(pid, 9)
-        deadline = time.monotonic() + 10
-        while (health := httpx.get(f"{server.url}/healthz")).status_code == 200:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        health = eventually(lambda: (h := httpx.get(f"{server.url}/healthz")).status_code != 200 and h, awaiting="/healthz to say the model is down")
         assert health.status_code == 503 and health.json()["local_model"]["status"] == "down"
     finally:
         server.stop()
