@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from pcp_core import Page
 from pcp_core.memory import vector_text
 
-from .store import vector_bytes, vector_of
-
-__all__ = ["cosine", "encode_pages", "encode_query"]
+__all__ = ["cosine", "encode_pages", "encode_query", "vector_bytes", "vector_of"]
 
 log = logging.getLogger("pcp.memory")
 
@@ -54,3 +52,16 @@ def cosine(vector: Any, raw: bytes | None) -> float:
     if vector is None or stored is None or len(stored) != len(vector):
         return float("nan")
     return float(stored @ vector)
+
+
+def vector_bytes(vector: np.ndarray) -> bytes:
+    """A vector as the store keeps it: float16, half the bytes of float32 for a ranking that does not change."""
+    return np.asarray(vector, dtype=np.float16).tobytes()
+
+
+@overload
+def vector_of(raw: bytes) -> np.ndarray: ...
+@overload
+def vector_of(raw: bytes | None) -> np.ndarray | None: ...
+def vector_of(raw: bytes | None) -> np.ndarray | None:
+    return None if raw is None else np.frombuffer(raw, dtype=np.float16).astype(np.float32)

@@ -26,8 +26,9 @@ import numpy as np
 from pcp_core.memory import index_terms
 
 from ..storage.sealing import Sealer
+from .encoding import vector_of
 from .lexical import LexicalIndex
-from .store import MemoryStore, Stored, Written, vector_of
+from .store import MemoryStore, Stored, Written
 from .vectors import VectorIndex, faiss_available
 
 __all__ = ["ScopeIndex"]

@@ -19,10 +19,9 @@ import sqlite3
 import threading
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol, overload
+from typing import Protocol
 
 import msgspec
-import numpy as np
 
 from pcp_core import ConsolidatedPage, Page
 from pcp_core.memory import MemoryUse
@@ -364,18 +363,6 @@ class SqliteMemoryStore:
 
 def _last_seq(db: sqlite3.Connection, scope: str) -> int:
     return int(db.execute("SELECT coalesce(max(seq), 0) FROM removed WHERE scope=?", (scope,)).fetchone()[0])
-
-
-def vector_bytes(vector: np.ndarray) -> bytes:
-    return np.asarray(vector, dtype=np.float16).tobytes()
-
-
-@overload
-def vector_of(raw: bytes) -> np.ndarray: ...
-@overload
-def vector_of(raw: bytes | None) -> np.ndarray | None: ...
-def vector_of(raw: bytes | None) -> np.ndarray | None:
-    return None if raw is None else np.frombuffer(raw, dtype=np.float16).astype(np.float32)
 
 
 class _transaction:
