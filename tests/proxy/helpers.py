@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import shutil
 import socket
 import threading
 import time
@@ -135,3 +136,17 @@ def _on_a_loop() -> bool:
     except RuntimeError:  # a thread with no event loop
         return False
     return True
+
+
+# Debian's Chromium, headless, for the tests that need a real browser (CORS, the inspector); no network of its own.
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import http.server
-import shutil
 import threading
 
 import pytest
 
 from proxy.settings import SettingsError, load_settings
 from proxy.testing.upstream import completion
-from tests.proxy.helpers import long_history
+from tests.proxy.helpers import CHROMIUM, CHROMIUM_FLAGS, long_history
 
 APP = "https://app.example"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Say hi."}]}
@@ -57,17 +56,6 @@ def test_a_bad_origin_stops_the_start_naming_the_setting():
 
 
 # -- in a real browser -------------------------------------------------------------------------
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture
@@ -106,7 +94,7 @@ def test_a_page_of_an_allowed_origin_calls_the_proxy_from_chromium(start_proxy, 
     proxy = start_proxy(sockets=True, api_keys=["k-web"], cors_origins=[page_origin if allowed else "https://app.example"])
     upstream.default = lambda recorded: completion("hi from upstream", headers=WIDE_OPEN)
     with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = playwright.chromium.launch_persistent_context(str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page()
             page.goto(page_origin)

@@ -15,19 +15,8 @@ from pathlib import Path
 import pytest
 
 from proxy.testing.upstream import completion
+from tests.proxy.helpers import CHROMIUM, CHROMIUM_FLAGS
 from tests.proxy.telemetry_helpers import consult_first_summary, dated_chat
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright for Python is not installed (pip install -e '.[dev]')")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium; .ci/run installs it as root)")
@@ -38,7 +27,7 @@ def browser(tmp_path):
     with sync_api.sync_playwright() as playwright:
         # A fresh profile each time, and the system's browser: nothing is downloaded.
         context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=FLAGS, viewport={"width": 1400, "height": 1000}
+            str(tmp_path / "profile"), executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS, viewport={"width": 1400, "height": 1000}
         )
         try:
             yield context
