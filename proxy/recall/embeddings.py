@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..resident import give_back
 from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
@@ -279,6 +280,7 @@ class Embedder:
                     self._wait_for_quiet()
                 part = absent[start : start + step]
                 self._encode(part, role="background")
+                give_back()  # what the batches' tensors freed: kept, it is hundreds of MB nothing uses
                 self.on_encoded("encoded", len(part))
                 done += len(part)
         except Exception:  # a failed encode costs dense recall, never a request
