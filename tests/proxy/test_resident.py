@@ -7,6 +7,9 @@ import re
 import sys
 import types
 
+import pytest
+
+from proxy import resident
 from proxy.resident import session_bytes, share
 from proxy.testing.upstream import completion, metric_value, paged_session
 from proxy.tokenizer import Tokenizer
@@ -102,3 +105,24 @@ def test_a_session_dropped_from_memory_and_read_back_answers_as_one_kept(start_p
     assert _worker_prompt(upstream) == in_memory
     assert kept["x-pcp-pages"] == read_back["x-pcp-pages"]
     assert metric_value(proxy.http.get("/metrics").text, "pcp_sessions_total", how="resumed") == 2
+
+
+def test_give_back_returns_what_the_allocator_kept_of_freed_blocks():
+    if resident._TRIM is None:
+        pytest.skip("not glibc: the allocator has no malloc_trim")
+
+    def rss() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * 4096
+
+    # 200 MB in 64 KiB blocks (below glibc's mmap threshold: they come from its heap), the last kept: it pins
+    # the top of the heap, so freeing the rest leaves their pages resident until they are given back.
+    blocks = [bytearray(64 * 2**10) for _ in range(3200)]
+    for block in blocks:
+        block[::4096] = b"x" * len(block[::4096])  # every page touched
+    kept = blocks.pop()
+    blocks.clear()
+    held = rss()
+    resident.give_back()
+    assert held - rss() > 100 * 2**20, (held, rss())
+    assert kept[0] == ord("x")
