@@ -249,9 +249,15 @@ def user_turns(messages: Sequence[Message]) -> list[int]:
 # -- the proxy --------------------------------------------------------------------------------
 
 
+def chosen_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings the command line changes from the defaults."""
+    chosen = {"cached_input_price": args.cached_price, "context_window": args.window}
+    return {name: value for name, value in chosen.items() if value is not None}
+
+
 @contextmanager
-def running_proxy(bm25: bool) -> Iterator[tuple[Any, str]]:
-    """pcp-proxy with its default settings in front of an in-process fake upstream that answers every call at once."""
+def running_proxy(bm25: bool, **chosen: Any) -> Iterator[tuple[Any, str]]:
+    """pcp-proxy with its default settings (but ``chosen``) in front of an in-process fake upstream that answers every call at once."""
     from proxy.app import create_app
     from proxy.cli.process import tune_process
     from proxy.settings import Settings
@@ -259,7 +265,7 @@ def running_proxy(bm25: bool) -> Iterator[tuple[Any, str]]:
 
     fake = FakeUpstream(default=lambda recorded: completion(ANSWER))
     with tempfile.TemporaryDirectory(prefix="pcp-cost-") as data_dir:
-        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, log_level="warning", router_embeddings=not bm25)
+        settings = Settings(upstream_base_url=fake.url, data_dir=data_dir, log_level="warning", router_embeddings=not bm25, **chosen)
         tune_process(settings)
         server = serve_in_thread(create_app(settings, transport=fake.transport()))
         try:
@@ -525,7 +531,7 @@ def run_chat(args: argparse.Namespace, renderer: Renderer, count: Callable[[str]
         turns = turns[: args.limit]
     replay = Replay()
     started = time.perf_counter()
-    with running_proxy(args.bm25) as (fake, url), httpx.Client(timeout=600) as client:
+    with running_proxy(args.bm25, **chosen_settings(args)) as (fake, url), httpx.Client(timeout=600) as client:
         waiter = None if args.bm25 else background_waiter(client, url)
         replay_conversation(replay, client, url, fake, messages, None, turns, renderer, count, waiter, progress="chat", dump=args.dump)
     replay.seconds = time.perf_counter() - started
@@ -538,7 +544,7 @@ def run_agents(args: argparse.Namespace, renderer: Renderer, count: Callable[[st
     sessions = agent_sessions(args.agent_data)[: args.sessions or None]
     replay = Replay()
     started = time.perf_counter()
-    with running_proxy(args.bm25) as (fake, url), httpx.Client(timeout=600) as client:
+    with running_proxy(args.bm25, **chosen_settings(args)) as (fake, url), httpx.Client(timeout=600) as client:
         waiter = None if args.bm25 else background_waiter(client, url)
         for k, (_, messages, tools) in enumerate(sessions):
             renderer.forget()
@@ -685,6 +691,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--agent-data", type=Path, default=AGENT_DATA)
     parser.add_argument("--dump", type=Path, default=None, help="write every upstream call's messages into this directory")
     parser.add_argument("--selftest", action="store_true", help="check the pricing and exit")
+    parser.add_argument("--cached-price", type=float, default=None, help="PCP_CACHED_INPUT_PRICE (0: a local server's slot)")
+    parser.add_argument("--window", type=int, default=None, help="PCP_CONTEXT_WINDOW (a local model's context)")
     args = parser.parse_args(argv)
     if args.dump:
         args.dump.mkdir(parents=True, exist_ok=True)
@@ -698,7 +706,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     renderer = Renderer(tokenizer.encoding)
     started = time.perf_counter()
     ranking = "BM25 alone (PCP_ROUTER_EMBEDDINGS=false)" if args.bm25 else "BM25 + dense (default)"
-    print(f"pcp-proxy, default settings (threshold 8,192, budget 4,096), {ranking}; the upstream answers every call at once.")
+    changed = ", ".join(f"{name} {value}" for name, value in chosen_settings(args).items())
+    print(
+        f"pcp-proxy, default settings (threshold 8,192, budget 4,096){', but ' + changed if changed else ''}, {ranking}; the upstream answers every call at once."
+    )
     print(
         f"Cloud: a prefix shared with any earlier call of the conversation, from {CACHE_MIN:,} tokens in {CACHE_STEP}-token steps, at {CACHED_RATE} of an uncached token. Local: prefill after the prefix shared with the call just before.\n"
     )
