@@ -17,7 +17,8 @@ from .terms import TermStats, TermWeights, consensus_keywords, terms, words_of
 
 __all__ = ["consolidate", "extractive_summary", "model_summary", "summary_prompt"]
 
-_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+# A sentence ends at . ! or ?, but not at an initial ("George R. R. Martin" is one name, not three sentences).
+_SENTENCE = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+|\n+")
 
 
 def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
@@ -33,16 +34,24 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
         key=lambda i: -sum(weights.get(t, 0.0) for t in set(words_of(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
     )
     chosen: list[int] = []
+    said: set[str] = set()
     used = 0
     for i in scored:
-        if sentences[i] in (sentences[j] for j in chosen):  # a sentence said twice (two pages alike) is summarised once
+        same = _said(sentences[i])
+        if same in said:  # a sentence said twice (two pages alike, "Thanks!" and "Thanks.") is summarised once
             continue
         if used + len(sentences[i]) + 1 <= max_chars:
             chosen.append(i)
+            said.add(same)
             used += len(sentences[i]) + 1
     if not chosen:  # even the best sentence is too long: cut it at a word boundary
         return _clip(sentences[scored[0]], max_chars)
     return " ".join(sentences[i] for i in sorted(chosen))
+
+
+def _said(sentence: str) -> str:
+    """What a sentence says, whatever its case and closing punctuation."""
+    return sentence.rstrip(".!?").lower()
 
 
 # A speaker is a name: up to four capitalised words ("Caroline", "Jean-Luc Picard", "Dr. Ruth Smith"),

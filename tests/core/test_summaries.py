@@ -83,3 +83,15 @@ def test_a_containers_summary_of_summaries_doubles_nothing_they_do_not(start, si
 
 def test_a_sentence_that_opens_with_a_label_is_not_taken_for_a_speaker():
     assert summary("Yes. One important thing: the keys are under the mat.", 200) == "Yes. One important thing: the keys are under the mat."
+
+
+def test_an_initial_does_not_end_a_sentence():
+    text = "John: Have you read all of George R. R. Martin's books?"
+    summary = extractive_summary(text, {"martin": 1.0, "books": 1.0}, 200)
+    assert summary == text and not doubled(summary)
+
+
+def test_a_sentence_said_twice_with_other_punctuation_is_summarised_once():
+    text = "Melanie: Yeah, Caroline.\nMelanie: Thanks, Caroline.\nMelanie: Thanks, Caroline!"
+    summary = extractive_summary(text, {"thanks": 1.0, "caroline": 1.0, "yeah": 0.5}, 200)
+    assert summary.lower().count("thanks, caroline") == 1 and not doubled(summary)
