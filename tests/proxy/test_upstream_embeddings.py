@@ -128,7 +128,7 @@ def test_the_upstream_is_asked_again_once_the_fallbacks_time_is_up():
         assert await vectors.similarities_when_ready("dog training?", texts) is None  # asked again: the pages are on their way
         await asyncio.sleep(0.2)
         cosines = await vectors.similarities_when_ready("dog training?", texts)
-        np.testing.assert_allclose(cosines, [model.vector(t) @ model.vector("dog training?") for t in texts], rtol=1e-5)
+        np.testing.assert_allclose(cosines, [model.vector(t) @ model.vector("dog training?") for t in texts], atol=1e-3)  # rows held in half precision
         assert len(fallback.asked) == 2
         vectors.close()
         await upstream.aclose()
