@@ -21,7 +21,7 @@ from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash
 from ..decoding import decode_json
 from ..errors import ClientError, PcpError
 from ..sse import DONE, data_event, said
-from .codec import Api, Reading, Usage, checked
+from .codec import Api, BodyCodec, Reading, Usage, checked
 from .whole_streams import chat_chunks
 
 __all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
@@ -186,7 +186,7 @@ def relayed_finish(finish: str | None) -> str:
 OWN_FIELDS = ("messages", "stream", "stream_options", "n", "tools", "tool_choice", "pcp_components")
 
 
-class ChatCodec:
+class ChatCodec(BodyCodec):
     """One chat-completions request in protocol mode: its worker calls, and the answer it gets."""
 
     check = staticmethod(check)
@@ -203,13 +203,6 @@ class ChatCodec:
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.components = body.get("pcp_components")
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model") or "")
-
-    def cache_key(self, key: str) -> None:
-        self.base.setdefault("prompt_cache_key", key)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, "messages": call.messages}

@@ -171,7 +171,21 @@ class Codec(Protocol):
         """Ask the upstream to route the request's calls by ``key`` (OpenAI's ``prompt_cache_key``), unless the client names one."""
 
 
-class ToolsCodec:
+class BodyCodec:
+    """What every codec keeps of the client's body: the model it names, and the fields it sends on (``base``)."""
+
+    body: dict[str, Any]
+    base: dict[str, Any]
+
+    @property
+    def model(self) -> str:
+        return str(self.body.get("model") or "")
+
+    def cache_key(self, key: str) -> None:
+        self.base.setdefault("prompt_cache_key", key)
+
+
+class ToolsCodec(BodyCodec):
     """What the Responses and Messages codecs share: the client's tools sent as it wrote them, the
     directives' after them in the tools channel, and every field the proxy does not set as the client
     sent it. A subclass says how a call's chat messages are written (``prompt``) and how a tool is
@@ -187,13 +201,6 @@ class ToolsCodec:
         self.tools: list[dict[str, Any]] = list(body.get("tools") or [])
         self.client_tools = [self.chat_tool(tool) for tool in self.tools]
         self.base = {k: v for k, v in body.items() if k not in self.own_fields}
-
-    @property
-    def model(self) -> str:
-        return str(self.body.get("model") or "")
-
-    def cache_key(self, key: str) -> None:
-        self.base.setdefault("prompt_cache_key", key)
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
         body = {**self.base, **self.prompt(call.messages, call.cuts, call.marks)}
