@@ -138,34 +138,25 @@ def run(url: str, proxy_pid: int | None) -> None:
         rows.append((f"messages.stream, {kind}", seconds, f"stop_reason={final.stop_reason}"))
 
     pid = server_pid(proxy_pid)
+
+    def next_answer(check: str, cpu: str) -> None:
+        """Once a client has left: llama-server's CPU the second after (``{after}`` in ``cpu``), and how soon the next request is answered."""
+        after = cores(pid)
+        seconds, reply = timed(lambda: client.chat.completions.create(model="m", messages=HELLO, max_tokens=16))
+        rows.append((check, seconds, f"{reply.choices[0].finish_reason}; " + cpu.format(after=after)))
+
     body = {"model": "m", "messages": [{"role": "user", "content": "Write a very long story."}], "max_tokens": 3000, **ENDLESS}
     with httpx.Client(base_url=url, timeout=60) as http, http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as stream:
         lines = stream.iter_lines()
         for _ in range(30):
             next(lines)
         busy = cores(pid)
-    after = cores(pid)
-    seconds, reply = timed(lambda: client.chat.completions.create(model="m", messages=HELLO, max_tokens=16))
-    rows.append(
-        (
-            "a client left a stream: the next answer",
-            seconds,
-            f"{reply.choices[0].finish_reason}; llama-server {busy:.2f} cores generating, {after:.2f} the second after",
-        )
-    )
+    next_answer("a client left a stream: the next answer", f"llama-server {busy:.2f} cores generating, {{after:.2f}} the second after")
     try:
         httpx.post(f"{url}/v1/chat/completions", json=body, timeout=httpx.Timeout(60, read=3.0))
     except httpx.ReadTimeout:
         pass
-    after = cores(pid)
-    seconds, reply = timed(lambda: client.chat.completions.create(model="m", messages=HELLO, max_tokens=16))
-    rows.append(
-        (
-            "a client gave up on a whole answer (3 s): the next answer",
-            seconds,
-            f"{reply.choices[0].finish_reason}; llama-server {after:.2f} cores the second after",
-        )
-    )
+    next_answer("a client gave up on a whole answer (3 s): the next answer", "llama-server {after:.2f} cores the second after")
 
     before = rss_mb(pid) if pid else 0.0
     filler = " ".join(f"word{i}" for i in range(500))  # ~2,400 of SmolLM2's tokens
