@@ -70,7 +70,7 @@ def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block
         if not SESSION_ID.fullmatch(item.id):
             raise ClientError(f"line {n}: a page id is 1 to 128 letters, digits or . _ : -", param=f"line {n}")
         pages.append(msgspec.structs.replace(item, origin=Origin.STORAGE, draft=False))
-        if _RECORD.decode(line).record:
+        if b'"record"' in line and _RECORD.decode(line).record:  # read again only where export may have marked it
             records.add(item.id)
         if len(pages) > settings.memory_import_max_pages:
             raise too_large(
