@@ -44,6 +44,7 @@ requests, ``--sessions N`` at most N agent sessions.
 
     .venv/bin/python bench/cost_replay.py [--bm25] [--every N] [--limit N] [--sessions N]
                                           [--only chat|agent] [--examples K] [--selftest]
+                                          [--cached-price P] [--window N] [--followup-share S]
 """
 
 from __future__ import annotations
@@ -251,7 +252,7 @@ def user_turns(messages: Sequence[Message]) -> list[int]:
 
 def chosen_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The settings the command line changes from the defaults."""
-    chosen = {"cached_input_price": args.cached_price, "context_window": args.window}
+    chosen = {"cached_input_price": args.cached_price, "context_window": args.window, "followup_share": args.followup_share}
     return {name: value for name, value in chosen.items() if value is not None}
 
 
@@ -693,6 +694,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--selftest", action="store_true", help="check the pricing and exit")
     parser.add_argument("--cached-price", type=float, default=None, help="PCP_CACHED_INPUT_PRICE (0: a local server's slot)")
     parser.add_argument("--window", type=int, default=None, help="PCP_CONTEXT_WINDOW (a local model's context)")
+    parser.add_argument("--followup-share", type=float, default=None, help="PCP_FOLLOWUP_SHARE (what a follow-up adds, of the budget)")
     args = parser.parse_args(argv)
     if args.dump:
         args.dump.mkdir(parents=True, exist_ok=True)

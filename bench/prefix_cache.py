@@ -24,7 +24,7 @@ a cache that keeps Anthropic's rules (``proxy.testing_prompt_cache``: an
 entry only where a ``cache_control`` mark is, from 1,024 tokens, found only
 at a block's end), and counts what each call reads from it.
 
-    .venv/bin/python bench/prefix_cache.py [--budgets 4096] [--shape chat|history] [--api chat|messages] [--limit N]
+    .venv/bin/python bench/prefix_cache.py [--budgets 4096] [--shape chat|history] [--api chat|messages] [--limit N] [--followup-share S]
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def compose(history: list[Message], asked: Sequence[tuple[str, str]], question: 
     return [*history, *earlier, user(question)]
 
 
-def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) -> tuple[Shares, Shares, int, list[list[Any]]]:
+def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int, **settings: Any) -> tuple[Shares, Shares, int, list[list[Any]]]:
     import httpx
 
     tokenizer = Tokenizer(ENCODING)
@@ -111,7 +111,7 @@ def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int) 
     outcomes: list[list[Any]] = [[] for _ in PROXY_ROWS]  # recall, each row of bench/recall.py's
     first_before: dict[str, list[dict[str, str]]] = {}
     asked: dict[str, list[tuple[str, str]]] = {}
-    with running_proxy(budget, simulated_worker, False) as (fake, url), httpx.Client(timeout=300) as client:
+    with running_proxy(budget, simulated_worker, False, **settings) as (fake, url), httpx.Client(timeout=300) as client:
         for question in questions:
             conv = question.conv_id
             messages = compose(conversations[conv], asked.setdefault(conv, []), question.text, shape)
@@ -174,6 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--least", type=int, default=CACHE_FLOOR, help="shortest prefix a provider caches")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--api", choices=["chat", "messages"], default="chat", help="messages: Anthropic's API, its cache rules")
+    parser.add_argument("--followup-share", type=float, default=None, help="PCP_FOLLOWUP_SHARE (what a follow-up adds, of the budget)")
     args = parser.parse_args(argv)
     print(
         f"LoCoMo {args.data.name}, questions asked as {'one chat a conversation' if args.shape == 'chat' else 'new requests on the history'}; a prefix counts from {args.least:,} tokens\n"
@@ -186,7 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             rounds, follow_ups, over = measure_messages(budget, args.shape, args.limit, args.data)
             outcomes: list[list[Any]] = []
         else:
-            rounds, follow_ups, over, outcomes = measure(budget, args.shape, args.limit, args.data, args.least)
+            chosen = {"followup_share": args.followup_share} if args.followup_share is not None else {}
+            rounds, follow_ups, over, outcomes = measure(budget, args.shape, args.limit, args.data, args.least, **chosen)
         print(f"| later rounds | {budget:,} | " + " | ".join(rounds.cells()) + " |")
         print(f"| follow-ups | {budget:,} | " + " | ".join(follow_ups.cells()) + " |")
         if outcomes:

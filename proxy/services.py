@@ -98,6 +98,7 @@ def policy_of(settings: Settings) -> Policy:
         router=bool(settings.router_model),
         context_role=settings.context_role,
         cached_price=settings.cached_input_price,
+        fresh_share=settings.followup_share,
     )
     # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
     # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).

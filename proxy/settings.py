@@ -42,6 +42,7 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     max_rounds: int | None = None
     context_window: int | None = None
     cached_input_price: float | None = None
+    followup_share: float | None = None
 
     def problem(self) -> str | None:
         """What is wrong with these values, if anything (checked by ``Settings``, which knows the model's name)."""
@@ -52,6 +53,7 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
             ("max_rounds", self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "must be at least 1"),
             ("context_window", self.context_window, self.context_window is None or self.context_window >= 0, "must be 0 (unknown) or a number of tokens"),
             ("cached_input_price", price, price is None or 0.0 <= price <= 1.0, "must be between 0 and 1"),
+            ("followup_share", self.followup_share, self.followup_share is None or _share_ok(self.followup_share), SHARE_RANGE),
         ):
             if not ok:
                 return f"{name} {what}, got {value!r}"
@@ -130,6 +132,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # every request is paged afresh, as tokens are all that counts). Below 1, a conversation keeps a
     # frame its follow-ups replay byte for byte, and is forwarded untouched while that is cheaper.
     cached_input_price: float = 0.1
+    # Of context_budget, the most a follow-up adds after its frame, new to the provider's cache and billed
+    # in full: the turns said since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
+    # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
+    followup_share: float = 0.2
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
     context_window: int = 0
@@ -213,6 +219,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
         _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
         _require(self.cached_input_price, 0.0 <= self.cached_input_price <= 1.0, "cached_input_price", "must be between 0 and 1")
+        _require(self.followup_share, _share_ok(self.followup_share), "followup_share", SHARE_RANGE)
         _require(self.context_window, self.context_window >= 0, "context_window", "must be 0 (unknown) or a number of tokens")
         _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
@@ -248,6 +255,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
+
+
+SHARE_RANGE = "must be between 0.05 and 0.5"
+
+
+def _share_ok(share: float) -> bool:
+    return 0.05 <= share <= 0.5
 
 
 _ORIGIN = re.compile(r"^https?://[^/\s]+$|^\*$")

@@ -112,6 +112,7 @@ def _narrowed(policy: Policy, spec: ModelSettings) -> Policy:
         budget=spec.context_budget if spec.context_budget is not None else rounds.budget,
         max_rounds=spec.max_rounds if spec.max_rounds is not None else rounds.max_rounds,
         cached_price=spec.cached_input_price if spec.cached_input_price is not None else rounds.cached_price,
+        fresh_share=spec.followup_share if spec.followup_share is not None else rounds.fresh_share,
     )
     threshold = spec.sentry_threshold if spec.sentry_threshold is not None else policy.threshold
     window = spec.context_window if spec.context_window is not None else policy.window

@@ -6,6 +6,7 @@ import os
 
 from pcp_core.engine import kept_nodes
 from pcp_core.replies import WorkerReply
+from proxy.settings import ModelSettings
 from proxy.testing.upstream import completion
 from tests.core.test_engine import context, doc, drive, summary_node_ids
 from tests.proxy.helpers import long_history
@@ -84,3 +85,22 @@ def test_a_paged_request_names_its_session_to_openais_prompt_cache(start_proxy, 
     plain = start_proxy(sentry_threshold=500, context_budget=2048)  # auto: only to api.openai.com
     plain.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert "prompt_cache_key" not in upstream.chat_requests("worker")[-1].json
+
+
+def _added_by_a_follow_up(proxy, upstream) -> int:
+    """Tokens of a follow-up's worker prompt after what it shares with the request's before it: new to a provider's cache."""
+    history = long_history(400)
+    proxy.client().chat.completions.create(model="m", messages=history)
+    first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    follow_up = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Which seedlings did we talk about?"}]
+    proxy.client().chat.completions.create(model="m", messages=follow_up)
+    second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    return proxy.services.tokenizer.count(second[len(os.path.commonprefix([first, second])) :])
+
+
+def test_followup_share_bounds_what_a_follow_up_adds(start_proxy, upstream):
+    narrow = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, followup_share=0.05), upstream)
+    wide = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, followup_share=0.4), upstream)
+    by_model = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, models={"m": ModelSettings(followup_share=0.05)}), upstream)
+    assert narrow < wide and by_model == narrow
+    assert wide > 0.05 * 4096  # a wide share is used: the narrow one cut what it showed

@@ -42,6 +42,7 @@ def test_config_file_can_come_from_the_environment(tmp_path):
         ({"PCP_CONTEXT_BUDGET": "100"}, "PCP_CONTEXT_BUDGET"),
         ({"PCP_SUMMARIES": "magic"}, "PCP_SUMMARIES"),
         ({"PCP_CONTEXT_BUGDET": "4096"}, "PCP_CONTEXT_BUGDET"),
+        ({"PCP_FOLLOWUP_SHARE": "0.9"}, "PCP_FOLLOWUP_SHARE"),
     ],
 )
 def test_bad_environment_values_name_their_key(environ, named):
@@ -53,6 +54,13 @@ def test_unknown_key_in_file_is_refused(tmp_path):
     config = tmp_path / "pcp.toml"
     config.write_text("context_budgte = 1\n")
     with pytest.raises(SettingsError, match="context_budgte"):
+        load_settings(config, environ={})
+
+
+def test_a_models_followup_share_is_checked(tmp_path):
+    config = tmp_path / "pcp.toml"
+    config.write_text('[models."agent-*"]\nfollowup_share = 0.01\n')
+    with pytest.raises(SettingsError, match="followup_share must be between 0.05 and 0.5"):
         load_settings(config, environ={})
 
 
