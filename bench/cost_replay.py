@@ -626,11 +626,13 @@ def saved_line(rows: Sequence[Row]) -> str:
     raw = sum(r.passthrough_tokens - r.proxy_tokens for r in protocol)
     billed = sum(r.passthrough_billed - r.proxy_billed for r in protocol)
     prefill = sum(r.passthrough_prefill - r.proxy_prefill for r in protocol)
+    dearer = [r for r in protocol if r.proxy_billed > r.passthrough_billed]
     return (
         f"protocol-mode requests ({len(protocol):,}): `x-pcp-tokens-saved` summed **{claimed:,}**; "
         f"prompt tokens actually not sent {raw:,}; cloud-billed input saved **{billed:,.0f}** "
         f"(passthrough {sum(r.passthrough_billed for r in protocol):,.0f} → proxy {sum(r.proxy_billed for r in protocol):,.0f}); "
-        f"local prefill saved **{prefill:,}** (passthrough {sum(r.passthrough_prefill for r in protocol):,} → proxy {sum(r.proxy_prefill for r in protocol):,})"
+        f"local prefill saved **{prefill:,}** (passthrough {sum(r.passthrough_prefill for r in protocol):,} → proxy {sum(r.proxy_prefill for r in protocol):,}); "
+        f"billed more than untouched: {len(dearer):,}, of which the header said saved: **{sum(r.saved_header > 0 for r in dearer):,}**"
     )
 
 

@@ -10,7 +10,7 @@ request sent untouched.
 
 from __future__ import annotations
 
-__all__ = ["CACHE_LEAST", "CACHE_STEP", "billed", "cached"]
+__all__ = ["CACHE_LEAST", "CACHE_STEP", "billed", "cached", "cached_at_most"]
 
 CACHE_LEAST = 1024  # the shortest prefix a provider caches
 CACHE_STEP = 128  # a cached prefix counts in steps of this many tokens
@@ -19,6 +19,13 @@ CACHE_STEP = 128  # a cached prefix counts in steps of this many tokens
 def cached(shared: int) -> int:
     """Of a prefix of ``shared`` tokens seen before, what a provider bills as cached."""
     return 0 if shared < CACHE_LEAST else shared // CACHE_STEP * CACHE_STEP
+
+
+def cached_at_most(shared: int) -> int:
+    """Of a prefix of ``shared`` tokens seen before, the most a provider could bill as cached: all of it, from
+    1,024 tokens. What a request sent untouched is priced at, so that a saving claimed against it (where the
+    tokens are the proxy's count, not the provider's, and its steps may fall elsewhere) is never one that was not."""
+    return shared if shared >= CACHE_LEAST else 0
 
 
 def billed(tokens: int, read: int, price: float) -> float:

@@ -78,6 +78,15 @@ class Conversation(msgspec.Struct, frozen=True):
         return [*self.history, self.query] if self.query_is_block and self.query is not None else self.history
 
     @property
+    def sent_before(self) -> int:
+        """How many of the history's messages a client resending the conversation sent before this request: those
+        before its latest answer, where the request before it ended. A query that is an answer itself (tool calls
+        and their results, as one turn) comes after the whole history."""
+        said = [*self.history, *filter(None, [self.query])]
+        last = next((i for i in range(len(said) - 1, -1, -1) if said[i].get("role") == "assistant"), 0)
+        return min(last, len(self.history))
+
+    @property
     def head_text(self) -> str:
         return "\n\n".join(message_text(m) for m in self.head)
 

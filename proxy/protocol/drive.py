@@ -161,7 +161,7 @@ class ProtocolRequest:
         self._count_paging(prepared)
         if self.services.keys_prompt_cache(self.calls.upstream):
             self.codec.cache_key(f"pcp-{prepared.session.id}")
-        self.telemetry.priced(self._untouched_read(prepared), self.usage)
+        self.telemetry.priced(self._untouched_read(), self.usage)
         writer = services.summary_writer
         if writer is not None and self.calls.upstream is services.upstream:  # it asks for chat completions
             await writer.submit(prepared.session.pages, self.codec.model, self.headers)
@@ -170,17 +170,19 @@ class ProtocolRequest:
         loop = await asyncio.to_thread(rounds, prepared, services.tokenizer.count_built, services.bm25)
         return self.telemetry.watch(prepared, loop)
 
-    def _untouched_read(self, prepared: Prepared) -> int:
-        """What a provider's cache would serve of the request sent untouched: the messages the request before it
-        in the conversation sent too (``resumed``: the session held them), counted as the client's."""
-        if prepared.paged.how not in ("resumed", "pinned") or self.resolution is None:
-            return 0
+    def _untouched_read(self) -> int:
+        """What a provider's cache would serve of the request sent untouched: all but its latest exchange, which
+        the client sent before (through the proxy, forwarded or paged), counted as the client's. The most it may
+        be: a saving claimed against it is never one that did not happen."""
         conversation, count = self.conversation, self.services.tokenizer.count
-        new = [*conversation.history[self.resolution.reused :], *filter(None, [conversation.query])]
+        sent_before = conversation.sent_before
+        if not sent_before:
+            return 0
+        new = [*conversation.history[sent_before:], *filter(None, [conversation.query])]
         if self.telemetry.said:  # what the request's messages take, less the new ones: a million-token
             # history is not counted again, message by message (~15-40 ms)
             return self.telemetry.said - prompt_tokens(new, count) + prompt_tokens([], count)
-        return prompt_tokens([*conversation.head, *conversation.history[: self.resolution.reused]], count)
+        return prompt_tokens([*conversation.head, *conversation.history[:sent_before]], count)
 
     async def _paged(self) -> Prepared:
         """``_prepare`` in a thread, stopped if the client leaves or it takes longer than ``paging_timeout``."""

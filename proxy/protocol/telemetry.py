@@ -38,7 +38,7 @@ from typing import Any
 import msgspec
 
 from pcp_core import CallRouter, CallWorker, Effect, Outcome, Paged, PagedHistory, Prepared, Step, View
-from pcp_core.billing import billed, cached
+from pcp_core.billing import billed, cached, cached_at_most
 
 from .. import headers as pcp
 from ..logs import TRACE_ID
@@ -229,7 +229,7 @@ class RequestTelemetry:
         else:
             sent = self.reported.prompt_tokens or trace.tokens_sent
             trace.billed = billed(sent, read, self.price)
-        trace.untouched = billed(trace.prompt_tokens, cached(self.untouched_read), self.price)
+        trace.untouched = billed(trace.prompt_tokens, cached_at_most(self.untouched_read), self.price)
         trace.tokens_saved = round(trace.untouched - trace.billed)
         if self.calls:
             trace.pages = _counts(trace.rounds[-1].views, self.total)

@@ -99,3 +99,23 @@ def test_tool_results_whose_call_is_not_there_stay_the_query_alone():
     conversation = read(messages)
     assert conversation.query == messages[-1] and conversation.history == messages[:1]
     assert message_text(conversation.query) == "done"
+
+
+def test_what_a_client_sent_before_is_the_history_up_to_its_latest_answer():
+    chat = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "fine"},
+        {"role": "user", "content": "third"},
+    ]
+    assert read(chat).sent_before == 3  # "first", "ok", "second": the request before ended with "second"
+    assert read(chat[:2]).sent_before == 0  # a conversation's first request: nothing was sent before it
+    tools = [
+        {"role": "user", "content": TASK},
+        {"role": "assistant", "content": "", "tool_calls": [call("c1", "bash", {"command": "ls"})]},
+        {"role": "tool", "tool_call_id": "c1", "content": "calc tests"},
+    ]
+    conversation = read(tools)
+    assert conversation.sent_before == len(conversation.history) == 1  # the calls and results are this request's answer

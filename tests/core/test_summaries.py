@@ -38,13 +38,15 @@ pytestmark = pytest.mark.skipif(not TURNS, reason=f"the dev data is not at {DEV}
 
 
 def doubled(text: str) -> set[str]:
-    """Runs of two words or more said twice in a row that are not whole sentences ("Yes. One thing: Yes. One thing: …");
-    a sentence two turns both say ("Talk soon. Talk soon.") is the conversation's own."""
+    """Runs of two words or more said twice in a row, from a sentence's start, that are not whole sentences ("Yes. One
+    thing: Yes. One thing: …"); a sentence two turns both say ("Talk soon. Talk soon.") is the conversation's own, and
+    so are short sentences that end and start alike ("Thanks, Melanie! Yep, Melanie! Yep, Caroline.")."""
     words = text.lower().split()
     found = set()
     for size in range(2, len(words) // 2 + 1):
         for start in range(len(words) - 2 * size + 1):
-            if words[start + size - 1][-1:] not in ".!?" and words[start : start + size] == words[start + size : start + 2 * size]:
+            opens = start == 0 or words[start - 1][-1:] in ".!?:"
+            if opens and words[start + size - 1][-1:] not in ".!?" and words[start : start + size] == words[start + size : start + 2 * size]:
                 found.add(" ".join(words[start : start + size]))
     return found
 

@@ -98,9 +98,11 @@ def _added_by_a_follow_up(proxy, upstream) -> int:
     return proxy.services.tokenizer.count(second[len(os.path.commonprefix([first, second])) :])
 
 
-def test_followup_share_bounds_what_a_follow_up_adds(start_proxy, upstream):
-    narrow = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, followup_share=0.05), upstream)
-    wide = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, followup_share=0.4), upstream)
-    by_model = _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, models={"m": ModelSettings(followup_share=0.05)}), upstream)
+def test_followup_share_bounds_what_a_follow_up_adds(start_proxy, upstream, tmp_path):
+    def added(name: str, **settings) -> int:  # a store each: the same conversation's sessions do not meet
+        return _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, data_dir=str(tmp_path / name), **settings), upstream)
+
+    narrow, wide = added("narrow", followup_share=0.05), added("wide", followup_share=0.4)
+    by_model = added("by-model", models={"m": ModelSettings(followup_share=0.05)})
     assert narrow < wide and by_model == narrow
     assert wide > 0.05 * 4096  # a wide share is used: the narrow one cut what it showed

