@@ -27,7 +27,6 @@ are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
-from itertools import takewhile
 from typing import Any, Literal
 
 import msgspec
@@ -93,6 +92,7 @@ class _Loop:
         self.kept: list[str] = []
         self.caching = policy.cached_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
+        self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.frame = self._extended(context.frame, closed) if self.caching else None
         self.open = opened[0].id if opened else None
         self.covered = closed[-1].last_turn + 1 if closed else 0  # the turns of the closed pages
@@ -115,18 +115,30 @@ class _Loop:
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        return extended(frame, new, self.count, self.context.query_link, self.context.query_at, self._ranked_again(frame.after))
+        kept, wanted = self._ranked_again(frame.after)
+        self.stale_tokens = sum(self.count(shown.text) for shown in kept if shown.id not in wanted)
+        return extended(frame, new, self.count, self.context.query_link, self.context.query_at, kept)
 
-    def _ranked_again(self, after: Sequence[Shown]) -> list[Shown]:
-        """The opening run of what the previous request showed after its frame that this one would show too: the
-        best-ranked pages, as many as a follow-up's share of the budget holds. It keeps its place, billed once."""
-        wanted, used, share = set(), 0, int(self.policy.fresh_share * self.policy.budget)
+    def _ranked_again(self, after: Sequence[Shown]) -> tuple[list[Shown], set[str]]:
+        """What the previous request showed after its frame, kept in its place up to the last page this one would
+        show too (of the best-ranked pages a follow-up's share holds, also returned): billed once, from the cache,
+        where showing them again after the new turns would bill them in full. The pages between come along,
+        from the cache too, within the same share of the budget: what is kept must leave the request its room."""
+        share = int(self.policy.fresh_share * self.policy.budget)
+        wanted, used = set(), 0
         for page_id in self.hot:
             used += self.count(node_lines(self.index.get(page_id), View.DETAIL))
             if used > share:
                 break
             wanted.add(page_id)
-        return list(takewhile(lambda shown: shown.id in wanted, after))
+        run, used = 0, 0
+        for i, shown in enumerate(after):
+            used += self.count(shown.text)
+            if used > share:
+                break
+            if shown.id in wanted:
+                run = i + 1
+        return list(after[:run]), wanted
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
         """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it replayed)."""
@@ -149,9 +161,11 @@ class _Loop:
 
     def _fresh(self) -> int:
         """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
-        pages of the turns said since the frame was stored, the query), and never less than the last page."""
+        pages of the turns said since the frame was stored, the pages ranked for it that kept their place, the
+        query; not the pages kept beside those, which the cache serves), and never less than the last page."""
         policy, stored, frame = self.policy, self.context.frame, self.frame
-        new = (frame.tokens - stored.tokens if frame is not None and stored is not None else 0) + self.count(self.context.query)
+        grown = frame.tokens - stored.tokens - self.stale_tokens if frame is not None and stored is not None else 0
+        new = grown + self.count(self.context.query)
         last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
         return max(int(policy.fresh_share * policy.budget) - new, last)
 

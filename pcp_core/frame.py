@@ -15,9 +15,10 @@ frame, like a log kept by compaction:
   what is new with the request: the pages ranked for its query, within a share
   of the budget, the trace, the Query and the time;
 * the pages ranked for the previous request that this one ranks again keep
-  their place too: they join the frame before the new turns' pages
-  (``after``: what came after the frame, in order), so what a conversation
-  keeps coming back to is billed once;
+  their place too, with those shown before them (within a follow-up's
+  share): they join the frame before the new turns' pages (``after``: what
+  came after the frame, in order), so what a conversation keeps coming back
+  to is billed once;
 * it is made again only at rare boundaries: when it leaves too little room,
   and when a request does not continue the conversation it was made for (an
   edited or regenerated question is a sibling, ranked afresh).

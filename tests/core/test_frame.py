@@ -119,6 +119,18 @@ def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
     assert not engaged(5_000, Policy(threshold=8192, rounds=rounds, window=128_000))
 
 
+def test_pages_ranked_again_keep_their_place_with_the_pages_shown_before_them():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
+    after = first.frame.after
+    # The small talk ranks some of what the first request showed after its frame, not the first of it.
+    second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "small talk number 7")
+    run = max(k for k in range(len(after) + 1) if second.frame.text.startswith(first.frame.text + "".join(shown.text for shown in after[:k])))
+    assert run >= 4  # kept in their place, those before the ones ranked again too: all from the cache
+    before, now = _document(first), _document(second)
+    assert os.path.commonprefix([before, now]).startswith(before[: before.index(after[run - 1].text) + len(after[run - 1].text)])
+    assert COUNT("".join(shown.text for shown in after[:run])) <= RoundPolicy().fresh_share * 4096  # within a follow-up's share
+
+
 def test_pages_ranked_again_keep_their_place_after_the_frame():
     first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
     assert first.frame.after, "the request showed pages after its frame"

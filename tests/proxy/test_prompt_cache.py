@@ -10,6 +10,7 @@ from proxy.settings import ModelSettings
 from proxy.testing.upstream import completion
 from tests.core.test_engine import context, doc, drive, summary_node_ids
 from tests.proxy.helpers import long_history
+from tests.proxy.telemetry_helpers import dated_chat
 
 
 def consult_a_summary(call):
@@ -88,11 +89,12 @@ def test_a_paged_request_names_its_session_to_openais_prompt_cache(start_proxy, 
 
 
 def _added_by_a_follow_up(proxy, upstream) -> int:
-    """Tokens of a follow-up's worker prompt after what it shares with the request's before it: new to a provider's cache."""
-    history = long_history(400)
+    """Tokens of a follow-up's worker prompt after what it shares with the request's before it (new to a provider's
+    cache), the follow-up asking of another topic than the request before did."""
+    history = dated_chat(400)
     proxy.client().chat.completions.create(model="m", messages=history)
     first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
-    follow_up = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "Which seedlings did we talk about?"}]
+    follow_up = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "What did we say about the espresso grinder?"}]
     proxy.client().chat.completions.create(model="m", messages=follow_up)
     second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
     return proxy.services.tokenizer.count(second[len(os.path.commonprefix([first, second])) :])
@@ -102,7 +104,7 @@ def test_followup_share_bounds_what_a_follow_up_adds(start_proxy, upstream, tmp_
     def added(name: str, **settings) -> int:  # a store each: the same conversation's sessions do not meet
         return _added_by_a_follow_up(start_proxy(sentry_threshold=500, context_budget=4096, data_dir=str(tmp_path / name), **settings), upstream)
 
-    narrow, wide = added("narrow", followup_share=0.05), added("wide", followup_share=0.4)
+    narrow, default = added("narrow", followup_share=0.05), added("default")
     by_model = added("by-model", models={"m": ModelSettings(followup_share=0.05)})
-    assert narrow < wide and by_model == narrow
-    assert wide > 0.05 * 4096  # a wide share is used: the narrow one cut what it showed
+    assert narrow < 0.1 * 4096 < default  # a twentieth of the budget, against the default fifth
+    assert by_model == narrow
