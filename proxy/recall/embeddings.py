@@ -43,7 +43,7 @@ from ..resident import give_back
 from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
-from .vectors import VectorCache, bounded, torch_widened
+from .vectors import ENCODED_CHARS, VectorCache, bounded, torch_widened
 
 __all__ = ["Embedder", "embeddings_available", "prepare_process"]
 
@@ -233,7 +233,8 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
-        texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
+        if texts and max(map(len, texts)) > ENCODED_CHARS:  # (a history's texts are short: most often none is cut)
+            texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
             self.warm_up()
             self._queue(list(dict.fromkeys(texts)))  # encoded once the model is in
