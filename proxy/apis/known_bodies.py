@@ -36,6 +36,9 @@ __all__ = ["KnownBodies"]
 # What a body's decoded messages hold, as a multiple of its bytes: a dict (~180 bytes) and its strings per message.
 DECODED_PER_BYTE = 3
 ENTRIES = 256  # bodies kept at most, whatever their size
+# Bodies below this are read whole, as they always were, and not kept: decoding one takes well under a
+# millisecond, and finding where its messages end would cost a request sent untouched more than it saves.
+SMALLEST = 256 * 1024
 FIRST_KEYS = 4  # "messages" keys tried when finding where a body's messages start (one of a nested object may come first)
 
 
@@ -60,16 +63,20 @@ class _Known(NamedTuple):
 class KnownBodies:
     """``read``: a chat body as ``read_whole`` reads it, and its messages' tokens; a follow-up's known messages reused."""
 
-    def __init__(self, read_whole: Callable[[bytes], Reading], max_bytes: int, entries: int = ENTRIES):
+    def __init__(self, read_whole: Callable[[bytes], Reading], max_bytes: int, entries: int = ENTRIES, smallest: int = SMALLEST):
         self.read_whole = read_whole
         self.max_bytes = max_bytes
         self.entries = entries
+        self.smallest = smallest
         self.resident_bytes = 0
         self._known: OrderedDict[bytes, _Known] = OrderedDict()  # by head
         self._lock = threading.Lock()  # bodies are read in threads
 
     def read(self, body: bytes, count: CountText) -> tuple[Reading, int]:
         """The request as ``read_whole`` reads it, and its messages' ``prompt_tokens``."""
+        if len(body) < self.smallest or not self.max_bytes:
+            reading = self.read_whole(body)
+            return reading, prompt_tokens(reading.messages, count)
         known = self._continued(body)
         if known is not None:
             read = self._read_after(known, body, count)
@@ -77,7 +84,7 @@ class KnownBodies:
                 return read
         reading = self.read_whole(body)
         said = prompt_tokens(reading.messages, count)
-        if reading.untouched is None and self.max_bytes:
+        if reading.untouched is None:
             self._remember(None, _located(body, reading.messages, said - REPLY_PRIMING))
         return reading, said
 

@@ -53,7 +53,7 @@ def fields(body: bytes, reading) -> dict:
     ],
 )
 def test_follow_ups_read_as_they_read_alone_and_reuse_what_came_before(encode):
-    bodies = KnownBodies(CHAT.read, max_bytes=2**20)
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
     messages = turns(40)
     first = encode({"model": "m", "messages": messages})
     earlier = read(bodies, first)
@@ -69,14 +69,14 @@ def test_follow_ups_read_as_they_read_alone_and_reuse_what_came_before(encode):
 
 
 def test_a_body_sent_again_as_it_was_reads_the_same():
-    bodies = KnownBodies(CHAT.read, max_bytes=2**20)
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
     body = json.dumps({"model": "m", "messages": turns(12), "stream": True}).encode()
     first = read(bodies, body)
     assert read(bodies, body) == first == alone(body)
 
 
 def test_an_edited_history_is_read_whole():
-    bodies = KnownBodies(CHAT.read, max_bytes=2**20)
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
     messages = turns(20)
     read(bodies, json.dumps({"model": "m", "messages": messages}).encode())
     edited = [*messages[:5], {"role": "user", "content": "changed"}, *messages[6:], *turns(2, start=20)]
@@ -87,7 +87,7 @@ def test_an_edited_history_is_read_whole():
 
 
 def test_a_new_message_at_fault_is_named_by_its_place_in_the_whole_body():
-    bodies = KnownBodies(CHAT.read, max_bytes=2**20)
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
     messages = turns(10)
     read(bodies, json.dumps({"model": "m", "messages": messages}).encode())
     body = json.dumps({"model": "m", "messages": [*messages, {"content": "no role"}]}).encode()
@@ -97,7 +97,7 @@ def test_a_new_message_at_fault_is_named_by_its_place_in_the_whole_body():
 
 
 def test_a_second_messages_key_after_the_known_ones_reads_as_the_decoder_reads_it():
-    bodies = KnownBodies(CHAT.read, max_bytes=2**20)
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
     messages = turns(10)
     head = json.dumps({"model": "m", "messages": messages}).encode()
     read(bodies, head)
@@ -106,9 +106,19 @@ def test_a_second_messages_key_after_the_known_ones_reads_as_the_decoder_reads_i
 
 
 def test_what_is_kept_stays_within_its_bound():
-    bodies = KnownBodies(CHAT.read, max_bytes=60_000)
+    bodies = KnownBodies(CHAT.read, max_bytes=60_000, smallest=0)
     for conversation in range(12):  # distinct conversations, each kept until the bound drops the oldest
         messages = [{"role": "user", "content": f"conversation {conversation} says {i}"} for i in range(80)]
         body = json.dumps({"model": "m", "messages": messages}).encode()
         assert read(bodies, body) == alone(body)
         assert 0 < bodies.resident_bytes <= 60_000
+
+
+def test_a_small_body_is_read_whole_and_not_kept():
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=10_000)
+    small = json.dumps({"model": "m", "messages": turns(10)}).encode()
+    assert len(small) < 10_000 and read(bodies, small) == alone(small)
+    assert bodies.resident_bytes == 0
+    large = json.dumps({"model": "m", "messages": turns(400)}).encode()
+    assert len(large) >= 10_000 and read(bodies, large) == alone(large)
+    assert bodies.resident_bytes > 0
