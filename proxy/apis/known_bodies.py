@@ -149,7 +149,10 @@ def _located(body: bytes, messages: list[dict[str, Any]], said: int) -> _Known |
         at += len(b'"messages"')
         colon = _skip_space(body, at)
         start = _skip_space(body, colon + 1) if body[colon : colon + 1] == b":" else -1
-        if start >= 0 and body.startswith(bytes(array), start):  # the array the decoder read
+        raw = bytes(array)
+        if start >= 0 and body.startswith(raw, start):  # the array the decoder read
+            if body.find(raw, start + 1) >= 0:  # there twice (a nested "messages" key first): which one was read is not known
+                return None
             return _Known(body[: start + len(array) - 1].rstrip(_SPACE), start, messages, said)  # up to its last message's end
     return None
 

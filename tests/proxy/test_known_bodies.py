@@ -122,3 +122,14 @@ def test_a_small_body_is_read_whole_and_not_kept():
     large = json.dumps({"model": "m", "messages": turns(400)}).encode()
     assert len(large) >= 10_000 and read(bodies, large) == alone(large)
     assert bodies.resident_bytes > 0
+
+
+def test_a_nested_messages_key_holding_the_same_messages_is_never_taken_for_them():
+    bodies = KnownBodies(CHAT.read, max_bytes=2**20, smallest=0)
+    messages = turns(6)
+    compact = {"separators": (",", ":")}  # the nested array and the messages alike to the byte
+    first = json.dumps({"metadata": {"messages": messages}, "model": "m", "messages": messages}, **compact).encode()
+    assert read(bodies, first) == alone(first)
+    new = turns(2, start=6)
+    body = json.dumps({"metadata": {"messages": [*messages, *new]}, "model": "m", "messages": new}, **compact).encode()
+    assert read(bodies, body) == alone(body)
