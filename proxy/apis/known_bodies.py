@@ -69,7 +69,9 @@ class KnownBodies:
         self.entries = entries
         self.smallest = smallest
         self.resident_bytes = 0
-        self._known: OrderedDict[bytes, _Known] = OrderedDict()  # by head
+        # By a number of their own: a head of megabytes is not hashed as a key (~3 ms at a million tokens).
+        self._known: OrderedDict[int, _Known] = OrderedDict()
+        self._next = 0
         self._lock = threading.Lock()  # bodies are read in threads
 
     def read(self, body: bytes, count: CountText) -> tuple[Reading, int]:
@@ -77,9 +79,9 @@ class KnownBodies:
         if len(body) < self.smallest or not self.max_bytes:
             reading = self.read_whole(body)
             return reading, prompt_tokens(reading.messages, count)
-        known = self._continued(body)
-        if known is not None:
-            read = self._read_after(known, body, count)
+        continued = self._continued(body)
+        if continued is not None:
+            read = self._read_after(*continued, body, count)
             if read is not None:
                 return read
         reading = self.read_whole(body)
@@ -88,13 +90,13 @@ class KnownBodies:
             self._remember(None, _located(body, reading.messages, said - REPLY_PRIMING))
         return reading, said
 
-    def _continued(self, body: bytes) -> _Known | None:
-        """The longest known body whose messages ``body`` opens with."""
+    def _continued(self, body: bytes) -> tuple[int, _Known] | None:
+        """The longest known body whose messages ``body`` opens with, and its number."""
         with self._lock:
-            found = [known for known in self._known.values() if len(known.head) < len(body) and body.startswith(known.head)]
-        return max(found, key=lambda known: len(known.head), default=None)
+            found = [(n, known) for n, known in self._known.items() if len(known.head) < len(body) and body.startswith(known.head)]
+        return max(found, key=lambda entry: len(entry[1].head), default=None)
 
-    def _read_after(self, known: _Known, body: bytes, count: CountText) -> tuple[Reading, int] | None:
+    def _read_after(self, number: int, known: _Known, body: bytes, count: CountText) -> tuple[Reading, int] | None:
         """``body`` read as ``known``'s messages and what follows them; None when that is not a body of its own
         (another shape after them, or a fault whose 400 must name the whole body's place: read whole)."""
         at = _skip_space(body, len(known.head))
@@ -115,19 +117,21 @@ class KnownBodies:
         said = known.said + prompt_tokens(new, count)
         # The array's closing bracket in ``body``: where it is in ``rest``, moved by what ``rest`` left out.
         close = known.start + len(array) - 1 - (known.start + 1) + cut
-        self._remember(known.head, _Known(body[:close].rstrip(_SPACE), known.start, messages, said - REPLY_PRIMING))
+        self._remember(number, _Known(body[:close].rstrip(_SPACE), known.start, messages, said - REPLY_PRIMING))
         decoded = {**reading.decoded, "messages": messages} if "messages" in reading.decoded else reading.decoded
         return msgspec.structs.replace(reading, messages=messages, decoded=decoded, rest=rest), said
 
-    def _remember(self, replaced: bytes | None, known: _Known | None) -> None:
+    def _remember(self, replaced: int | None, known: _Known | None) -> None:
         with self._lock:
             if replaced is not None and replaced in self._known:
                 self.resident_bytes -= self._known.pop(replaced).size
             if known is None or known.size > self.max_bytes:
                 return
-            if known.head in self._known:
-                self.resident_bytes -= self._known.pop(known.head).size
-            self._known[known.head] = known
+            for n, other in list(self._known.items()):  # the same head read twice (two requests at once) is kept once
+                if len(other.head) == len(known.head) and other.head == known.head:
+                    self.resident_bytes -= self._known.pop(n).size
+            self._next += 1
+            self._known[self._next] = known
             self.resident_bytes += known.size
             while self.resident_bytes > self.max_bytes or len(self._known) > self.entries:
                 self.resident_bytes -= self._known.popitem(last=False)[1].size
