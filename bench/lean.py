@@ -49,7 +49,7 @@ from proxy.tokenizer import Tokenizer  # noqa: E402
 
 LOCOMO = REPO.parent / "shared" / "data" / "locomo-dev"  # evaluation data, read in place, never copied
 ANSWER = "Noted."
-PARTS = ("sessions", "vectors", "bm25", "tokens", "encoder")  # the proxy's pcp_resident_<part>_bytes gauges
+PARTS = ("sessions", "bodies", "vectors", "bm25", "tokens", "encoder")  # the proxy's pcp_resident_<part>_bytes gauges
 
 
 def locomo_turns() -> list[str]:

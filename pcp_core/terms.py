@@ -37,14 +37,24 @@ TermWeights = dict[str, float]
 
 def words_of(text: str) -> tuple[str, ...]:
     """Lower-cased content words of ``text``, possessives dropped (``terms``, not cached)."""
-    out = []
-    for word in _WORD.findall(text):
-        word = word.lower().removesuffix("'s").strip(".'-/:")
-        if "'" in word:  # contractions (i'd, you've) carry nothing to address by
-            continue
-        if len(word) > 1 and word not in STOPWORDS or word.isdigit():
-            out.append(word)
-    return tuple(out)
+    return tuple(filter(None, map(_term, _WORD.findall(text))))
+
+
+# Per word as written: a conversation says its words again and again (a million tokens' history is some
+# 4.5 million words of a few tens of thousands), and paging reads each page's words several times.
+@lru_cache(maxsize=1 << 17)
+def _normal(word: str) -> str:
+    """A word as terms are compared: lower case, without a possessive or the punctuation around it."""
+    return word.lower().removesuffix("'s").strip(".'-/:")
+
+
+@lru_cache(maxsize=1 << 17)
+def _term(word: str) -> str | None:
+    """The term a word as written is, or None: a stopword, a lone letter, a contraction (i'd, you've carry nothing to address by)."""
+    word = _normal(word)
+    if "'" in word:
+        return None
+    return word if len(word) > 1 and word not in STOPWORDS or word.isdigit() else None
 
 
 # Cached: a page's text is read by paging, the summary and the Router alike. Texts read
@@ -55,9 +65,14 @@ terms = lru_cache(maxsize=65536)(words_of)
 
 def _anchor_boost(term: str, original: str) -> float:
     """Names, numbers, dates and identifiers weigh more (§2.4 anchors)."""
+    return _boost(term, original[:1].isupper())
+
+
+@lru_cache(maxsize=1 << 17)
+def _boost(term: str, capital: bool) -> float:
     if any(ch.isdigit() for ch in term) or term in MONTHS:
         return 2.0
-    if original[:1].isupper() or any(ch in term for ch in "_./-"):
+    if capital or any(ch in term for ch in "_./-"):
         return 1.5
     return 1.0
 
@@ -84,7 +99,8 @@ class TermStats:
 
     def weights(self, text: str) -> TermWeights:
         """tf·idf·anchor weight of each term of ``text``."""
-        originals = {w.lower().removesuffix("'s").strip(".'-/:"): w for w in _WORD.findall(text)}
+        written = _WORD.findall(text)
+        originals = dict(zip(map(_normal, written), written))  # each term as last written
         counts = Counter(terms(text))
         return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
 

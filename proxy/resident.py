@@ -23,8 +23,9 @@ from pcp_core import Session
 
 __all__ = ["SHARES", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
 
-# Of ``cache_mb``: decoded sessions, their texts' vectors, their BM25 indexes, memory scopes' indexes.
-SHARES = {"sessions": 0.5, "vectors": 0.25, "bm25": 0.125, "memory": 0.125}
+# Of ``cache_mb``: decoded sessions, the chat bodies read last (``apis.known_bodies``), their texts' vectors,
+# their BM25 indexes, memory scopes' indexes.
+SHARES = {"sessions": 0.375, "bodies": 0.125, "vectors": 0.25, "bm25": 0.125, "memory": 0.125}
 
 # What a Python object of each kind costs beyond its text (CPython 3.11, 64 bits): a page's struct,
 # its id, timestamp and keyword tuple; a link (a list slot and a 32-character string); a message's time.

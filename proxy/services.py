@@ -20,7 +20,9 @@ import httpx
 from pcp_core import Bm25Cache, PagingPolicy, Policy, RoundPolicy, ScanPolicy
 from pcp_core.memory import MemoryPolicy
 
+from .apis.chat import CHAT
 from .apis.codec import Api
+from .apis.known_bodies import KnownBodies
 from .embedded import LocalModel
 from .hybrid import Hybrid, HybridStore
 from .memory import Memory, open_memory_store
@@ -77,6 +79,7 @@ class Services:
     memory: Memory | None
     summary_writer: SummaryWriter | None
     local_model: LocalModel | None
+    bodies: KnownBodies  # the chat bodies read last: a follow-up decodes and counts only its new messages
 
     def keys_prompt_cache(self, upstream: Upstream) -> bool:
         """Whether a paged request's calls to ``upstream`` carry OpenAI's ``prompt_cache_key`` (``prompt_cache_key``)."""
@@ -161,7 +164,8 @@ async def open_services(
             summary_writer.start()
             stack.push_async_callback(summary_writer.stop)
         bm25 = Bm25Cache(max_bytes=share(settings.cache_mb, "bm25"))
-        _resident_gauges(metrics, sessions, bm25, dense, memory)
+        bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
+        _resident_gauges(metrics, sessions, bm25, dense, memory, bodies)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
         if anthropic is not None:
             log.info("Anthropic's Messages API at %s", anthropic.shown_url)
@@ -184,6 +188,7 @@ async def open_services(
             memory=memory,
             summary_writer=summary_writer,
             local_model=local_model,
+            bodies=bodies,
         )
 
 
@@ -200,9 +205,10 @@ def _local_model(settings: Settings) -> LocalModel:
     )
 
 
-def _resident_gauges(metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, dense: DenseRecall | None, memory: Memory) -> None:
+def _resident_gauges(metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, dense: DenseRecall | None, memory: Memory, bodies: KnownBodies) -> None:
     """What the caches bounded by ``cache_mb`` hold, and the encoder's weights, on /metrics (``proxy.resident``)."""
     metrics.gauge("pcp_resident_sessions_bytes", lambda: sessions.resident_bytes)
+    metrics.gauge("pcp_resident_bodies_bytes", lambda: bodies.resident_bytes)
     metrics.gauge("pcp_resident_bm25_bytes", lambda: bm25.resident_bytes)
     metrics.gauge("pcp_resident_memory_bytes", lambda: memory.resident_bytes)
     bundled = dense.fallback if isinstance(dense, UpstreamVectors) else dense

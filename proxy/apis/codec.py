@@ -64,6 +64,9 @@ class Reading(msgspec.Struct, frozen=True):
     decoded: dict[str, Any] = {}  # fields already decoded, which the codec's body reuses
     model: str | None = None  # the model asked for: its settings (``[models."…"]``) apply
     components: list[Any] | None = None  # PACT components the request carries inline (chat's ``pcp_components``)
+    # The body less the messages a body read before held (``known_bodies``): its other fields, read from here
+    # (a few kB, not the whole history again); None: the body itself.
+    rest: bytes | None = None
 
 
 @dataclass(frozen=True)

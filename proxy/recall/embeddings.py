@@ -43,7 +43,7 @@ from ..resident import give_back
 from ..storage.base import Store
 from .encoders import ENCODERS, model_path
 from .stored_vectors import stored_vectors
-from .vectors import VectorCache, bounded
+from .vectors import ENCODED_CHARS, VectorCache, bounded, torch_widened
 
 __all__ = ["Embedder", "embeddings_available", "prepare_process"]
 
@@ -118,6 +118,7 @@ class Embedder:
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-embed")
         self._pending: set[str] = set()  # queued for the background, not in memory yet
         self._loading: Future[None] | None = None
+        self._weights = 0  # the loaded model's bytes, measured once: unpacking its int8 layers took ~50 ms of a /metrics scrape
 
     def close(self) -> None:
         self._background.shutdown(wait=True, cancel_futures=True)
@@ -161,13 +162,16 @@ class Embedder:
                     from .sentence_model import SentenceModel
 
                     self._loaded = SentenceModel(directory, self.batch_size)
+                self.cache.widen = torch_widened  # torch is in now: the history's rows are widened by it
                 log.info("embedding model %s loaded", self.encoder.name)
             return self._loaded
 
     @property
     def resident_bytes(self) -> int:
         """What the model's weights hold (the libraries it needs are not counted)."""
-        return _weights_bytes(self._loaded) if self._loaded is not None else 0
+        if self._loaded is not None and not self._weights:
+            self._weights = _weights_bytes(self._loaded)  # the weights never change once loaded
+        return self._weights
 
     # -- for requests --------------------------------------------------------------------
     @property
@@ -229,7 +233,8 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
-        texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
+        if texts and max(map(len, texts)) > ENCODED_CHARS:  # (a history's texts are short: most often none is cut)
+            texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
             self.warm_up()
             self._queue(list(dict.fromkeys(texts)))  # encoded once the model is in

@@ -74,8 +74,7 @@ class RecentSessions:
             self.held[key] = held
             self.held.move_to_end(key)
             self._resize(key, size + self._said(key))
-            while len(self.held) > self.count or (self.max_bytes and self.resident_bytes > self.max_bytes and len(self.held) > 1):
-                self._drop(next(iter(self.held)))
+            self._trim()
 
     def recognise(self, key: Key, last: str, said: bytes) -> None:
         """Let a follow-up find the session by the transcript ``said`` of its messages (``last``: its chain's last link)."""
@@ -83,6 +82,7 @@ class RecentSessions:
             if key in self.held:
                 self._resize(key, self.sizes.get(key, 0) + len(said) - self._said(key))
                 self.transcripts[key] = (last, said)
+                self._trim()  # the transcript counts too: the bound holds once it is in
 
     def replace(self, key: Key, version: str, kept: Held | None) -> None:
         """A write is done: unless a later one replaced the session held at ``version``, ``kept`` stands in its place."""
@@ -119,6 +119,11 @@ class RecentSessions:
     def _resize(self, key: Key, size: int) -> None:
         self.resident_bytes += size - self.sizes.get(key, 0)
         self.sizes[key] = size
+
+    def _trim(self) -> None:
+        """Drop the least recently used sessions past the bounds (the last one stays, whatever its size). Lock held."""
+        while len(self.held) > self.count or (self.max_bytes and self.resident_bytes > self.max_bytes and len(self.held) > 1):
+            self._drop(next(iter(self.held)))
 
     def _drop(self, key: Key) -> None:
         self.held.pop(key, None)

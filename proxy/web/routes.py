@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, CountText, client_named, engaged, pageable, prompt_tokens
+from pcp_core import Conversation, client_named, engaged, pageable, prompt_tokens
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
@@ -80,7 +80,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    reading, said, tokens = await _read(body, lambda: _api_read(api, body, services.tokenizer.count))
+    reading, said, tokens = await _read(body, lambda: _api_read(api, body, services))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
@@ -144,14 +144,19 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
     return await asyncio.to_thread(read) if len(body) > LARGE_BODY else read()
 
 
-def _api_read(api: Api, body: bytes, count: CountText) -> tuple[Reading, int, int]:
+def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, int]:
     """The request as ``api`` reads it, its messages' tokens, and its prompt's: theirs and its tool
-    definitions' (0 for one forwarded untouched, which is not counted)."""
-    reading = api.read(body)
-    if reading.untouched is not None:
-        return reading, 0, 0
-    tools = tools_text(body)
-    said = prompt_tokens(reading.messages, count)
+    definitions' (0 for one forwarded untouched, which is not counted). A chat body that resends the
+    messages of one read before decodes and counts only those it adds (``apis.known_bodies``)."""
+    count = services.tokenizer.count
+    if api.read is CHAT.read:
+        reading, said = services.bodies.read(body, count)
+    else:
+        reading = api.read(body)
+        if reading.untouched is not None:
+            return reading, 0, 0
+        said = prompt_tokens(reading.messages, count)
+    tools = tools_text(body if reading.rest is None else reading.rest)
     return reading, said, said + (count(tools) if tools else 0)
 
 
@@ -180,7 +185,8 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
 
 def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: Services) -> tuple[Codec, Conversation]:
     """The request's codec, and its conversation as the rules read it."""
-    codec = api.codec(whole_body(body, api.read_fields, reading.decoded))
+    # Its fields but the messages (decoded already) from what is left of it once the messages read before are known.
+    codec = api.codec(whole_body(body if reading.rest is None else reading.rest, api.read_fields, reading.decoded))
     codec.api = api  # at the path the client asked for (``_asked_at``)
     return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
 

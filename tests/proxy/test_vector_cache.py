@@ -6,8 +6,9 @@ Rows are held in half precision: a cosine agrees with float32's to ~1e-3.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from proxy.recall.vectors import VectorCache
+from proxy.recall.vectors import VectorCache, torch_widened
 
 
 def unit(*values: float) -> np.ndarray:
@@ -34,3 +35,20 @@ def test_a_full_cache_drops_its_older_half_and_keeps_the_rest_right():
     assert held[-1] == "t13" and "t0" not in held
     query = unit(*rng.normal(size=8))
     np.testing.assert_allclose(cache.cosines(held, query), [float(vectors[t] @ query) for t in held], atol=1e-3)
+
+
+def test_cosines_widened_by_torch_are_numpys_to_the_bit():
+    """The bundled encoder's process widens rows by torch (``torch_widened``): the ranking must not move by a bit."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    vectors = {f"t{i}": unit(*rng.normal(size=384)) for i in range(700)}
+    by_numpy, by_torch = VectorCache(capacity=1000, gather_block=256), VectorCache(capacity=1000, gather_block=256)
+    by_torch.widen = torch_widened
+    for cache in (by_numpy, by_torch):
+        cache.add(vectors)
+    texts = [f"t{i}" for i in rng.permutation(700)[:500]] + ["not held"]  # out of order, over several blocks, one missing
+    query = unit(*rng.normal(size=384))
+    numpy_cosines, torch_cosines = by_numpy.cosines(texts, query), by_torch.cosines(texts, query)
+    assert np.isnan(torch_cosines[-1]) and np.isnan(numpy_cosines[-1])
+    assert np.array_equal(numpy_cosines[:-1], torch_cosines[:-1])
+    np.testing.assert_allclose(torch_cosines[:-1], [float(vectors[t] @ query) for t in texts[:-1]], atol=2e-3)
