@@ -41,10 +41,18 @@ def private_tree(path: Path) -> Path:
     private_dir(path)
     for root, dirs, files in os.walk(path):
         for name, mode in [*((d, 0o700) for d in dirs), *((f, 0o600) for f in files)]:
-            entry = Path(root, name)
-            if not entry.is_symlink() and entry.stat().st_mode & 0o077:
-                entry.chmod(mode)
+            _private(Path(root, name), mode)
     return path
+
+
+def _private(entry: Path, mode: int) -> None:
+    """``entry`` at ``mode`` if others may read it. One gone since the walk listed it (SQLite's journal, as
+    another worker on the same data dir commits) is left alone: a start must not fail on it."""
+    try:
+        if not entry.is_symlink() and entry.stat().st_mode & 0o077:
+            entry.chmod(mode)
+    except FileNotFoundError:
+        pass
 
 
 def install_secret(data_dir: Path) -> bytes:

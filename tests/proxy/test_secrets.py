@@ -8,6 +8,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 
 import httpx
 import pytest
@@ -66,6 +67,29 @@ def test_a_data_dir_left_open_is_closed_at_start(tmp_path):
     os.chmod(data / "sessions" / "cache.db", 0o644)
     private_tree(data)
     assert [stat.S_IMODE(p.stat().st_mode) for p in (data, data / "sessions", data / "sessions" / "cache.db")] == [0o700, 0o700, 0o600]
+
+
+def test_files_that_go_while_the_data_dir_is_closed_are_left_alone(tmp_path):
+    # SQLite's journals come and go while another worker on the same data dir commits: a start must not fail on one.
+    data = tmp_path / "data"
+    data.mkdir()
+    journals = [data / f"cache-{i}.db-journal" for i in range(3000)]
+    for journal in journals:
+        journal.write_bytes(b"")
+        os.chmod(journal, 0o644)
+    started = threading.Event()
+
+    def commit() -> None:
+        started.set()
+        for journal in reversed(journals):
+            journal.unlink()
+
+    worker = threading.Thread(target=commit)
+    worker.start()
+    started.wait()
+    private_tree(data)
+    worker.join()
+    assert not list(data.iterdir()) and stat.S_IMODE(data.stat().st_mode) == 0o700
 
 
 def test_served_proxy_keeps_its_data_dir_0700_and_its_files_0600(served_upstream, tmp_path):
