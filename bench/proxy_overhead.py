@@ -75,33 +75,38 @@ def start_servers(data_dir: str, others: dict[str, Path] | None = None) -> tuple
     upstream = f"http://127.0.0.1:{ports['direct']}/v1"
     env = {**proxy_env(data_dir=data_dir, log_level="warning"), "UPSTREAM": upstream}
     procs = [subprocess.Popen([sys.executable, "-m", "proxy.testing.upstream", "--port", str(ports["direct"])], env=env)]
-    wait_until_up(ports["direct"], "/v1/models")
-    procs.append(
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "bare_forwarder:app",
-                "--app-dir",
-                str(HERE),
-                "--port",
-                str(ports["bare forwarder"]),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-            ],
-            env=env,
+    try:  # a server that does not come up leaves none of the others running
+        wait_until_up(ports["direct"], "/v1/models")
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "uvicorn",
+                    "bare_forwarder:app",
+                    "--app-dir",
+                    str(HERE),
+                    "--port",
+                    str(ports["bare forwarder"]),
+                    "--log-level",
+                    "warning",
+                    "--no-access-log",
+                ],
+                env=env,
+            )
         )
-    )
-    procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
-    bm25_only = proxy_env(data_dir=f"{data_dir}/bm25", log_level="warning", router_embeddings=False)
-    procs.append(start_proxy(upstream, ports["pcp-proxy, BM25 only"], bm25_only))
-    for name, checkout in (others or {}).items():
-        ports[name] = free_port()
-        procs.append(start_proxy(upstream, ports[name], proxy_env(data_dir=f"{data_dir}/{len(ports)}", log_level="warning"), checkout))
-    for name in ports:
-        wait_until_up(ports[name], "/healthz" if name.startswith("pcp") else "/v1/models")
+        procs.append(start_proxy(upstream, ports["pcp-proxy"], env))
+        bm25_only = proxy_env(data_dir=f"{data_dir}/bm25", log_level="warning", router_embeddings=False)
+        procs.append(start_proxy(upstream, ports["pcp-proxy, BM25 only"], bm25_only))
+        for name, checkout in (others or {}).items():
+            ports[name] = free_port()
+            procs.append(start_proxy(upstream, ports[name], proxy_env(data_dir=f"{data_dir}/{len(ports)}", log_level="warning"), checkout))
+        for name in ports:
+            wait_until_up(ports[name], "/healthz" if name.startswith("pcp") else "/v1/models")
+    except BaseException:
+        for proc in procs:
+            proc.terminate()
+        raise
     return ports, procs
 
 
