@@ -115,15 +115,15 @@ class _Loop:
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        kept, wanted = self._ranked_again(frame.after)
-        self.stale_tokens = sum(self.count(shown.text) for shown in kept if shown.id not in wanted)
+        kept, self.stale_tokens = self._ranked_again(frame.after)
         return extended(frame, new, self.count, self.context.query_link, self.context.query_at, kept)
 
-    def _ranked_again(self, after: Sequence[Shown]) -> tuple[list[Shown], set[str]]:
+    def _ranked_again(self, after: Sequence[Shown]) -> tuple[list[Shown], int]:
         """What the previous request showed after its frame, kept in its place up to the last page this one would
-        show too (of the best-ranked pages a follow-up's share holds, also returned): billed once, from the cache,
-        where showing them again after the new turns would bill them in full. The pages between come along,
-        from the cache too, within the same share of the budget: what is kept must leave the request its room."""
+        show too (of the best-ranked pages a follow-up's share holds): billed once, from the cache, where showing
+        them again after the new turns would bill them in full. The pages between come along, from the cache
+        too, within the same share of the budget (what is kept must leave the request its room); their tokens
+        are returned with the run."""
         share = int(self.policy.fresh_share * self.policy.budget)
         wanted, used = set(), 0
         for page_id in self.hot:
@@ -131,14 +131,17 @@ class _Loop:
             if used > share:
                 break
             wanted.add(page_id)
-        run, used = 0, 0
+        run = used = stale = stale_in_run = 0
         for i, shown in enumerate(after):
-            used += self.count(shown.text)
+            tokens = self.count(shown.text)
+            used += tokens
             if used > share:
                 break
             if shown.id in wanted:
-                run = i + 1
-        return list(after[:run]), wanted
+                run, stale_in_run = i + 1, stale
+            else:
+                stale += tokens
+        return list(after[:run]), stale_in_run
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
         """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it replayed)."""
