@@ -50,7 +50,8 @@ class MetabolismPolicy(msgspec.Struct, frozen=True):
 def signature(pages: Sequence[Page], stats: TermStats, size: int) -> tuple[str, ...]:
     """The ``size`` most distinctive terms of ``pages`` (tf·idf), numbers left out: dates are no topic."""
     counts = Counter(t for page in pages for t in terms(without_turn_markers(page.content)) if not t[:1].isdigit())
-    weight = {t: (1 + math.log(n)) * stats.idf(t) for t, n in counts.items()}
+    idfs = stats.idfs
+    weight = {t: (1 + math.log(n)) * idfs[t] for t, n in counts.items()}
     return tuple(sorted(weight, key=lambda t: (-weight[t], t))[:size])
 
 

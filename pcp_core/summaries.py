@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from itertools import repeat
 
 from .pages import ConsolidatedPage, Page, short_hash, without_turn_markers
 from .terms import TermStats, TermWeights, consensus_keywords, terms, words_of
@@ -29,10 +30,9 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     sentences = _attributed_sentences(text)
     if not sentences:
         return ""
-    scored = sorted(
-        range(len(sentences)),
-        key=lambda i: -sum(weights.get(t, 0.0) for t in set(words_of(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
-    )
+    weight = weights.get
+    score = [-sum(map(weight, set(words_of(s)), _NONE)) / math.sqrt(len(s) + 20) for s in sentences]
+    scored = sorted(range(len(sentences)), key=score.__getitem__)
     chosen: list[int] = []
     said: set[str] = set()
     used = 0
@@ -47,6 +47,9 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     if not chosen:  # even the best sentence is too long: cut it at a word boundary
         return _clip(sentences[scored[0]], max_chars)
     return " ".join(sentences[i] for i in sorted(chosen))
+
+
+_NONE = repeat(0.0)  # the weight of a term that has none
 
 
 def _said(sentence: str) -> str:

@@ -86,23 +86,39 @@ class TermStats:
         for doc in documents:
             df.update(set(terms(doc)))
         self.df: Mapping[str, int] = df
+        self.idfs = _Idfs(self)
 
     @classmethod
     def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
-        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
+        """Stats over ``df``, the counts of ``n`` documents (read, not copied: they must not change while the stats are read)."""
         stats = cls(())
         stats.n, stats.df = max(n, 1), df
         return stats
 
     def idf(self, term: str) -> float:
-        return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+        return self.idfs[term]
 
     def weights(self, text: str) -> TermWeights:
         """tf·idf·anchor weight of each term of ``text``."""
         written = _WORD.findall(text)
         originals = dict(zip(map(_normal, written), written))  # each term as last written
         counts = Counter(terms(text))
-        return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
+        idfs = self.idfs
+        return {t: (1 + math.log(c)) * idfs[t] * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
+
+
+class _Idfs(dict[str, float]):
+    """Each term's idf, worked out the first time it is asked for: paging a million tokens' history
+    asks ~900,000 times, for a few thousand terms (the summaries' weights, the topics' overlaps)."""
+
+    def __init__(self, stats: TermStats):
+        super().__init__()
+        self.stats = stats
+
+    def __missing__(self, term: str) -> float:
+        n, df = self.stats.n, self.stats.df.get(term, 0)
+        self[term] = value = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        return value
 
 
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}$")
