@@ -73,11 +73,11 @@ def _attributed_sentences(text: str) -> list[str]:
     out = []
     for line in without_turn_markers(text).splitlines():
         line = line.strip()
-        speaker = _SPEAKER.match(line)
+        speaker = _SPEAKER.match(line) if ":" in line else None  # (a speaker ends in one)
         prefix = speaker.group(0) if speaker else ""
         for sentence in _SENTENCE.split(line):
             sentence = sentence.strip()
-            own = _SPEAKER.match(sentence)
+            own = _SPEAKER.match(sentence) if ":" in sentence else None
             if own:
                 prefix, sentence = own.group(0), sentence[own.end() :].strip()
             if sentence:
