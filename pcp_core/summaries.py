@@ -30,23 +30,30 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     sentences = _attributed_sentences(text)
     if not sentences:
         return ""
-    weight = weights.get
-    score = [-sum(map(weight, set(words_of(s)), _NONE)) / math.sqrt(len(s) + 20) for s in sentences]
-    scored = sorted(range(len(sentences)), key=score.__getitem__)
+    # Only a sentence that fits may be chosen: the others are scored only when none does.
+    fitting = [i for i, sentence in enumerate(sentences) if len(sentence) + 1 <= max_chars]
+    if not fitting:  # even the best sentence is too long: cut it at a word boundary
+        return _clip(sentences[_best_first(sentences, range(len(sentences)), weights)[0]], max_chars)
     chosen: list[int] = []
     said: set[str] = set()
     used = 0
-    for i in scored:
+    for i in _best_first(sentences, fitting, weights):
+        if used + len(sentences[i]) + 1 > max_chars:
+            continue
         same = _said(sentences[i])
         if same in said:  # a sentence said twice (two pages alike, "Thanks!" and "Thanks.") is summarised once
             continue
-        if used + len(sentences[i]) + 1 <= max_chars:
-            chosen.append(i)
-            said.add(same)
-            used += len(sentences[i]) + 1
-    if not chosen:  # even the best sentence is too long: cut it at a word boundary
-        return _clip(sentences[scored[0]], max_chars)
+        chosen.append(i)
+        said.add(same)
+        used += len(sentences[i]) + 1
     return " ".join(sentences[i] for i in sorted(chosen))
+
+
+def _best_first(sentences: Sequence[str], among: Sequence[int], weights: TermWeights) -> list[int]:
+    """The sentences ``among`` (by place), the most weight for their length first; ties in their order."""
+    weight = weights.get
+    score = {i: -sum(map(weight, set(words_of(sentences[i])), _NONE)) / math.sqrt(len(sentences[i]) + 20) for i in among}
+    return sorted(among, key=score.__getitem__)
 
 
 _NONE = repeat(0.0)  # the weight of a term that has none
