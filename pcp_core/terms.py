@@ -83,13 +83,14 @@ class TermStats:
         for doc in documents:
             df.update(set(terms(doc)))
         self.df: Mapping[str, int] = df
-        self.idfs = _Idfs(self)
+        self.idfs = _Idfs(self.n, df)
 
     @classmethod
     def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
         """Stats over ``df``, the counts of ``n`` documents (read, not copied: they must not change while the stats are read)."""
         stats = cls(())
         stats.n, stats.df = max(n, 1), df
+        stats.idfs = _Idfs(stats.n, df)
         return stats
 
     def idf(self, term: str) -> float:
@@ -119,12 +120,12 @@ class _Idfs(dict[str, float]):
     """Each term's idf, worked out the first time it is asked for: paging a million tokens' history
     asks ~900,000 times, for a few thousand terms (the summaries' weights, the topics' overlaps)."""
 
-    def __init__(self, stats: TermStats):
+    def __init__(self, n: int, df: Mapping[str, int]):
         super().__init__()
-        self.stats = stats
+        self.n, self.df = n, df
 
     def __missing__(self, term: str) -> float:
-        n, df = self.stats.n, self.stats.df.get(term, 0)
+        n, df = self.n, self.df.get(term, 0)
         self[term] = value = math.log(1 + (n - df + 0.5) / (df + 0.5))
         return value
 

@@ -38,6 +38,7 @@ _PROBES = [
 
 # A history's turn as paging lays it out: "[role] text" (``pcp_core.pages.Turn.line``), its text one the request counted.
 _TAGGED = re.compile(r"\[[a-z_]+\] ")
+TAGS_KEPT = 64  # tags whose pieces are kept (a role is one of a few; a client's made-up ones are worked out each time)
 
 
 class Tokenizer:
@@ -114,8 +115,10 @@ class Tokenizer:
             if piece is None or counted is None:
                 break
             tokens, at = tokens + counted, piece.end()
-        self._tags[line[:space]] = tokens if at == space else None
-        return self._tags[line[:space]]
+        head = tokens if at == space else None
+        if len(self._tags) < TAGS_KEPT:
+            self._tags[line[:space]] = head
+        return head
 
     def _one_piece(self, piece: str) -> int | None:
         """The tokens of one piece of the pre-tokenizer's, if it is one on its own too (None: it is not)."""

