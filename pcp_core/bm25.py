@@ -283,12 +283,13 @@ def _doc_terms(text: str, keywords: tuple[str, ...] = ()) -> _DocTerms:
 
     The "[assistant]" markers of the page layout are not words anyone said.
     """
-    counts = Counter(stem(t) for t in terms(without_turn_markers(text)))
-    counts.update(stem(k) for keyword in keywords for k in terms(keyword))
+    counts = Counter(map(stem, terms(without_turn_markers(text))))
+    if keywords:
+        counts.update(stem(k) for keyword in keywords for k in terms(keyword))
     distinct = tuple(counts)
     return _DocTerms(
         terms=distinct,
-        hashes=np.array([hash(t) for t in distinct], dtype=np.int64),
-        counts=np.array([counts[t] for t in distinct], dtype=np.float32),  # whole numbers, exact: half the bytes of float64
+        hashes=np.fromiter(map(hash, distinct), dtype=np.int64, count=len(distinct)),
+        counts=np.fromiter(counts.values(), dtype=np.float32, count=len(distinct)),  # whole numbers, exact: half the bytes of float64
         length=sum(counts.values()),
     )

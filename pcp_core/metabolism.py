@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from .pages import Page, without_turn_markers
-from .terms import TermStats, terms
+from .terms import TF, TermStats, terms
 
 __all__ = ["MetabolismPolicy", "SignatureSpace", "assign_topics", "branches", "horizontal_merge", "signature"]
 
@@ -50,7 +50,8 @@ class MetabolismPolicy(msgspec.Struct, frozen=True):
 def signature(pages: Sequence[Page], stats: TermStats, size: int) -> tuple[str, ...]:
     """The ``size`` most distinctive terms of ``pages`` (tf·idf), numbers left out: dates are no topic."""
     counts = Counter(t for page in pages for t in terms(without_turn_markers(page.content)) if not t[:1].isdigit())
-    weight = {t: (1 + math.log(n)) * stats.idf(t) for t, n in counts.items()}
+    idfs = stats.idfs
+    weight = {t: TF[n] * idfs[t] for t, n in counts.items()}
     return tuple(sorted(weight, key=lambda t: (-weight[t], t))[:size])
 
 
@@ -82,9 +83,11 @@ def assign_topics(
         if decided is None:
             shared: dict[int, float] = {}
             for term in mine:
+                weight = space.weight[term]
                 for j in holding.get(term, ()):
-                    shared[j] = shared.get(j, 0.0) + space.weight[term]
-            scores = [(total / (norm(i) * norm(j)), j) for j, total in shared.items() if norm(i) and norm(j)]
+                    shared[j] = shared.get(j, 0.0) + weight
+            mine_norm = norm(i)
+            scores = [(total / (mine_norm * theirs), j) for j, total in shared.items() if mine_norm and (theirs := norm(j))]
             best, j = max(scores, default=(0.0, -1))
             decided = topics[j] if best >= policy.same_topic else f"T{ids[i]}"
         topics.append(decided)

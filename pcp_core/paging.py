@@ -308,8 +308,9 @@ def _dated(page: Page) -> bool:
 
 def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
     """The idf-weighted share of ``words`` already in ``said``."""
-    total = sum(stats.idf(t) for t in words)
-    return sum(stats.idf(t) for t in words & said) / total if total else 1.0
+    idf = stats.idfs.__getitem__
+    total = sum(map(idf, words))
+    return sum(map(idf, words & said)) / total if total else 1.0
 
 
 def _unique(page: AnyPage, used: set[str]) -> AnyPage:

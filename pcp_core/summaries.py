@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from itertools import repeat
 
 from .pages import ConsolidatedPage, Page, short_hash, without_turn_markers
 from .terms import TermStats, TermWeights, consensus_keywords, terms, words_of
@@ -29,24 +30,33 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     sentences = _attributed_sentences(text)
     if not sentences:
         return ""
-    scored = sorted(
-        range(len(sentences)),
-        key=lambda i: -sum(weights.get(t, 0.0) for t in set(words_of(sentences[i]))) / math.sqrt(len(sentences[i]) + 20),
-    )
+    # Only a sentence that fits may be chosen: the others are scored only when none does.
+    fitting = [i for i, sentence in enumerate(sentences) if len(sentence) + 1 <= max_chars]
+    if not fitting:  # even the best sentence is too long: cut it at a word boundary
+        return _clip(sentences[_best_first(sentences, range(len(sentences)), weights)[0]], max_chars)
     chosen: list[int] = []
     said: set[str] = set()
     used = 0
-    for i in scored:
+    for i in _best_first(sentences, fitting, weights):
+        if used + len(sentences[i]) + 1 > max_chars:
+            continue
         same = _said(sentences[i])
         if same in said:  # a sentence said twice (two pages alike, "Thanks!" and "Thanks.") is summarised once
             continue
-        if used + len(sentences[i]) + 1 <= max_chars:
-            chosen.append(i)
-            said.add(same)
-            used += len(sentences[i]) + 1
-    if not chosen:  # even the best sentence is too long: cut it at a word boundary
-        return _clip(sentences[scored[0]], max_chars)
+        chosen.append(i)
+        said.add(same)
+        used += len(sentences[i]) + 1
     return " ".join(sentences[i] for i in sorted(chosen))
+
+
+def _best_first(sentences: Sequence[str], among: Sequence[int], weights: TermWeights) -> list[int]:
+    """The sentences ``among`` (by place), the most weight for their length first; ties in their order."""
+    weight = weights.get
+    score = {i: -sum(map(weight, set(words_of(sentences[i])), _NONE)) / math.sqrt(len(sentences[i]) + 20) for i in among}
+    return sorted(among, key=score.__getitem__)
+
+
+_NONE = repeat(0.0)  # the weight of a term that has none
 
 
 def _said(sentence: str) -> str:
@@ -70,11 +80,11 @@ def _attributed_sentences(text: str) -> list[str]:
     out = []
     for line in without_turn_markers(text).splitlines():
         line = line.strip()
-        speaker = _SPEAKER.match(line)
+        speaker = _SPEAKER.match(line) if ":" in line else None  # (a speaker ends in one)
         prefix = speaker.group(0) if speaker else ""
         for sentence in _SENTENCE.split(line):
             sentence = sentence.strip()
-            own = _SPEAKER.match(sentence)
+            own = _SPEAKER.match(sentence) if ":" in sentence else None
             if own:
                 prefix, sentence = own.group(0), sentence[own.end() :].strip()
             if sentence:

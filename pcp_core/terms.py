@@ -8,13 +8,14 @@ conversation ranks below one that appears once.
 
 from __future__ import annotations
 
+import heapq
 import math
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
-__all__ = ["STOPWORDS", "TermStats", "TermWeights", "consensus_keywords", "terms", "top_keywords", "words_of"]
+__all__ = ["STOPWORDS", "TF", "TermStats", "TermWeights", "consensus_keywords", "terms", "top_keywords", "words_of"]
 
 # Common English function words; they carry no addressing signal.
 STOPWORDS = frozenset(
@@ -63,13 +64,9 @@ def _term(word: str) -> str | None:
 terms = lru_cache(maxsize=65536)(words_of)
 
 
-def _anchor_boost(term: str, original: str) -> float:
-    """Names, numbers, dates and identifiers weigh more (§2.4 anchors)."""
-    return _boost(term, original[:1].isupper())
-
-
 @lru_cache(maxsize=1 << 17)
 def _boost(term: str, capital: bool) -> float:
+    """Names, numbers, dates and identifiers weigh more (§2.4 anchors); ``capital``: the term as written opens with one."""
     if any(ch.isdigit() for ch in term) or term in MONTHS:
         return 2.0
     if capital or any(ch in term for ch in "_./-"):
@@ -86,32 +83,60 @@ class TermStats:
         for doc in documents:
             df.update(set(terms(doc)))
         self.df: Mapping[str, int] = df
+        self.idfs = _Idfs(self.n, df)
 
     @classmethod
     def from_counts(cls, n: int, df: Mapping[str, int]) -> TermStats:
-        """Stats the caller keeps up to date itself: ``df`` over ``n`` documents (read, not copied)."""
+        """Stats over ``df``, the counts of ``n`` documents (read, not copied: they must not change while the stats are read)."""
         stats = cls(())
         stats.n, stats.df = max(n, 1), df
+        stats.idfs = _Idfs(stats.n, df)
         return stats
 
     def idf(self, term: str) -> float:
-        return math.log(1 + (self.n - self.df.get(term, 0) + 0.5) / (self.df.get(term, 0) + 0.5))
+        return self.idfs[term]
 
     def weights(self, text: str) -> TermWeights:
         """tf·idf·anchor weight of each term of ``text``."""
         written = _WORD.findall(text)
         originals = dict(zip(map(_normal, written), written))  # each term as last written
         counts = Counter(terms(text))
-        return {t: (1 + math.log(c)) * self.idf(t) * _anchor_boost(t, originals.get(t, t)) for t, c in counts.items()}
+        idfs = self.idfs
+        return {t: TF[c] * idfs[t] * _boost(t, originals.get(t, t)[:1].isupper()) for t, c in counts.items()}
+
+
+class _Tf(dict[int, float]):
+    """``1 + log(count)``, the weight of a term said ``count`` times, worked out once a count."""
+
+    def __missing__(self, count: int) -> float:
+        self[count] = value = 1 + math.log(count)
+        return value
+
+
+TF = _Tf()
+
+
+class _Idfs(dict[str, float]):
+    """Each term's idf, worked out the first time it is asked for: paging a million tokens' history
+    asks ~900,000 times, for a few thousand terms (the summaries' weights, the topics' overlaps)."""
+
+    def __init__(self, n: int, df: Mapping[str, int]):
+        super().__init__()
+        self.n, self.df = n, df
+
+    def __missing__(self, term: str) -> float:
+        n, df = self.n, self.df.get(term, 0)
+        self[term] = value = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        return value
 
 
 _CLOCK = re.compile(r"^\d{1,2}:\d{2}$")
 
 
 def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
-    # A time of day says when, not what: it addresses nothing on its own.
-    ranked = sorted(((t, w) for t, w in weights.items() if not _CLOCK.match(t)), key=lambda kv: (-kv[1], kv[0]))
-    return tuple(t for t, _ in ranked[:k])
+    # A time of day says when, not what: it addresses nothing on its own (and opens with a digit).
+    ranked = heapq.nsmallest(k, [(-w, t) for t, w in weights.items() if not (t[:1].isdigit() and _CLOCK.match(t))])
+    return tuple(t for _, t in ranked)
 
 
 def consensus_keywords(children: Sequence[Sequence[str]], k: int) -> tuple[str, ...]:

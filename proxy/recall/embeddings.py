@@ -137,7 +137,11 @@ class Embedder:
         """Load the model in the background, once: the first request that wants dense recall asks.
 
         A proxy that only forwards never loads it, and no request waits for it:
-        until it is loaded, pages are ranked by BM25 alone.
+        until it is loaded, pages are ranked by BM25 alone. It loads once the
+        requests being served are answered (or ``yield_seconds`` have passed),
+        as the background encodes: importing torch is seconds of work under the
+        interpreter lock, which took ~0.25 s from the million-token history whose
+        first request asked for the model (and cannot use it: none of its texts is encoded yet).
         """
         with self._queue_lock:
             if self._loading is None:
@@ -145,6 +149,7 @@ class Embedder:
 
     def _load_quietly(self) -> None:
         try:
+            self._wait_for_quiet()  # (see ``warm_up``)
             self.load()
         except Exception:  # dense recall is lost, never a request
             log.exception("the embedding model did not load: pages are ranked by BM25 alone")

@@ -9,7 +9,7 @@ from pcp_core.pages import ConsolidatedPage, OriginalPage
 from pcp_core.paging import PagingPolicy, page_history, retroactive_paging, segment_turns, topic_groups, turns_from_messages
 from pcp_core.request import Policy, engaged
 from pcp_core.summaries import extractive_summary
-from pcp_core.terms import terms
+from pcp_core.terms import terms, top_keywords
 
 from .counting import COUNT
 
@@ -108,6 +108,26 @@ def test_extractive_summary_prefers_weighted_sentences_and_fits():
     summary = extractive_summary(text, weights, max_chars=60)
     assert summary == "The deploy of api-v2 failed at 03:14 on host db-7."
     assert len(extractive_summary(text * 20, weights, max_chars=50)) <= 50
+
+
+def test_a_summary_passes_over_a_weightier_sentence_too_long_for_what_is_left_and_takes_a_shorter_one():
+    text = "Marta paid invoice INV-4471 in March. The invoice for the roof repair by Kowalski and Sons is still open. Roof done."
+    weights = {t: 1.0 for t in terms("marta paid invoice inv-4471 march roof repair kowalski sons open done")}
+    assert extractive_summary(text, weights, max_chars=60) == "Marta paid invoice INV-4471 in March. Roof done."
+
+
+def test_a_summary_no_sentence_fits_is_its_weightiest_sentence_cut_not_its_first():
+    text = "We talked for a long while about nothing in particular at all. Marta Kowalski paid invoice INV-4471 for the roof in March 2024."
+    weights = {t: 1.0 for t in terms("marta kowalski invoice inv-4471 roof march 2024")}
+    summary = extractive_summary(text, weights, max_chars=40)
+    assert summary.startswith("Marta Kowalski paid") and summary.endswith("…") and len(summary) <= 40
+
+
+def test_keywords_are_the_weightiest_terms_ties_by_name_never_a_time_of_day():
+    weights = {"14:30": 9.0, "zinc": 2.0, "alder": 2.0, "roof": 3.0, "2024": 1.0, "moss": 0.5}
+    assert top_keywords(weights, 3) == ("roof", "alder", "zinc")
+    assert top_keywords(weights, 9) == ("roof", "alder", "zinc", "2024", "moss")
+    assert top_keywords(weights, 0) == ()
 
 
 def test_each_sentence_keeps_its_own_speaker_when_a_line_holds_several():

@@ -82,11 +82,11 @@ def test_the_background_encodes_once_the_request_being_served_is_answered(tmp_pa
     events: list[tuple[str, int, float]] = []
     embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n, time.monotonic())), yield_seconds=30)
     history = ["Melanie adopted a puppy in May.", "The invoice INV-7 is paid."]
+    embedder.load()  # (loading waits for the requests being served too: see the test below)
     try:
         with embedder.serving():
             assert asyncio.run(embedder.similarities_when_ready("Who adopted a puppy?", history)) is None
             assert _states(events, "queued") == 2
-            eventually(lambda: embedder.ready, timeout=120, awaiting="the model to load in the background")
             # Loaded: unheld, the background would encode two texts in some milliseconds.
             held = time.monotonic() + 0.5
             eventually(lambda: time.monotonic() >= held, awaiting="the request to have been served for half a second with the model loaded")
@@ -96,6 +96,33 @@ def test_the_background_encodes_once_the_request_being_served_is_answered(tmp_pa
         assert min(at for state, _, at in events if state == "encoded") >= answered
     finally:
         embedder.close()
+
+
+def test_the_model_loads_once_the_request_that_asked_for_it_is_answered(tmp_path):
+    # Loading imports torch, seconds of work under the interpreter lock: beside a first request's paging it
+    # took a quarter of a second from that request, which cannot use the model anyway (its history is not encoded).
+    import subprocess
+
+    script = f"""
+import asyncio, sys, time
+from pathlib import Path
+from proxy.recall.embeddings import Embedder
+embedder = Embedder(Path({str(tmp_path)!r}), yield_seconds=30)
+with embedder.serving():
+    assert asyncio.run(embedder.similarities_when_ready("Who adopted a puppy?", ["Melanie adopted a puppy in May."])) is None
+    held = time.monotonic() + 1.0
+    while time.monotonic() < held:
+        assert "torch" not in sys.modules, "the model started loading while the request was served"
+        time.sleep(0.01)
+deadline = time.monotonic() + 120
+while not embedder.ready and time.monotonic() < deadline:
+    time.sleep(0.05)
+assert embedder.ready, "the model did not load once the request was answered"
+embedder.close()
+print("ok")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().endswith("ok"), done.stderr[-2000:]
 
 
 def test_the_background_does_not_starve_under_requests_that_never_end(tmp_path):

