@@ -52,7 +52,9 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
 def _best_first(sentences: Sequence[str], among: Sequence[int], weights: TermWeights) -> list[int]:
     """The sentences ``among`` (by place), the most weight for their length first; ties in their order."""
     weight = weights.get
-    score = {i: -sum(map(weight, set(words_of(sentences[i])), _NONE)) / math.sqrt(len(sentences[i]) + 20) for i in among}
+    # Each term once, in the order the sentence says them: a set would sum in the order of the process's string
+    # hashes, and two processes could choose different sentences at a near tie.
+    score = {i: -sum(map(weight, dict.fromkeys(words_of(sentences[i])), _NONE)) / math.sqrt(len(sentences[i]) + 20) for i in among}
     return sorted(among, key=score.__getitem__)
 
 

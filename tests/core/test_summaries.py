@@ -9,7 +9,10 @@ of its pages' summaries.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,3 +100,24 @@ def test_a_sentence_said_twice_with_other_punctuation_is_summarised_once():
     text = "Melanie: Yeah, Caroline.\nMelanie: Thanks, Caroline.\nMelanie: Thanks, Caroline!"
     summary = extractive_summary(text, {"thanks": 1.0, "caroline": 1.0, "yeah": 0.5}, 200)
     assert summary.lower().count("thanks, caroline") == 1 and not doubled(summary)
+
+
+_TIE = """
+from pcp_core.summaries import extractive_summary
+# 0.1 + 0.2 + 0.3 is 0.6 or 0.6000000000000001 as the sum runs: a near tie with 0.6, the same length.
+weights = {"kiwi": 0.1, "mango": 0.2, "plums": 0.3, "lemon": 0.6}
+print(extractive_summary("Lemon grapefruit. Kiwi mango plums.", weights, 21))
+"""
+
+
+def test_a_summary_is_the_same_whatever_the_process_string_hashes() -> None:
+    """Two workers page a shared conversation alike: a sentence's weight is not summed in the order of a set,
+    which follows the process's string hashes (at a near tie, processes chose different sentences)."""
+    root = Path(__file__).resolve().parents[2]
+    chosen = {
+        subprocess.run(
+            [sys.executable, "-c", _TIE], env={**os.environ, "PYTHONHASHSEED": str(seed), "PYTHONPATH": str(root)}, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        for seed in range(12)
+    }
+    assert len(chosen) == 1, chosen
