@@ -194,8 +194,10 @@ def _consolidate_levels(
     keys = [_ids(g) for g in groups]
     decided = [known.topics.get(mine.id) if (mine := reusable.get(key)) else None for key in keys]
     topics = assign_topics([signed(k, g) for k, g in zip(keys, groups)], decided, [k[0] for k in keys], stats, policy.metabolism)
-    groups, topics = horizontal_merge(groups, topics, policy.metabolism)
-    keys = [_ids(g) for g in groups]
+    known_keys = {id(g): k for g, k in zip(groups, keys)}  # a group the merge leaves is the same list (ids unique while ``groups`` lives)
+    merged, topics = horizontal_merge(groups, topics, policy.metabolism)
+    keys = [known_keys.get(id(g)) or _ids(g) for g in merged]
+    groups = merged
     firsts = [container(k, g) for k, g in zip(keys, groups)]
     by_id = {c.id: (t, signed(k, g)) for c, k, g, t in zip(firsts, keys, groups, topics)}
     level: list[Page] = list(firsts)
