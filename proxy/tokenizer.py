@@ -38,7 +38,7 @@ _PROBES = [
 
 # A history's turn as paging lays it out: "[role] text" (``pcp_core.pages.Turn.line``), its text one the request counted.
 _TAGGED = re.compile(r"\[[a-z_]+\] ")
-TAGS_KEPT = 64  # tags whose pieces are kept (a role is one of a few; a client's made-up ones are worked out each time)
+TAGS_KEPT = 64  # tags whose tokens are kept, the latest used (a role is one of a few; a client may make up more)
 
 
 class Tokenizer:
@@ -59,7 +59,7 @@ class Tokenizer:
         pattern = getattr(self.encoding, "_pat_str", None)
         self._pieces = regex.compile(pattern) if isinstance(pattern, str) else None
         self._piece = lru_cache(maxsize=1 << 16)(self._one_piece)
-        self._tags: dict[str, int | None] = {}
+        self._tag = lru_cache(maxsize=TAGS_KEPT)(self._head)
 
     def count_built(self, text: str) -> int:
         """A text the proxy built: a prompt is new on every call, its lines mostly are not."""
@@ -99,26 +99,23 @@ class Tokenizer:
         joined = self._pieces.match(line, space)
         if joined is None or joined.end() != tag.end() + end:  # the space went to the first piece, and only to it
             return None
-        head = self._tags[line[:space]] if line[:space] in self._tags else self._head(line, space)
+        head = self._tag(line[:space])
         spaced, bare = self._piece(" " + first), self._piece(first)
         if head is None or spaced is None or bare is None:
             return None
         return head + spaced - bare + self.count(text)
 
-    def _head(self, line: str, space: int) -> int | None:
-        """The tokens of ``line`` before ``space`` if the pre-tokenizer cuts a piece there (None: it does not);
-        kept by the tag, which a space and an ASCII letter always follow here."""
-        at, tokens = 0, 0
-        while at < space and self._pieces is not None:
+    def _head(self, tag: str) -> int | None:
+        """The tokens of ``tag`` if the pre-tokenizer cuts a piece at its end (None: it does not), followed, as
+        it always is here, by a space and an ASCII letter."""
+        line, at, tokens = tag + " a", 0, 0
+        while at < len(tag) and self._pieces is not None:
             piece = self._pieces.match(line, at)
             counted = self._piece(piece.group()) if piece is not None and piece.end() > at else None
             if piece is None or counted is None:
                 break
             tokens, at = tokens + counted, piece.end()
-        head = tokens if at == space else None
-        if len(self._tags) < TAGS_KEPT:
-            self._tags[line[:space]] = head
-        return head
+        return tokens if at == len(tag) else None
 
     def _one_piece(self, piece: str) -> int | None:
         """The tokens of one piece of the pre-tokenizer's, if it is one on its own too (None: it is not)."""

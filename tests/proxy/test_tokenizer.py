@@ -87,4 +87,4 @@ def test_lines_of_made_up_roles_count_exactly_and_keep_a_few_tags_only():
         role = "".join("abcdefghij"[int(digit)] for digit in str(i)) + "_x"
         line = f"[{role}] {text}"
         assert tokenizer.count(line) == whole(line)
-    assert len(tokenizer._tags) == TAGS_KEPT
+    assert tokenizer._tag.cache_info().currsize == TAGS_KEPT
