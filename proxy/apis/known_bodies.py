@@ -145,7 +145,7 @@ def _located(body: bytes, messages: list[dict[str, Any]], said: int) -> _Known |
         return None
     if len(array) <= 2:  # no messages: nothing a follow-up would reuse
         return None
-    at = 0
+    at, raw = 0, bytes(array)
     for _ in range(FIRST_KEYS):
         at = body.find(b'"messages"', at)
         if at < 0:
@@ -153,7 +153,6 @@ def _located(body: bytes, messages: list[dict[str, Any]], said: int) -> _Known |
         at += len(b'"messages"')
         colon = _skip_space(body, at)
         start = _skip_space(body, colon + 1) if body[colon : colon + 1] == b":" else -1
-        raw = bytes(array)
         if start >= 0 and body.startswith(raw, start):  # the array the decoder read
             if body.find(raw, start + 1) >= 0:  # there twice (a nested "messages" key first): which one was read is not known
                 return None
