@@ -34,9 +34,9 @@ import msgspec
 from .addressing import Addressed, address
 from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
-from .directives import Consult, Directive
+from .directives import Consult, Directive, Explore
 from .effects import CallWorker, Effect, LoadPages, Outcome
-from .frame import Frame, Shown, extended, prompt_text, shared_tokens, stored_end
+from .frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_ins, stored_end
 from .index import Activation, PageIndex
 from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
@@ -94,6 +94,8 @@ class _Loop:
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.frame = self._extended(context.frame, closed) if self.caching else None
+        # Pages the frame shows that the tree has since replaced: a directive naming one acts on what holds its turns now.
+        self.stand_ins = stand_ins(context.frame, index.pages) if context.frame is not None else {}
         self.open = opened[0].id if opened else None
         self.covered = closed[-1].last_turn + 1 if closed else 0  # the turns of the closed pages
         for page_id in dict.fromkeys([*self.hot, *self.recent]):
@@ -144,13 +146,18 @@ class _Loop:
         return list(after[:run]), stale_in_run
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
-        """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it replayed)."""
+        """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it
+        replayed), with the turns each page it shows covers (those the tree has replaced keep theirs)."""
         context = self.context
         if self.frame is not None:
-            return msgspec.structs.replace(self.frame, line=context.query_link, at=context.query_at, after=synthesis.after)
-        tokens = self.count(synthesis.frame_text)
-        frame = Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
-        return msgspec.structs.replace(frame, after=synthesis.after)
+            frame = msgspec.structs.replace(self.frame, line=context.query_link, at=context.query_at, after=synthesis.after)
+        else:
+            tokens = self.count(synthesis.frame_text)
+            frame = Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
+            frame = msgspec.structs.replace(frame, after=synthesis.after)
+        pages = [self.index.pages[page_id] for page_id in frame.shown if page_id in self.index.pages]
+        replaced = {page_id: span for page_id, span in frame.spans.items() if page_id in frame.shown}
+        return msgspec.structs.replace(frame, spans={**replaced, **spans_of(pages)})
 
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
@@ -263,7 +270,7 @@ class _Loop:
         self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
         self.changed = []
         for directive in directives:
-            self._carry_out(directive, round_no)
+            self._carry_out(self._standing_in(directive), round_no)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
         self.faulted |= bool(faults)
         self.views.settle(round_no)
@@ -271,6 +278,14 @@ class _Loop:
 
     def _ended(self, kind: Literal["answer", "client_tool_calls"], text: str, rounds: int) -> Outcome:
         return Outcome(kind, text, rounds, self.trace, self.addressed.intent, list(self.solid.values()), self.index.states())
+
+    def _standing_in(self, directive: Directive) -> Directive:
+        """``directive`` on the page that now holds the turns of one the frame shows and the tree has replaced."""
+        if isinstance(directive, Explore):
+            handle = self.stand_ins.get(directive.handle)
+            return msgspec.structs.replace(directive, handle=handle) if handle else directive
+        page_id = self.stand_ins.get(directive.id)
+        return msgspec.structs.replace(directive, id=page_id) if page_id else directive
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
         step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)

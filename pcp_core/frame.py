@@ -24,6 +24,11 @@ frame, like a log kept by compaction:
   edited or regenerated question is a sibling, ranked afresh).
 
 Pages are shown in it as they were; a Consult on one shows it again, after it.
+The conversation's tree moves on meanwhile: a container that takes the turns
+said since gets a new id (ids hash what a page holds). The frame keeps the
+turns each page it shows covers, so a Consult on one the tree has replaced
+opens the page that holds those turns now (``stand_ins``), where it would
+otherwise fault and cost the request its rounds.
 """
 
 from __future__ import annotations
@@ -35,10 +40,10 @@ from typing import Any
 import msgspec
 
 from .markup import node_lines
-from .pages import Page, View
+from .pages import Origin, Page, View
 from .tokens import CountText
 
-__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "stored_end"]
+__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "spans_of", "stand_ins", "stored_end"]
 
 
 class Shown(msgspec.Struct, frozen=True):
@@ -59,6 +64,7 @@ class Frame(msgspec.Struct, frozen=True):
     line: str  # the chain link of the query it was made (or last extended) for
     at: int  # where that query is in the conversation
     after: list[Shown] = []  # what that request showed after it (the last page aside), in order
+    spans: dict[str, tuple[int, int]] = {}  # the turns (first, last) each page it shows covers
 
 
 def continues(frame: Frame, links: Sequence[str]) -> bool:
@@ -74,7 +80,29 @@ def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, a
     text = "".join(s.text for s in kept) + "".join(node_lines(page, View.DETAIL) for page in new)
     turns = max([frame.turns, *(page.last_turn + 1 for page in new)])
     shown = {**frame.shown, **{s.id: s.view for s in kept}, **{page.id: View.DETAIL for page in new}}
-    return Frame(text=frame.text + text, shown=shown, tokens=frame.tokens + (count(text) if text else 0), turns=turns, line=line, at=at)
+    tokens = frame.tokens + (count(text) if text else 0)
+    return Frame(text=frame.text + text, shown=shown, tokens=tokens, turns=turns, line=line, at=at, spans=frame.spans)
+
+
+def spans_of(pages: Sequence[Page]) -> dict[str, tuple[int, int]]:
+    """The turns each of ``pages`` covers, by id."""
+    return {page.id: (page.first_turn, page.last_turn) for page in pages}
+
+
+def stand_ins(frame: Frame, pages: Mapping[str, Page]) -> dict[str, str]:
+    """For each page ``frame`` shows that is no longer one of the conversation's ``pages``, the page that now
+    holds its turns: the smallest that covers them all (the deepest, at a tie). None covers them: no stand-in."""
+    gone = {page_id: span for page_id, span in frame.spans.items() if page_id not in pages}
+    if not gone:
+        return {}
+    history = [page for page in pages.values() if page.origin == Origin.HISTORY]
+    found = {page_id: _covering(history, *span) for page_id, span in gone.items()}
+    return {page_id: page.id for page_id, page in found.items() if page is not None}
+
+
+def _covering(pages: Sequence[Page], first: int, last: int) -> Page | None:
+    covering = [page for page in pages if page.first_turn <= first and page.last_turn >= last]
+    return min(covering, key=lambda page: (page.last_turn - page.first_turn, -page.depth), default=None)
 
 
 def stored_end(stored: Frame | None, frame_text: str, frame_end: int) -> int | None:

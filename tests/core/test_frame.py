@@ -80,6 +80,23 @@ def test_later_rounds_replay_the_frame_round_zero_made():
     assert _document(second)[: first.synthesis.frame_end] == _document(first)[: first.synthesis.frame_end]
 
 
+def test_a_consult_on_a_page_the_tree_has_since_replaced_opens_what_holds_its_turns_now():
+    (first,), _, before = drive([WorkerReply(text="Biscuit.")], context(budget=4096))
+    messages = [*history(), *_turns(240, 12)]
+    index = retroactive_paging(turns_from_messages(messages, "2026-11-22T09:00:00"), COUNT)
+    replaced = [page_id for page_id in first.frame.shown if page_id not in index.pages]
+    assert replaced  # the turns said since went into the containers the frame shows: they have new ids
+    target = replaced[0]
+    first_turn, last_turn = before.get(target).first_turn, before.get(target).last_turn
+    ctx = context(budget=4096, query="What about the roses?", frame=first.frame, query_link="next", query_at=len(messages))
+    calls, outcome, index = drive([WorkerReply(text=f'Consult("more", "{target}")'), WorkerReply(text="done")], ctx, messages)
+    step = outcome.trace[0]
+    assert step.action == "Consult" and step.target != target  # not a Bus Fault, which would cost the request its rounds
+    opened = index.get(step.target)
+    assert opened.first_turn <= first_turn and opened.last_turn >= last_turn
+    assert f'<Node id="{step.target}"' in _document(calls[1])[calls[1].synthesis.frame_end :]
+
+
 def test_without_a_cache_no_frame_is_kept():
     call = drive([WorkerReply(text="Biscuit.")], context(budget=4096, cached_price=1.0))[0][0]
     assert call.frame is None
