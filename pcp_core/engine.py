@@ -93,6 +93,7 @@ class _Loop:
         self.caching = policy.cached_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
+        self.remade = 0  # of the frame the request made again: as new to a provider's cache as what comes after it
         self.frame = self._extended(context.frame, closed) if self.caching else None
         # Pages the frame shows that the tree has since replaced: a directive naming one acts on what holds its turns now.
         self.stand_ins = stand_ins(context.frame, index.pages) if context.frame is not None else {}
@@ -163,19 +164,30 @@ class _Loop:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
         synthesis = self._synthesize(round_no)
         if synthesis.overflow:  # the frame leaves less than a follow-up's room: it is made again
-            self.frame = None
-            synthesis = self._synthesize(round_no)
+            synthesis = self._remade(round_no)
         if self.caching:
             self.frame = self._made(synthesis, self.covered)
         return self._called(synthesis, round_no)
 
+    def _remade(self, round_no: int) -> Synthesis:
+        """The call's synthesis with the frame made again. The new frame is as new to a provider's cache as the
+        pages after it: a follow-up's share holds them both, so a request that makes its frame again costs what
+        any follow-up does, not a frame more."""
+        self.frame = None
+        synthesis = self._synthesize(round_no)
+        if not self.capped or round_no:
+            return synthesis
+        self.remade = self.count(synthesis.frame_text)
+        return self._synthesize(round_no)
+
     def _fresh(self) -> int:
         """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
         pages of the turns said since the frame was stored, the pages ranked for it that kept their place, the
-        query; not the pages kept beside those, which the cache serves), and never less than the last page."""
+        query, a frame made again; not the pages kept beside those, which the cache serves), and never less than
+        the last page."""
         policy, stored, frame = self.policy, self.context.frame, self.frame
         grown = frame.tokens - stored.tokens - self.stale_tokens if frame is not None and stored is not None else 0
-        new = grown + self.count(self.context.query)
+        new = grown + self.count(self.context.query) + self.remade
         last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
         return max(int(policy.fresh_share * policy.budget) - new, last)
 

@@ -69,6 +69,17 @@ def test_a_frame_that_outgrows_its_room_is_made_again():
     assert second.frame.tokens <= 0.25 * 2048 and second.synthesis.tokens <= 2048
 
 
+def test_a_follow_up_that_makes_its_frame_again_adds_no_more_than_its_share():
+    budget = 2048
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=budget))[0][0]
+    second, _ = _follow_up(first, [*history(), *_turns(240, 120)], "What was the name of Ingrid's greyhound again?", budget=budget)
+    document = _document(second)
+    assert not second.frame.text.startswith(first.frame.text)  # made again: all of it is new to the cache
+    after_frame = document[second.synthesis.frame_end : document.index("</Linear_Flow>")]
+    pages = after_frame[: after_frame.rfind("<Node id=")]  # the last page, still open, stays whatever the share
+    assert COUNT(pages) <= max(RoundPolicy().fresh_share * budget - second.frame.tokens, 0)  # the new frame took its share
+
+
 def test_later_rounds_replay_the_frame_round_zero_made():
     def consult(call):
         target = next(n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary")
