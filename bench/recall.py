@@ -233,14 +233,16 @@ def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, *
 
     with tempfile.TemporaryDirectory(prefix="pcp-recall-") as data_dir, FakeUpstream(default=worker) as fake:
         settings = Settings(
-            upstream_base_url=fake.url,
-            data_dir=data_dir,
-            sentry_threshold=1024,
-            context_budget=budget,
-            max_rounds=4,
-            log_level="warning",
-            router_embeddings=embeddings,
-            **more,
+            **{
+                "upstream_base_url": fake.url,
+                "data_dir": data_dir,
+                "sentry_threshold": 1024,
+                "context_budget": budget,
+                "max_rounds": 4,
+                "log_level": "warning",
+                "router_embeddings": embeddings,
+                **more,
+            }
         )
         tune_process(settings)  # as ``pcp-proxy serve`` does
         server = serve_in_thread(create_app(settings))
