@@ -282,7 +282,7 @@ class _Loop:
         self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
         self.changed = []
         for directive in directives:
-            self._carry_out(self._standing_in(directive), round_no)
+            self._carry_out(directive, round_no)
         # A Bus Fault is explained once, in the trace; the next round must answer (§2.4).
         self.faulted |= bool(faults)
         self.views.settle(round_no)
@@ -300,7 +300,10 @@ class _Loop:
         return msgspec.structs.replace(directive, id=page_id) if page_id else directive
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
+        named, directive = directive, self._standing_in(directive)
         step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
+        if directive is not named:  # the worker reads in the trace where the page it named went
+            step = msgspec.structs.replace(step, result=f"{_named_page(named)} now stands as {step.target}; {step.result}")
         self.trace.append(step)
         self.faulted |= step.action == "BusFault"
         views = self.views
@@ -314,6 +317,10 @@ class _Loop:
         addressed = self.addressed
         wanted = anchor_intent("", ", ".join(keywords), now=addressed.now)
         return broad_match(wanted, addressed.leaves, lexical_scores(wanted, addressed.texts, self.cache))
+
+
+def _named_page(directive: Directive) -> str:
+    return directive.handle if isinstance(directive, Explore) else directive.id
 
 
 def kept_nodes(synthesis: Synthesis, policy: RoundPolicy) -> list[str]:

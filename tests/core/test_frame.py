@@ -103,6 +103,7 @@ def test_a_consult_on_a_page_the_tree_has_since_replaced_opens_what_holds_its_tu
     calls, outcome, index = drive([WorkerReply(text=f'Consult("more", "{target}")'), WorkerReply(text="done")], ctx, messages)
     step = outcome.trace[0]
     assert step.action == "Consult" and step.target != target  # not a Bus Fault, which would cost the request its rounds
+    assert step.result.startswith(f"{target} now stands as {step.target};")  # the worker reads where the page went
     opened = index.get(step.target)
     assert opened.first_turn <= first_turn and opened.last_turn >= last_turn
     assert f'<Node id="{step.target}"' in _document(calls[1])[calls[1].synthesis.frame_end :]
