@@ -49,6 +49,22 @@ def test_the_session_keeps_the_frame_for_the_next_request(start_proxy, upstream)
     assert session.frame is not None and second.startswith(first[: first.index(session.frame.text[:200])])
 
 
+def test_a_consult_on_a_page_the_stored_frame_shows_opens_what_holds_its_turns_now(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=2048)
+    proxy.client().chat.completions.create(model="m", messages=long_history())
+    frame = proxy.services.sessions.read(*_only_session(proxy)).frame  # read back from the store, as a follow-up finds it
+    assert frame is not None and frame.spans.keys() == frame.shown.keys()
+    said = [{"role": "assistant" if i % 2 == 0 else "user", "content": f"Turn {i}: the allotment's rhubarb and the rain."} for i in range(160, 172)]
+    follow_up = [*long_history(), *said, {"role": "user", "content": "And the seedlings?"}]
+    consult_all = "\n".join(f'Consult("more", "{page_id}")' for page_id in frame.shown)
+    upstream.enqueue(completion(consult_all), completion("They are fine."))
+    proxy.client().chat.completions.create(model="m", messages=follow_up)
+    trace = doc_of(upstream.chat_requests("worker")[-1]).find("Reasoning_Trace")
+    steps = [(step.get("action"), step.get("result", "")) for step in trace]
+    assert steps and all(action == "Consult" for action, _ in steps)  # no Bus Fault: the last round would have had to answer
+    assert any(" now stands as " in result for _, result in steps)  # the tree replaced some of them since the frame was made
+
+
 def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
 
@@ -69,6 +85,12 @@ def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, 
     upstream.enqueue(usage(None))
     raw = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()}).json()
     assert "prompt_tokens_details" not in raw["usage"]  # the upstream said nothing of a cache
+
+
+def doc_of(request):
+    from lxml import etree
+
+    return etree.fromstring(request.json["messages"][0]["content"])
 
 
 def _only_session(proxy) -> tuple[str, str]:
