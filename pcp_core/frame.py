@@ -19,9 +19,10 @@ frame, like a log kept by compaction:
   share): they join the frame before the new turns' pages (``after``: what
   came after the frame, in order), so what a conversation keeps coming back
   to is billed once;
-* it is made again only at rare boundaries: when it leaves too little room,
-  and when a request does not continue the conversation it was made for (an
-  edited or regenerated question is a sibling, ranked afresh).
+* it is made again only at rare boundaries: when it leaves too little room
+  (the new frame is then part of what that follow-up adds, within its
+  share), and when a request does not continue the conversation it was made
+  for (an edited or regenerated question is a sibling, ranked afresh).
 
 Pages are shown in it as they were; a Consult on one shows it again, after it.
 The conversation's tree moves on meanwhile: a container that takes the turns
