@@ -36,7 +36,7 @@ from .answers import NO_ANSWER
 from .bm25 import Bm25Cache
 from .directives import Consult, Directive, Explore
 from .effects import CallWorker, Effect, LoadPages, Outcome
-from .frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_ins, stored_end
+from .frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
 from .index import Activation, PageIndex
 from .markup import node_lines
 from .pages import ConsolidatedPage, Origin, Page, View
@@ -95,8 +95,6 @@ class _Loop:
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.remade = 0  # of the frame the request made again: as new to a provider's cache as what comes after it
         self.frame = self._extended(context.frame, closed) if self.caching else None
-        # Pages the frame shows that the tree has since replaced: a directive naming one acts on what holds its turns now.
-        self.stand_ins = stand_ins(context.frame, index.pages) if context.frame is not None else {}
         self.open = opened[0].id if opened else None
         self.covered = closed[-1].last_turn + 1 if closed else 0  # the turns of the closed pages
         for page_id in dict.fromkeys([*self.hot, *self.recent]):
@@ -157,8 +155,7 @@ class _Loop:
             frame = Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
             frame = msgspec.structs.replace(frame, after=synthesis.after)
         pages = [self.index.pages[page_id] for page_id in frame.shown if page_id in self.index.pages]
-        replaced = {page_id: span for page_id, span in frame.spans.items() if page_id in frame.shown}
-        return msgspec.structs.replace(frame, spans={**replaced, **spans_of(pages)})
+        return msgspec.structs.replace(frame, spans={**frame.spans, **spans_of(pages)})
 
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
@@ -293,11 +290,11 @@ class _Loop:
 
     def _standing_in(self, directive: Directive) -> Directive:
         """``directive`` on the page that now holds the turns of one the frame shows and the tree has replaced."""
-        if isinstance(directive, Explore):
-            handle = self.stand_ins.get(directive.handle)
-            return msgspec.structs.replace(directive, handle=handle) if handle else directive
-        page_id = self.stand_ins.get(directive.id)
-        return msgspec.structs.replace(directive, id=page_id) if page_id else directive
+        frame = self.context.frame
+        page_id = stand_in(frame, self.index.pages, _named_page(directive)) if frame is not None else None
+        if page_id is None:
+            return directive
+        return msgspec.structs.replace(directive, **{"handle" if isinstance(directive, Explore) else "id": page_id})
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
         named, directive = directive, self._standing_in(directive)

@@ -28,7 +28,7 @@ Pages are shown in it as they were; a Consult on one shows it again, after it.
 The conversation's tree moves on meanwhile: a container that takes the turns
 said since gets a new id (ids hash what a page holds). The frame keeps the
 turns each page it shows covers, so a Consult on one the tree has replaced
-opens the page that holds those turns now (``stand_ins``), where it would
+opens the page that holds those turns now (``stand_in``), where it would
 otherwise fault and cost the request its rounds.
 """
 
@@ -44,7 +44,7 @@ from .markup import node_lines
 from .pages import Origin, Page, View
 from .tokens import CountText
 
-__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "spans_of", "stand_ins", "stored_end"]
+__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "spans_of", "stand_in", "stored_end"]
 
 
 class Shown(msgspec.Struct, frozen=True):
@@ -90,20 +90,17 @@ def spans_of(pages: Sequence[Page]) -> dict[str, tuple[int, int]]:
     return {page.id: (page.first_turn, page.last_turn) for page in pages}
 
 
-def stand_ins(frame: Frame, pages: Mapping[str, Page]) -> dict[str, str]:
-    """For each page ``frame`` shows that is no longer one of the conversation's ``pages``, the page that now
-    holds its turns: the smallest that covers them all (the deepest, at a tie). None covers them: no stand-in."""
-    gone = {page_id: span for page_id, span in frame.spans.items() if page_id not in pages}
-    if not gone:
-        return {}
-    history = [page for page in pages.values() if page.origin == Origin.HISTORY]
-    found = {page_id: _covering(history, *span) for page_id, span in gone.items()}
-    return {page_id: page.id for page_id, page in found.items() if page is not None}
-
-
-def _covering(pages: Sequence[Page], first: int, last: int) -> Page | None:
-    covering = [page for page in pages if page.first_turn <= first and page.last_turn >= last]
-    return min(covering, key=lambda page: (page.last_turn - page.first_turn, -page.depth), default=None)
+def stand_in(frame: Frame, pages: Mapping[str, Page], page_id: str) -> str | None:
+    """The page that now holds the turns of ``page_id``, one ``frame`` shows that is no longer one of the
+    conversation's ``pages``: the smallest that covers them all (the deepest, at a tie). None: ``page_id`` is
+    still a page, the frame does not show it, or no page covers its turns."""
+    span = frame.spans.get(page_id)
+    if span is None or page_id in pages:
+        return None
+    first, last = span
+    covering = [page for page in pages.values() if page.origin == Origin.HISTORY and page.first_turn <= first and page.last_turn >= last]
+    best = min(covering, key=lambda page: (page.last_turn - page.first_turn, -page.depth), default=None)
+    return best.id if best is not None else None
 
 
 def stored_end(stored: Frame | None, frame_text: str, frame_end: int) -> int | None:
