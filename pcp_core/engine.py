@@ -154,8 +154,9 @@ class _Loop:
             tokens = self.count(synthesis.frame_text)
             frame = Frame(text=synthesis.frame_text, shown=synthesis.frame_shown, tokens=tokens, turns=said_turns, line=context.query_link, at=context.query_at)
             frame = msgspec.structs.replace(frame, after=synthesis.after)
-        pages = [self.index.pages[page_id] for page_id in frame.shown if page_id in self.index.pages]
-        return msgspec.structs.replace(frame, spans={**frame.spans, **spans_of(pages)})
+        pages = self.index.pages
+        added = [pages[page_id] for page_id in frame.shown if page_id not in frame.spans and page_id in pages]  # a page's turns stay its own
+        return msgspec.structs.replace(frame, spans={**frame.spans, **spans_of(added)}) if added else frame
 
     def call(self, round_no: int) -> CallWorker:
         """The worker call of round ``round_no``: the PagedContext of what is raised, within the budget."""
