@@ -58,8 +58,9 @@ async def scope_status(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
     memory, key = _scope(memory, namespace, name)
+    pending = memory.pending[key]  # read before the counts: a 0 here vouches for every write the counts then show
     counts = await asyncio.to_thread(_status, memory, key)
-    return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": memory.pending[key]})
+    return json_response({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": pending})
 
 
 def _status(memory: Memory, key: str) -> dict[str, int]:

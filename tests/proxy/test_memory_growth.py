@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 
 from pcp_core.memory import MemoryPolicy, Metabolism
 from proxy.memory.store import SqliteMemoryStore
@@ -130,6 +131,28 @@ def test_when_pending_is_0_what_was_written_is_searchable_with_its_containers(st
     memory = proxy.services.memory
     index = memory.indexes[next(iter(memory.indexes))]
     assert index.vectors is not None and len(index.vectors) == status["pages"] - status["records"]
+
+
+def test_a_status_that_says_pending_0_counts_every_write_done_while_it_was_read(start_proxy, monkeypatch):
+    """The write-backs land while a status read is counting: that status cannot say ``pending`` 0 with the counts
+    from before them (a gate holds the writer until the first read has counted)."""
+    proxy = start_proxy(context_budget=1024, embedder=StandInEmbedder())
+    memory, gate = proxy.services.memory, threading.Event()
+    memory._submit("", gate.wait, counted=False)
+    for said in ("The tax forms are due before the deadline.", "Grafting apple orchard trees, row by row.", "Grafting apple orchard ladders, row by row."):
+        ask(proxy, [{"role": "user", "content": said}])
+    counts = memory.store.counts
+
+    def counted_as_the_writes_land(scope, *args):
+        seen = counts(scope, *args)
+        gate.set()
+        eventually(lambda: sum(memory.pending.values()) == 0, timeout=30, interval=0.01, awaiting="the write-backs")
+        return seen
+
+    monkeypatch.setattr(memory.store, "counts", counted_as_the_writes_land)
+    statuses = [proxy.http.get(P, headers=AUTH).json() for _ in range(2)]
+    assert statuses[0]["pending"] > 0 and statuses[0]["consolidated"] == 0
+    assert statuses[1]["pending"] == 0 and statuses[1]["consolidated"] == 1
 
 
 def test_a_store_written_before_records_and_metabolism_opens_with_them(tmp_path):
