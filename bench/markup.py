@@ -32,6 +32,7 @@ from lxml import etree  # noqa: E402
 
 from bench.recall import DEFAULT_DATA, ENCODING, load_data  # noqa: E402
 from bench.rounds import worker_calls  # noqa: E402
+from proxy.testing.apis import document_of  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -69,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         attributes: Counter[str] = Counter()
         for question in questions:
             calls, _ = worker_calls(sessions[question.conv_id].pages.index(), question.text, budget, tokenizer.count_built, None)
-            document = calls[0]["messages"][0]["content"]
+            document = document_of(calls[0]["messages"])
             prompts += 1
             prompt_total += count(document)
             for node, content, attrs in detail_pages(document):

@@ -35,13 +35,14 @@ from bench.memory_recall import remember, sessions_of  # noqa: E402
 from bench.recall import DEFAULT_DATA, load_data, running_proxy  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from pcp_core.markup import xml_safe  # noqa: E402
+from proxy.testing.apis import worker_document  # noqa: E402
 
 A, B = {"authorization": "Bearer sk-key-a"}, {"authorization": "Bearer sk-key-b"}
 FORGOTTEN_PER_CONVERSATION = 20
 
 
 def worker_prompts(fake: Any, since: int) -> str:
-    return "\n".join(r.json["messages"][0]["content"] for r in fake.requests[since:] if r.headers.get("x-pcp-role") == "worker")
+    return "\n".join(worker_document(r) for r in fake.requests[since:] if r.headers.get("x-pcp-role") == "worker")
 
 
 def ask(client: httpx.Client, url: str, scope: str, text: str, key: dict[str, str]) -> httpx.Response:

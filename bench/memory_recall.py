@@ -58,6 +58,7 @@ from bench.recall import (  # noqa: E402
 )
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from pcp_core.pages import OriginalPage  # noqa: E402
+from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 CEILING_TOKENS = (1500, 1800, 3500, 7000)
@@ -106,7 +107,7 @@ def shown_pages(calls: Sequence[dict[str, Any]], count: Any) -> tuple[int, int]:
     """The distinct pages with <Content> in a request's worker prompts, and their tokens as Detail nodes."""
     nodes: dict[str, int] = {}
     for call in calls:
-        for node in etree.fromstring(call["messages"][0]["content"].encode()).iter("Node"):
+        for node in etree.fromstring(document_of(call["messages"]).encode()).iter("Node"):
             if node.find("Content") is not None and node.get("id") not in nodes:
                 nodes[node.get("id", "")] = count(etree.tostring(node, encoding="unicode", with_tail=False))
     return len(nodes), sum(nodes.values())

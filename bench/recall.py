@@ -57,6 +57,7 @@ if str(REPO) not in sys.path:  # run as a script: make ``bench`` importable like
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from pcp_core.tokens import message_tokens, prompt_tokens  # noqa: E402
+from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "locomo-dev"
@@ -280,7 +281,7 @@ def proxy_outcomes(question: Question, messages: Sequence[Message], calls: Seque
     """One outcome per ``PROXY_ROWS`` for one request, from the <Content> text of its worker prompts."""
     from bench.simulated_worker import content_texts
 
-    contents = ["\n".join(content_texts(call["messages"][0]["content"])) for call in calls]
+    contents = ["\n".join(content_texts(document_of(call["messages"]))) for call in calls]
     tokens = [prompt_tokens(call["messages"], count) for call in calls]
     full = prompt_tokens([*messages, user(question.text)], count)
 

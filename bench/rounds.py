@@ -43,6 +43,7 @@ from pcp_core.replies import WorkerReply  # noqa: E402
 from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
 from pcp_core.router import dense_texts, unit_texts  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
+from proxy.testing.apis import document_of  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -67,7 +68,7 @@ def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embed
             if isinstance(effect, CallWorker):
                 kept = kept if calls else effect.frame
                 calls.append({"messages": effect.messages})
-                reply = WorkerReply(text=worker_reply(effect.messages[0]["content"]))
+                reply = WorkerReply(text=worker_reply(document_of(effect.messages)))
             elif isinstance(effect, Similarity):
                 reply = asyncio.run(embedder.similarities_when_ready(effect.query, effect.texts))
             else:

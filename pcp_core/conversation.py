@@ -91,6 +91,13 @@ class Conversation(msgspec.Struct, frozen=True):
         return "\n\n".join(message_text(m) for m in self.head)
 
     @property
+    def opening_text(self) -> str:
+        """The client's first message when the history starts with it as text: a worker prompt opens with it as
+        sent, after the head, so a provider's cache finds the prefix the client's own requests made."""
+        first = self.history[0] if self.history else None
+        return first["content"] if first is not None and first.get("role") == "user" and isinstance(first.get("content"), str) else ""
+
+    @property
     def query_text(self) -> str:
         return message_text(self.query) if self.query is not None else ""
 

@@ -40,6 +40,7 @@ __all__ = [
     "node_ends",
     "node_places",
     "node_starts",
+    "paged_context",
     "registry",
     "tail",
 ]
@@ -72,13 +73,19 @@ def element_text(element: etree._Element) -> str:
     return etree.tostring(element, encoding="unicode", with_tail=True)
 
 
-def registry(head: str, parts: bool) -> str:
-    """The document's opening: the version, the instructions and the client's head (``parts``: the history attached files)."""
+def registry(parts: bool) -> str:
+    """The document's opening: the version and the instructions (``parts``: the history attached files). The client's
+    head is not in it: it goes before the document, as the client sent it (``synthesis``)."""
     element = etree.Element("Static_Registry")
     etree.SubElement(element, "System_Instructions").text = "\n".join([SYSTEM_INSTRUCTIONS, *([PARTS_INSTRUCTION] if parts else [])])
-    if head:
-        etree.SubElement(element, "Head").text = xml_safe(head)
     return _OPEN + element_text(element)
+
+
+def paged_context(text: str) -> str:
+    """The ``<PagedContext>`` in a worker prompt's user message text: after what leads it (the client's first
+    message, which may quote the tags), up to the host's appendix. Inside the document, text is escaped."""
+    start, end = text.rfind(_OPEN), text.rfind(_CLOSE)
+    return text[start : end + len(_CLOSE)] if 0 <= start < end else ""
 
 
 def background(folded: Sequence[Page]) -> str:

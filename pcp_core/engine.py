@@ -197,6 +197,7 @@ class _Loop:
             current_time=context.current_time,
             query=context.query,
             head=context.head,
+            opening=context.opening,
             trace=list(self.trace),
             final=final,
             budget=policy.budget,

@@ -120,6 +120,9 @@ def shared_tokens(previous: str, text: str, stored: int | None, count: CountText
 
 
 def prompt_text(messages: Sequence[Mapping[str, Any]]) -> str:
-    """A prompt's first message's text: the document, where a provider's cache finds a prefix."""
-    content = messages[0].get("content") if messages else ""
+    """The text of a worker prompt's user message (its last): the opening and the document, where a provider's
+    cache finds a prefix after the head (the same on every call)."""
+    content = messages[-1].get("content") if messages else ""
+    if isinstance(content, list):  # with the parts after the text
+        content = next((part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"), "")
     return content if isinstance(content, str) else ""

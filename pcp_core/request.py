@@ -80,7 +80,7 @@ def pageable(conversation: Conversation, client_tools: list[dict[str, Any]], pol
     query with its attachments, the client's tools) leaves room in the budget. A request that cannot is
     never answered blind: it goes untouched where the model's window may hold it, else it is refused."""
     query = query_line(conversation, policy.paging, count)
-    frame = prompt_tokens([{"role": "system", "content": document.registry("", False) + document.tail((), query, "2026-01-01T00:00", True)}], count)
+    frame = prompt_tokens([{"role": "system", "content": document.registry(False) + document.tail((), query, "2026-01-01T00:00", True)}], count)
     parts = sum(part_tokens(part) for part in conversation.query_parts)
     tools = [*client_tools, *(DIRECTIVE_TOOLS if policy.rounds.channel == "tools" else [])]
     return frame + parts + (count(json.dumps(tools)) if tools else 0) + LEAST_ROOM <= policy.rounds.budget
@@ -257,7 +257,7 @@ def _query_turn(conversation: Conversation, now: str) -> Turn:
 
 def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
     context = RoundContext(
-        query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now, policy=policy.rounds,
+        query=query_line(conversation, policy.paging, count), head=conversation.head_text, opening=conversation.opening_text, current_time=now, policy=policy.rounds,
         client_tools=facts.client_tools, dense=facts.dense, query_parts=conversation.query_parts, parts=conversation.history_parts(),
     )  # fmt: skip
     tools = context.tools

@@ -53,6 +53,7 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
 
     query: str
     head: str = ""
+    opening: str = ""  # the client's first message (``Conversation.opening_text``)
     current_time: str
     policy: RoundPolicy = RoundPolicy()
     client_tools: list[dict[str, Any]] = []

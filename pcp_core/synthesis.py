@@ -34,13 +34,13 @@ import msgspec
 from lxml import etree
 
 from . import document
-from .conversation import PLACEHOLDER, attached, fold_system, placeholder
+from .conversation import PLACEHOLDER, attached, placeholder
 from .document import FINAL_ROUND_INSTRUCTION, USER_LINE, node_ends, node_places, node_starts
 from .frame import Frame, Shown
 from .index import PageIndex
 from .markup import background_line, node, node_lines
 from .pages import Origin, View
-from .tokens import CountText, clip_tokens, part_tokens, prompt_tokens
+from .tokens import CountText, clip_tokens, leading_tokens, part_tokens, prompt_tokens
 
 __all__ = ["Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
@@ -59,7 +59,9 @@ class Step(msgspec.Struct, frozen=True):
 class SynthesisRequest(msgspec.Struct, kw_only=True):
     current_time: str
     query: str
-    head: str = ""
+    head: str = ""  # the client's system prompt: the prompt's system message, as sent
+    # The client's first message: the user message opens with it as sent (up to a quarter of the budget with the head).
+    opening: str = ""
     trace: Sequence[Step] = ()
     final: bool = False
     budget: int
@@ -79,9 +81,9 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     query_parts: Sequence[Any] = ()
     parts: Mapping[str, Any] = {}
     consulted: Sequence[str] = ()
-    # Where the document goes: the system message, or the user message for upstreams that ignore system messages.
+    # Where the head goes: its own system message, or the user message's opening for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
-    # Text after the document in the system message (the host's: Hybrid mode's snapshot), counted in the budget.
+    # Text after the document in the user message (the host's: Hybrid mode's snapshot), counted in the budget.
     appendix: str = ""
     # A follow-up's frame (``pcp_core.frame``), replayed as it is: what is admitted here comes after it.
     frame: Frame | None = None
@@ -130,7 +132,8 @@ def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisReque
 class _Builder:
     def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
         self.index, self.wanted, self.request, self.count = index, views, request, count
-        self._registry = ""  # the document's registry, as the last one written has it
+        self._registry = ""  # the user message up to the end of the document's registry, as the last one written has it
+        self._head = ""  # the head as the last document written goes with it
         self.overview: set[str] = set()
         self.costs: dict[tuple[str, View, bool], int] = {}
         self.consulted = set(request.consulted)
@@ -139,14 +142,14 @@ class _Builder:
     # -- the plan ---------------------------------------------------------------
     def build(self) -> Synthesis:
         request, frame = self.request, self.request.frame
-        if frame is not None and self._exact(self._document(request.head, request.query, {}, set())) + request.frame_room > request.budget:
+        head, opening, query = self._fit_fixed()
+        if frame is not None and self._exact(self._document(head, opening, query, {}, set())) + request.frame_room > request.budget:
             return Synthesis(messages=[], tokens=0, shown={}, standalone=[], folded=[], dehydrated=[], overflow=True)
-        head, query = self._fit_fixed()
         shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
         unfolded: set[str] = set()  # roots shown in the Linear_Flow
         admissions: list[tuple[dict[str, View], set[str]]] = []
         indexed = set(request.indexed)
-        used = self._exact(self._document(head, query, {}, set()))  # every root folded; with a frame, the frame alone
+        used = self._exact(self._document(head, opening, query, {}, set()))  # every root folded; with a frame, the frame alone
         fresh_left = request.budget if request.fresh_tokens is None else request.fresh_tokens
         zone_left = request.budget if request.frame_budget is None else request.frame_budget
         self.overview = set()  # the roots shown for the overview: with the latest closed pages, the next frame
@@ -190,7 +193,7 @@ class _Builder:
                 admit({}, {root})
 
         while True:
-            text = self._document(head, query, shown, unfolded)
+            text = self._document(head, opening, query, shown, unfolded)
             messages = self._messages(text, self._attached(shown))
             tokens = prompt_tokens(messages, self.count) + request.reserved_tokens
             if tokens <= request.budget or not admissions:
@@ -294,7 +297,7 @@ class _Builder:
         """The query's parts, in order, as many as fit in the budget with the frame and the query's text:
         they are the query's as its text is, and the history gets what they leave."""
         parts, request = list(self.request.query_parts), self.request
-        frame = self._document("", request.query, {}, set())
+        frame = self._document("", "", request.query, {}, set())
         while parts and prompt_tokens(self._messages(frame, parts), self.count) + request.reserved_tokens > request.budget:
             parts.pop()
         return parts
@@ -315,28 +318,37 @@ class _Builder:
     def _exact(self, document: str) -> int:
         return prompt_tokens(self._messages(document, self.query_parts), self.count) + self.request.reserved_tokens
 
-    def _fit_fixed(self) -> tuple[str, str]:
-        """Clip the client's head, then the query, if what every call carries would not fit alone."""
+    def _fit_fixed(self) -> tuple[str, str, str]:
+        """Clip the client's head, then the query, if what every call carries would not fit alone; and the
+        opening to what a quarter of the budget leaves beside the head."""
         head, query = self.request.head, self.request.query
-        spare = self.request.budget - self._exact(self._document("", "", {}, set())) - 8
+        spare = self.request.budget - self._exact(self._document("", "", "", {}, set())) - 8
         head_cost, query_cost = self.count(head), self.count(query)
-        if head_cost + query_cost <= spare:
-            return head, query
-        head = clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
-        return head, clip_tokens(query, max(spare - self.count(head), 0), self.count)
+        if head_cost + query_cost > spare:
+            head = clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
+            query = clip_tokens(query, max(spare - self.count(head), 0), self.count)
+        room = min(self.request.budget // 4 - self.count(head), spare - self.count(head) - self.count(query))
+        return head, leading_tokens(self.request.opening, room, self.count), query
 
     # -- rendering -----------------------------------------------------------------
-    def _messages(self, document: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    def _messages(self, text: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """The head as the system message, as the client sent it; the user message: ``text`` (the opening and the
+        document), the host's appendix, the user line. A provider's cache finds the prefix the client's own
+        requests made (the head, the first message) and, after it, what the previous call's document shares."""
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
-        system = f"{document}\n\n{self.request.appendix}" if self.request.appendix else document
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}, {"role": "user", "content": attached(line, parts)}]
-        return fold_system(messages) if self.request.context_role == "user" else messages
+        said = f"{text}\n\n{self.request.appendix}\n\n{line}" if self.request.appendix else f"{text}\n\n{line}"
+        user = {"role": "user", "content": attached(said, parts)}
+        return [{"role": "system", "content": self._head}, user] if self._head and self.request.context_role == "system" else [user]
 
-    def _document(self, head: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
-        """The document (``pcp_core.document``): the registry; the frame replayed, or the roots folded into
-        Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new with the call."""
+    def _document(self, head: str, opening: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
+        """The user message's text up to its appendix: what leads it (the head, for an upstream that ignores system
+        messages; the opening), then the document (``pcp_core.document``): the registry; the frame replayed, or the
+        roots folded into Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new
+        with the call. Offsets in a synthesis are in this text."""
         request, frame = self.request, self.request.frame
-        self._registry = document.registry(head, bool(request.parts))
+        self._head = head
+        lead = "".join(f"{text}\n\n" for text in (head if request.context_role == "user" else "", opening) if text)
+        self._registry = lead + document.registry(bool(request.parts))
         nodes = self._nodes(self._layout(shown, unfolded), shown)
         flow = frame.text + nodes if frame is not None else self._background(unfolded) + document.FLOW_OPEN + nodes
         return self._registry + flow + document.FLOW_CLOSE + document.tail(request.trace, query, request.current_time, request.final)

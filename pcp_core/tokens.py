@@ -16,6 +16,7 @@ __all__ = [
     "Checkpoint",
     "CountText",
     "clip_tokens",
+    "leading_tokens",
     "function_calls",
     "message_tokens",
     "part_text",
@@ -112,6 +113,20 @@ def split_words(text: str, count: CountText, limit: int) -> list[str]:
     if part:
         pieces.append(" ".join(part))
     return pieces
+
+
+def leading_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
+    """The longest opening of ``text`` within ``max_tokens``: cut there, it still starts as ``text`` does."""
+    if count(text) <= max_tokens:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the most characters whose opening fits
+        mid = (lo + hi + 1) // 2
+        if count(text[:mid]) <= max_tokens:
+            lo = mid
+        else:
+            hi = mid - 1
+    return text[:lo]
 
 
 def clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:

@@ -271,7 +271,7 @@ def checked(text: str | bytes, shape: type, what: str, code: str) -> dict[str, A
 
 
 def split_system(messages: Iterable[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
-    """A worker call's messages as its system text (the ``<PagedContext>``) and the others."""
+    """A call's messages as its system text (a worker call's: the client's head) and the others."""
     system: list[dict[str, Any]] = []
     rest: list[dict[str, Any]] = []
     for message in messages:

@@ -5,17 +5,18 @@ read as chat messages (``pcp_core.chat_messages``): text as text, images and
 documents as attachments, a ``tool_use`` and the ``tool_result`` that answers
 it one turn, thinking blocks left out (opaque, and their turn stays whole).
 Worker calls go upstream as Messages calls (to ``PCP_ANTHROPIC_BASE_URL`` when
-set, with the client's ``x-api-key`` and ``anthropic-version``): the
-``<PagedContext>`` as ``system``, the user line as the one message. The client
+set, with the client's ``x-api-key`` and ``anthropic-version``): the client's
+system prompt as ``system``; one user message, the client's first message,
+the ``<PagedContext>`` and the user line. The client
 gets one message, or its events (``messages_stream``); the proxy's own errors
 are in Anthropic's envelope.
 
 Prompt caching: the client's ``cache_control`` marks are kept where the prompt
-still has what they mark (its tools, an image or document sent again); its
-system prompt is inside the ``<PagedContext>``'s ``<Static_Registry>``, which
-opens every worker prompt of a request. The proxy marks that prefix, and the
-longer one a later round keeps in place (``_system``), while the request has
-marks to spare (Anthropic takes four).
+still has what they mark (its tools, an image or document sent again). Its
+system prompt, its first message and the ``<PagedContext>``'s
+``<Static_Registry>`` open every worker prompt of a request. The proxy marks
+that prefix, and the longer one a later round keeps in place (``_context``),
+while the request has marks to spare (Anthropic takes four).
 """
 
 from __future__ import annotations
@@ -223,15 +224,18 @@ class MessagesCodec(ToolsCodec):
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
     def cache_key(self, key: str) -> None:
-        """Anthropic finds a prefix by the marks (``_system``): there is no key to send."""
+        """Anthropic finds a prefix by the marks (``_context``): there is no key to send."""
 
     def prompt(self, messages: list[dict[str, Any]], cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> dict[str, Any]:
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
-        prompt: dict[str, Any] = {"messages": [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]}
+        said = [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]
+        if said:  # the last holds the document
+            said[-1]["content"] = _context(said[-1]["content"], room[0], cuts, marks)
+        prompt: dict[str, Any] = {"messages": said}
         if system:
-            prompt["system"] = _system(system, room[0], cuts, marks)
+            prompt["system"] = system
         return prompt
 
     def _marked(self, content: Any, room: list[int]) -> Any:
@@ -274,17 +278,27 @@ def new_message_id() -> str:
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
-def _system(text: str, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> str | list[Block]:
-    """The ``<PagedContext>`` as ``system``, in blocks the proxy marks for Anthropic's cache while ``room`` is left.
+def _context(content: Any, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> Any:
+    """A worker call's user message: the text that holds the ``<PagedContext>`` in blocks (``_blocks``), then its parts."""
+    if isinstance(content, str):
+        return _blocks(content, room, cuts, marks)
+    if isinstance(content, list) and content and isinstance(content[0], dict) and content[0].get("type") == "text":
+        blocks = _blocks(content[0]["text"], room, cuts, marks)
+        return [*(blocks if isinstance(blocks, list) else [content[0]]), *content[1:]]
+    return content
+
+
+def _blocks(text: str, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> str | list[Block]:
+    """The text that holds the ``<PagedContext>``, in blocks the proxy marks for Anthropic's cache while ``room`` is left.
 
     Anthropic caches a prefix only where a mark is, and finds an earlier entry
-    only at a block's end (up to 20 blocks back from a mark). The
-    ``<Static_Registry>`` (instructions, the client's system prompt) opens
-    every worker prompt; ``cuts`` are where the entries of earlier calls end
-    and where those of later ones will (``CallWorker.cuts``), so each is a
-    block's end; ``marks`` are those worth an entry, the most valuable first
-    (the longest prefix a later round keeps, the frame a follow-up replays),
-    then the registry while marks are left.
+    only at a block's end (up to 20 blocks back from a mark). The client's
+    first message and the ``<Static_Registry>`` (the instructions) open every
+    worker prompt; ``cuts`` are where the entries of earlier calls end and
+    where those of later ones will (``CallWorker.cuts``), so each is a block's
+    end; ``marks`` are those worth an entry, the most valuable first (the
+    longest prefix a later round keeps, the frame a follow-up replays), then
+    the registry while marks are left.
     """
     end = text.find("</Static_Registry>")
     if room <= 0 or end < 0:

@@ -18,10 +18,25 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from pcp_core.document import paged_context
+from pcp_core.frame import prompt_text
+
 from ..headers import ROLE
 from .replies import Recorded, Reply, completion, stream_reply
 
-__all__ = ["answer", "api_of", "api_requests", "default_reply", "message", "messages_stream", "response", "responses_stream", "worker_document"]
+__all__ = [
+    "answer",
+    "api_of",
+    "api_requests",
+    "default_reply",
+    "document_of",
+    "message",
+    "messages_stream",
+    "response",
+    "responses_stream",
+    "worker_document",
+    "worker_text",
+]
 
 _ids = itertools.count(1)
 Calls = Sequence[tuple[str, Any]]  # (name, arguments: a JSON string or an object)
@@ -62,15 +77,24 @@ def default_reply(recorded: Recorded) -> Reply:
 
 
 def worker_document(recorded: Recorded) -> str:
-    """The ``<PagedContext>`` text of a worker call: its system text (chat: the first message's content;
-    Responses: ``instructions``; Messages: ``system``, whose blocks the proxy may have cut it into)."""
-    body, api = recorded.json, api_of(recorded)
-    if api == "responses":
-        return str(body["instructions"])
-    if api == "messages":
-        system = body["system"]
-        return system if isinstance(system, str) else "".join(block["text"] for block in system)
-    return str(body["messages"][0]["content"])
+    """The ``<PagedContext>`` of a worker call, from its user message (chat, Messages: the last message, whose
+    text the proxy may have cut into blocks; Responses: the last ``input`` item)."""
+    return paged_context(worker_text(recorded))
+
+
+def document_of(messages: Sequence[dict[str, Any]]) -> str:
+    """The ``<PagedContext>`` of a worker prompt's chat messages."""
+    return paged_context(prompt_text(messages))
+
+
+def worker_text(recorded: Recorded) -> str:
+    """The text of a worker call's user message: the client's first message, the document, the user line."""
+    body = recorded.json
+    said = body["input"] if api_of(recorded) == "responses" else body["messages"]
+    content = said[-1]["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content if part.get("type") in ("text", "input_text"))
 
 
 def _streams(recorded: Recorded) -> bool:

@@ -31,3 +31,11 @@ def two_level_tree() -> tuple[PageIndex, dict[str, str]]:
     index.register(a)
     index.register(b)
     return index, {"a1": a1.id, "a2": a2.id, "b1": b1.id, "b2": b2.id, "A": a.id, "B": b.id}
+
+
+def paged(messages) -> str:
+    """The ``<PagedContext>`` of a worker prompt."""
+    from pcp_core.document import paged_context
+    from pcp_core.frame import prompt_text
+
+    return paged_context(prompt_text(messages))

@@ -20,7 +20,7 @@ from pcp_core.views import ViewState
 from pcp_core.zooming import diffuse as _diffuse
 
 from .counting import COUNT
-from .helpers import two_level_tree
+from .helpers import paged, two_level_tree
 
 
 def history():
@@ -60,7 +60,7 @@ def drive(replies, ctx=None, messages=None):
 
 
 def doc(call):
-    return etree.fromstring(call.messages[0]["content"])
+    return etree.fromstring(paged(call.messages))
 
 
 def summary_node_ids(call):
@@ -260,7 +260,7 @@ def test_a_consult_on_a_container_brings_in_its_best_pages():
     loop = run_rounds(context(budget=1100, query="What tricks did Biscuit the greyhound learn?"), index, COUNT)
 
     def details(call):
-        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if node_view(n) == "Detail"}
+        return {n.get("id") for n in etree.fromstring(paged(call.messages)).iter("Node") if node_view(n) == "Detail"}
 
     first = next(loop)
     second = loop.send(WorkerReply(f'Consult("more", "{root}")'))
@@ -294,7 +294,7 @@ def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
     loop = run_rounds(context(budget=2048, query="What did we say about the garden and the weather?"), index, COUNT)
 
     def nodes(call, view, kind=("Original", "Consolidated")):
-        return {n.get("id") for n in etree.fromstring(call.messages[0]["content"]).iter("Node") if node_view(n) == view and node_type(n) in kind}
+        return {n.get("id") for n in etree.fromstring(paged(call.messages)).iter("Node") if node_view(n) == view and node_type(n) in kind}
 
     first = next(loop)
     target = sorted(nodes(first, "Summary"))[0]

@@ -11,6 +11,7 @@ from pcp_core.round_policy import RoundPolicy
 from pcp_core.session import chain_links
 
 from .counting import COUNT
+from .helpers import paged
 from .test_engine import context, doc, drive, history
 
 
@@ -27,7 +28,7 @@ def _follow_up(first_call, messages, query: str, budget: int = 4096):
 
 
 def _document(call) -> str:
-    return call.messages[0]["content"]
+    return paged(call.messages)
 
 
 def test_a_request_makes_a_frame_its_document_opens_with():

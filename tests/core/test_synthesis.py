@@ -16,7 +16,7 @@ from pcp_core.tokens import prompt_tokens
 from pcp_core.views import ViewState
 
 from .counting import COUNT
-from .helpers import cp, op, two_level_tree
+from .helpers import cp, op, paged, two_level_tree
 
 
 def _request(**overrides) -> SynthesisRequest:
@@ -25,7 +25,7 @@ def _request(**overrides) -> SynthesisRequest:
 
 
 def _doc(synthesis) -> etree._Element:
-    return etree.fromstring(synthesis.messages[0]["content"])
+    return etree.fromstring(paged(synthesis.messages))
 
 
 def _history(n: int, tokens_per_turn: int = 40):
@@ -46,14 +46,33 @@ def test_document_has_the_spec_frame():
     registry = doc.find("Static_Registry")
     assert doc.find("ST-Node[@id='CURRENT_TIME']").get("value") == "2026-11-22T10:00"  # to the minute
     assert "Consult(" in registry.findtext("System_Instructions")
-    assert registry.findtext("Head") == "You are terse."
+    assert registry.find("Head") is None  # the client's head is the system message, as sent
+    assert synthesis.messages[0] == {"role": "system", "content": "You are terse."}
     assert doc.findtext("Query") == "What happened?"
     step = doc.find("Reasoning_Trace/Step")
     assert (step.get("action"), step.get("target"), step.get("reason")) == ("Consult", ids["A"], "need detail")
     roots = doc.findall("Linear_Flow/Node")
     assert [n.get("id") for n in roots] == [ids["A"], ids["B"]]
     assert all(n.get("view") == "Summary" and n.find("Summary") is not None for n in roots)
-    assert synthesis.messages[1]["role"] == "user"
+    assert synthesis.messages[1]["role"] == "user" and synthesis.messages[1]["content"].startswith("<PagedContext")
+
+
+def test_the_user_message_opens_with_the_clients_first_message_as_sent_within_a_quarter_of_the_budget():
+    index, _ = two_level_tree()
+    said = "Fix the failing test in parser.py. " * 4
+    whole = synthesize(index, {}, _request(head="You are terse.", opening=said), COUNT)
+    assert whole.messages[0]["content"] == "You are terse." and whole.messages[1]["content"].startswith(f"{said}\n\n<PagedContext")
+    long = "Fix the failing test in parser.py, then run the whole suite. " * 200
+    cut = synthesize(index, {}, _request(head="You are terse.", opening=long, budget=2048), COUNT)
+    opening = cut.messages[1]["content"].split("\n\n<PagedContext")[0]
+    assert long.startswith(opening) and 0 < COUNT(opening) <= 2048 // 4 - COUNT("You are terse.") < COUNT(long)
+    assert cut.tokens <= 2048 and etree.fromstring(paged(cut.messages)).findtext("Query") == "What happened?"
+
+
+def test_for_an_upstream_that_ignores_system_messages_the_head_opens_the_user_message():
+    index, _ = two_level_tree()
+    synthesis = synthesize(index, {}, _request(head="You are terse.", opening="Hello there.", context_role="user"), COUNT)
+    assert len(synthesis.messages) == 1 and synthesis.messages[0]["content"].startswith("You are terse.\n\nHello there.\n\n<PagedContext")
 
 
 def test_final_round_is_marked():
@@ -61,8 +80,8 @@ def test_final_round_is_marked():
     synthesis = synthesize(index, {}, _request(final=True), COUNT)
     assert [(e.tag, e.get("id")) for e in _doc(synthesis)][-2:] == [("ST-Node", "CURRENT_TIME"), ("ST-Node", "FINAL_ROUND")]
     assert _doc(synthesis).find("ST-Node[@id='FINAL_ROUND']").get("value") == "true"
-    assert "final round" in synthesis.messages[1]["content"]  # the last words of the prompt, not its first
-    assert synthesis.messages[0]["content"].startswith(synthesize(index, {}, _request(), COUNT).messages[0]["content"].split("<Query>")[0])
+    assert synthesis.messages[-1]["content"].endswith("Directives are not accepted.")  # the last words of the prompt, not its first
+    assert paged(synthesis.messages).startswith(paged(synthesize(index, {}, _request(), COUNT).messages).split("<Query>")[0])
 
 
 def test_unpacked_nests_children_and_detail_shows_content():
@@ -113,7 +132,7 @@ def test_the_budget_always_holds(budget, raised):
     synthesis = synthesize(index, views.raised(), _request(budget=budget, priorities=wanted, head="Be kind. " * 20), COUNT)
 
     assert prompt_tokens(synthesis.messages, COUNT) == synthesis.tokens <= budget
-    etree.fromstring(synthesis.messages[0]["content"])
+    etree.fromstring(paged(synthesis.messages))
 
 
 def test_pressure_dehydrates_then_folds_into_background():
@@ -187,7 +206,7 @@ def test_a_round_lays_out_what_it_adds_after_what_it_keeps():
 
     assert _flow(first)[:3] == [leaves[9], leaves[2], leaves[5]]
     assert _flow(second)[:4] == [leaves[9], leaves[2], leaves[5], leaves[0]]
-    before, after = first.messages[0]["content"], second.messages[0]["content"]
+    before, after = paged(first.messages), paged(second.messages)
     kept = before[: before.index(f'<Node id="{index.roots[0]}"')]  # up to the overview, which follows the pages
     assert after.startswith(kept) and len(kept) > len(before) * 0.5
 
@@ -286,7 +305,7 @@ def test_a_nodes_text_closes_it_on_its_line():
     index, ids = two_level_tree()
     views = ViewState(index)
     views.raise_to(ids["a2"], View.DETAIL, unfold=False)
-    document = synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT).messages[0]["content"]
+    document = paged(synthesize(index, views.raised(), _request(priorities=[ids["a2"]]), COUNT).messages)
     assert "<Content>page a2 text</Content></Node>\n" in document
     assert "</Summary></Node>\n" in document
 
@@ -315,6 +334,6 @@ def test_every_tag_the_document_uses_is_one_the_directive_parser_takes_out():
         budget=4096,
         priorities=list(index.roots),
     )
-    document = etree.fromstring(synthesize(index, views, request, COUNT).messages[0]["content"])
+    document = etree.fromstring(paged(synthesize(index, views, request, COUNT).messages))
     assert {element.tag for element in document.iter()} <= set(TAGS)
     assert {"Node", "Content", "Summary", "Step", "Head", "Background_Context"} & {element.tag for element in document.iter()}

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from pcp_core.document import USER_LINE
 from pcp_core.hybrid import SEPARATOR, Snapshot, check
 from proxy.testing.upstream import Recorded, Reply, completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
@@ -21,9 +22,10 @@ MARK = "Current context snapshot:\n"
 
 
 def shown(recorded: Recorded) -> dict[str, Any]:
-    """The snapshot the model was shown: the JSON at the end of the system message."""
-    system = recorded.json["messages"][0]["content"]
-    return json.loads(system.rsplit(MARK, 1)[1])
+    """The snapshot the model was shown: the JSON at the end of the system message (a paged call's: of the user
+    message, before the user line)."""
+    text = next(m["content"] for m in reversed(recorded.json["messages"]) if isinstance(m["content"], str) and MARK in m["content"])
+    return json.loads(text.rsplit(MARK, 1)[1].split(f"\n\n{USER_LINE}")[0])
 
 
 def block(id: str, **fields: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from lxml import etree
 
 from pcp_core.markup import node_view
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
 TOPICS = [
@@ -35,8 +36,8 @@ def dated_chat(turns: int = 160, question: str = "What is my gym locker code?") 
 
 
 def document(recorded: Recorded) -> etree._Element:
-    """The <PagedContext> of a worker call (in its system message)."""
-    return etree.fromstring(recorded.json["messages"][0]["content"])
+    """The <PagedContext> of a worker call."""
+    return etree.fromstring(worker_document(recorded))
 
 
 def flow_views(recorded: Recorded) -> dict[str, str]:

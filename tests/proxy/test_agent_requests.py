@@ -97,7 +97,7 @@ def test_claude_codes_system_message_after_the_task_leaves_the_task_the_query(st
     assert answer.status_code == 200
     (worker,) = api_requests(upstream, "messages", role="worker")
     assert TASK in query_of(worker) and "Available agent types" not in query_of(worker)
-    assert "Available agent types" in worker_document(worker)  # an instruction: the head's
+    assert "Available agent types" in worker.json["system"] and "Available agent types" not in worker_document(worker)  # an instruction: the head's
 
 
 def test_a_chat_query_of_tool_results_shows_the_worker_the_call_that_asked(start_proxy, upstream):

@@ -7,6 +7,7 @@ import json
 import pytest
 from lxml import etree
 
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import completion, stream_reply
 
 KEY = {"authorization": "Bearer sk-one"}
@@ -155,7 +156,7 @@ def long_chat(n: int = 120) -> list[dict]:
 
 
 def worker_nodes(upstream) -> list[etree._Element]:
-    document = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    document = worker_document(upstream.chat_requests("worker")[-1])
     return list(etree.fromstring(document).iter("Node"))
 
 

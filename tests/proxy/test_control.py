@@ -8,6 +8,7 @@ import pytest
 
 from pcp_core.tokens import prompt_tokens
 from proxy.settings import ModelSettings, SettingsError, load_settings
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import completion
 from proxy.tokenizer import Tokenizer
 from tests.proxy.telemetry_helpers import dated_chat
@@ -45,7 +46,7 @@ def test_force_pages_below_the_threshold(start_proxy, upstream):
     response = _post(proxy, SHORT, **{"x-pcp-mode-request": "force"})
     assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol"
     worker = upstream.chat_requests("worker")[-1]
-    assert worker.json["messages"][0]["content"].startswith("<PagedContext")
+    assert worker_document(worker).startswith("<PagedContext")
     assert "x-pcp-mode-request" not in worker.headers
     # Paging three short messages costs more than sending them: the header says so.
     assert int(response.headers["x-pcp-tokens-saved"]) < 0

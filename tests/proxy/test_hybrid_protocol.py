@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from pcp_core import prompt_tokens
+from pcp_core.document import USER_LINE
 from pcp_core.hybrid import SEPARATOR
+from proxy.testing.apis import worker_document, worker_text
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 from tests.proxy.helpers import BUDGET, long_history
 
@@ -27,8 +29,8 @@ def test_in_protocol_mode_the_snapshot_follows_the_paged_context_within_the_budg
     text, headers = answered(proxy, long_history(), KEY, stream=stream)
     assert text == "The code is 5521." and headers["x-pcp-mode"] == "protocol" and headers["x-pcp-context-round"] == "1"
     worker = upstream.chat_requests("worker")[-1]
-    system = worker.json["messages"][0]["content"]
-    assert system.startswith("<PagedContext") and system.index("</PagedContext>") < system.index("Context Protocol, Hybrid mode")
+    said = worker_text(worker)
+    assert said.startswith("Turn 0: ") and said.index("</PagedContext>") < said.index("Context Protocol, Hybrid mode") < said.index(USER_LINE)
     assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
     session = headers["x-pcp-session"]
     assert [b.id for b in stored(proxy, f"/v1/pcp/sessions/{session}").memory.working] == ["w"]
@@ -41,7 +43,7 @@ def test_a_section_written_in_a_round_of_directives_is_kept_when_the_answer_has_
     proxy = start_proxy(hybrid="enabled", sentry_threshold=500, context_budget=BUDGET)
 
     def consult(recorded: Recorded) -> Reply:
-        document = recorded.json["messages"][0]["content"].split("\n\nContext Protocol, Hybrid mode")[0]
+        document = worker_document(recorded).split("\n\nContext Protocol, Hybrid mode")[0]
         page = next(node.get("id") for node in etree.fromstring(document).iter("Node"))
         return completion(f'Consult("look closer", "{page}")\n{SEPARATOR}\n' + json.dumps({"memory": {"core": [block("from-round-0")]}}))
 

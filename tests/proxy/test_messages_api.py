@@ -8,7 +8,7 @@ import json
 import anthropic
 import pytest
 
-from proxy.testing.apis import api_requests, message, messages_stream, worker_document
+from proxy.testing.apis import api_requests, message, messages_stream, worker_document, worker_text
 from proxy.testing.prompt_cache import PromptCache
 from proxy.testing.upstream import Recorded, Reply
 from proxy.tokenizer import Tokenizer
@@ -82,8 +82,9 @@ def test_a_long_conversation_is_paged_and_answered_as_one_message(protocol_proxy
     assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.cache_read_input_tokens) == (300, 16, 50)
     first, second = workers(upstream)
     assert first.headers["host"] == "anthropic.test" and first.json["max_tokens"] == 300
-    assert first.json["messages"] == [{"role": "user", "content": "Respond to the Query of the PagedContext."}]
-    assert document(first).find("Static_Registry/Head").text == "You are a friendly assistant."
+    (said,) = first.json["messages"]  # the client's system prompt as ``system``; the document and the user line in one message
+    assert first.json["system"] == "You are a friendly assistant." and said["role"] == "user"
+    assert worker_text(first).endswith("\n\nRespond to the Query of the PagedContext.") and document(first).find("Static_Registry/Head") is None
     assert document(second).find("Reasoning_Trace/Step").get("action") == "Consult"
 
 
@@ -95,8 +96,10 @@ def test_the_client_marks_stay_where_the_prompt_has_them_and_the_proxy_marks_the
     protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, system=SYSTEM, messages=[*history(), question], tools=WEATHER)
     sent = workers(upstream)[0].json
     assert sent["tools"] == WEATHER  # as the client sent them, its mark with them
-    assert [block.get("cache_control") for block in sent["messages"][0]["content"] if block["type"] == "image"] == [{"type": "ephemeral"}]
-    blocks = sent["system"]  # the registry, the frame the next request replays, what a later round keeps (where it is more), the rest
+    content = sent["messages"][0]["content"]
+    assert [block.get("cache_control") for block in content if block["type"] == "image"] == [{"type": "ephemeral"}]
+    # The user message's text: the opening and the registry, the frame the next request replays, what a later round keeps (where it is more), the rest.
+    blocks = content[: 1 + next(i for i, block in enumerate(content) if "Respond to the Query" in block.get("text", ""))]
     own, frame, rest = blocks[0], blocks[1], blocks[-1]
     assert own["text"].rstrip().endswith("</Static_Registry>") and frame["text"].startswith(("<Background_Context>", "<Linear_Flow>"))
     marked = [block for block in blocks if "cache_control" in block]
@@ -123,14 +126,14 @@ def test_later_rounds_read_what_the_round_before_kept_from_anthropics_cache(star
     # Each later round repeats the prefix the round before marked: read from the cache, at least the minimum Anthropic caches.
     assert all(call["cache_read_input_tokens"] >= 1024 for call in later)
     assert answer.usage.cache_read_input_tokens == sum(call["cache_read_input_tokens"] for call in later)
-    assert all(len(sent.json["system"]) <= 4 for sent in workers(upstream))
+    assert all(len(sent.json["messages"][-1]["content"]) <= 4 for sent in workers(upstream))
 
 
 def test_the_proxy_sets_no_mark_of_its_own_when_the_client_used_all_four(protocol_proxy, upstream):
     tools = [{**WEATHER[0], "name": f"tool_{i}"} for i in range(4)]
     upstream.enqueue(message("5521"))
     protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*history(), QUESTION], tools=tools)
-    assert isinstance(workers(upstream)[0].json["system"], str)
+    assert isinstance(workers(upstream)[0].json["messages"][-1]["content"], str)
 
 
 def test_with_one_mark_to_spare_the_proxy_marks_the_longest_prefix(start_proxy, upstream):
@@ -138,7 +141,7 @@ def test_with_one_mark_to_spare_the_proxy_marks_the_longest_prefix(start_proxy, 
     tools = [{**WEATHER[0], "name": f"tool_{i}"} for i in range(3)]
     upstream.enqueue(message("5521"))
     protocol_proxy.anthropic().messages.create(model="claude", max_tokens=50, messages=[*long_history(600)[1:-1], QUESTION], tools=tools)
-    blocks = workers(upstream)[0].json["system"]
+    blocks = workers(upstream)[0].json["messages"][-1]["content"]
     assert ["cache_control" in block for block in blocks] == [False, False, True, False]  # the registry, the frame, what a later round keeps
     assert blocks[0]["text"].rstrip().endswith("</Static_Registry>") and blocks[2]["text"].endswith("</Node>\n")
 

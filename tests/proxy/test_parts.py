@@ -9,6 +9,7 @@ import pytest
 from lxml import etree
 
 from pcp_core.conversation import part_handle
+from pcp_core.document import paged_context
 from pcp_core.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
 from proxy.testing.upstream import Recorded, Reply, completion
 from tests.proxy.helpers import long_history
@@ -104,12 +105,9 @@ def test_the_paged_context_can_go_in_the_user_message(start_proxy, upstream, par
     (worker,) = upstream.chat_requests("worker")
     (message,) = worker.json["messages"]
     content = message["content"]
-    document = content if isinstance(content, str) else content[0]["text"]
-    assert message["role"] == "user" and document.startswith("<PagedContext")
-    assert (
-        etree.fromstring(document[: document.index("</PagedContext>") + len("</PagedContext>")]).findtext("Static_Registry/Head")
-        == "You are a friendly assistant."
-    )
+    text = content if isinstance(content, str) else content[0]["text"]
+    assert message["role"] == "user" and text.startswith("You are a friendly assistant.\n\n")  # the head opens it, then the document
+    assert etree.fromstring(paged_context(text)).findtext("Query").startswith("What is my gym locker code?")
     assert user_parts(worker) == parts
     assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
 

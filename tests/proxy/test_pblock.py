@@ -18,6 +18,7 @@ from pcp_core.replies import WorkerReply
 from pcp_core.round_policy import RoundContext, RoundPolicy
 from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore
+from proxy.testing.apis import document_of, worker_document
 from proxy.testing.upstream import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import Watched, eventually
@@ -229,14 +230,14 @@ def drive(replies, query="What is the service code of the pump?", budget=2048):
 
 
 def contents(call) -> str:
-    return " ".join(etree.fromstring(call.messages[0]["content"]).xpath("//Content/text()"))
+    return " ".join(etree.fromstring(document_of(call.messages)).xpath("//Content/text()"))
 
 
 def test_the_router_ranks_drafts_with_the_history_and_the_read_ones_are_solidified():
     calls, outcome, history = drive([WorkerReply(text="QX-4471.")])
     assert SECRET in contents(calls[0])
     assert calls[0].synthesis.tokens <= 2048 and "Step 3 of chapter 2:" not in contents(calls[0])
-    node = etree.fromstring(calls[0].messages[0]["content"]).xpath("//Node[contains(Content, 'QX-4471')]")[0]
+    node = etree.fromstring(document_of(calls[0].messages)).xpath("//Node[contains(Content, 'QX-4471')]")[0]
     assert node.get("origin") == "Storage"
     solid = {p.id for p in outcome.solidified}
     secret_page = next(p for p in history.blocks[0].drafts if SECRET in p.content)
@@ -267,9 +268,9 @@ def test_consult_on_the_handle_zooms_into_the_block():
 
     handle = page_history(turns_from_messages(pasted_in(manual()), "t"), COUNT).blocks[0].handle
     calls, outcome, _ = drive([consult, consult, WorkerReply(text="ok")], query="what does the garden look like?")
-    views = [etree.fromstring(c.messages[0]["content"]).xpath(f"//Node[@id='{handle}']/@view") for c in calls]
+    views = [etree.fromstring(document_of(c.messages)).xpath(f"//Node[@id='{handle}']/@view") for c in calls]
     assert views[1] == ["Detail"] and views[2] == ["Unpacked"]
-    unpacked = etree.fromstring(calls[2].messages[0]["content"]).xpath(f"//Node[@id='{handle}']/Node")
+    unpacked = etree.fromstring(document_of(calls[2].messages)).xpath(f"//Node[@id='{handle}']/Node")
     assert len(unpacked) >= 2
     assert handle in {p.id for p in outcome.solidified}
 
@@ -301,7 +302,7 @@ def test_a_pasted_file_is_paged_apart_and_what_was_read_outlives_a_restart(start
     messages = [*pasted_in(manual()), {"role": "user", "content": "What is the service code of the pump?"}]
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages, "stream": stream}, timeout=30)
     assert response.status_code == 200 and answer(response, stream) == "QX-4471."
-    prompt = json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+    prompt = worker_document(upstream.chat_requests("worker")[-1])
     assert SECRET in prompt and COUNT(prompt) < 2048 < COUNT(manual())
 
     # A streamed answer is kept once the client has it all.
@@ -357,7 +358,7 @@ def test_a_file_pasted_with_its_question_is_paged_apart_from_the_query(start_pro
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [*chat, pasted]}, timeout=30)
     assert response.status_code == 200 and answer(response, False) == "QX-4471."
-    document = etree.fromstring(json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"])
+    document = etree.fromstring(worker_document(upstream.chat_requests("worker")[-1]))
     query = document.findtext("Query")
     assert query.startswith("A manual for the pump") and query.endswith("What is the service code of the pump?")
     assert COUNT(query) < 150 and SECRET in " ".join(document.xpath("//Content/text()"))
@@ -406,7 +407,7 @@ def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, 
     proxy = start_proxy(sentry_threshold=1000, context_budget=2048, tokenizer=tokenizer)
     pasted = {"role": "user", "content": manual() + "\n\nWhat is the service code of the pump?"}
     first = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": [pasted]}, timeout=30)
-    assert first.status_code == 200 and SECRET in json.loads(upstream.chat_requests("worker")[-1].body)["messages"][0]["content"]
+    assert first.status_code == 200 and SECRET in worker_document(upstream.chat_requests("worker")[-1])
     assert pieces_counted(tokenizer, pasted["content"])  # scanned
 
     tokenizer.counted.clear()

@@ -7,9 +7,11 @@ import os
 from pcp_core.engine import kept_nodes
 from pcp_core.replies import WorkerReply
 from proxy.settings import ModelSettings
+from proxy.testing.apis import document_of, worker_document
 from proxy.testing.upstream import completion
 from tests.core.test_engine import context, doc, drive, summary_node_ids
 from tests.proxy.helpers import long_history
+from tests.proxy.hybrid_helpers import COUNT
 from tests.proxy.telemetry_helpers import dated_chat
 
 
@@ -27,8 +29,8 @@ def test_a_later_round_keeps_the_round_befores_first_nodes_in_place():
     kept = kept_nodes(first.synthesis, context(budget=4096).policy)
     assert 3 <= len(kept) < len(flow(first))
     assert flow(second)[: len(kept)] == kept  # in their place, what the round brought after them
-    shared = os.path.commonprefix([first.messages[0]["content"], second.messages[0]["content"]])
-    assert len(shared) > 0.5 * len(first.messages[0]["content"])
+    shared = os.path.commonprefix([document_of(first.messages), document_of(second.messages)])
+    assert len(shared) > 0.5 * len(document_of(first.messages))
 
 
 def test_a_small_budget_keeps_room_for_what_a_consult_brings():
@@ -37,13 +39,27 @@ def test_a_small_budget_keeps_room_for_what_a_consult_brings():
     assert all(start < policy.budget - policy.fresh_room for start in calls[0].synthesis.starts[: len(kept_nodes(calls[0].synthesis, policy))])
 
 
+def test_a_paged_call_opens_as_the_clients_own_request_did(start_proxy, upstream):
+    """The client's system prompt as its system message and its first message opening the user message, byte
+    for byte: what a provider cached of the client's untouched requests is found again, from the first paged one.
+    A first message longer than a quarter of the budget opens it cut, where it still starts as sent."""
+    proxy = start_proxy(sentry_threshold=500, context_budget=2048)
+    task = "Fix the failing test in calc/parser.py and run the suite. " * 60
+    messages = [long_history()[0], {"role": "user", "content": task}, *long_history()[2:]]
+    proxy.client().chat.completions.create(model="m", messages=messages)
+    (system, user) = upstream.chat_requests("worker")[-1].json["messages"]
+    assert system == messages[0] and user["role"] == "user"
+    opening = user["content"][: user["content"].index("\n\n<PagedContext")]
+    assert task.startswith(opening) and 2048 // 8 < COUNT(opening) <= 2048 // 4 - COUNT(messages[0]["content"])
+
+
 def test_the_session_keeps_the_frame_for_the_next_request(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
     proxy.client().chat.completions.create(model="m", messages=long_history())
-    first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    first = worker_document(upstream.chat_requests("worker")[-1])
     follow_up = [*long_history(), {"role": "assistant", "content": "ok"}, {"role": "user", "content": "And my locker code again?"}]
     proxy.client().chat.completions.create(model="m", messages=follow_up)
-    second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    second = worker_document(upstream.chat_requests("worker")[-1])
     assert len(os.path.commonprefix([first, second])) > first.index("<Linear_Flow>") + 200  # into the pages, not only the instructions
     session = proxy.services.sessions.read(*_only_session(proxy))
     assert session.frame is not None and second.startswith(first[: first.index(session.frame.text[:200])])
@@ -90,7 +106,7 @@ def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, 
 def doc_of(request):
     from lxml import etree
 
-    return etree.fromstring(request.json["messages"][0]["content"])
+    return etree.fromstring(worker_document(request))
 
 
 def _only_session(proxy) -> tuple[str, str]:
@@ -115,10 +131,10 @@ def _added_by_a_follow_up(proxy, upstream) -> int:
     cache), the follow-up asking of another topic than the request before did."""
     history = dated_chat(400)
     proxy.client().chat.completions.create(model="m", messages=history)
-    first = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    first = worker_document(upstream.chat_requests("worker")[-1])
     follow_up = [*history, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "What did we say about the espresso grinder?"}]
     proxy.client().chat.completions.create(model="m", messages=follow_up)
-    second = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    second = worker_document(upstream.chat_requests("worker")[-1])
     return proxy.services.tokenizer.count(second[len(os.path.commonprefix([first, second])) :])
 
 

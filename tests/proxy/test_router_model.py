@@ -7,6 +7,7 @@ import re
 from lxml import etree
 
 from pcp_core.markup import node_view
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import Recorded, Reply, by_role, completion
 from tests.proxy.helpers import ask
 
@@ -26,7 +27,7 @@ def picks_the_last_candidate(recorded: Recorded) -> Reply:
 
 
 def detail_ids(recorded: Recorded) -> set[str]:
-    document = etree.fromstring(recorded.json["messages"][0]["content"].encode())
+    document = etree.fromstring(worker_document(recorded).encode())
     return {node.get("id") for node in document.iter("Node") if node_view(node) == "Detail"}
 
 

@@ -13,6 +13,7 @@ import pytest
 from pcp_core.billing import billed, cached, cached_at_most
 from pcp_core.tokens import prompt_tokens
 from proxy.logs import configure_logging
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import completion, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.telemetry_helpers import consult_first_summary, consulted_in, dated_chat, flow_views
@@ -53,7 +54,7 @@ def test_headers_say_what_the_worker_was_sent(paging_proxy, upstream, stream):
     # rounds were billed, priced with a prompt cache: the second round's opening is the first round's, at a tenth.
     assert int(h["x-pcp-prompt-tokens"]) == prompt_tokens(messages, COUNT)
     sent = [prompt_tokens(call.json["messages"], COUNT) for call in calls]
-    first, second = (call.json["messages"][0]["content"] for call in calls)
+    first, second = (worker_document(call) for call in calls)
     common = os.path.commonprefix([first, second])
     read = cached(COUNT(common[: common.rfind("\n") + 1]))
     assert int(h["x-pcp-tokens-saved"]) == round(untouched(messages) - sent[0] - billed(sent[1], read, 0.1))
@@ -227,7 +228,7 @@ def test_tokens_saved_prices_a_later_round_by_what_it_shares_with_the_round_befo
     messages = dated_chat(400)
     response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
     calls = upstream.chat_requests("worker")
-    first, second = (call.json["messages"][0]["content"] for call in calls)
+    first, second = (worker_document(call) for call in calls)
     common = os.path.commonprefix([first, second])
     read = cached(COUNT(common[: common.rfind("\n") + 1]))
     assert read >= 1024  # the later round opens with the first one's prompt: a provider's cache serves it

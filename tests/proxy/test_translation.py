@@ -10,7 +10,7 @@ import anthropic
 import openai
 import pytest
 
-from proxy.testing.apis import answer, api_of
+from proxy.testing.apis import answer, api_of, worker_document
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 
 from .test_protocol import BUDGET, long_history
@@ -264,5 +264,5 @@ def test_protocol_mode_runs_on_a_chat_only_upstream(start_proxy, upstream, api, 
     assert reply.status_code == 200 and reply.headers["x-pcp-mode"] == "protocol"
     assert "5521" in reply.text and "PagedContext" not in reply.text
     workers = [r for r in upstream.requests if r.headers.get("x-pcp-role") == "worker"]
-    assert workers[-1].path == "/v1/chat/completions" and "<PagedContext" in workers[-1].json["messages"][0]["content"]
+    assert workers[-1].path == "/v1/chat/completions" and "<PagedContext" in worker_document(workers[-1])
     assert api_of(workers[0]) == api or workers[0].path.endswith("/chat/completions")

@@ -7,6 +7,7 @@ import pytest
 from lxml import etree
 
 from proxy.recall.upstream_embeddings import decoded
+from proxy.testing.apis import worker_document
 from proxy.testing.upstream import EMBEDDING_DONE, Reply, StandInEmbedder, embeddings_reply, metric_value
 from tests.proxy.helpers import BUDGET, long_history, through
 
@@ -19,7 +20,7 @@ def paraphrase_history() -> list[dict]:
 
 
 def round_zero_contents(upstream) -> str:
-    prompt = upstream.chat_requests("worker")[-1].json["messages"][0]["content"]
+    prompt = worker_document(upstream.chat_requests("worker")[-1])
     return " ".join(etree.fromstring(prompt.encode()).xpath("//Content/text()"))
 
 
