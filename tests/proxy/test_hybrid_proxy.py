@@ -7,7 +7,6 @@ import json
 import pytest
 
 from pcp_core.hybrid import SEPARATOR
-from proxy.testing.apis import worker_document
 from proxy.testing.upstream import Reply, completion, metric_value, stream_reply
 
 from .hybrid_helpers import API, COUNT, KEY, PINNED, answered, block, model, shown, stored, violations, with_memory
@@ -40,7 +39,7 @@ def test_disabled_by_default_a_request_opts_in_and_an_enabled_proxy_lets_one_opt
     assert answered(proxy, "hi", {**PINNED, "x-pcp-context-mode": "enabled"})[0] == "on"
     upstream.enqueue(completion(f'off\n{SEPARATOR}\n{{"memory": {{}}}}'))  # the model writes one though told not to
     text, headers = answered(proxy, "hi", {**PINNED, "x-pcp-context-mode": "disabled"})
-    assert text == "off" and "contextMode = disabled" in worker_document(upstream.requests[-1])
+    assert text == "off" and "contextMode = disabled" in upstream.requests[-1].json["messages"][0]["content"]
     assert "x-pcp-context-round" not in headers and stored(proxy).runtime.round == 1 and violations(proxy, "context_while_disabled") == 1
     response = proxy.http.post(
         "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "x"}]}, headers={**PINNED, "x-pcp-context-mode": "sometimes"}
@@ -58,7 +57,7 @@ def test_the_snapshot_rides_every_round_and_the_client_sees_only_the_answer(hybr
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "I grow tomatoes."}]
     text, response_headers = answered(hybrid, messages, headers, stream=stream)
     assert text == "Noted: you grow tomatoes." and response_headers["x-pcp-context-round"] == "1"
-    system = worker_document(upstream.requests[-1])
+    system = upstream.requests[-1].json["messages"][0]["content"]
     assert system.startswith("Be brief.\n\nContext Protocol, Hybrid mode") and SEPARATOR in system
     first = shown(upstream.requests[-1])
     assert first["version"] == 3.0 and first["runtime"]["round"] == 1 and first["runtime"]["workspace"] == "/srv/garden/plots/"
@@ -224,7 +223,7 @@ def test_a_snapshot_over_its_share_keeps_its_weakest_blocks_cold_until_a_query_n
     assert placeholders and all(b["content"] == "" and b["tag_summary"].startswith("reusable knowledge") for b in placeholders)
     assert "l0" not in longterm or longterm["l0"].get("content_state") == "tag_ref"  # the weakest went first (shelved, past the placeholders)
     assert longterm["l11"]["content"] == blocks[11]["content"]  # the best stays
-    assert COUNT(worker_document(upstream.requests[-1])) <= 4096 // 4 + 8
+    assert COUNT(upstream.requests[-1].json["messages"][0]["content"]) <= 4096 // 4 + 8
     upstream.enqueue(model("Here it is."))
     answered(proxy, "what do we know about topic0?")
     l0 = next(b for b in shown(upstream.requests[-1])["memory"]["longterm"] if b["id"] == "l0")
