@@ -1,9 +1,10 @@
 """The ``<PagedContext>`` document's text (§IX), in the order that changes least from one call to the next.
 
 Providers reuse a prompt's prefix that is byte-identical to a recent prompt's,
-so the document is laid out what changes least first:
+so the document is laid out what changes least first (after the client's
+system prompt and first message, as it sent them: ``synthesis``):
 
-1. the ``Static_Registry`` (the instructions, the client's system prompt);
+1. the ``Static_Registry`` (the instructions);
 2. the ``Background_Context`` (the roots folded to a line) and the head of the
    ``Linear_Flow``: the overview and the latest closed pages: a follow-up's
    frame (``pcp_core.frame``), replayed as it was rendered;

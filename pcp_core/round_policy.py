@@ -31,7 +31,7 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     recent_pages: int = 2  # the latest Original pages, kept verbatim while they fit
     explore_hits: int = 3
     diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
-    # Where the PagedContext goes: the system message, or the user message, for upstreams that ignore system messages.
+    # Where the client's head goes: the system message, or the user message's opening, for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
     # For providers' prompt caches: a later round keeps in their place the nodes of the round
     # before that start within this share of the budget (after what the round brought in).

@@ -3,7 +3,8 @@
 What the worker sees is decided greedily, cheapest guarantee first:
 
 1. what every call carries — the instructions, the client's head, the query,
-   the trace — clipped only if it alone exceeds the budget;
+   the trace — clipped only if it alone exceeds the budget; the client's first
+   message, as sent, within a quarter of the budget with the head;
 2. every root starts folded into ``<Background_Context>`` (one line each, with
    its id, so the worker can still Consult it);
 3. pages are admitted in the caller's priority order (the engine's: what the
@@ -15,8 +16,10 @@ What the worker sees is decided greedily, cheapest guarantee first:
    dehydration;
 4. remaining roots are unfolded to Summary nodes while they fit, newest first.
 
-The document is laid out what changes least first (``pcp_core.document``): the
-registry, the overview and the latest closed pages (the frame a follow-up
+The prompt opens as the client's requests do: the head as the system message,
+the first message opening the user message, both as sent (a provider's cache
+finds the prefix the client's own requests left). The document follows it,
+laid out what changes least first (``pcp_core.document``): the registry, the overview and the latest closed pages (the frame a follow-up
 replays, ``pcp_core.frame``), the pages of this request, then the trace, the
 Query and the time. With a frame, what is admitted comes after it, and at most
 ``fresh_tokens`` of it: that part is new to a provider's prompt cache.

@@ -150,8 +150,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # each page's summary in the background (the summary writer). Also read as `consolidator`.
     summaries: Literal["extractive", "llm"] = "extractive"
     directive_channel: Literal["text", "tools"] = "text"
-    # Where protocol mode puts the <PagedContext>: the "system" message, or the "user" message
-    # for upstreams (chat templates) that drop or ignore system messages.
+    # Where protocol mode puts the client's system prompt: the "system" message, or the opening of the
+    # "user" message (which holds the <PagedContext>) for upstreams (chat templates) that drop system messages.
     context_role: Literal["system", "user"] = "system"
     # Add dense recall (MiniLM embeddings, the `embeddings` extra) to BM25 when
     # addressing pages. A history's turns are encoded in the background: until
