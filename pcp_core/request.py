@@ -39,7 +39,7 @@ from .pblock import around_handle, block_handle, handle_line, scan
 from .replies import DIRECTIVE_TOOLS
 from .round_policy import RoundContext, RoundPolicy
 from .session import Continuation, Session, chain_links, continuation, hold, new_session_id, page_on, resume, solidified
-from .tokens import Checkpoint, CountText, part_tokens, prompt_tokens, unchecked
+from .tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
 
 __all__ = [
     "Facts",
@@ -257,7 +257,8 @@ def _query_turn(conversation: Conversation, now: str) -> Turn:
 
 def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
     context = RoundContext(
-        query=query_line(conversation, policy.paging, count), head=conversation.head_text, opening=conversation.opening_text, current_time=now, policy=policy.rounds,
+        query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now,
+        policy=policy.rounds, opening=leading_tokens(conversation.opening_text, policy.rounds.budget // 4, count),  # cut once; each call fits it to the head
         client_tools=facts.client_tools, dense=facts.dense, query_parts=conversation.query_parts, parts=conversation.history_parts(),
     )  # fmt: skip
     tools = context.tools

@@ -117,9 +117,14 @@ def split_words(text: str, count: CountText, limit: int) -> list[str]:
 
 def leading_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     """The longest opening of ``text`` within ``max_tokens``: cut there, it still starts as ``text`` does."""
-    if count(text) <= max_tokens:
+    if max_tokens <= 0:
+        return ""
+    window = max_tokens * 8  # a token is rarely longer: a pasted file is not counted whole
+    while window < len(text) and count(text[:window]) <= max_tokens:
+        window *= 2
+    if window >= len(text) and count(text) <= max_tokens:
         return text
-    lo, hi = 0, len(text)
+    lo, hi = 0, min(window, len(text))
     while lo < hi:  # the most characters whose opening fits
         mid = (lo + hi + 1) // 2
         if count(text[:mid]) <= max_tokens:
