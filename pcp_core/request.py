@@ -191,10 +191,8 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
         session = hold(session, resolution.links[-1], turn, scan(turn, count, policy.paging.blocks, checkpoint))
     new_links = len(session.chain) - (resolution.reused if how in ("resumed", "pinned") else 0)
     going_on = _goes_on(found.frame, conversation, resolution, policy)
-    # A first message paged apart as a File block is reached by its handle, not opened with.
-    opens = not any(block.turn == 0 for block in session.pages.blocks)
     context = msgspec.structs.replace(
-        _context(conversation, policy, facts, now, count, opens), **going_on, last_page_open=_last_page_open(session.pages, policy.paging, count)
+        _context(conversation, policy, facts, now, count), **going_on, last_page_open=_last_page_open(session.pages, policy.paging, count)
     )
     return Prepared(session=session, new_links=new_links, paged=paged, context=context, recalled=facts.memory)
 
@@ -257,10 +255,10 @@ def _query_turn(conversation: Conversation, now: str) -> Turn:
     return Turn(index=len(conversation.history), role=str(query.get("role", "user")), text=conversation.query_text, timestamp=now)
 
 
-def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText, opens: bool) -> RoundContext:
+def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
     context = RoundContext(
         query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now,
-        policy=policy.rounds, opening=leading_tokens(conversation.opening_text, policy.rounds.budget // 4, count) if opens else "",  # cut once
+        policy=policy.rounds, opening=leading_tokens(conversation.opening_text, policy.rounds.budget // 4, count),  # cut once; each call fits it to the head
         client_tools=facts.client_tools, dense=facts.dense, query_parts=conversation.query_parts, parts=conversation.history_parts(),
     )  # fmt: skip
     tools = context.tools

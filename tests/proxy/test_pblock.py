@@ -18,7 +18,7 @@ from pcp_core.replies import WorkerReply
 from pcp_core.round_policy import RoundContext, RoundPolicy
 from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore
-from proxy.testing.apis import document_of, worker_document
+from proxy.testing.apis import document_of, worker_document, worker_text
 from proxy.testing.upstream import completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import Watched, eventually
@@ -395,9 +395,12 @@ def test_a_query_that_is_a_file_addresses_by_what_it_says_around_its_handle():
     assert SECRET in shown
 
 
-def pieces_counted(tokenizer: Watched, message: str) -> list[str]:
-    """The texts counted that are pieces of ``message`` (its sections and pages, as a scan counts them): not all of it, nor a word."""
-    return [text for text, _ in tokenizer.counted if len(text) > 40 and text != message and text in message]
+def pieces_counted(tokenizer: Watched, message: str, budget: int = 0) -> list[str]:
+    """The texts counted that are pieces of ``message`` (its sections and pages, as a scan counts them): not all of it, nor a
+    word; with ``budget``, not an opening of it either, as a worker prompt's opening is cut (within 16 characters a token of
+    a quarter of the budget: a cut counts near the start only)."""
+    pieces = [text for text, _ in tokenizer.counted if len(text) > 40 and text != message and text in message]
+    return [text for text in pieces if not (budget and message.startswith(text) and len(text) <= 16 * budget // 4)]
 
 
 @pytest.mark.embedded_store
@@ -414,7 +417,8 @@ def test_a_file_pasted_as_the_first_message_is_held_by_its_session(start_proxy, 
     follow_up = [pasted, {"role": "assistant", "content": "QX-4471."}, {"role": "user", "content": "Thanks. And chapter 3?"}]
     again = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": follow_up}, timeout=30)
     assert again.status_code == 200 and again.headers["x-pcp-session"] == first.headers["x-pcp-session"]
-    assert not pieces_counted(tokenizer, pasted["content"])  # the file was scanned once, when it came with its question
+    assert not pieces_counted(tokenizer, pasted["content"], budget=2048)  # the file was scanned once, when it came with its question
+    assert worker_text(upstream.chat_requests("worker")[-1]).startswith(pasted["content"][:200])  # the prompt opens with it, cut
     proxy.stop()
     (session,) = sessions_on_disk(tmp_path / "data" / "sessions")
     assert session.pages.blocks[0].turn == 0 and len(session.chain) == 2
