@@ -19,9 +19,10 @@ What the worker sees is decided greedily, cheapest guarantee first:
 The prompt opens as the client's requests do: the head as the system message,
 the first message opening the user message, both as sent (a provider's cache
 finds the prefix the client's own requests left). The document follows it,
-laid out what changes least first (``pcp_core.document``): the registry, the overview and the latest closed pages (the frame a follow-up
-replays, ``pcp_core.frame``), the pages of this request, then the trace, the
-Query and the time. With a frame, what is admitted comes after it, and at most
+laid out what changes least first (``pcp_core.document``): the registry, the
+overview and the latest closed pages (the frame a follow-up replays,
+``pcp_core.frame``), the pages of this request, then the trace, the Query and
+the time. With a frame, what is admitted comes after it, and at most
 ``fresh_tokens`` of it: that part is new to a provider's prompt cache.
 
 Costs are counted per element and summed; the exact count of the final
@@ -146,13 +147,13 @@ class _Builder:
     def build(self) -> Synthesis:
         request, frame = self.request, self.request.frame
         head, opening, query = self._fit_fixed()
-        if frame is not None and self._exact(self._document(head, opening, query, {}, set())) + request.frame_room > request.budget:
+        used = self._exact(self._document(head, opening, query, {}, set()))  # every root folded; with a frame, the frame alone
+        if frame is not None and used + request.frame_room > request.budget:
             return Synthesis(messages=[], tokens=0, shown={}, standalone=[], folded=[], dehydrated=[], overflow=True)
         shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
         unfolded: set[str] = set()  # roots shown in the Linear_Flow
         admissions: list[tuple[dict[str, View], set[str]]] = []
         indexed = set(request.indexed)
-        used = self._exact(self._document(head, opening, query, {}, set()))  # every root folded; with a frame, the frame alone
         fresh_left = request.budget if request.fresh_tokens is None else request.fresh_tokens
         zone_left = request.budget if request.frame_budget is None else request.frame_budget
         self.overview = set()  # the roots shown for the overview: with the latest closed pages, the next frame
@@ -328,9 +329,12 @@ class _Builder:
         spare = self.request.budget - self._exact(self._document("", "", "", {}, set())) - 8
         head_cost, query_cost = self.count(head), self.count(query)
         if head_cost + query_cost > spare:
-            head = clip_tokens(head, max(spare // 4, 0), self.count) if head_cost > spare // 4 else head
-            query = clip_tokens(query, max(spare - self.count(head), 0), self.count)
-        room = min(self.request.budget // 4 - self.count(head), spare - self.count(head) - self.count(query))
+            if head_cost > spare // 4:
+                head = clip_tokens(head, max(spare // 4, 0), self.count)
+                head_cost = self.count(head)
+            query = clip_tokens(query, max(spare - head_cost, 0), self.count)
+            query_cost = self.count(query)
+        room = min(self.request.budget // 4, spare - query_cost) - head_cost
         return head, leading_tokens(self.request.opening, room, self.count), query
 
     # -- rendering -----------------------------------------------------------------
