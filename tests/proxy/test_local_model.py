@@ -97,8 +97,11 @@ def history() -> list[dict]:
 
 
 def test_the_readmes_first_example_ends_its_turn(local_proxy):
-    reply = _client(local_proxy).chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hello!"}])
-    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].message.content.strip()
+    # The model samples, and at 135M parameters about one "Hello!" in 200 rambles on to the -n cap (3 of 600
+    # measured): asked ten times, at least eight end their turn (the base model it replaced ended none).
+    replies = [_client(local_proxy).chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hello!"}]) for _ in range(10)]
+    assert all(reply.choices[0].message.content.strip() for reply in replies)
+    assert sum(reply.choices[0].finish_reason == "stop" for reply in replies) >= 8, [reply.choices[0].finish_reason for reply in replies]
 
 
 def test_the_local_model_streams_through_the_proxy(local_proxy):
