@@ -137,7 +137,6 @@ class _Builder:
     def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
         self.index, self.wanted, self.request, self.count = index, views, request, count
         self._registry = ""  # the user message up to the end of the document's registry, as the last one written has it
-        self._head = ""  # the head as the last document written goes with it
         self.overview: set[str] = set()
         self.costs: dict[tuple[str, View, bool], int] = {}
         self.consulted = set(request.consulted)
@@ -147,7 +146,7 @@ class _Builder:
     def build(self) -> Synthesis:
         request, frame = self.request, self.request.frame
         head, opening, query = self._fit_fixed()
-        used = self._exact(self._document(head, opening, query, {}, set()))  # every root folded; with a frame, the frame alone
+        used = self._exact(self._document(head, opening, query, {}, set()), head)  # every root folded; with a frame, the frame alone
         if frame is not None and used + request.frame_room > request.budget:
             return Synthesis(messages=[], tokens=0, shown={}, standalone=[], folded=[], dehydrated=[], overflow=True)
         shown: dict[str, View] = {}  # admitted views of non-root-Summary pages
@@ -198,7 +197,7 @@ class _Builder:
 
         while True:
             text = self._document(head, opening, query, shown, unfolded)
-            messages = self._messages(text, self._attached(shown))
+            messages = self._messages(text, head, self._attached(shown))
             tokens = prompt_tokens(messages, self.count) + request.reserved_tokens
             if tokens <= request.budget or not admissions:
                 break
@@ -302,7 +301,7 @@ class _Builder:
         they are the query's as its text is, and the history gets what they leave."""
         parts, request = list(self.request.query_parts), self.request
         frame = self._document("", "", request.query, {}, set())
-        while parts and prompt_tokens(self._messages(frame, parts), self.count) + request.reserved_tokens > request.budget:
+        while parts and prompt_tokens(self._messages(frame, "", parts), self.count) + request.reserved_tokens > request.budget:
             parts.pop()
         return parts
 
@@ -319,14 +318,14 @@ class _Builder:
         """
         return [root for root in self.index.roots if self.index.get(root).origin == Origin.HISTORY]
 
-    def _exact(self, document: str) -> int:
-        return prompt_tokens(self._messages(document, self.query_parts), self.count) + self.request.reserved_tokens
+    def _exact(self, document: str, head: str) -> int:
+        return prompt_tokens(self._messages(document, head, self.query_parts), self.count) + self.request.reserved_tokens
 
     def _fit_fixed(self) -> tuple[str, str, str]:
         """Clip the client's head, then the query, if what every call carries would not fit alone; and the
         opening to what a quarter of the budget leaves beside the head."""
         head, query = self.request.head, self.request.query
-        spare = self.request.budget - self._exact(self._document("", "", "", {}, set())) - 8
+        spare = self.request.budget - self._exact(self._document("", "", "", {}, set()), "") - 8
         head_cost, query_cost = self.count(head), self.count(query)
         if head_cost + query_cost > spare:
             if head_cost > spare // 4:
@@ -338,14 +337,14 @@ class _Builder:
         return head, leading_tokens(self.request.opening, room, self.count), query
 
     # -- rendering -----------------------------------------------------------------
-    def _messages(self, text: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        """The head as the system message, as the client sent it; the user message: ``text`` (the opening and the
+    def _messages(self, text: str, head: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """``head`` as the system message, as the client sent it (with ``context_role`` "user", ``text`` leads with it); the user message: ``text`` (the opening and the
         document), the host's appendix, the user line. A provider's cache finds the prefix the client's own
         requests made (the head, the first message) and, after it, what the previous call's document shares."""
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
         said = f"{text}\n\n{self.request.appendix}\n\n{line}" if self.request.appendix else f"{text}\n\n{line}"
         user = {"role": "user", "content": attached(said, parts)}
-        return [{"role": "system", "content": self._head}, user] if self._head and self.request.context_role == "system" else [user]
+        return [{"role": "system", "content": head}, user] if head and self.request.context_role == "system" else [user]
 
     def _document(self, head: str, opening: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
         """The user message's text up to its appendix: what leads it (the head, for an upstream that ignores system
@@ -353,7 +352,6 @@ class _Builder:
         roots folded into Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new
         with the call. Offsets in a synthesis are in this text."""
         request, frame = self.request, self.request.frame
-        self._head = head
         lead = "".join(f"{text}\n\n" for text in (head if request.context_role == "user" else "", opening) if text)
         self._registry = lead + document.registry(bool(request.parts))
         nodes = self._nodes(self._layout(shown, unfolded), shown)
