@@ -124,14 +124,7 @@ def leading_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> s
         window *= 2
     if window >= len(text) and count(text) <= max_tokens:
         return text
-    lo, hi = 0, min(window, len(text))
-    while lo < hi:  # the most characters whose opening fits
-        mid = (lo + hi + 1) // 2
-        if count(text[:mid]) <= max_tokens:
-            lo = mid
-        else:
-            hi = mid - 1
-    return text[:lo]
+    return text[: _most(min(window, len(text)), lambda n: count(text[:n]) <= max_tokens)]
 
 
 def clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
@@ -139,11 +132,17 @@ def clip_tokens(text: str, max_tokens: int, count: Callable[[str], int]) -> str:
     if count(text) <= max_tokens:
         return text
     marker = " […] "
-    lo, hi = 0, len(text) // 2
-    while lo < hi:  # the largest half-width whose head+tail fits
+    half = _most(len(text) // 2, lambda n: count(text[:n] + marker + text[-n:]) <= max_tokens)
+    return text[:half] + marker + text[-half:] if half else ""
+
+
+def _most(most: int, fits: Callable[[int], bool]) -> int:
+    """The largest ``n`` in 0..``most`` that ``fits``, by bisection: what fits at ``n`` fits at any smaller one."""
+    lo, hi = 0, most
+    while lo < hi:
         mid = (lo + hi + 1) // 2
-        if count(text[:mid] + marker + text[-mid:]) <= max_tokens:
+        if fits(mid):
             lo = mid
         else:
             hi = mid - 1
-    return text[:lo] + marker + text[-lo:] if lo else ""
+    return lo
