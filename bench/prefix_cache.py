@@ -44,6 +44,7 @@ if str(REPO) not in sys.path:
 
 from bench.recall import DEFAULT_DATA, ENCODING, PROXY_ROWS, Message, ask_proxy, evidence_texts, load_data, proxy_outcomes, recall, running_proxy, user  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
+from pcp_core.billing import billed, cached  # noqa: E402
 from pcp_core.tokens import prompt_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -94,6 +95,26 @@ class Shares:
         ]
 
 
+@dataclass
+class Bills:
+    """For each follow-up request: its calls, what they were billed (cloud, a cached token at 0.1) and prefilled (local)."""
+
+    calls: list[int] = field(default_factory=list)
+    billed: list[float] = field(default_factory=list)
+    prefilled: list[int] = field(default_factory=list)
+
+    def add(self, shared: Sequence[int], sizes: Sequence[int]) -> None:
+        self.calls.append(len(sizes))
+        self.billed.append(sum(billed(size, cached(s), 0.1) for s, size in zip(shared, sizes)))
+        self.prefilled.append(sum(size - s for s, size in zip(shared, sizes)))
+
+    def line(self) -> str:
+        if not self.calls:
+            return "no follow-ups"
+        n = len(self.calls)
+        return f"{n:,} follow-ups, all their rounds: {sum(self.calls) / n:.2f} calls, billed {sum(self.billed) / n:,.0f}, prefilled {sum(self.prefilled) / n:,.0f} a request"
+
+
 def compose(history: list[Message], asked: Sequence[tuple[str, str]], question: str, shape: str) -> list[Message]:
     if shape == "history":
         return [*history, user(question)]
@@ -101,13 +122,13 @@ def compose(history: list[Message], asked: Sequence[tuple[str, str]], question: 
     return [*history, *earlier, user(question)]
 
 
-def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int, **settings: Any) -> tuple[Shares, Shares, int, list[list[Any]]]:
+def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int, **settings: Any) -> tuple[Shares, Shares, int, list[list[Any]], Bills]:
     import httpx
 
     tokenizer = Tokenizer(ENCODING)
     count = tokenizer.count
     conversations, questions = load_data(data, [1, 2, 3, 4], limit)
-    rounds, follow_ups, over = Shares(), Shares(), 0
+    rounds, follow_ups, over, bills = Shares(), Shares(), 0, Bills()
     outcomes: list[list[Any]] = [[] for _ in PROXY_ROWS]  # recall, each row of bench/recall.py's
     first_before: dict[str, list[dict[str, str]]] = {}
     asked: dict[str, list[tuple[str, str]]] = {}
@@ -122,17 +143,20 @@ def measure(budget: int, shape: str, limit: int | None, data: Path, floor: int, 
             prompts = [call["messages"] for call in calls]
             sizes = [prompt_tokens(p, count) for p in prompts]
             over += any(size > budget for size in sizes)
-            for before, now, size in zip(prompts, prompts[1:], sizes[1:]):
-                rounds.add(shared_prefix(before, now, count), size, floor)
+            later = [shared_prefix(before, now, count) for before, now in zip(prompts, prompts[1:])]
+            for shared, size in zip(later, sizes[1:]):
+                rounds.add(shared, size, floor)
             if conv in first_before:
-                follow_ups.add(shared_prefix(first_before[conv], prompts[0], count), sizes[0], floor)
+                first = shared_prefix(first_before[conv], prompts[0], count)
+                follow_ups.add(first, sizes[0], floor)
+                bills.add([first, *later], sizes)
             first_before[conv] = prompts[0]
             needles = evidence_texts(question, conversations[conv])
             for row, outcome in zip(outcomes, proxy_outcomes(question, messages, calls, count, needles)):
                 row.append(outcome)
             answer = response.json()["choices"][0]["message"]["content"] if response.status_code == 200 else ""
             asked[conv].append((question.text, answer))
-    return rounds, follow_ups, over, outcomes
+    return rounds, follow_ups, over, outcomes, bills
 
 
 def measure_messages(budget: int, shape: str, limit: int | None, data: Path) -> tuple[Shares, Shares, int]:
@@ -186,11 +210,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.api == "messages":
             rounds, follow_ups, over = measure_messages(budget, args.shape, args.limit, args.data)
             outcomes: list[list[Any]] = []
+            bills = Bills()
         else:
             chosen = {"followup_share": args.followup_share} if args.followup_share is not None else {}
-            rounds, follow_ups, over, outcomes = measure(budget, args.shape, args.limit, args.data, args.least, **chosen)
+            rounds, follow_ups, over, outcomes, bills = measure(budget, args.shape, args.limit, args.data, args.least, **chosen)
         print(f"| later rounds | {budget:,} | " + " | ".join(rounds.cells()) + " |")
         print(f"| follow-ups | {budget:,} | " + " | ".join(follow_ups.cells()) + " |")
+        if bills.calls:
+            print(f"\n{bills.line()}")
         if outcomes:
             print("\nrecall, " + ", ".join(f"{name}: {recall(row) or 0:.3f}" for name, row in zip(PROXY_ROWS, outcomes)) + "\n")
         if over:
