@@ -135,7 +135,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Of context_budget, the most a follow-up adds after its frame, new to the provider's cache and billed
     # in full: the turns said since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
     # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
-    followup_share: float = 0.2
+    followup_share: float = 0.15
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
     context_window: int = 0
