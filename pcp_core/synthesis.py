@@ -136,7 +136,6 @@ def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisReque
 class _Builder:
     def __init__(self, index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText):
         self.index, self.wanted, self.request, self.count = index, views, request, count
-        self._registry = ""  # the user message up to the end of the document's registry, as the last one written has it
         self.overview: set[str] = set()
         self.costs: dict[tuple[str, View, bool], int] = {}
         self.consulted = set(request.consulted)
@@ -205,12 +204,12 @@ class _Builder:
             for page_id in views:
                 shown.pop(page_id, None)
             unfolded.difference_update(roots)
-        return self._result(text, messages, tokens, shown, unfolded)
+        return self._result(text, messages, tokens, shown, unfolded, start=len(self._registry(head, opening)))
 
-    def _result(self, text: str, messages: list[dict[str, Any]], tokens: int, shown: dict[str, View], unfolded: set[str]) -> Synthesis:
+    def _result(self, text: str, messages: list[dict[str, Any]], tokens: int, shown: dict[str, View], unfolded: set[str], start: int) -> Synthesis:
+        """The synthesis of ``text``, whose flow (a frame replayed, or the one it makes) begins at ``start``."""
         frame = self.request.frame
         layout = self._layout(shown, unfolded)
-        start = len(self._registry)
         made = [p for p in layout if self._place(p, shown, unfolded)[0] < 2] if frame is None else []  # the next frame's nodes
         if frame is not None:
             frame_text, frame_shown = frame.text, frame.shown
@@ -352,11 +351,14 @@ class _Builder:
         roots folded into Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new
         with the call. Offsets in a synthesis are in this text."""
         request, frame = self.request, self.request.frame
-        lead = "".join(f"{text}\n\n" for text in (head if request.context_role == "user" else "", opening) if text)
-        self._registry = lead + document.registry(bool(request.parts))
         nodes = self._nodes(self._layout(shown, unfolded), shown)
         flow = frame.text + nodes if frame is not None else self._background(unfolded) + document.FLOW_OPEN + nodes
-        return self._registry + flow + document.FLOW_CLOSE + document.tail(request.trace, query, request.current_time, request.final)
+        return self._registry(head, opening) + flow + document.FLOW_CLOSE + document.tail(request.trace, query, request.current_time, request.final)
+
+    def _registry(self, head: str, opening: str) -> str:
+        """The user message's text up to the end of the document's registry: what leads it, then the registry."""
+        lead = "".join(f"{text}\n\n" for text in (head if self.request.context_role == "user" else "", opening) if text)
+        return lead + document.registry(bool(self.request.parts))
 
     def _background(self, unfolded: set[str]) -> str:
         return document.background([self.index.get(r) for r in self._listed() if r not in unfolded])
