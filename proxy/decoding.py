@@ -36,13 +36,30 @@ def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat req
         text = str(exc)
         raise ClientError(f"invalid {what}: {text}", param=_within(field, error_param(text)), code=code) from None
     except msgspec.DecodeError as exc:
+        # msgspec 0.23 refuses text that is not UTF-8 with a DecodeError ("Invalid UTF-8 encoded string"),
+        # where earlier releases raised UnicodeDecodeError: either way the error names where it is.
+        if not _is_utf8(body):
+            raise _not_utf8_error(body, field) from None
         raise ClientError(f"{f'`{field}`' if field else 'request body'} is not valid JSON: {exc}", param=field) from None
     except UnicodeDecodeError:
-        where = _within(field, not_utf8(body))
-        said = f"`{where}` is not valid UTF-8" if where else "request body is not valid UTF-8"
-        raise ClientError(f"{said} ({_bad_utf8(body)}{' of the field' if field else ''})", param=where, code="invalid_encoding") from None
+        raise _not_utf8_error(body, field) from None
     except RecursionError:
         raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+
+
+def _not_utf8_error(body: bytes, field: str | None) -> ClientError:
+    """The 400 for a body whose text is not UTF-8, naming the field that holds it."""
+    where = _within(field, not_utf8(body))
+    message = f"`{where}` is not valid UTF-8" if where else "request body is not valid UTF-8"
+    return ClientError(f"{message} ({_bad_utf8(body)}{' of the field' if field else ''})", param=where, code="invalid_encoding")
+
+
+def _is_utf8(body: bytes) -> bool:
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _within(field: str | None, param: str | None) -> str | None:
