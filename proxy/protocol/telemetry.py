@@ -94,6 +94,9 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     billed: float = 0.0
     untouched: float = 0.0
     tokens_saved: int = 0
+    # The request as the client sent it fits the model's window (where it is known): one that does not could never
+    # have gone untouched, so no saving is claimed against it (no x-pcp-tokens-saved).
+    untouched_fits: bool = True
     cache_reported: bool = False  # the upstream said what its cache served; else the proxy's reading
     pages: PageCounts = msgspec.field(default_factory=PageCounts)
     consulted: list[str] = []
@@ -162,6 +165,7 @@ class RequestTelemetry:
         )  # fmt: skip
         self.calls: list[CallWorker] = []
         self.price = policy.rounds.cached_price
+        self.trace.untouched_fits = not policy.window or prompt_tokens <= policy.window
         self.untouched_read = 0  # what the provider's cache would serve of the request sent untouched
         self.reported: Any = None  # the request's summed usage (``apis.codec.Usage``), as the upstream reports it
         self.total = 0
@@ -212,8 +216,9 @@ class RequestTelemetry:
             self.answered = True
             self.metrics.observe("pcp_request_seconds", time.perf_counter() - self.started, mode="protocol")
         trace = self._summed()
+        saved = {pcp.TOKENS_SAVED: str(trace.tokens_saved)} if trace.untouched_fits else {}
         return {
-            pcp.TOKENS_SAVED: str(trace.tokens_saved),
+            **saved,
             pcp.PAGES: trace.pages.header(),
             pcp.CONSULTED: ",".join(trace.consulted),
             pcp.TRACE: self.id,
@@ -230,7 +235,7 @@ class RequestTelemetry:
             sent = self.reported.prompt_tokens or trace.tokens_sent
             trace.billed = billed(sent, read, self.price)
         trace.untouched = billed(trace.prompt_tokens, cached_at_most(self.untouched_read), self.price)
-        trace.tokens_saved = round(trace.untouched - trace.billed)
+        trace.tokens_saved = round(trace.untouched - trace.billed) if trace.untouched_fits else 0
         if self.calls:
             trace.pages = _counts(trace.rounds[-1].views, self.total)
             trace.consulted = list(dict.fromkeys(step.target for step in self.calls[-1].trace if step.action == "Consult"))
@@ -246,9 +251,10 @@ class RequestTelemetry:
         trace.seconds = time.perf_counter() - self.started
         self.traces.add(self.namespace, trace)
         self.metrics.observe("pcp_rounds_per_request", len(trace.rounds))
-        self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
         self.metrics.inc("pcp_billed_input_tokens_total", round(trace.billed), request="paged")
-        self.metrics.inc("pcp_billed_input_tokens_total", round(trace.untouched), request="untouched")
+        if trace.untouched_fits:
+            self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
+            self.metrics.inc("pcp_billed_input_tokens_total", round(trace.untouched), request="untouched")
         fields = {
             "session": trace.session,
             "model": trace.model,

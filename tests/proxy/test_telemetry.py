@@ -262,3 +262,17 @@ def test_a_follow_up_prices_its_untouched_request_by_what_the_request_before_sen
     # A conversation paged for the first time: all but its latest answer and question (forwarded before); its
     # follow-up: what the request before sent.
     assert read == [prompt_tokens(messages[:-2], COUNT), before]
+
+
+def test_no_saving_is_claimed_against_a_request_larger_than_the_models_window(start_proxy, upstream):
+    """A conversation past the model's window could not have gone untouched: no x-pcp-tokens-saved, none counted."""
+    messages = dated_chat()
+    tokens = prompt_tokens(messages, COUNT)
+    upstream.enqueue(completion("The code is 5521."), completion("The code is 5521."))
+    for window, claimed in ((tokens - 1, False), (tokens + 1, True)):
+        proxy = start_proxy(sentry_threshold=500, context_budget=1024, max_rounds=1, context_window=window)
+        response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": messages}, headers=KEY)
+        assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text
+        assert ("x-pcp-tokens-saved" in response.headers) is claimed
+        text = proxy.http.get("/metrics", headers=KEY).text
+        assert (_histogram(text, "pcp_tokens_saved_per_request")[1] == 1) is claimed
