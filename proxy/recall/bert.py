@@ -119,7 +119,7 @@ class BertEncoder:
         model.load(load_file(str(directory / "model.safetensors")))
         if int8:
             with _QUIET, warnings.catch_warnings():
-                # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
+                # Deprecated in favour of the torchao package; torch is locked (requirements.lock).
                 warnings.simplefilter("ignore", DeprecationWarning)
                 warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
                 model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)

@@ -35,7 +35,7 @@ class SentenceModel:
         _no_progress_bars()
         model = SentenceTransformer(str(directory), device="cpu")
         with _QUIET, warnings.catch_warnings():  # the filters are global: one thread at a time
-            # Deprecated in favour of the torchao package; torch is pinned (constraints.txt).
+            # Deprecated in favour of the torchao package; torch is locked (requirements.lock).
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
             model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8, inplace=True)  # see Encoder.variant
@@ -99,7 +99,7 @@ class OneText:
             # The branches the tracer warns of (padding, causal masks) are fixed for one unpadded text.
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             # TorchScript is deprecated in favour of torch.export, whose programs run op by op
-            # in Python, and torch.compile, which builds C++ at start; torch is pinned (constraints.txt).
+            # in Python, and torch.compile, which builds C++ at start; torch is locked (requirements.lock).
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", FutureWarning)  # transformers, on an attribute the tracer reads
             self._traced = torch.jit.trace(Positional().eval(), tuple(example[k] for k in names), check_trace=False)
