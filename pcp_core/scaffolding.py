@@ -7,7 +7,10 @@ registry's sentences, the final round's, the user line — and the
 Background_Context's lines, a folded page's time, id and keywords each.
 ``Scaffolding`` takes those out of a text as it streams: it holds back only a
 tail that may still grow into one of them, and drops every one that is whole.
-A model that paraphrases them is not caught; one that copies them is.
+A model that paraphrases them is not caught; one that copies them is. The
+document's own names (``VOCABULARY``: ``PagedContext``, ``Linear_Flow``…) are
+taken out wherever they stand, as a word in a sentence or a JSON value: a
+small model writes them out of context ("The PagedContext is …").
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import re
 
 from .document import FINAL_ROUND_INSTRUCTION, PARTS_INSTRUCTION, SYSTEM_INSTRUCTIONS, USER_LINE
 
-__all__ = ["SENTENCES", "Scaffolding", "without_scaffolding"]
+__all__ = ["SENTENCES", "VOCABULARY", "Scaffolding", "without_scaffolding"]
 
 # A clause ends after ".", ";" and a space, or at a line's end; a bullet's "- " goes with it. Shorter
 # pieces could be the client's own words: only longer ones are the proxy's. In the document the
@@ -40,7 +43,14 @@ def _clauses(*texts: str) -> tuple[str, ...]:
 
 
 SENTENCES = _clauses(SYSTEM_INSTRUCTIONS, FINAL_ROUND_INSTRUCTION, PARTS_INSTRUCTION, USER_LINE)
-_PREFIXES = frozenset(sentence[:i] for sentence in SENTENCES for i in range(1, len(sentence)))
+# The names of the document's parts that no conversation uses as words (its tags are the directive parser's; a
+# plain "Node" or "Query" may be the client's own), and the names a model gives the document when it echoes it.
+VOCABULARY = (
+    "PagedContext", "Paged_Context", "PageContext", "Linear_Flow", "Background_Context", "Static_Registry",
+    "System_Instructions", "Reasoning_Trace", "ST-Node", "CURRENT_TIME", "FINAL_ROUND",
+)  # fmt: skip
+_NAMES = re.compile("|".join(sorted(map(re.escape, VOCABULARY), key=len, reverse=True)))
+_PREFIXES = frozenset(piece[:i] for piece in (*SENTENCES, *VOCABULARY) for i in range(1, len(piece)))
 _LONGEST = max(map(len, SENTENCES))
 # A Background_Context line (``markup.background_line``): "2026-11-26T21:11 [d02fdaee] keyword, keyword".
 _BACKGROUND = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d \[[0-9a-f]{4,16}\][^\n]*")
@@ -75,18 +85,22 @@ class Scaffolding:
         if line and _could_be_background(line):
             hold = max(hold, len(line))
         text = text.removeprefix(_MID_LINE)
+        # A name the cut would split (its tail a prefix of a sentence) is held whole, to be taken out whole.
+        cut = len(text) - hold
+        cut = next((name.start() for name in _NAMES.finditer(text) if name.start() < cut < name.end()), cut)
+        hold = len(text) - cut
         self.held = text[len(text) - hold :] if hold else ""
         released = text[: len(text) - hold]
         if released:
             self.line_start = released.endswith("\n")
-        return released
+        return _NAMES.sub("", released)  # a sentence held may hold a name: it is taken out as the sentence's own
 
     def flush(self) -> str:
         """The text ended: what was held is text after all, but a whole Background_Context line."""
         held, self.held = self.held, ""
         line = held[held.rfind("\n") + 1 :]
         whole_line = len(line) < len(held) or self.line_start
-        return held[: len(held) - len(line)] if whole_line and _BACKGROUND.fullmatch(line) else held
+        return _NAMES.sub("", held[: len(held) - len(line)] if whole_line and _BACKGROUND.fullmatch(line) else held)
 
 
 _MID_LINE = "\x00"

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from pcp_core.answers import AnswerGate
 from pcp_core.document import SYSTEM_INSTRUCTIONS, USER_LINE
-from pcp_core.scaffolding import SENTENCES, Scaffolding, without_scaffolding
+from pcp_core.scaffolding import SENTENCES, VOCABULARY, Scaffolding, without_scaffolding
 
 ECHO = f'<PageContext version="0.1.0-alpha"> {SYSTEM_INSTRUCTIONS}\n2026-11-26T21:11 [d02fdaee] turn, allotment\nYour code is 5521.\n{USER_LINE}'
 WORDS = st.text(alphabet=st.sampled_from(list("abcdefghij .;:\n-[]0123456789TYoueLinar_F")), max_size=60)
@@ -40,3 +40,14 @@ def test_an_echo_keeps_only_what_the_conversation_said():
     gate = AnswerGate(final=True)
     streamed = "".join(gate.feed(ECHO[i : i + 5]) for i in range(0, len(ECHO), 5)) + gate.close()
     assert streamed.strip() == "Your code is 5521."
+
+
+@settings(max_examples=200)
+@given(before=WORDS, after=WORDS, cuts=st.lists(st.integers(min_value=0, max_value=200), max_size=20))
+def test_the_documents_names_never_reach_the_answer_whatever_the_chunks(before, after, cuts):
+    """A small model writes the document's names as words ("The PagedContext is …", ``{"type": "PagedContext"}``)."""
+    text = f'{before}The PagedContext is "2026-12-02T00:46"; {{"type": "Linear_Flow", "id": "CURRENT_TIME"}} ST-Node{after}'
+    said = fed(text, cuts)
+    assert not [name for name in VOCABULARY if name in said]
+    assert "".join(said.split()) == "".join(without_scaffolding(text).split())
+    assert '"2026-12-02T00:46"' in said and '"type": ""' in said  # the rest of what it wrote is its own
