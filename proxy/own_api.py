@@ -9,6 +9,7 @@ reads or changes another's sessions or memory.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -18,7 +19,7 @@ from pcp_core import SESSION_ID
 
 from .errors import ClientError
 
-__all__ = ["checked_session", "json_response", "limited_body", "too_large"]
+__all__ = ["checked_session", "existing_session", "json_response", "limited_body", "session_not_found", "too_large"]
 
 
 def checked_session(value: str) -> str:
@@ -26,6 +27,33 @@ def checked_session(value: str) -> str:
     if not SESSION_ID.fullmatch(value):
         raise ClientError("a session id is 1 to 128 letters, digits or . _ : -", param="session_id", code="invalid_session")
     return value
+
+
+def session_not_found(session_id: str) -> ClientError:
+    return ClientError(f"no session {session_id!r} for this key", status=404, type="not_found_error", param="session_id", code="session_not_found")
+
+
+async def existing_session(services: Any, namespace: str, value: str) -> str:
+    """A session id from a path, of a session the caller has: else the 400 (not an id) or the 404 (no such session).
+
+    A session is the caller's once the proxy keeps anything of it under the caller's
+    namespace: its pages, components or Hybrid state; or a request named it lately
+    (in passthrough, where nothing is kept until it has components).
+    """
+    session_id = checked_session(value)
+    if not await asyncio.to_thread(_exists, services, namespace, session_id):
+        raise session_not_found(session_id)
+    return session_id
+
+
+def _exists(services: Any, namespace: str, session_id: str) -> bool:
+    components = services.components.store
+    return bool(
+        services.sessions.holds(namespace, session_id)
+        or components.holds(namespace, session_id)
+        or components.named_lately(namespace, session_id)
+        or services.hybrid.store.holds(namespace, session_id)
+    )
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:

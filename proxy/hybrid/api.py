@@ -7,6 +7,8 @@
   ``GET …/todo`` reads it back.
 
 Sessions are the caller's, named under its namespace as chat requests name them.
+Reading under a session the caller does not have is a 404 (``session_not_found``);
+a todo list may be set before the session's first request.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pcp_core.hybrid import TodoItem, render, todo_projection
 from .. import headers as pcp
 from ..decoding import INT64, decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, json_response, limited_body
+from ..own_api import checked_session, existing_session, json_response, limited_body
+from ..services import Services
 from .store import HybridState
 from .turn import Hybrid
 
@@ -50,8 +53,10 @@ _TODO = msgspec.json.Decoder(_TodoList)
 
 
 @get(f"{_BASE}/context")
-async def session_context(hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
-    session_id = _checked(hybrid, session_id)
+async def session_context(
+    services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
+    session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
         raise ClientError(
@@ -80,8 +85,10 @@ async def set_todo(
 
 
 @get(f"{_BASE}/todo")
-async def get_todo(hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
-    session_id = _checked(hybrid, session_id)
+async def get_todo(
+    services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
+    session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     return json_response(_todo(session_id, state.todo if state is not None else ()))
 

@@ -20,7 +20,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from ..errors import ClientError
-from ..own_api import checked_session, json_response
+from ..own_api import checked_session, json_response, session_not_found
 from ..protocol.telemetry import Traces
 from ..storage.sessions import SessionStore
 from ..tokenizer import Tokenizer
@@ -48,7 +48,7 @@ async def show_session(
     session_id = checked_session(session_id)
     shown = await asyncio.to_thread(_shown, sessions, traces, tokenizer, namespace, session_id)
     if shown is None:
-        raise ClientError(f"no session {session_id!r} for this key", status=404, type="not_found_error", code="session_not_found")
+        raise session_not_found(session_id)
     return _json(shown)
 
 

@@ -6,6 +6,10 @@
 * ``DELETE …/components/{id or key}`` detaches one;
 * ``GET …/tree`` is the whole tree, a PACT v0.1 snapshot.
 
+Reading or deleting under a session the caller does not have is a 404
+(``session_not_found``); attaching a component before the session's first
+request is how a session starts with components.
+
 Sessions are the caller's: named under its namespace (a hash of its key),
 as chat requests name them, so one key never reads or changes another's.
 """
@@ -26,7 +30,8 @@ from pcp_core import delete as detach
 
 from ..decoding import decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, json_response, limited_body, too_large
+from ..own_api import checked_session, existing_session, json_response, limited_body, too_large
+from ..services import Services
 from ..settings import Settings
 from .components import Components
 
@@ -63,23 +68,28 @@ async def add_component(
 
 @get(f"{_BASE}/components")
 async def list_components(
-    request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
+    request: Request[Any, Any, Any],
+    services: NamedDependency[Services],
+    components: NamedDependency[Components],
+    namespace: NamedDependency[str],
+    session_id: FromPath[str],
 ) -> Response[bytes]:
-    session = checked_session(session_id)
     text = request.query_params.get("select")
+    checked_session(session_id)  # what is wrong with the request before whether the session exists
     try:
         selector = parse_selector(text) if text is not None else None
     except PactError as error:
         raise ClientError(f"select {error}", param="select", code="invalid_selector") from None
+    session = await existing_session(services, namespace, session_id)
     tree = await _tree(components, namespace, session)
     return json_response({"object": "list", "session": session, "data": [node(c, tree) for c in select(tree, selector)]})
 
 
 @delete(f"{_BASE}/components/{{ref:str}}", status_code=200)
 async def delete_component(
-    components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]
+    services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]
 ) -> Response[bytes]:
-    session = checked_session(session_id)
+    session = await existing_session(services, namespace, session_id)
     removed: list[Any] = []
 
     def step(tree: Tree) -> Tree:
@@ -94,13 +104,15 @@ async def delete_component(
 
 
 @get(f"{_BASE}/tree")
-async def component_tree(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Response[bytes]:
-    session = checked_session(session_id)
+async def component_tree(
+    services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
+) -> Response[bytes]:
+    session = await existing_session(services, namespace, session_id)
     return json_response(snapshot(await _tree(components, namespace, session), session))
 
 
 async def _tree(components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]) -> Tree:
-    """The session's tree (an empty one for a session without components)."""
+    """The session's tree (an empty one for a session of the caller's without components)."""
     return await asyncio.to_thread(components.store.get, namespace, session_id) or Tree()
 
 

@@ -77,6 +77,11 @@ class ComponentStore(KeyedStore[Tree]):
             if len(self.seen) > SEEN:
                 self.seen.popitem(last=False)
 
+    def named_lately(self, namespace: str, session_id: str) -> bool:
+        """Whether a recent request named the session, which has no components yet (``saw``)."""
+        with self.lock:
+            return store_key(namespace, session_id) in self.seen
+
     def change(self, namespace: str, session_id: str, step: Callable[[Tree], Tree], base: str | None = None) -> Tree:
         """Keep ``step(tree)`` as the session's tree, and return it.
 

@@ -6,6 +6,10 @@ once per install (``PCP_DATA_DIR/install-secret``, 32 random bytes, 0600).
 Without the secret a namespace cannot be tied to a key, even by one who holds
 both the key and the data dir's listing; and two ways of writing one key
 (``bearer K``, ``Bearer  K``) are one namespace.
+
+With a shared store (``PCP_STORE``) the secret is the store's
+(``redis_store.SharedSecret``), and the data dir keeps a copy of it
+(``store-secret``), which is written back to a store that lost it.
 """
 
 from __future__ import annotations
@@ -16,9 +20,10 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["Namespaces", "install_secret", "normalised_credential", "private_dir", "private_tree"]
+__all__ = ["Namespaces", "install_secret", "keep_secret_copy", "normalised_credential", "private_dir", "private_tree", "secret_copy"]
 
 SECRET_FILE = "install-secret"
+STORE_SECRET_FILE = "store-secret"  # with a shared store: this process's copy of the store's secret
 SECRET_BYTES = 32
 NAMESPACE_HEX = 32  # 128 bits: no two of billions of keys meet
 
@@ -56,21 +61,68 @@ def _private(entry: Path, mode: int) -> None:
 
 
 def install_secret(data_dir: Path) -> bytes:
-    """The install's secret: read from the data dir, or made there the first time (0600, made once even by two processes)."""
+    """The install's secret: read from the data dir, or made there the first time (0600, made once even by two processes).
+
+    Made whole or not at all: written and synced under a name of its own, then linked to its
+    place, which fails if another process linked its own first (that one is read).
+    """
     path = private_dir(data_dir) / SECRET_FILE
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        return _read_secret(path)
+    except FileNotFoundError:
+        pass
+    made = _written(path, os.urandom(SECRET_BYTES))
+    try:
+        os.link(made, path)
     except FileExistsError:
-        secret = path.read_bytes()
-        if len(secret) != SECRET_BYTES:
-            raise RuntimeError(
-                f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)"
-            ) from None
-        return secret
-    secret = os.urandom(SECRET_BYTES)
-    with os.fdopen(fd, "wb") as file:
-        file.write(secret)
+        return _read_secret(path)
+    finally:
+        made.unlink()
+    _synced_dir(path.parent)
+    return path.read_bytes()
+
+
+def secret_copy(data_dir: Path) -> bytes | None:
+    """The copy of the shared store's secret this data dir keeps (``STORE_SECRET_FILE``); None if there is none whole."""
+    try:
+        secret = (data_dir / STORE_SECRET_FILE).read_bytes()
+    except FileNotFoundError:
+        return None
+    return secret if len(secret) == SECRET_BYTES else None
+
+
+def keep_secret_copy(data_dir: Path, secret: bytes) -> None:
+    """Keep ``secret`` as the data dir's copy of the shared store's: replaced whole (written, synced, renamed), 0600."""
+    path = private_dir(data_dir) / STORE_SECRET_FILE
+    os.replace(_written(path, secret), path)
+    _synced_dir(path.parent)
+
+
+def _read_secret(path: Path) -> bytes:
+    secret = path.read_bytes()
+    if len(secret) != SECRET_BYTES:
+        raise RuntimeError(f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)")
     return secret
+
+
+def _written(path: Path, data: bytes) -> Path:
+    """``data`` in a new file beside ``path`` (0600), synced to the disk."""
+    made = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(data)
+        file.flush()
+        os.fsync(file.fileno())
+    return made
+
+
+def _synced_dir(directory: Path) -> None:
+    """A name linked or renamed in ``directory`` outlives a crash of the machine too."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def normalised_credential(headers: Mapping[str, str]) -> str:

@@ -4,11 +4,23 @@ Several processes may share the directory (``pcp-proxy serve --workers N``):
 SQLite serialises their writes, and a ``commit`` checks its version key and
 writes inside one transaction (``BEGIN IMMEDIATE``), so of two workers that
 read one version only the first to commit wins.
+
+A commit survives a kill at any step: write new, then switch, then collect.
+diskcache keeps a value over 32 kB in a file of its own, written before the
+transaction; the rows switch to the new files when SQLite commits; only then
+are the files of the values replaced or deleted removed. (Inside a
+transaction of its own, diskcache removes a replaced value's file as soon as
+the row is set, before the commit: a kill in between left the row of the old
+value, whose file was gone, and the session was lost.) A kill before the
+commit leaves the old rows with their files, and new files no row names; a
+kill after it, old files no row names. Either costs disk, never a value.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import diskcache
@@ -22,12 +34,48 @@ _SEPARATOR = "\x1f"
 
 
 class _StringKeys(diskcache.Disk):
-    """Keys (tuples of strings, and a part's number) kept as one string.
+    """Keys (tuples of strings, and a part's number) kept as one string; files removed only once what replaced them is committed.
 
     diskcache pickles a tuple key and optimises the pickle in Python: ~0.2 ms
     a key, holding the interpreter while a request computes. A key of one
     item is kept as that item, as the caches kept theirs before.
     """
+
+    def __init__(self, directory: str, **settings: object):
+        super().__init__(directory, **settings)
+        self._held = threading.local()  # per thread, as diskcache's transactions are
+
+    @contextmanager
+    def holding(self) -> Iterator[None]:
+        """While this thread's transaction runs, the files it would remove are kept; removed after it commits.
+
+        A transaction that fails instead removes the files it wrote, which no row names.
+        """
+        self._held.removed, self._held.written = [], []
+        try:
+            yield
+        except BaseException:
+            written, self._held.removed, self._held.written = self._held.written, None, None
+            for name in written:
+                super().remove(name)
+            raise
+        removed, self._held.removed, self._held.written = self._held.removed, None, None
+        for name in removed:
+            super().remove(name)
+
+    def remove(self, file_path: str) -> None:
+        removed = getattr(self._held, "removed", None)
+        if removed is None:
+            super().remove(file_path)
+        else:
+            removed.append(file_path)
+
+    def store(self, value: object, read: bool, key: object = diskcache.core.UNKNOWN) -> tuple[int, int, str | None, object]:
+        stored = super().store(value, read, key=key)
+        written = getattr(self._held, "written", None)
+        if written is not None and stored[2] is not None:
+            written.append(stored[2])
+        return stored
 
     def put(self, key: object) -> tuple[object, bool]:
         return super().put(_SEPARATOR.join(map(str, key)) if type(key) is tuple else key)
@@ -68,7 +116,7 @@ class EmbeddedStore:
             ((key, value),) = items.items()
             self.cache.set(_key(key), value)
             return
-        with self.cache.transact():
+        with self._transaction():
             for key, value in items.items():
                 self.cache.set(_key(key), value)
 
@@ -81,8 +129,14 @@ class EmbeddedStore:
     def claim(self, key: Key, seconds: float) -> bool:
         return bool(self.cache.add(_key(key), b"", expire=seconds))
 
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One SQLite transaction; the files of the values it replaced or deleted are removed once it has committed."""
+        with self.cache.disk.holding(), self.cache.transact():
+            yield
+
     def commit(self, commit: Commit) -> bool:
-        with self.cache.transact():
+        with self._transaction():
             held = self.cache.get(commit.version)
             if commit.expected != ANY and (held.decode() if isinstance(held, bytes) else held or "") != commit.expected:
                 return False

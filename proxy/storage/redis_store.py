@@ -18,12 +18,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from .base import Commit, Key, StoreUnavailable
+from .datadir import STORE_SECRET_FILE, keep_secret_copy, secret_copy
 
-__all__ = ["Announcements", "RedisStore", "StoreSettingError", "connect", "install_secret", "shown", "unavailable"]
+__all__ = ["Announcements", "RedisStore", "SharedSecret", "StoreSettingError", "connect", "shown", "unavailable"]
 
 log = logging.getLogger("pcp.store")
 
@@ -103,19 +105,93 @@ def connect(url: str) -> Any:
     return client
 
 
-def install_secret(client: Any) -> bytes:
-    """The install's secret, which names the callers' namespaces: kept in the store, so every replica names them alike.
+class SharedSecret:
+    """The install's secret in the store (``pcp:install-secret``), which names the callers' namespaces alike on every replica.
 
-    Made by the first process that asks (SET NX), read by every other.
+    The store may lose it (emptied, or restarted without its data) while the
+    proxy runs, and every session written since would be named by a secret no
+    later process knows. So a process holds on to the secret: in memory, and
+    as a copy in its data dir (``store-secret``). It writes that back to a
+    store that lost it, at start and every ``CHECK_SECONDS`` while it runs
+    (``check``). It makes a new secret only for a store that has none and for
+    which it holds no copy, and says so loudly if that store holds sessions.
+    A store that holds another secret than the one a running process names
+    its namespaces by (another process made one meanwhile) is logged as an
+    error, and the process goes on naming them as it did.
     """
-    key = PREFIX + "install-secret"
-    client.set(key, os.urandom(32), nx=True)
-    secret = client.get(key)
-    if not isinstance(secret, bytes) or len(secret) != 32:
-        raise StoreSettingError(
-            f"setting store (env PCP_STORE): {key} in the store is not 32 bytes (delete it to make a new one; sessions are then paged again)"
-        )
-    return secret
+
+    KEY = PREFIX + "install-secret"
+    CHECK_SECONDS = 5.0
+
+    def __init__(self, client: Any, data_dir: Path):
+        self.client = client
+        self.data_dir = data_dir
+        self.secret = b""
+        self.told: bytes | None = None  # the other secret the store holds, logged once
+
+    def open(self) -> bytes:
+        """The secret at start: the store's; else this data dir's copy, written back; else a new one."""
+        import redis
+
+        try:
+            return self._open()
+        except redis.RedisError as error:
+            raise StoreSettingError(f"setting store (env PCP_STORE): the install secret could not be read or written at {self.KEY}: {error}") from None
+
+    def _open(self) -> bytes:
+        copy = secret_copy(self.data_dir)
+        if copy is not None:
+            if self.client.set(self.KEY, copy, nx=True):
+                log.warning("the store had no install secret (%s): this data dir's copy was written back, so the namespaces keep their names", self.KEY)
+        elif self.client.get(self.KEY) is None:
+            if self._holds_sessions():
+                log.error(
+                    "the store holds sessions but no install secret (%s), and this data dir has no copy of it: a new secret is made, "
+                    "and the sessions kept under the old one are found by no key (they are paged again). Restore %s from a backup of "
+                    "the store, or %s/%s from a proxy's data dir, to keep them.",
+                    self.KEY,
+                    self.KEY,
+                    self.data_dir,
+                    STORE_SECRET_FILE,
+                )
+            self.client.set(self.KEY, os.urandom(32), nx=True)  # the first of several processes to get here makes it
+        secret = self.client.get(self.KEY)
+        if not isinstance(secret, bytes) or len(secret) != 32:
+            raise StoreSettingError(
+                f"setting store (env PCP_STORE): {self.KEY} in the store is not 32 bytes (delete it to make a new one; sessions are then paged again)"
+            )
+        if copy is not None and secret != copy:
+            log.warning("the store's install secret is not this data dir's copy (was it run against another store?): the store's names the namespaces")
+        if secret != copy:
+            try:
+                keep_secret_copy(self.data_dir, secret)
+            except OSError as error:
+                log.warning(
+                    "the install secret's copy could not be kept in the data dir (%s): a store that loses it gets it back only from a running proxy", error
+                )
+        self.secret = secret
+        return secret
+
+    def check(self) -> None:
+        """The store still holds the secret this process names namespaces by: written back if the store lost it, said if another is there."""
+        if self.client.set(self.KEY, self.secret, nx=True):
+            log.warning("the store had lost the install secret (%s; emptied, or restarted without its data): written back", self.KEY)
+            return
+        held = self.client.get(self.KEY)
+        if held is not None and held != self.secret and held != self.told:
+            self.told = held
+            log.error(
+                "the store holds another install secret (%s) than this process names the namespaces by: it lost the secret and another "
+                "process made a new one. This process goes on with the namespaces it had; processes that started since name them "
+                "otherwise, and see none of their sessions. To make them one again, set %s back to the old secret (this data dir's "
+                "%s holds it) and restart the processes that started since.",
+                self.KEY,
+                self.KEY,
+                STORE_SECRET_FILE,
+            )
+
+    def _holds_sessions(self) -> bool:
+        return next(iter(self.client.scan_iter(match=f"{PREFIX}s:session:*", count=1000)), None) is not None
 
 
 class RedisStore:

@@ -127,6 +127,10 @@ class SessionStore:
         """(namespace, id) of every session in the store."""
         return [(str(key[1]), str(key[2])) for key in self.store.keys("session")]
 
+    def holds(self, namespace: str, session_id: str) -> bool:
+        """Whether the session is kept (in memory, its write maybe on its way, or in the store), without reading it."""
+        return self.recent.get((namespace, session_id)) is not None or self.store.contains(("session", namespace, session_id))
+
     def read(self, namespace: str, session_id: str) -> Session | None:
         """The session, for a look inside (the inspector, the CLI): read without joining the recent ones."""
         kept = self._load(namespace, session_id, remember=False)

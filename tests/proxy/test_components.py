@@ -237,7 +237,8 @@ def test_components_are_the_callers_and_survive_a_restart(start_proxy, upstream,
     first = start_proxy()
     send(first, upstream, turns(3))
     post(first, "d2,1,0", "kept across restarts", key="kept")
-    assert listed(first, headers={"authorization": "Bearer sk-other"}) == {}  # another key's session of the same name
+    other = first.http.get(f"{API}/components", headers={"authorization": "Bearer sk-other"})  # another key's session of the same name
+    assert other.status_code == 404 and other.json()["error"]["code"] == "session_not_found"
     first.stop()
     second = start_proxy()
     assert listed(second) == {"kept across restarts": "d2,1,0"}
@@ -249,7 +250,7 @@ def test_components_are_the_callers_and_survive_a_restart(start_proxy, upstream,
 def test_the_api_asks_for_the_proxys_key_when_it_has_one(start_proxy):
     guarded = start_proxy(api_keys=["sk-proxy"])
     assert guarded.http.get(f"{API}/components").status_code == 401
-    assert guarded.http.get(f"{API}/tree", headers={"authorization": "Bearer sk-proxy"}).status_code == 200
+    assert guarded.http.get(f"{API}/tree", headers={"authorization": "Bearer sk-proxy"}).status_code == 404  # let in: no such session
 
 
 def test_a_recognised_session_takes_components_by_the_id_it_answered_with(protocol_proxy, upstream):

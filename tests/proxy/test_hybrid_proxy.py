@@ -179,7 +179,7 @@ def test_sessions_are_the_callers_and_their_text_is_sealed_on_disk(start_proxy, 
     proxy = start_proxy(hybrid="enabled", data_key="AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")
     upstream.enqueue(model("ok", with_memory(core=[block("secret", content="zanzibarquokka")])))
     answered(proxy, "go")
-    assert proxy.http.get(f"{API}/context", headers={"authorization": "Bearer sk-two"}).json()["error"]["code"] == "context_not_found"
+    assert proxy.http.get(f"{API}/context", headers={"authorization": "Bearer sk-two"}).json()["error"]["code"] == "session_not_found"
     proxy.stop()
     on_disk = b"".join(p.read_bytes() for p in (tmp_path / "data" / "context").rglob("*") if p.is_file())
     assert on_disk and b"zanzibarquokka" not in on_disk
