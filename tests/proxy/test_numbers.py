@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from proxy.testing.apis import PATHS
+from proxy.testing.upstream import Reply, completion, stream_reply
 
 HISTORY = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} about gardens and the river trip {i}"} for i in range(60)]
 MODES = {"passthrough": 1_000_000, "protocol": 200}
@@ -83,3 +84,43 @@ def test_a_number_within_range_goes_upstream_as_sent(start_proxy, upstream, mode
     response = post(proxy, "chat", raw_body("chat", number))
     assert response.status_code == 200, response.text
     assert re.search(rb'"temperature": ?' + re.escape(number) + rb"[,}]", upstream.chat_requests()[-1].body)
+
+
+def _with_huge_usage(reply: Reply) -> Reply:
+    """``reply`` with its usage's prompt tokens written as 1e999 (in its body, or in the chunk that carries it)."""
+    if reply.chunks:
+        return Reply(headers=reply.headers, chunks=[chunk.replace(b'"prompt_tokens": 10', b'"prompt_tokens": 1e999') for chunk in reply.chunks])
+    return Reply(headers=reply.headers, body=reply.body.replace(b'"prompt_tokens": 10', b'"prompt_tokens": 1e999'))
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_an_infinite_number_in_a_translated_answer_is_never_written_back_as_infinity(start_proxy, upstream, api, mode, stream):
+    """A chat upstream's answer that says 1e999, translated to the client's API: an error the client can read, not ``Infinity``."""
+    proxy = start_proxy(sentry_threshold=MODES[mode], context_budget=700, translate_apis="always")
+    usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+    reply = stream_reply(["fine"], usage=usage) if stream else completion("fine", prompt_tokens=10, completion_tokens=2)
+    upstream.default = lambda _: _with_huge_usage(reply)
+    response = post(proxy, api, raw_body(api, b"0.5", stream=stream))
+    assert b"Infinity" not in response.content and b"NaN" not in response.content
+    if response.status_code == 502:
+        json.loads(response.content, parse_constant=_refused)
+    else:  # the stream had begun: it ends with the API's error event
+        assert stream and response.status_code == 200 and b"error" in response.content, response.text
+        for line in response.content.splitlines():
+            if line.startswith(b"data:"):
+                json.loads(line[5:], parse_constant=_refused)
+
+
+def test_a_tool_calls_arguments_that_say_nan_reach_a_messages_client_as_text(start_proxy, upstream):
+    proxy = start_proxy(translate_apis="always")
+    upstream.default = lambda _: completion(None, tool_calls=[{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"n": NaN}'}}])
+    response = post(proxy, "messages", raw_body("messages", b"0.5"))
+    assert response.status_code == 200, response.text
+    (call,) = [block for block in json.loads(response.content, parse_constant=_refused)["content"] if block["type"] == "tool_use"]
+    assert call["input"] == {"input": '{"n": NaN}'}
+
+
+def _refused(constant: str) -> None:
+    raise AssertionError(f"the proxy wrote {constant}, which is not JSON")
