@@ -3,20 +3,24 @@
 Every body the proxy reads, on a paged API or its own, goes through
 ``decode_json``: what is not JSON, not of the expected shape, not UTF-8, or
 nested past what a decoder can follow is the request's fault, never a 500.
+A number no JSON decoder reads as a number (``1e999``: infinite as a double;
+an integer of thousands of digits) is a 400 that names its field, wherever
+it is in a paged API's body (``finite_fields``): the proxy never sends one
+upstream, nor reads one from the upstream as a number (``strict_json``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import ClientError
 
-__all__ = ["INT64", "decode_json", "decode_stored", "error_param", "not_utf8", "out_of_range"]
+__all__ = ["INT64", "decode_json", "decode_stored", "error_param", "finite_fields", "not_utf8", "out_of_range", "strict_json"]
 
 T = TypeVar("T")
 
@@ -34,6 +38,8 @@ def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat req
         return decode(body)
     except msgspec.ValidationError as exc:
         text = str(exc)
+        if text.startswith(OUT_OF_RANGE):
+            raise _number_error(body, what, field, error_param(text), code) from None
         raise ClientError(f"invalid {what}: {text}", param=_within(field, error_param(text)), code=code) from None
     except msgspec.DecodeError as exc:
         # msgspec 0.23 refuses text that is not UTF-8 with a DecodeError ("Invalid UTF-8 encoded string"),
@@ -45,6 +51,81 @@ def decode_json(body: bytes, decode: Callable[[bytes], T], what: str = "chat req
         raise _not_utf8_error(body, field) from None
     except RecursionError:
         raise ClientError("request body is nested too deeply: JSON arrays and objects within each other, a thousand levels or so", code="too_deep") from None
+
+
+# msgspec's messages for a number past a double's range (``1e999``), and an integer past what Python converts (4,300 digits).
+OUT_OF_RANGE = ("Number out of range", "Integer value out of range")
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ANY = msgspec.json.Decoder()
+
+
+def strict_json(text: bytes | str) -> Any:
+    """``text`` decoded as strict JSON: ``NaN``, ``Infinity`` and a number past a double's range (``1e999``) are
+    refused (a ``ValueError``, as ``json.loads`` raises for what is not JSON), where ``json.loads`` reads them as
+    floats that ``json.dumps`` writes back as ``Infinity``, which is not JSON."""
+    return _ANY.decode(text)
+
+
+def finite_fields(body: bytes, decoded: Collection[str], what: str) -> None:
+    """The 400 for a number out of range in ``body``'s fields but those its reader ``decoded`` (where ``decode_json``
+    found one): a field the proxy does not read (``temperature``, a tool's schema) is checked too, so that what goes
+    upstream, forwarded or paged, is JSON every decoder reads. A body that is not a JSON object is its reader's to refuse.
+
+    One pass over the body's bytes and a decode of the fields it does not read (small beside a history): ~0.7 ms a MB."""
+    try:
+        fields = _FIELDS.decode(body)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+        return
+    for key, raw in fields.items():
+        if key not in decoded and _out_of_range(raw):
+            raise _number_error(bytes(raw), what, key, None)
+
+
+def _out_of_range(raw: bytes | msgspec.Raw) -> bool:
+    try:
+        _ANY.decode(raw)
+    except msgspec.ValidationError as exc:
+        return str(exc).startswith(OUT_OF_RANGE)
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):  # text not UTF-8, nesting: not a number's fault
+        return False
+    return False
+
+
+def _number_error(body: bytes, what: str, field: str | None, said: str | None, code: str | None = None) -> ClientError:
+    """The 400 for a number out of range in ``body`` (``field``, when it is one field of the request), naming where it is
+    (``said``: where msgspec said it is, when it cannot be found); ``code``: the caller's, for a body of the wrong shape."""
+    found = out_of_range_at(body)
+    where = _within(field, found[0] if found is not None else said)
+    place = f"`{where}`" if where else "the body"
+    said_number = f"{place} is {_token(found[1])}" if found is not None else f"a number in {place} is"
+    return ClientError(
+        f"invalid {what}: {said_number} out of range: JSON numbers here must be finite (within a double's ±1.8e308) and integers shorter than 4,300 digits",
+        param=where,
+        code=code or "number_out_of_range",
+    )
+
+
+def out_of_range_at(body: bytes, depth: int = 32) -> tuple[str, bytes] | None:
+    """Where in the JSON ``body`` a number out of range is, written as OpenAI writes ``param`` (``messages.[2].weight``,
+    "" for the body itself), and the number as it was written; None when there is none (or past ``depth`` levels)."""
+    for shape, name in ((dict[str, msgspec.Raw], "{}"), (list[msgspec.Raw], "[{}]")):
+        try:
+            items = msgspec.json.decode(body, type=shape)
+        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
+            continue
+        pairs: Any = items.items() if isinstance(items, dict) else enumerate(items)
+        for key, raw in pairs:
+            if _out_of_range(raw):
+                deeper = out_of_range_at(bytes(raw), depth - 1) if depth > 0 else None
+                here = name.format(key)
+                return (".".join(filter(None, (here, deeper[0]))), deeper[1]) if deeper is not None else (here, bytes(raw))
+        return None
+    return ("", body.strip()) if _out_of_range(body) else None
+
+
+def _token(number: bytes) -> str:
+    text = number.decode(errors="replace")
+    return f"{text}," if len(text) <= 32 else f"a number of {len(text):,} characters ({text[:12]}…),"
 
 
 def _not_utf8_error(body: bytes, field: str | None) -> ClientError:

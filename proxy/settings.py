@@ -139,8 +139,8 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
     context_window: int = 0
-    # OpenAI's prompt_cache_key on the calls a paged request makes (its session's, unless the client sent one),
-    # which keeps a conversation's calls on the servers that hold its prefix: "auto" (to api.openai.com), "on", "off".
+    # OpenAI's prompt_cache_key on the calls a paged request makes (its session's, bound to the caller: Namespaces.cache_key;
+    # unless the client sent one), which keeps a conversation's calls on the servers that hold its prefix: "auto" (to api.openai.com), "on", "off".
     prompt_cache_key: Literal["auto", "on", "off"] = "auto"
     max_rounds: int = 4
     # A message longer than this many tokens (a pasted file, a long tool output) is

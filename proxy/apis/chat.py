@@ -18,7 +18,7 @@ import msgspec
 
 from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash, spoken
 
-from ..decoding import decode_json
+from ..decoding import decode_json, finite_fields
 from ..errors import ClientError, PcpError
 from ..sse import DONE, data_event, said
 from .codec import Api, BodyCodec, Reading, Usage, checked
@@ -59,6 +59,7 @@ _DECODER = msgspec.json.Decoder(ChatRequest)
 
 def read(body: bytes) -> Reading:
     request: ChatRequest = decode_json(body, _DECODER.decode)
+    finite_fields(body, ("messages",), "chat request")
     for i, message in enumerate(request.messages):
         if not isinstance(message.get("role"), str):
             raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")

@@ -30,7 +30,7 @@ import msgspec
 
 from pcp_core import MARK, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
 
-from ..decoding import decode_json
+from ..decoding import decode_json, finite_fields
 from ..errors import ClientError, PcpError, anthropic_envelope
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system
@@ -71,6 +71,7 @@ _DECODER = msgspec.json.Decoder(MessagesRequest)
 
 def read(body: bytes) -> Reading:
     request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
+    finite_fields(body, ("messages",), "Messages request")
     for i, message in enumerate(request.messages):
         if not isinstance(message.get("role"), str):
             raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")

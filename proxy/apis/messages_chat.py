@@ -18,6 +18,7 @@ from typing import Any
 
 from pcp_core import short_hash
 
+from ..decoding import strict_json
 from ..errors import ANTHROPIC_TYPES
 from ..sse import named_event
 from .codec import first_deltas, text_of
@@ -160,8 +161,8 @@ def _id(prefix: str) -> str:
 def _input(arguments: str) -> Any:
     """A call's arguments as the tool's input (Anthropic's is an object); what does not parse, under ``input``."""
     try:
-        said = json.loads(arguments or "{}")
-    except ValueError:
+        said = strict_json(arguments or "{}")  # NaN, 1e999: not JSON the client reads; kept as text
+    except (ValueError, RecursionError):
         return {"input": arguments}
     return said if isinstance(said, dict) else {"input": said}
 

@@ -23,7 +23,7 @@ import msgspec
 
 from pcp_core import Outcome, WorkerReply, responses_messages, short_hash
 
-from ..decoding import decode_json
+from ..decoding import decode_json, finite_fields
 from ..errors import PcpError
 from ..sse import named_event, said
 from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system, text_of
@@ -68,6 +68,7 @@ STATEFUL = ("previous_response_id", "conversation", "prompt", "background")
 
 def read(body: bytes) -> Reading:
     request: ResponsesRequest = decode_json(body, _DECODER.decode, "Responses request")
+    finite_fields(body, ("input",), "Responses request")
     untouched = next((field for field in STATEFUL if getattr(request, field)), None)
     items = request.input if isinstance(request.input, list) else []
     if untouched is None and any(item.get("type") == "item_reference" for item in items):

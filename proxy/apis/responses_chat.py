@@ -19,6 +19,7 @@ from typing import Any
 
 from pcp_core import short_hash
 
+from ..decoding import strict_json
 from ..errors import ClientError
 from ..sse import named_event
 from .codec import first_deltas, text_of
@@ -189,8 +190,8 @@ def _call(item_id: str, call_id: str, name: str, arguments: str, custom: bool, s
     if not custom:
         return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
     try:
-        said = json.loads(arguments)
-    except ValueError:
+        said = strict_json(arguments)
+    except (ValueError, RecursionError):
         said = None
     free = said.get("input") if isinstance(said, dict) else None
     return {
@@ -248,8 +249,8 @@ def failure(status: int, body: bytes) -> bytes:
 
 def said_error(body: bytes) -> dict[str, Any]:
     try:
-        said = json.loads(body)
-    except ValueError:
+        said = strict_json(body)
+    except (ValueError, RecursionError):
         return {"message": body.decode(errors="replace").strip()[:500]}
     error = said.get("error") if isinstance(said, dict) else None
     return error if isinstance(error, dict) else {"message": str(error or said)[:500]}

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import httpx
 
+from ..decoding import strict_json
 from ..errors import ClientError, UpstreamError
 from ..sse import DONE
 from . import messages_chat, responses_chat
@@ -101,8 +102,8 @@ class Translation:
 
 def _decoded(content: bytes | None) -> dict[str, Any]:
     try:
-        asked = json.loads(content or b"")
-    except ValueError as exc:
+        asked = strict_json(content or b"")
+    except (ValueError, RecursionError) as exc:
         raise ClientError(f"the request body is not JSON: {exc}", code="invalid_json") from None
     if not isinstance(asked, dict):
         raise ClientError("the request body is not a JSON object", code="invalid_json")
@@ -145,11 +146,13 @@ async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.
 
 def _completion(body: bytes) -> dict[str, Any]:
     try:
-        completion = json.loads(body)
-    except ValueError:
+        completion = strict_json(body)  # a number past a double's range is not read as Infinity, to be written back so
+    except (ValueError, RecursionError):
         completion = None
     if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list) or not completion["choices"]:
-        raise UpstreamError(f"the upstream's answer is not a chat completion: {body[:200]!r}", code="upstream_bad_response")
+        raise UpstreamError(
+            f"the upstream's answer is not a chat completion (or holds a number past a double's range): {body[:200]!r}", code="upstream_bad_response"
+        )
     return completion
 
 
@@ -198,10 +201,12 @@ class _Events(httpx.AsyncByteStream):
             self.whole = True
             return b""
         try:
-            chunk = json.loads(said)
-        except ValueError:
+            chunk = strict_json(said)
+        except (ValueError, RecursionError):
             self.failed = True
-            return self.round.failure(f"the upstream's stream holds an event that is not JSON: {said[:200]!r}", "upstream_bad_stream")
+            return self.round.failure(
+                f"the upstream's stream holds an event that is not JSON (or holds a number past a double's range): {said[:200]!r}", "upstream_bad_stream"
+            )
         if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
             error = chunk["error"]
             self.failed = True

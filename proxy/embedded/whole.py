@@ -16,6 +16,8 @@ from typing import Any
 
 import httpx
 
+from ..decoding import strict_json
+
 __all__ = ["assembled", "streamed_request"]
 
 
@@ -80,7 +82,7 @@ def _chunk(line: bytes) -> dict[str, Any] | None:
     if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
         return None
     try:
-        chunk = json.loads(line[5:])
-    except ValueError:
+        chunk = strict_json(line[5:])  # a number past a double's range is not read as Infinity, to be written back so
+    except (ValueError, RecursionError):
         return None
     return chunk if isinstance(chunk, dict) else None

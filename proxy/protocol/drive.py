@@ -160,7 +160,7 @@ class ProtocolRequest:
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         if self.services.keys_prompt_cache(self.calls.upstream):
-            self.codec.cache_key(f"pcp-{prepared.session.id}")
+            self.codec.cache_key(services.namespaces.cache_key(self.namespace, prepared.session.id))
         self.telemetry.priced(self._untouched_read(), self.usage)
         writer = services.summary_writer
         if writer is not None and self.calls.upstream is services.upstream:  # it asks for chat completions

@@ -26,6 +26,7 @@ SECRET_FILE = "install-secret"
 STORE_SECRET_FILE = "store-secret"  # with a shared store: this process's copy of the store's secret
 SECRET_BYTES = 32
 NAMESPACE_HEX = 32  # 128 bits: no two of billions of keys meet
+CACHE_KEY_HEX = 32  # a prompt cache key's hash: "pcp-" and 32 hex digits, well within OpenAI's 64 characters
 
 
 def private_dir(path: Path) -> Path:
@@ -146,3 +147,10 @@ class Namespaces:
         """The namespace of the caller who sent ``headers``."""
         credential = normalised_credential(headers).encode()
         return hmac.new(self.secret, credential, hashlib.sha256).hexdigest()[:NAMESPACE_HEX]
+
+    def cache_key(self, namespace: str, session_id: str) -> str:
+        """The key a session's upstream calls are cached by (OpenAI's ``prompt_cache_key``): a keyed hash of the caller's
+        namespace and the session, so that two callers who name one session (a client may choose its id) never share a
+        provider's cache, and nothing the client wrote goes upstream in it. Stable: a session's follow-ups send the same."""
+        said = b"\0".join([b"prompt-cache-key", namespace.encode(), session_id.encode(errors="surrogatepass")])
+        return "pcp-" + hmac.new(self.secret, said, hashlib.sha256).hexdigest()[:CACHE_KEY_HEX]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
+
+import httpx
+import pytest
 
 from pcp_core.engine import kept_nodes
 from pcp_core.replies import WorkerReply
@@ -118,12 +122,42 @@ def _only_session(proxy) -> tuple[str, str]:
 def test_a_paged_request_names_its_session_to_openais_prompt_cache(start_proxy, upstream):
     keyed = start_proxy(sentry_threshold=500, context_budget=2048, prompt_cache_key="on")
     response = keyed.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
-    assert upstream.chat_requests("worker")[-1].json["prompt_cache_key"] == f"pcp-{response.headers['x-pcp-session']}"
+    key = upstream.chat_requests("worker")[-1].json["prompt_cache_key"]
+    assert re.fullmatch(r"pcp-[0-9a-f]{32}", key) and response.headers["x-pcp-session"] not in key  # the session's, under the install's secret
     keyed.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history(), "prompt_cache_key": "mine"})
     assert upstream.chat_requests("worker")[-1].json["prompt_cache_key"] == "mine"  # the client's own is kept
     plain = start_proxy(sentry_threshold=500, context_budget=2048)  # auto: only to api.openai.com
     plain.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()})
     assert "prompt_cache_key" not in upstream.chat_requests("worker")[-1].json
+
+
+def _cache_keys(upstream, since: int) -> set[str]:
+    return {r.json["prompt_cache_key"] for r in upstream.requests[since:] if r.headers.get("x-pcp-role") == "worker"}
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses"])
+def test_two_keys_naming_one_session_send_different_prompt_cache_keys(start_proxy, served_upstream, path):
+    """A session id is the client's to choose: the cache key it sends upstream is bound to the caller's key as well, so
+    one tenant never shares a provider's prompt cache with another (a timing side channel); a caller's follow-ups keep it."""
+    proxy = start_proxy(sockets=True, upstream_base_url=served_upstream.url, sentry_threshold=500, context_budget=2048, prompt_cache_key="on")
+
+    def ask(api_key: str, messages: list[dict]) -> set[str]:
+        since = len(served_upstream.requests)
+        body = (
+            {"model": "m", "messages": messages}
+            if path == "/chat/completions"
+            else {"model": "m", "input": messages[1:], "instructions": messages[0]["content"]}
+        )
+        answer = httpx.post(f"{proxy.url}/v1{path}", json=body, headers={"authorization": f"Bearer {api_key}", "x-pcp-session": "team-chat"}, timeout=30)
+        assert answer.status_code == 200 and answer.headers["x-pcp-mode"] == "protocol", answer.text
+        assert answer.headers["x-pcp-session"] == "team-chat"
+        return _cache_keys(served_upstream, since)
+
+    follow_up = [*long_history(), {"role": "assistant", "content": "5521"}, {"role": "user", "content": "And the bike lock?"}]
+    (alice,), (bob,) = ask("sk-alice", long_history()), ask("sk-bob", long_history())
+    assert alice != bob
+    assert "team-chat" not in alice + bob
+    assert ask("sk-alice", follow_up) == {alice} and ask("sk-bob", follow_up) == {bob}  # stable: the cache still serves each
 
 
 def _added_by_a_follow_up(proxy, upstream) -> int:
