@@ -96,7 +96,7 @@ def policy_of(settings: Settings) -> Policy:
     blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
     rounds = RoundPolicy(
         budget=settings.context_budget,
-        max_rounds=settings.max_rounds,
+        max_rounds=settings.max_rounds if settings.upstream_base_url else settings.local_max_rounds,
         channel=settings.directive_channel,
         router=bool(settings.router_model),
         context_role=settings.context_role,

@@ -190,8 +190,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     local_n_ctx: int = 8192
     # Generations it runs at once: one long generation leaves the others free.
     local_slots: int = 2
-    # Most tokens a reply may have when the client names no max_tokens (its own value wins).
-    local_max_tokens: int = 1024
+    # Most tokens a reply may have when the client names no max_tokens (its own value wins): a 135M model that
+    # has not ended its turn by then is rambling, and every token of it is time the user waits.
+    local_max_tokens: int = 256
+    # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
+    # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
+    local_max_rounds: int = 1
     # CPU threads it computes with; 0: half the cores, at least one.
     local_threads: int = 0
     # Seconds a request waits for a free slot when all are generating; then a 503 with Retry-After.
@@ -244,6 +248,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.local_n_ctx, self.local_n_ctx >= 512, "local_n_ctx", "must be at least 512 tokens")
         _require(self.local_slots, 1 <= self.local_slots <= 16, "local_slots", "must be between 1 and 16")
         _require(self.local_max_tokens, self.local_max_tokens >= 1, "local_max_tokens", "must be at least 1")
+        _require(self.local_max_rounds, self.local_max_rounds >= 1, "local_max_rounds", "must be at least 1")
         _require(self.local_threads, self.local_threads >= 0, "local_threads", "must be 0 (half the cores) or more")
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout", "local_queue_timeout"):
             _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
