@@ -1,0 +1,98 @@
+"""One session per conversation, whatever arrives at once: the real proxy on loopback, on either store.
+
+A conversation's first requests sent together share one session. A branch
+(the same history, another last message: a regenerated or edited question,
+a sub-agent sent off from one point) is answered with the session its own
+follow-up continues, whether the branches come one after the other or thirty
+at once.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from proxy.testing.upstream import completion
+from tests.proxy.helpers import ask, conversation
+
+SETTINGS = {"sentry_threshold": 500, "context_budget": 1024}
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def branching(request: pytest.FixtureRequest, start_proxy, upstream) -> Any:
+    """A proxy on loopback in protocol mode, on the embedded store or on a real Redis; the upstream's answer names the question."""
+    upstream.default = lambda recorded: completion(f"Noted: {recorded.json['messages'][-1]['content'][-40:]}")
+    store = request.getfixturevalue("redis_server").url if request.param == "redis" else ""
+    return start_proxy(sockets=True, **SETTINGS, **({"store": store} if store else {}))
+
+
+def sessions(proxy: Any) -> list[str]:
+    """The ids of the sessions the proxy's store holds, once its writes are through."""
+    proxy.services.sessions.flush()
+    return [session_id for _, session_id in proxy.services.sessions.stored()]
+
+
+def answered(proxy: Any, messages: list[dict]) -> tuple[str, list[dict]]:
+    """The session the answer names, and the conversation with the answer joined to it."""
+    response = ask(proxy, messages)
+    return response.headers["x-pcp-session"], [*messages, response.json()["choices"][0]["message"]]
+
+
+def at_once(work: Any, items: list[Any]) -> list[Any]:
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(work, items))
+
+
+def test_twenty_first_requests_of_one_conversation_at_once_make_one_session(branching):
+    messages = [{"role": "system", "content": "Be brief."}, *conversation(160), {"role": "user", "content": "What about Lisbon?"}]
+    named = at_once(lambda _: answered(branching, messages), list(range(20)))
+
+    assert len({session for session, _ in named}) == 1
+    assert sessions(branching) == [named[0][0]]
+    follow_up = [*named[0][1], {"role": "user", "content": "And the roof?"}]
+    assert answered(branching, follow_up)[0] == named[0][0]
+
+
+def test_thirty_branches_at_once_each_go_on_in_the_session_their_answer_named(branching):
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    _, opened = answered(branching, [*history, {"role": "user", "content": "What about Lisbon?"}])
+
+    branches = at_once(lambda i: answered(branching, [*opened, {"role": "user", "content": f"Branch {i}: and house {i}?"}]), list(range(30)))
+    going_on = at_once(lambda branch: answered(branching, [*branch[1], {"role": "user", "content": "Go on."}])[0], branches)
+
+    assert going_on == [session for session, _ in branches]
+    assert len(set(going_on)) == 30  # each branch its own session: one kept the parent's, the others are forks of it
+    assert sorted(sessions(branching)) == sorted(going_on)
+
+
+@pytest.mark.parametrize("order", ["each goes on at once", "all asked, then all go on", "interleaved"])
+def test_three_branches_one_after_another_each_go_on_in_the_session_their_answer_named(branching, order):
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    _, opened = answered(branching, [*history, {"role": "user", "content": "What about Lisbon?"}])
+    asked = {i: [*opened, {"role": "user", "content": f"Branch {i}: and house {i}?"}] for i in (1, 2, 3)}
+    steps = {
+        "each goes on at once": ["ask 1", "go on 1", "ask 2", "go on 2", "ask 3", "go on 3"],
+        "all asked, then all go on": ["ask 1", "ask 2", "ask 3", "go on 1", "go on 2", "go on 3"],
+        "interleaved": ["ask 1", "go on 1", "ask 2", "ask 3", "go on 2", "go on 3"],
+    }[order]
+    named: dict[int, str] = {}
+    went_on: dict[int, str] = {}
+    for step in steps:
+        what, i = step.rsplit(" ", 1)
+        if what == "ask":
+            named[int(i)], asked[int(i)] = answered(branching, asked[int(i)])
+        else:
+            went_on[int(i)] = answered(branching, [*asked[int(i)], {"role": "user", "content": "Go on."}])[0]
+
+    assert went_on == named
+    assert len(set(named.values())) == 3
+
+
+def test_a_regenerated_answer_keeps_the_session_and_its_follow_up_goes_on_in_it(branching):
+    messages = [{"role": "system", "content": "Be brief."}, *conversation(160), {"role": "user", "content": "What about Lisbon?"}]
+    first, _ = answered(branching, messages)
+    again, regenerated = answered(branching, messages)
+    assert again == first
+    assert answered(branching, [*regenerated, {"role": "user", "content": "Go on."}])[0] == first
