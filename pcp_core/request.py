@@ -198,7 +198,8 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
     said = resolution.said
     at = len(said) if resolution.found is None else departs(resolution.found, said)
     # A session it starts is named by where it leaves the one it found (``branch_id``): the same branch, the same id.
-    fresh = branch_id(facts.namespace, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
+    parent = resolution.found.id if resolution.found is not None else None
+    fresh = branch_id(facts.namespace, parent, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
     found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, said=said)
     how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, said=said)
     found = msgspec.structs.replace(found, asked=resolution.asked)

@@ -15,10 +15,11 @@ A session also knows the question it answered last (``Session.asked``, the link
 of the request's last message): a request that sends the same history with
 another last message (a question edited or asked again differently, one of a
 sub-agent's branches) leaves the session there and is a branch of its own, as
-its follow-up will be. A session that does not continue the one it was found
-from is named by the first link it does not share with it (``branch_id``): its
-answer names the session its follow-up finds, and requests that take the same
-branch at once, in one process or several, name the same session.
+its follow-up will be: the host finds a branch by the question it answered.
+A session that does not continue the one it was found from is named by that
+one and the first link it does not share with it (``branch_id``): requests
+that take the same branch at once, in one process or several, name the same
+session.
 """
 
 from __future__ import annotations
@@ -160,24 +161,24 @@ def departs(found: Session, said: Sequence[str]) -> int | None:
     return None if shared == len(held) else shared
 
 
-def branch_id(namespace: str, said: Sequence[str], at: int) -> str:
-    """The id of the session a request whose links are ``said`` starts by leaving another at ``at`` (``len(said)``:
-    it found none), as a rule: named by its first link of its own (its last, when all of them are the other's),
-    so that its follow-up finds it (``branch_probes``) and requests that take the same branch name the same session."""
-    return "s-" + short_hash(namespace, said[min(at, len(said) - 1)], length=16)
+def branch_id(namespace: str, parent: str | None, said: Sequence[str], at: int) -> str:
+    """The id of the session a request whose links are ``said`` starts by leaving ``parent`` at ``at`` (None,
+    ``len(said)``: it found none), as a rule: named by its parent and its first link of its own (its last, when
+    all of them are the parent's), so that requests that take the same branch name the same session."""
+    return "s-" + short_hash(namespace, *([parent] if parent is not None else []), said[min(at, len(said) - 1)], length=16)
 
 
 def branch_probes(said: Sequence[str], at: int) -> list[int]:
-    """Where the branch a request whose links are ``said`` goes on may have started, for a request that leaves
-    the session it found at ``at``: at ``at`` (a branch of it there), or just before (a request that was a
-    prefix of it, a question asked again at an earlier point). Its id there is ``branch_id(…, i)``."""
+    """Where the branch a request whose links are ``said`` goes on in may have started, for a request that
+    leaves the session it found at ``at``: a question asked at ``at`` (a branch of it there), or one that ends
+    just before it (a question asked again at an earlier point)."""
     return sorted({min(at, len(said) - 1), *([at - 1] if at > 0 else [])}, reverse=True)
 
 
 def parted_id(namespace: str, mine: Session, winner: Session) -> str:
     """The id ``mine`` goes on under when ``winner`` was kept first under its id and they went apart (``reconciled``)."""
     said = identity(mine)
-    return branch_id(namespace, said, common_prefix(said, identity(winner)))
+    return branch_id(namespace, winner.id, said, common_prefix(said, identity(winner)))
 
 
 def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Session | None:

@@ -156,8 +156,9 @@ class SessionStore:
 
         Branches of one history hold the same messages (they differ in the
         question each answered, ``Session.asked``): which of them a lookup
-        finds first says nothing. A branch is kept under the id its first link
-        of its own names (``branch_id``), and the request's own links name it.
+        finds first says nothing. A branch is found by the question it
+        answered (at ``at``, or just before it: a question asked again at an
+        earlier point), or by the id it took leaving the session found (``branch_id``).
         """
         said, history = resolution.said, resolution.links[: len(conversation.history)]
         for _ in range(BRANCH_HOPS):
@@ -167,7 +168,7 @@ class SessionStore:
                 return resolution
             better = None
             for i in branch_probes(said, at):
-                for session_id in dict.fromkeys([branch_id(namespace, said, i), *self._asking(namespace, said[i])]):
+                for session_id in dict.fromkeys([branch_id(namespace, found.id, said, i), *self._asking(namespace, said[i])]):
                     kept = self._load(namespace, session_id) if session_id != found.id else None
                     if kept is None:
                         continue

@@ -9,6 +9,7 @@ at once.
 
 from __future__ import annotations
 
+import itertools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -22,8 +23,9 @@ SETTINGS = {"sentry_threshold": 500, "context_budget": 1024}
 
 @pytest.fixture(params=["embedded", "redis"])
 def branching(request: pytest.FixtureRequest, start_proxy, upstream) -> Any:
-    """A proxy on loopback in protocol mode, on the embedded store or on a real Redis; the upstream's answer names the question."""
-    upstream.default = lambda recorded: completion(f"Noted: {recorded.json['messages'][-1]['content'][-40:]}")
+    """A proxy on loopback in protocol mode, on the embedded store or on a real Redis; each of the upstream's answers is its own, as a model's are."""
+    answers = itertools.count()
+    upstream.default = lambda recorded: completion(f"Noted ({next(answers)}).")
     store = request.getfixturevalue("redis_server").url if request.param == "redis" else ""
     return start_proxy(sockets=True, **SETTINGS, **({"store": store} if store else {}))
 
@@ -96,3 +98,24 @@ def test_a_regenerated_answer_keeps_the_session_and_its_follow_up_goes_on_in_it(
     again, regenerated = answered(branching, messages)
     assert again == first
     assert answered(branching, [*regenerated, {"role": "user", "content": "Go on."}])[0] == first
+
+
+def test_an_edited_question_is_a_branch_and_the_original_goes_on_in_its_own(branching):
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    original, asked = answered(branching, [*history, {"role": "user", "content": "What about Lisbon?"}])
+    edited, edited_asked = answered(branching, [*history, {"role": "user", "content": "What about Porto?"}])
+
+    assert edited != original
+    assert answered(branching, [*edited_asked, {"role": "user", "content": "Go on."}])[0] == edited
+    assert answered(branching, [*asked, {"role": "user", "content": "Go on."}])[0] == original
+
+
+def test_an_earlier_answer_regenerated_after_the_chat_went_on_is_a_branch_its_follow_up_goes_on_in(branching):
+    asked = [{"role": "system", "content": "Be brief."}, *conversation(160), {"role": "user", "content": "What about Lisbon?"}]
+    original, first = answered(branching, asked)
+    went_on, later = answered(branching, [*first, {"role": "user", "content": "And the roof?"}])
+    regenerated, second = answered(branching, asked)
+
+    assert went_on == original and regenerated != original
+    assert answered(branching, [*second, {"role": "user", "content": "And the garden?"}])[0] == regenerated
+    assert answered(branching, [*later, {"role": "user", "content": "Go on."}])[0] == original
