@@ -128,6 +128,7 @@ class ProtocolRequest:
         self.kept: Future[Any] | None = None  # the session's save (``SessionStore.save``): what the store kept
         self.session_id = ""  # the session as the store keeps it (a concurrent request may have kept the request's id first)
         self.unsaved = True
+        self.known = True  # whether ``session_id`` is known before the store has kept the session (``SessionStore.keep``)
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
         self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
@@ -280,12 +281,13 @@ class ProtocolRequest:
                 self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned is not None
             )
             # The id the session is kept under: a branch that a concurrent request left its session's id to goes on in its own.
-            self.kept, self.session_id = saved.kept, saved.id
+            self.kept, self.session_id, self.known = saved.kept, saved.id, saved.known
 
     async def _stored(self) -> None:
         """With a shared store, until the session's saves are in it: a follow-up on another process finds them, and
-        an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503)."""
-        if self.kept is None or not self.services.sessions.shared:
+        an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503). With
+        a store of its own, only when the id the session is kept under is not known before (``SessionStore.keep``)."""
+        if self.kept is None or (not self.services.sessions.shared and self.known):
             return
         kept = await asyncio.wrap_future(self.kept)
         if kept is not None:

