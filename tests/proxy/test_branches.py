@@ -166,3 +166,28 @@ def test_a_save_another_beat_on_its_version_is_kept_under_its_branch_and_says_so
         follow_up = asking(store, [*asked.history, asked.query, {"role": "assistant", "content": "A."}], "More?")
         assert follow_up[1].session.id == session_id
     store.close()
+
+
+# -- two processes on one Redis ------------------------------------------------------------------------------
+
+
+def test_over_two_processes_first_requests_at_once_make_one_session_and_branches_go_on_where_they_were_told(served_upstream, redis_server, tmp_path):
+    from tests.proxy.test_scaling import Served
+
+    answers = itertools.count()
+    served_upstream.default = lambda recorded: completion(f"Noted ({next(answers)}).")
+    processes = [Served(served_upstream.url, tmp_path / f"data-{i}", redis_server.url) for i in range(2)]
+    try:
+        messages = [{"role": "system", "content": "Be brief."}, *conversation(160), {"role": "user", "content": "What about Lisbon?"}]
+        named = at_once(lambda i: answered(processes[i % 2], messages), list(range(20)))
+        assert len({session for session, _ in named}) == 1
+
+        opened = named[0][1]
+        branches = at_once(lambda i: answered(processes[i % 2], [*opened, {"role": "user", "content": f"Branch {i}: and house {i}?"}]), list(range(10)))
+        # Each branch's follow-up on the other process than its question's.
+        going_on = at_once(lambda i: answered(processes[(i + 1) % 2], [*branches[i][1], {"role": "user", "content": "Go on."}])[0], list(range(10)))
+        assert going_on == [session for session, _ in branches]
+        assert len(set(going_on)) == 10
+    finally:
+        for process in processes:
+            process.stop()
