@@ -52,7 +52,7 @@ __all__ = [
     "pageable",
     "prepare",
     "query_line",
-    "question_link",
+    "question_links",
     "remembered",
     "rounds",
     "settle",
@@ -123,20 +123,21 @@ class Resolution(msgspec.Struct, frozen=True):
     # The store's version of ``found`` as it was read: saving the session the request leaves is
     # conditional on it (another request may have kept the session since).
     version: str = ""
-    asked: str = ""  # the link of the request's question after its chain (``question_link``)
+    asked: list[str] = []  # the links of the request's question after its chain (``question_links``)
 
     @property
     def said(self) -> list[str]:
         """The request's links: its chain's, then its question's."""
-        return [*self.links, self.asked] if self.asked else self.links
+        return [*self.links, *self.asked] if self.asked else self.links
 
 
-def question_link(conversation: Conversation, links: Sequence[str]) -> str:
-    """The link of the request's last message after its chain (``links``): the question its session
-    answers (``Session.asked``); "" when there is none or the chain holds it (a File block)."""
+def question_links(conversation: Conversation, links: Sequence[str]) -> list[str]:
+    """The links of the request's last message after its chain (``links``), as the client sent it (a turn of
+    calls and their results: its messages): the question its session answers (``Session.asked``); none when
+    there is none or the chain holds it (a File block)."""
     if conversation.query is None or conversation.query_is_block:
-        return ""
-    return chain_links([conversation.query], after=links[-1] if links else "")[0]
+        return []
+    return chain_links(conversation.query_sent or [conversation.query], after=links[-1] if links else "")
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,8 +11,8 @@ it — the client edited or dropped earlier messages — forks a new session fro
 the common prefix, so the other branch keeps its pages. A session the client
 pins by id (``x-pcp-session``) follows the client instead: it is rebuilt in place.
 
-A session also knows the question it answered last (``Session.asked``, the link
-of the request's last message): a request that sends the same history with
+A session also knows the question it answered last (``Session.asked``, the links
+of the request's last message, as sent): a request that sends the same history with
 another last message (a question edited or asked again differently, one of a
 sub-agent's branches) leaves the session there and is a branch of its own, as
 its follow-up will be: the host finds a branch by the question it answered.
@@ -83,10 +83,10 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     # The head of its document as the last request rendered it (``pcp_core.frame``): the next
     # request that goes on from it replays it byte for byte, a prefix a provider's cache reuses.
     frame: Frame | None = None
-    # The link of the message that followed the chain in the request that kept it last: the
-    # question it answered ("": none, or the chain holds it, a File block). A follow-up sends it
-    # again after the chain and goes on; a request with another one there is a branch.
-    asked: str = ""
+    # The links of the messages that followed the chain in the request that kept it last: the
+    # question it answered (none, or the chain holds it, a File block). A follow-up sends them
+    # again after the chain and goes on; a request with another question there is a branch.
+    asked: list[str] = []
 
 
 def chain_links(messages: Sequence[Mapping[str, Any]], after: str = "") -> list[str]:
@@ -150,7 +150,7 @@ def links_continuing(found: Session, chained: Sequence[Mapping[str, Any]], histo
 
 def identity(session: Session) -> list[str]:
     """What a session holds, as links: its chain, then the question it answered."""
-    return [*session.chain, session.asked] if session.asked else session.chain
+    return [*session.chain, *session.asked] if session.asked else session.chain
 
 
 def departs(found: Session, said: Sequence[str]) -> int | None:

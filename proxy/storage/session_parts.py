@@ -16,7 +16,7 @@
   a write names the token it replaces, and loses if another came first;
 * ``("link", namespace, link)`` → the id of the session that link belongs to;
 * ``("asked", namespace, link)`` → the id of the session whose last question
-  (``Session.asked``) has that link: which of the branches of one history
+  (``Session.asked``) opens with that link: which of the branches of one history
   a follow-up goes on in;
 * ``("said", namespace, digest)`` → the id of the session whose messages
   have that transcript digest, and its chain's last link: how a process that

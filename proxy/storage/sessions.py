@@ -52,7 +52,7 @@ from pcp_core import (
     links_continuing,
     longest_extended,
     parted_id,
-    question_link,
+    question_links,
     reconciled,
     transcript,
 )
@@ -128,7 +128,7 @@ class SessionStore:
         in memory and then in the store.
         """
         found = self._found(namespace, conversation, pinned)
-        resolution = msgspec.structs.replace(found, asked=question_link(conversation, found.links))
+        resolution = msgspec.structs.replace(found, asked=question_links(conversation, found.links))
         return resolution if pinned is not None else self._branched(namespace, conversation, resolution)
 
     def _found(self, namespace: str, conversation: Conversation, pinned: str | None) -> Resolution:
@@ -187,8 +187,8 @@ class SessionStore:
         return resolution
 
     def _asking(self, namespace: str, link: str) -> list[str]:
-        """The sessions whose last question has ``link`` (``Session.asked``): those in memory, else the one the store knows."""
-        held = [session_id for session_id, held in self.recent.of(namespace).items() if held.session.asked == link]
+        """The sessions whose last question opens with ``link`` (``Session.asked``): those in memory, else the one the store knows."""
+        held = [session_id for session_id, held in self.recent.of(namespace).items() if held.session.asked[:1] == [link]]
         if held:
             return held
         stored = self.store.get(("asked", namespace, link))
@@ -449,7 +449,7 @@ class SessionStore:
         if said is not None and session.chain:
             writes[("said", namespace, said_digest(said))] = f"{session.id} {session.chain[-1]}".encode()
         if session.asked:
-            writes[("asked", namespace, session.asked)] = session.id.encode()
+            writes[("asked", namespace, session.asked[0])] = session.id.encode()
         if not self.store.commit(Commit(("version", namespace, session.id), ANY if base is None else base, version, writes, trims, kept)):
             return False
         for first in trims:

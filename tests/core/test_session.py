@@ -43,7 +43,7 @@ def test_the_longest_session_a_chain_extends_is_chosen():
 def _asking(session_id: str, history: list[dict[str, str]], question: str) -> tuple[Session, list[str]]:
     """The session a request of ``history`` and ``question`` leaves, and the request's links (its question's last)."""
     said = chain_links([*history, {"role": "user", "content": question}])
-    return Session(id=session_id, chain=said[:-1], asked=said[-1]), said
+    return Session(id=session_id, chain=said[:-1], asked=said[-1:]), said
 
 
 def test_the_same_history_with_another_question_is_a_branch_and_the_same_question_goes_on():

@@ -191,3 +191,32 @@ def test_over_two_processes_first_requests_at_once_make_one_session_and_branches
     finally:
         for process in processes:
             process.stop()
+
+
+def test_an_agent_calling_tools_stays_in_one_session(branching):
+    """A call that ends in tool results asks them as one turn: the next call sends that turn back as messages, and goes on."""
+    said = [{"role": "system", "content": "Be brief."}, *conversation(160), {"role": "user", "content": "Fix the roof."}]
+    sessions_named = []
+    for i in range(3):
+        call = {"role": "assistant", "content": None, "tool_calls": [{"id": f"c{i}", "type": "function", "function": {"name": "read", "arguments": "{}"}}]}
+        said = [*said, call, {"role": "tool", "tool_call_id": f"c{i}", "content": f"file {i}: the roof leaks"}]
+        sessions_named.append(answered(branching, said)[0])
+    assert len(set(sessions_named)) == 1
+
+
+def test_an_agent_calling_tools_on_the_messages_api_stays_in_one_session(start_proxy, upstream):
+    from proxy.testing.apis import message
+
+    proxy = start_proxy(**SETTINGS)
+    said: list[dict] = [*conversation(160), {"role": "user", "content": "Weather in Oslo?"}]
+    named = []
+    for i in range(3):
+        upstream.enqueue(message("Let me check.", tool_uses=[("get_weather", {"city": f"Oslo {i}"})]))
+        body = {"model": "claude", "max_tokens": 300, "messages": said, "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]}
+        answer = proxy.http.post("/v1/messages", json=body, headers={"authorization": "Bearer sk-a"})
+        assert answer.status_code == 200, answer.text
+        named.append(answer.headers["x-pcp-session"])
+        use = answer.json()["content"][-1]
+        result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": f"{i} C, rain"}]}
+        said = [*said, {"role": "assistant", "content": answer.json()["content"]}, result]
+    assert len(set(named)) == 1
