@@ -181,6 +181,10 @@ class SessionStore:
                 if better is not None:
                     break
             if better is None:
+                if len(found.chain) <= at < len(history):
+                    # It went on from the question ``found`` answered, sent again otherwise (a client that
+                    # rewrites its own message), and no branch asked it so: the same conversation, going on.
+                    return msgspec.structs.replace(resolution, found=msgspec.structs.replace(found, asked=[]))
                 return resolution
             reused = common_prefix(better.session.chain, history)
             resolution = Resolution(found=better.session, reused=reused, links=resolution.links, version=better.version, asked=resolution.asked)

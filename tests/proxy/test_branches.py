@@ -220,3 +220,12 @@ def test_an_agent_calling_tools_on_the_messages_api_stays_in_one_session(start_p
         result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": f"{i} C, rain"}]}
         said = [*said, {"role": "assistant", "content": answer.json()["content"]}, result]
     assert len(set(named)) == 1
+
+
+def test_a_client_that_sends_its_question_back_otherwise_stays_in_one_session(branching):
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    first, _ = answered(branching, [*history, {"role": "user", "content": "What about Lisbon?", "name": "ana"}])
+    # The client sends its question back without the field it had, and goes on.
+    resent = [*history, {"role": "user", "content": "What about Lisbon?"}, {"role": "assistant", "content": "Noted."}]
+    second, _ = answered(branching, [*resent, {"role": "user", "content": "And the roof?"}])
+    assert second == first
