@@ -10,6 +10,7 @@ at once.
 from __future__ import annotations
 
 import itertools
+import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from pcp_core import Conversation, Facts, Policy, Prepared, prepare
 from proxy.storage.sessions import Saved, SessionStore
-from proxy.testing.upstream import completion
+from proxy.testing.upstream import completion, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import ask, conversation
 
@@ -229,3 +230,25 @@ def test_a_client_that_sends_its_question_back_otherwise_stays_in_one_session(br
     resent = [*history, {"role": "user", "content": "What about Lisbon?"}, {"role": "assistant", "content": "Noted."}]
     second, _ = answered(branching, [*resent, {"role": "user", "content": "And the roof?"}])
     assert second == first
+
+
+def test_streamed_branches_at_once_each_go_on_in_the_session_their_answer_named(branching, upstream):
+    answers = itertools.count()
+    upstream.default = lambda recorded: stream_reply([f"Noted ({next(answers)})."]) if recorded.json.get("stream") else completion(f"Noted ({next(answers)}).")
+    history = [{"role": "system", "content": "Be brief."}, *conversation(160)]
+    _, opened = answered(branching, [*history, {"role": "user", "content": "What about Lisbon?"}])
+
+    def streamed(i: int) -> tuple[str, list[dict]]:
+        messages = [*opened, {"role": "user", "content": f"Branch {i}: and house {i}?"}]
+        response = ask(branching, messages, stream=True)
+        text = "".join(
+            chunk["choices"][0]["delta"].get("content") or ""
+            for line in response.text.splitlines()
+            if line.startswith("data: {") and (chunk := json.loads(line[6:]))["choices"]
+        )
+        return response.headers["x-pcp-session"], [*messages, {"role": "assistant", "content": text}]
+
+    branches = at_once(streamed, list(range(10)))
+    going_on = at_once(lambda branch: answered(branching, [*branch[1], {"role": "user", "content": "Go on."}])[0], branches)
+    assert going_on == [session for session, _ in branches]
+    assert len(set(going_on)) == 10
