@@ -55,6 +55,9 @@ class Conversation(msgspec.Struct, frozen=True):
     history: list[Message]
     query: Message | None  # the last message, None when the request holds only a head
     query_is_block: bool = False  # the query is paged apart as a File block (``pblock``)
+    # The messages the query was sent as, when it is not one of them (a turn of calls and their results):
+    # a follow-up sends them back as they came.
+    query_sent: list[Message] = []
 
     @classmethod
     def of(cls, messages: Sequence[Message], blocks: ScanPolicy, count: CountText) -> Conversation:
@@ -67,7 +70,7 @@ class Conversation(msgspec.Struct, frozen=True):
             # A turn too large for a prompt stays as it came: the session holds a File-block query
             # as the one message it is, and the next request sends the same message back.
             if not blocks.is_block(message_text(turn), count):
-                return cls(head=head, history=rest[:exchange], query=turn)
+                return cls(head=head, history=rest[:exchange], query=turn, query_sent=rest[exchange:])
         query = rest[-1] if rest else None
         block = query is not None and blocks.is_block(message_text(query), count)
         return cls(head=head, history=rest[:-1], query=query, query_is_block=block)

@@ -18,7 +18,7 @@ store keeps it, advanced to this request (``pact.on_request``).
 from __future__ import annotations
 
 import json
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from itertools import chain as chained
 from operator import attrgetter
 from typing import Any
@@ -38,7 +38,7 @@ from .paging import PagedHistory, PagingPolicy, reopened_from
 from .pblock import around_handle, block_handle, handle_line, scan
 from .replies import DIRECTIVE_TOOLS
 from .round_policy import RoundContext, RoundPolicy
-from .session import Continuation, Session, chain_links, continuation, hold, new_session_id, page_on, resume, solidified
+from .session import Continuation, Session, branch_id, chain_links, continuation, departs, hold, new_session_id, page_on, resume, solidified
 from .tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "pageable",
     "prepare",
     "query_line",
+    "question_links",
     "remembered",
     "rounds",
     "settle",
@@ -122,6 +123,21 @@ class Resolution(msgspec.Struct, frozen=True):
     # The store's version of ``found`` as it was read: saving the session the request leaves is
     # conditional on it (another request may have kept the session since).
     version: str = ""
+    asked: list[str] = []  # the links of the request's question after its chain (``question_links``)
+
+    @property
+    def said(self) -> list[str]:
+        """The request's links: its chain's, then its question's."""
+        return [*self.links, *self.asked] if self.asked else self.links
+
+
+def question_links(conversation: Conversation, links: Sequence[str]) -> list[str]:
+    """The links of the request's last message after its chain (``links``), as the client sent it (a turn of
+    calls and their results: its messages): the question its session answers (``Session.asked``); none when
+    there is none or the chain holds it (a File block)."""
+    if conversation.query is None or conversation.query_is_block:
+        return []
+    return chain_links(conversation.query_sent or [conversation.query], after=links[-1] if links else "")
 
 
 class Facts(msgspec.Struct, frozen=True, kw_only=True):
@@ -180,9 +196,14 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
     history, pinned = conversation.history, resolution.pinned
     now = iso_timestamp(facts.now_ns / 1e9)
     chain = resolution.links[: len(history)]
-    fresh = new_session_id(facts.namespace, chain, facts.now_ns)
-    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None)
-    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None)
+    said = resolution.said
+    at = len(said) if resolution.found is None else departs(resolution.found, said)
+    # A session it starts is named by where it leaves the one it found (``branch_id``): the same branch, the same id.
+    parent = resolution.found.id if resolution.found is not None else None
+    fresh = branch_id(facts.namespace, parent, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
+    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, said=said)
+    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, said=said)
+    found = msgspec.structs.replace(found, asked=resolution.asked)
     session = page_on(found, history, resolution.reused, count, policy.paging, checkpoint)
     paged = _paged(how, found.pages, session.pages, resolution.reused)
     session = msgspec.structs.replace(session, pages=session.pages.with_summaries(facts.summaries))

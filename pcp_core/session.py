@@ -10,6 +10,16 @@ A request that extends its session continues it. One that shares only part of
 it — the client edited or dropped earlier messages — forks a new session from
 the common prefix, so the other branch keeps its pages. A session the client
 pins by id (``x-pcp-session``) follows the client instead: it is rebuilt in place.
+
+A session also knows the question it answered last (``Session.asked``, the links
+of the request's last message, as sent): a request that sends the same history with
+another last message (a question edited or asked again differently, one of a
+sub-agent's branches) leaves the session there and is a branch of its own, as
+its follow-up will be: the host finds a branch by the question it answered.
+A session that does not continue the one it was found from is named by that
+one and the first link it does not share with it (``branch_id``): requests
+that take the same branch at once, in one process or several, name the same
+session.
 """
 
 from __future__ import annotations
@@ -33,15 +43,20 @@ __all__ = [
     "Continuation",
     "Session",
     "begins_with",
+    "branch_id",
+    "branch_probes",
     "chain_links",
     "client_named",
     "common_prefix",
     "continuation",
+    "departs",
+    "identity",
     "links_continuing",
     "hold",
     "longest_extended",
     "new_session_id",
     "page_on",
+    "parted_id",
     "reconciled",
     "resume",
     "solidified",
@@ -68,6 +83,10 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     # The head of its document as the last request rendered it (``pcp_core.frame``): the next
     # request that goes on from it replays it byte for byte, a prefix a provider's cache reuses.
     frame: Frame | None = None
+    # The links of the messages that followed the chain in the request that kept it last: the
+    # question it answered (none, or the chain holds it, a File block). A follow-up sends them
+    # again after the chain and goes on; a request with another question there is a branch.
+    asked: list[str] = []
 
 
 def chain_links(messages: Sequence[Mapping[str, Any]], after: str = "") -> list[str]:
@@ -129,6 +148,39 @@ def links_continuing(found: Session, chained: Sequence[Mapping[str, Any]], histo
     return links, common_prefix(chain, links[:history])
 
 
+def identity(session: Session) -> list[str]:
+    """What a session holds, as links: its chain, then the question it answered."""
+    return [*session.chain, *session.asked] if session.asked else session.chain
+
+
+def departs(found: Session, said: Sequence[str]) -> int | None:
+    """Where a request whose links are ``said`` (its chain's, then its question's) leaves ``found``:
+    the first of its links ``found`` does not hold; None when it goes on from ``found`` (holds all of it)."""
+    held = identity(found)
+    shared = common_prefix(held, said)
+    return None if shared == len(held) else shared
+
+
+def branch_id(namespace: str, parent: str | None, said: Sequence[str], at: int) -> str:
+    """The id of the session a request whose links are ``said`` starts by leaving ``parent`` at ``at`` (None,
+    ``len(said)``: it found none), as a rule: named by its parent and its first link of its own (its last, when
+    all of them are the parent's), so that requests that take the same branch name the same session."""
+    return "s-" + short_hash(namespace, *([parent] if parent is not None else []), said[min(at, len(said) - 1)], length=16)
+
+
+def branch_probes(said: Sequence[str], at: int) -> list[int]:
+    """Where the branch a request whose links are ``said`` goes on in may have started, for a request that
+    leaves the session it found at ``at``: a question asked at ``at`` (a branch of it there), or one that ends
+    just before it (a question asked again at an earlier point)."""
+    return sorted({min(at, len(said) - 1), *([at - 1] if at > 0 else [])}, reverse=True)
+
+
+def parted_id(namespace: str, mine: Session, winner: Session) -> str:
+    """The id ``mine`` goes on under when ``winner`` was kept first under its id and they went apart (``reconciled``)."""
+    said = identity(mine)
+    return branch_id(namespace, winner.id, said, common_prefix(said, identity(winner)))
+
+
 def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Session | None:
     """The longest of ``sessions`` that ``chain`` extends (its link at that session's length is the session's last)."""
     best: Session | None = None
@@ -142,30 +194,36 @@ def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Sessi
 Continuation = Literal["pinned", "resumed", "forked", "new"]
 
 
-def continuation(found: Session | None, reused: int, *, pinned: bool = False) -> Continuation:
+def continuation(found: Session | None, reused: int, *, pinned: bool = False, said: Sequence[str] | None = None) -> Continuation:
     """How a request goes on from ``found``, which holds its first ``reused`` messages.
 
     ``pinned``: the client named the session; ``resumed``: the request extends
-    it; ``forked``: it shares only a prefix; ``new``: nothing was found.
+    it; ``forked``: it shares only a prefix, or (``said``: the request's links,
+    its question's last) it asks another question after the same history;
+    ``new``: nothing was found.
     """
     if pinned:
         return "pinned"
     if found is None:
         return "new"
-    return "resumed" if reused == len(found.chain) else "forked"
+    goes_on = reused == len(found.chain) if said is None else departs(found, said) is None
+    return "resumed" if goes_on else "forked"
 
 
-def resume(found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False) -> Session:
+def resume(
+    found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False, said: Sequence[str] | None = None
+) -> Session:
     """The session this request continues, with its chain and first-seen times (pages not yet extended).
 
     ``found`` shares the first ``reused`` messages with the request. It goes on
     when the request extends it or the client pinned it; otherwise the request
     forks a session of its own (``fresh_id``) that starts from the shared pages.
+    ``said``: the request's links, its question's last (``continuation``).
     """
     if found is None:
         return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain), dates={})
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
-    extends = continuation(found, reused, pinned=pinned) in ("pinned", "resumed")
+    extends = continuation(found, reused, pinned=pinned, said=said) in ("pinned", "resumed")
     dates = None if found.dates is None else {i: time for i, time in found.dates.items() if i < reused}
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates, frame=found.frame)
 
@@ -221,21 +279,24 @@ def reconciled(mine: Session, winner: Session, fresh_id: str, *, pinned: bool = 
 
     Both paged on from the same session, each its own new messages; nothing is paged again:
 
-    * the winner holds every message ``mine`` does: the winner stays, with the
-      pages ``mine`` solidified (None: it holds those too, nothing to keep);
+    * the winner holds every message ``mine`` does, and the question it
+      answered: the winner stays, with the pages ``mine`` solidified (None: it
+      holds those too, nothing to keep);
     * ``mine`` holds every message of the winner's and more: ``mine``, with
       the pages the winner solidified;
-    * they went apart (two branches of one conversation): ``mine`` goes on
-      under an id of its own (``fresh_id``), a fork, and the winner keeps the
-      id — unless the client pinned the id: a pinned session follows the
-      client, and ``mine`` replaces it.
+    * they went apart (two branches of one conversation, or two questions
+      asked after one history): ``mine`` goes on under an id of its own
+      (``fresh_id``: ``parted_id``), a fork, and the winner keeps the id —
+      unless the client pinned the id: a pinned session follows the client,
+      and ``mine`` replaces it.
     """
-    shared = common_prefix(mine.chain, winner.chain)
-    if shared == len(mine.chain):
+    said, held = identity(mine), identity(winner)
+    shared = common_prefix(said, held)
+    if shared == len(said):
         merged = solidified(winner, mine.pages.storage)
         return None if merged is winner else merged
-    if shared == len(winner.chain) or pinned:
-        return solidified(mine, winner.pages.storage) if shared == len(winner.chain) else mine
+    if shared == len(held) or pinned:
+        return solidified(mine, winner.pages.storage) if shared == len(held) else mine
     return msgspec.structs.replace(mine, id=fresh_id)
 
 

@@ -23,6 +23,7 @@ from contextlib import nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from litestar import Response
 from litestar.response import Stream
 
@@ -125,8 +126,9 @@ class ProtocolRequest:
         self.prepared: Prepared | None = None
         self.resolution: Resolution | None = None  # the session the store found, and its version
         self.kept: Future[Any] | None = None  # the session's save (``SessionStore.save``): what the store kept
-        self.session_id = ""  # the session as the store kept it, when that differs (a concurrent request kept the id first)
+        self.session_id = ""  # the session as the store keeps it (a concurrent request may have kept the request's id first)
         self.unsaved = True
+        self.known = True  # whether ``session_id`` is known before the store has kept the session (``SessionStore.keep``)
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
         self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
@@ -275,14 +277,17 @@ class ProtocolRequest:
             prepared, found = self.prepared, self.resolution.found
             # Conditional on the version the request read, when it goes on with the session it found.
             base = self.resolution.version if found is not None and found.id == prepared.session.id else ""
-            self.kept = self.services.sessions.save(
+            saved = self.services.sessions.keep(
                 self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned is not None
             )
+            # The id the session is kept under: a branch that a concurrent request left its session's id to goes on in its own.
+            self.kept, self.session_id, self.known = saved.kept, saved.id, saved.known
 
     async def _stored(self) -> None:
         """With a shared store, until the session's saves are in it: a follow-up on another process finds them, and
-        an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503)."""
-        if self.kept is None or not self.services.sessions.shared:
+        an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503). With
+        a store of its own, only when the id the session is kept under is not known before (``SessionStore.keep``)."""
+        if self.kept is None or (not self.services.sessions.shared and self.known):
             return
         kept = await asyncio.wrap_future(self.kept)
         if kept is not None:
@@ -300,6 +305,8 @@ class ProtocolRequest:
         if self.memory is not None and self.services.memory is not None:  # written back in the background
             self.services.memory.write_back(self.memory.key, session, self.conversation, time.time_ns(), memory_use(self.recalled, outcome))
         if session is not prepared.session:
+            if self.session_id and self.session_id != session.id:  # the first save went on under another id
+                session = msgspec.structs.replace(session, id=self.session_id)
             self.kept = self.services.sessions.save(self.namespace, session, 0, after=self.kept)
             self.services.metrics.inc("pcp_pages_solidified_total", len(session.pages.storage) - len(prepared.session.pages.storage))
 

@@ -15,6 +15,9 @@
 * ``("version", namespace, id)`` → the token of the session's last write:
   a write names the token it replaces, and loses if another came first;
 * ``("link", namespace, link)`` → the id of the session that link belongs to;
+* ``("asked", namespace, link)`` → the id of the session whose last question
+  (``Session.asked``) opens with that link: which of the branches of one history
+  a follow-up goes on in;
 * ``("said", namespace, digest)`` → the id of the session whose messages
   have that transcript digest, and its chain's last link: how a process that
   has not seen a conversation finds the session a follow-up continues

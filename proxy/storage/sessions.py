@@ -31,21 +31,28 @@ lookup that must read links first waits for the writes queued before it, and
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import msgspec
 
 from pcp_core import (
     Conversation,
     Resolution,
     Session,
     begins_with,
+    branch_id,
+    branch_probes,
     chain_links,
     common_prefix,
+    departs,
+    identity,
     links_continuing,
     longest_extended,
-    new_session_id,
+    parted_id,
+    question_links,
     reconciled,
     transcript,
 )
@@ -57,7 +64,7 @@ from .recent_sessions import RecentSessions
 from .sealing import Sealer
 from .session_parts import KnownParts, Layout, Parts, prefix_digests, said_digest
 
-__all__ = ["Kept", "SessionStore"]
+__all__ = ["Kept", "Saved", "SessionStore"]
 
 log = logging.getLogger("pcp.sessions")
 
@@ -73,6 +80,7 @@ LINK_STRIDE = 16
 KNOWN_PARTS = 4096
 READS = 3  # a session read while another process writes it is read again, this many times at most
 CONFLICTS = 8  # a write that keeps losing to other writers gives up after this many tries (logged)
+BRANCH_HOPS = 4  # a request that leaves the session it was found by looks this many branches further, at most
 
 
 class Kept(NamedTuple):
@@ -80,6 +88,20 @@ class Kept(NamedTuple):
 
     session: Session
     version: str
+
+
+class Saved(NamedTuple):
+    """A session sent to the store: what the store will have kept, and the id it is kept under.
+
+    ``id`` is known at once (an answer names it): the request's own session's,
+    or, when a concurrent request of this process kept that id first and the
+    two went apart, the id of the branch this one goes on in (``parted_id``).
+    With a shared store, another process may yet come first: ``kept`` says.
+    """
+
+    kept: Future[Kept | None]
+    id: str
+    known: bool = True  # False: this process cannot tell (the session it read is no longer in memory): ``kept`` says
 
 
 class SessionStore:
@@ -92,17 +114,24 @@ class SessionStore:
         self.recent: RecentSessions = RecentSessions(recent, max_bytes)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-sessions")
         self.pending: Future[Kept | None] | None = None
+        self.saving = threading.Lock()  # what ``save`` foresees of the writes before it, and the write it queues, at once
         self.metrics = metrics  # counts the conflicts (``pcp_session_conflicts_total``)
 
     # -- reading (blocking: call from a thread) -----------------------------------------
     def resolve(self, namespace: str, conversation: Conversation, pinned: str | None = None) -> Resolution:
-        """The session the request's chained messages continue: the pinned one, or the longest known prefix's.
+        """The session the request's chained messages continue: the pinned one, or the longest known prefix's
+        (when the request leaves that one, the branch it goes on in, if one of its requests was kept before).
 
         A follow-up is found in memory by its history's transcript, or in the
         store by the digests of its history's last prefixes, and only its new
         messages are linked; otherwise the whole chain is linked and looked up,
         in memory and then in the store.
         """
+        found = self._found(namespace, conversation, pinned)
+        resolution = msgspec.structs.replace(found, asked=question_links(conversation, found.links))
+        return resolution if pinned is not None else self._branched(namespace, conversation, resolution)
+
+    def _found(self, namespace: str, conversation: Conversation, pinned: str | None) -> Resolution:
         chained = conversation.chained
         if pinned is None and conversation.history:
             said = transcript(conversation.history)
@@ -122,6 +151,52 @@ class SessionStore:
             return Resolution(found=kept.session, reused=common_prefix(kept.session.chain, history), links=links, pinned=pinned, version=kept.version)
         kept, reused = self._find(namespace, history)
         return Resolution(found=kept.session if kept else None, reused=reused, links=links, version=kept.version if kept else "")
+
+    def _branched(self, namespace: str, conversation: Conversation, resolution: Resolution) -> Resolution:
+        """The branch the request goes on in, when it leaves the session it was found by.
+
+        Branches of one history hold the same messages (they differ in the
+        question each answered, ``Session.asked``): which of them a lookup
+        finds first says nothing. A branch is found by the question it
+        answered (at ``at``, or just before it: a question asked again at an
+        earlier point), or by the id it took leaving the session found (``branch_id``).
+        """
+        said, history = resolution.said, resolution.links[: len(conversation.history)]
+        for _ in range(BRANCH_HOPS):
+            found = resolution.found
+            at = departs(found, said) if found is not None else None
+            if found is None or at is None:
+                return resolution
+            better = None
+            for i in branch_probes(said, at):
+                for session_id in dict.fromkeys([branch_id(namespace, found.id, said, i), *self._asking(namespace, said[i])]):
+                    kept = self._load(namespace, session_id) if session_id != found.id else None
+                    if kept is None:
+                        continue
+                    held = identity(kept.session)
+                    shared = common_prefix(held, said)
+                    if shared > at or shared == at == len(held):  # it leaves this one later, or goes on from it
+                        better = kept
+                        break
+                if better is not None:
+                    break
+            if better is None:
+                if len(found.chain) <= at < len(history):
+                    # It went on from the question ``found`` answered, sent again otherwise (a client that
+                    # rewrites its own message), and no branch asked it so: the same conversation, going on.
+                    return msgspec.structs.replace(resolution, found=msgspec.structs.replace(found, asked=[]))
+                return resolution
+            reused = common_prefix(better.session.chain, history)
+            resolution = Resolution(found=better.session, reused=reused, links=resolution.links, version=better.version, asked=resolution.asked)
+        return resolution
+
+    def _asking(self, namespace: str, link: str) -> list[str]:
+        """The sessions whose last question opens with ``link`` (``Session.asked``): those in memory, else the one the store knows."""
+        held = [session_id for session_id, held in self.recent.of(namespace).items() if held.session.asked[:1] == [link]]
+        if held:
+            return held
+        stored = self.store.get(("asked", namespace, link))
+        return [stored.decode()] if stored is not None else []
 
     def stored(self) -> list[tuple[str, str]]:
         """(namespace, id) of every session in the store."""
@@ -234,6 +309,20 @@ class SessionStore:
         pinned: bool = False,
         after: Future[Kept | None] | None = None,
     ) -> Future[Kept | None]:
+        """``keep``, for a caller that needs no id before the store has kept the session: what it will have kept."""
+        return self.keep(namespace, session, new_links, linked, base=base, pinned=pinned, after=after).kept
+
+    def keep(
+        self,
+        namespace: str,
+        session: Session,
+        new_links: int,
+        linked: list[dict] | None = None,
+        *,
+        base: str | None = None,
+        pinned: bool = False,
+        after: Future[Kept | None] | None = None,
+    ) -> Saved:
         """Keep ``session`` (its last ``new_links`` links are new) if the store still holds version ``base``; written in the background.
 
         ``base`` is the version the request read (``Resolution.version``; "" for
@@ -244,11 +333,48 @@ class SessionStore:
         client). ``after``: the save of the same request this one amends (the
         pages its answer solidified): kept on top of whatever that one kept.
         The future gives what the store kept; it raises if the store failed.
+
+        A store no other process writes holds what this process's saves leave,
+        in order: when another request kept the session since ``base``, what
+        the writer would keep instead (``reconciled``) is known now, and the id
+        with it. With a shared store the writer finds out (``Saved.kept``).
         """
-        version = new_version()
-        self._remember(namespace, _Held(session, version, pending=True))  # this process's next request finds it at once
-        self.pending = self.writer.submit(self._write, namespace, session, new_links, linked, base, version, pinned, after)
-        return self.pending
+        with self.saving:
+            if after is not None:
+                held = self.recent.get((namespace, session.id))
+                # What this process's next request finds at once: the session as the first save left it, with these pages.
+                merged = reconciled(session, held.session, session.id) if held is not None else session
+            else:
+                foreseen = self._foreseen(namespace, session, new_links, base, pinned)
+                if isinstance(foreseen, Kept):  # the session already holds all this request brought
+                    done: Future[Kept | None] = Future()
+                    done.set_result(foreseen)
+                    return Saved(done, foreseen.session.id)
+                merged, new_links, base, known = foreseen
+                session = merged
+            version = new_version()
+            if merged is not None:
+                self._remember(namespace, _Held(merged, version, pending=True))  # this process's next request finds it at once
+            self.pending = self.writer.submit(self._write, namespace, session, new_links, linked, base, version, pinned, after)
+            return Saved(self.pending, session.id, after is not None or not self.shared and known)
+
+    def _foreseen(self, namespace: str, session: Session, new_links: int, base: str | None, pinned: bool) -> Kept | tuple[Session, int, str | None, bool]:
+        """What a save on ``base`` keeps, as far as this process knows: the session (its new links, its base, and
+        whether that is known), or the session kept already that holds all of it. Only a store no other process
+        writes is known so well, and only while the session's last write here is in memory (a session not
+        stored yet is taken to be new)."""
+        for _ in range(CONFLICTS):
+            held = None if self.shared or base is None else self.recent.get((namespace, session.id))
+            if held is None or held.version == base:
+                return session, new_links, base, held is not None or base == ""
+            rebased = reconciled(session, held.session, parted_id(namespace, session, held.session), pinned=pinned)
+            self._conflict(rebased, session, held.session)
+            if rebased is None:
+                return Kept(held.session, held.version)
+            same = rebased.id == session.id
+            new_links = len(rebased.chain) - (common_prefix(rebased.chain, held.session.chain) if same else 0)
+            session, base = rebased, held.version if same else ""
+        return session, new_links, base, False
 
     def _write(
         self,
@@ -298,7 +424,7 @@ class SessionStore:
             if winner is None:  # the version names nothing readable (evicted): the session is ours to write
                 base = stored.decode() if stored else ""
                 continue
-            rebased = reconciled(session, winner.session, new_session_id(namespace, session.chain, time.time_ns()), pinned=pinned)
+            rebased = reconciled(session, winner.session, parted_id(namespace, session, winner.session), pinned=pinned)
             self._conflict(rebased, session, winner.session)
             if rebased is None:  # the winner holds all this request brought
                 self._settled(namespace, mine, winner)
@@ -330,6 +456,8 @@ class SessionStore:
             writes[("link", namespace, session.chain[i])] = session.id.encode()
         if said is not None and session.chain:
             writes[("said", namespace, said_digest(said))] = f"{session.id} {session.chain[-1]}".encode()
+        if session.asked:
+            writes[("asked", namespace, session.asked[0])] = session.id.encode()
         if not self.store.commit(Commit(("version", namespace, session.id), ANY if base is None else base, version, writes, trims, kept)):
             return False
         for first in trims:

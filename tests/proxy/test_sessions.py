@@ -544,11 +544,15 @@ def test_concurrent_requests_on_one_conversation_all_answer_and_leave_a_sound_st
     follow_ups = [[*history, {"role": "assistant", "content": "Noted."}, {"role": "user", "content": f"Q{i}?"}] for i in range(1, 9)]
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda messages: ask(session_proxy, messages), follow_ups))
-    assert {a.headers["x-pcp-session"] for a in answers} == {first.headers["x-pcp-session"]}
+    named = [a.headers["x-pcp-session"] for a in answers]
+    # Eight questions after one history: eight branches, one of them going on in the session's own id.
+    assert len(set(named)) == 8 and named.count(first.headers["x-pcp-session"]) == 1
 
     session_proxy.stop()  # every write is finished and the store closed
     store = SessionStore(tmp_path / "data" / "sessions")
     namespace = Namespaces(install_secret(tmp_path / "data")).of({"authorization": "Bearer sk-a"})  # how the proxy names the caller's namespace
-    found, reused = lookup(store, follow_ups[0][:-1], namespace)
-    assert found is not None and found.id == first.headers["x-pcp-session"] and reused == len(follow_ups[0]) - 1
+    for messages, session_id in zip(follow_ups, named):  # each branch's follow-up goes on in the session its answer named
+        going_on = [*messages, {"role": "assistant", "content": "Noted."}]
+        resolution = store.resolve(namespace, Conversation(head=[], history=going_on, query={"role": "user", "content": "More?"}))
+        assert resolution.found is not None and resolution.found.id == session_id and resolution.reused == len(messages) - 1
     store.close()
