@@ -95,13 +95,14 @@ def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
     rounds = RoundPolicy(
-        budget=settings.context_budget,
+        budget=settings.context_budget if settings.upstream_base_url else settings.local_context_budget,
         max_rounds=settings.max_rounds if settings.upstream_base_url else settings.local_max_rounds,
         channel=settings.directive_channel,
         router=bool(settings.router_model),
         context_role=settings.context_role,
         cached_price=settings.cached_input_price,
         fresh_share=settings.followup_share,
+        ask_last=not settings.upstream_base_url,  # the embedded model
     )
     # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
     # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
