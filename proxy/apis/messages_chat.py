@@ -19,7 +19,7 @@ from typing import Any
 from pcp_core import short_hash
 
 from ..decoding import strict_json
-from ..errors import ANTHROPIC_TYPES
+from ..errors import ANTHROPIC_TYPES, ClientError
 from ..sse import named_event
 from .codec import first_deltas, text_of
 from .responses_chat import said_error
@@ -52,6 +52,9 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = _tool_choice(choice)
             if choice.get("disable_parallel_tool_use"):
                 chat["parallel_tool_calls"] = False
+    response_format = _response_format(asked)
+    if response_format is not None:
+        chat["response_format"] = response_format
     user = (asked.get("metadata") or {}).get("user_id") if isinstance(asked.get("metadata"), dict) else None
     if isinstance(user, str):
         chat["user"] = user
@@ -59,6 +62,20 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def _response_format(asked: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (``output_config.format``, or the beta's ``output_format``) as chat's ``response_format``."""
+    config = asked.get("output_config")
+    format = config.get("format") if isinstance(config, dict) else None
+    if format is None:
+        format = asked.get("output_format")
+    if format is None:
+        return None
+    if not isinstance(format, dict) or format.get("type") != "json_schema" or not isinstance(format.get("schema"), dict):
+        param = "output_config.format" if isinstance(config, dict) and config.get("format") is not None else "output_format"
+        raise ClientError(f"{param} must be {{'type': 'json_schema', 'schema': {{…}}}}", param=param, code="invalid_value")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": format["schema"], "strict": True}}
 
 
 def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
