@@ -23,8 +23,9 @@ from ..errors import ANTHROPIC_TYPES, ClientError
 from ..sse import named_event
 from .codec import first_deltas, text_of
 from .responses_chat import said_error
+from .stops import Stops
 
-__all__ = ["Round", "failure", "reply", "request", "usage"]
+__all__ = ["Round", "failure", "reply", "request", "stop_sequences", "usage"]
 
 Block = dict[str, Any]
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use", "content_filter": "refusal"}
@@ -42,8 +43,6 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             _add(messages, message)
     chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
     chat["messages"] = messages
-    if asked.get("stop_sequences"):
-        chat["stop"] = asked["stop_sequences"]
     tools = [_tool(tool) for tool in asked.get("tools") or () if isinstance(tool, dict) and "input_schema" in tool and isinstance(tool.get("name"), str)]
     if tools:
         chat["tools"] = tools
@@ -58,10 +57,20 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
     user = (asked.get("metadata") or {}).get("user_id") if isinstance(asked.get("metadata"), dict) else None
     if isinstance(user, str):
         chat["user"] = user
-    if asked.get("stream"):
+    if asked.get("stream") or stop_sequences(asked):  # the proxy watches for the stop sequences itself (``stops``)
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def stop_sequences(asked: dict[str, Any]) -> list[str]:
+    """The request's stop sequences, or the 400 that says they are not a list of strings."""
+    said = asked.get("stop_sequences")
+    if said is None:
+        return []
+    if not isinstance(said, list) or not all(isinstance(s, str) for s in said):
+        raise ClientError("stop_sequences must be a list of strings", param="stop_sequences", code="invalid_value")
+    return [s for s in said if s]
 
 
 def _response_format(asked: dict[str, Any]) -> dict[str, Any] | None:
@@ -157,9 +166,12 @@ def _tool_choice(choice: Block) -> Any:
 # -- the answer ---------------------------------------------------------------------------
 
 
-def usage(said: Any) -> dict[str, int]:
-    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read."""
-    said = said if isinstance(said, dict) else {}
+def usage(said: Any, pieces: int = 0) -> dict[str, int]:
+    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read.
+
+    A stream the proxy cut at a stop sequence has none: its output is counted as the text chunks it
+    relayed (a chat stream's chunk is a token), its input as unknown (0)."""
+    said = said if isinstance(said, dict) else {"completion_tokens": pieces}
     details = said.get("prompt_tokens_details")
     cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
     prompt = int(said.get("prompt_tokens") or 0)
@@ -184,8 +196,16 @@ def _input(arguments: str) -> Any:
     return said if isinstance(said, dict) else {"input": said}
 
 
-def _stop_reason(finish_reason: Any, called: bool) -> str:
+def _stop_reason(finish_reason: Any, called: bool, stop_sequence: str | None = None) -> str:
+    if stop_sequence is not None:
+        return "stop_sequence"
     return "tool_use" if called else STOP_REASONS.get(str(finish_reason), "end_turn")
+
+
+def _fired(choice: dict[str, Any], asked: dict[str, Any]) -> str | None:
+    """The stop sequence that ended the answer: the proxy's finding (``stop_sequence``), or the upstream's (vLLM's ``stop_reason``)."""
+    said = choice.get("stop_sequence", choice.get("stop_reason"))
+    return said if isinstance(said, str) and said in stop_sequences(asked) else None
 
 
 def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
@@ -205,10 +225,11 @@ def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
             }
         )
     called = any(block["type"] == "tool_use" for block in content)
+    fired = _fired(choice, asked)
     return {
         "id": _id("msg"), "type": "message", "role": "assistant", "model": completion.get("model") or asked.get("model") or "",
-        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called), "stop_sequence": None,
-        "usage": usage(completion.get("usage")),
+        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called, fired), "stop_sequence": fired,
+        "usage": usage(completion.get("usage"), int(completion.get("pieces") or 0)),
     }  # fmt: skip
 
 
@@ -239,6 +260,14 @@ class Round:
         self.called = False
         self.finish_reason: Any = None
         self.usage: Any = None
+        sequences = stop_sequences(asked)
+        self.stops = Stops(sequences) if sequences else None
+        self.pieces = 0  # text chunks relayed
+
+    @property
+    def ended(self) -> bool:
+        """A stop sequence fired: the rest of the upstream's stream is not the client's."""
+        return self.stops is not None and self.stops.fired is not None
 
     def _opening(self) -> bytes:
         if self.started:
@@ -263,13 +292,29 @@ class Round:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for delta, finished in first_deltas(chunk):
+            if self.ended:
+                break
             if delta.get("content"):
-                out.append(self._block(("text", None), {"type": "text", "text": ""}))
-                out.append(event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text_of(delta["content"])}))
+                self.pieces += 1
+                out.append(self._said(text_of(delta["content"])))
+            if self.ended:
+                self.finish_reason = "stop"
+                break
+            if delta.get("tool_calls") and self.stops is not None:
+                out.append(self._said(self.stops.flush(), held=True))
             for call in delta.get("tool_calls") or ():
                 out.append(self._called(call))
             self.finish_reason = finished or self.finish_reason
         return b"".join(out)
+
+    def _said(self, text: str, held: bool = False) -> bytes:
+        """Text the upstream said, less what a stop sequence holds back (``held``: what it held, released)."""
+        if self.stops is not None and not held:
+            text = self.stops.feed(text)
+        if not text:
+            return b""
+        opened = self._block(("text", None), {"type": "text", "text": ""})
+        return opened + event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text})
 
     def _block(self, which: tuple[str, Any], start: Block) -> bytes:
         """Open the block ``which`` unless it is the one open, closing that one."""
@@ -296,11 +341,14 @@ class Round:
     def closing(self) -> bytes:
         """The events that end the message, once the chat stream has."""
         out = [self._opening()]
+        if self.stops is not None and not self.ended:
+            out.append(self._said(self.stops.flush(), held=True))
         if self.open is not None:
             out.append(event("content_block_stop", index=self.blocks - 1))
             self.open = None
-        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called), "stop_sequence": None}
-        out.append(event("message_delta", delta=delta, usage=usage(self.usage)))
+        fired = self.stops.fired if self.stops is not None else None
+        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called, fired), "stop_sequence": fired}
+        out.append(event("message_delta", delta=delta, usage=usage(self.usage, self.pieces)))
         out.append(event("message_stop"))
         return b"".join(out)
 

@@ -32,6 +32,8 @@ from ..decoding import strict_json
 from ..errors import ClientError, UpstreamError
 from ..sse import DONE
 from . import messages_chat, responses_chat
+from .codec import first_deltas, text_of
+from .stops import Stops
 
 __all__ = ["Translation", "Translator"]
 
@@ -55,11 +57,12 @@ class Translator:
     reply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
     failure: Callable[[int, bytes], bytes]
     round: Callable[[dict[str, Any]], Any]
+    stops: Callable[[dict[str, Any]], list[str]] = lambda asked: []
 
 
 TRANSLATORS = {
     "/responses": Translator("responses", responses_chat.request, responses_chat.reply, responses_chat.failure, responses_chat.Round),
-    "/messages": Translator("messages", messages_chat.request, messages_chat.reply, messages_chat.failure, messages_chat.Round),
+    "/messages": Translator("messages", messages_chat.request, messages_chat.reply, messages_chat.failure, messages_chat.Round, messages_chat.stop_sequences),
 }
 
 
@@ -86,7 +89,8 @@ class Translation:
             await native.aread()  # a short error: kept, in case chat completions are missing too
             await native.aclose()
         asked = _decoded(content)
-        chat = await send(CHAT_PATH, json.dumps(translator.request(asked)).encode(), chat_headers(headers))
+        body = translator.request(asked)
+        chat = await send(CHAT_PATH, json.dumps(body).encode(), chat_headers(headers))
         if native is not None:
             if chat.status_code in LACKING:  # neither: the upstream's first answer stands
                 await chat.aclose()
@@ -97,7 +101,7 @@ class Translation:
             log.info(
                 "the upstream answered %s %s with %s: its %s calls are sent as chat completions from now on", "POST", path, native.status_code, translator.name
             )
-        return await translated(translator, asked, chat)
+        return await translated(translator, asked, chat, streamed=bool(body.get("stream")))
 
 
 def _decoded(content: bytes | None) -> dict[str, Any]:
@@ -120,10 +124,17 @@ def chat_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.Response) -> httpx.Response:
-    """Chat's answer as the API's: an error's envelope, a whole answer, or a stream translated as it arrives."""
+async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.Response, streamed: bool = False) -> httpx.Response:
+    """Chat's answer as the API's: an error's envelope, a whole answer, or a stream translated as it arrives.
+
+    ``streamed``: the chat completion was asked as a stream, which a whole answer is then read from
+    (where the proxy watches for stop sequences itself)."""
     headers = {k: v for k, v in chat.headers.items() if k.lower() not in _REWRITTEN}
     if chat.status_code >= 400 or not asked.get("stream"):
+        if chat.status_code < 400 and streamed and chat.headers.get("content-type", "").startswith("text/event-stream"):
+            content = json.dumps(translator.reply(await _collected(chat, Stops(translator.stops(asked))), asked)).encode()
+            headers["content-type"] = "application/json"
+            return httpx.Response(chat.status_code, headers=headers, stream=httpx.ByteStream(content), request=chat.request, extensions=chat.extensions)
         try:
             body = await chat.aread()
         finally:
@@ -142,6 +153,61 @@ async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.
         )
     headers["content-type"] = "text/event-stream"
     return httpx.Response(chat.status_code, headers=headers, stream=_Events(translator.round(asked), chat), request=chat.request, extensions=chat.extensions)
+
+
+async def _collected(chat: httpx.Response, stops: Stops) -> dict[str, Any]:
+    """A chat stream read whole as the chat completion it tells, cut at the first of ``stops`` to complete (then
+    the stream is closed, the sequence named in the choice's ``stop_sequence`` and the text chunks read in ``pieces``)."""
+    completion: dict[str, Any] = {"id": "", "object": "chat.completion", "model": "", "choices": [], "usage": None, "pieces": 0}
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: Any = None
+    pending = b""
+    try:
+        async for data in chat.aiter_raw():
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                said = _data(line)
+                if said is None or said == DONE:
+                    continue
+                try:
+                    chunk = json.loads(said)
+                except ValueError:
+                    raise UpstreamError(f"the upstream's stream holds an event that is not JSON: {said[:200]!r}", code="upstream_bad_stream") from None
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    raise UpstreamError(f"the upstream sent an error in its stream: {str(chunk['error'])[:300]}", code="upstream_error")
+                completion.update({k: chunk[k] for k in ("id", "model", "created") if chunk.get(k)})
+                completion["usage"] = chunk.get("usage") or completion["usage"]
+                for delta, finished in first_deltas(chunk):
+                    if delta.get("content"):
+                        completion["pieces"] += 1
+                        text.append(stops.feed(text_of(delta["content"])))
+                    for call in delta.get("tool_calls") or ():
+                        said_call = calls.setdefault(int(call.get("index", 0)), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                        said_call["id"] = call.get("id") or said_call["id"]
+                        function = call.get("function") or {}
+                        said_call["function"]["name"] += text_of(function.get("name"))
+                        said_call["function"]["arguments"] += text_of(function.get("arguments"))
+                    finish = finished or finish
+                if stops.fired is not None:
+                    break
+            if stops.fired is not None:
+                break
+    finally:
+        await chat.aclose()
+    if stops.fired is not None:
+        finish, calls = "stop", {}
+    elif finish is None:
+        raise UpstreamError("the upstream's stream ended before its answer did (no finish_reason)", code="upstream_bad_stream")
+    text.append(stops.flush())
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    completion["choices"] = [{"index": 0, "message": message, "finish_reason": finish, "stop_sequence": stops.fired}]
+    return completion
 
 
 def _completion(body: bytes) -> dict[str, Any]:
@@ -179,6 +245,7 @@ class _Events(httpx.AsyncByteStream):
                 if self.failed or self.whole:
                     break
                 out.append(self._line(line))
+                self.whole = self.whole or bool(getattr(self.round, "ended", False))  # a stop sequence fired: the rest is not the client's
             if out:
                 yield b"".join(out)
             if self.failed or self.whole:
@@ -186,6 +253,8 @@ class _Events(httpx.AsyncByteStream):
         else:
             if pending and not (self.failed or self.whole):
                 yield self._line(pending)
+        if getattr(self.round, "ended", False):
+            await self.chat.aclose()  # ends the generation
         if self.failed:
             return
         if not (self.whole or self.round.finish_reason is not None):

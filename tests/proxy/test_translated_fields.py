@@ -62,3 +62,71 @@ def test_anthropic_output_config_format_as_a_dict_goes_as_a_json_schema(proxy, u
     )
     assert json.loads(message.content[0].text) == {"ok": True}
     assert chat_sent(upstream)["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+
+
+# -- stop sequences ----------------------------------------------------------------------
+
+
+def chat_streaming(pieces: list[str], **kwargs):
+    """A chat-only upstream that answers with a stream of ``pieces`` (the proxy asks for one where it watches stops)."""
+
+    def reply(recorded: Recorded) -> Reply:
+        if not recorded.path.endswith("/chat/completions"):
+            return Reply(status=404, body=b'{"detail": "Not Found"}')
+        assert recorded.json["stream"] is True
+        return stream_reply(pieces, usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}, **kwargs)
+
+    return reply
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_stop_sequence_ends_the_message_with_its_stop_reason_and_names_it(proxy, upstream, stream):
+    upstream.default = chat_streaming(["Un, deux, trois. E", "ND and then more ", "STOP"])
+    asked = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Count."}], "stop_sequences": ["STOP", "END"]}
+    client = proxy.anthropic()
+    if stream:
+        with client.messages.stream(**asked) as streamed:
+            text = "".join(streamed.text_stream)
+            message = streamed.get_final_message()
+    else:
+        message = client.messages.create(**asked)
+        text = message.content[0].text
+    assert text == message.content[0].text == "Un, deux, trois. "
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
+    assert "stop" not in chat_sent(upstream)  # the proxy watches for them: a chat upstream would not say which fired
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_text_that_only_begins_a_stop_sequence_is_all_said_and_ends_the_turn(proxy, upstream, stream):
+    upstream.default = chat_streaming(["It is the E", "N"])
+    asked = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Say it."}], "stop_sequences": ["END"]}
+    client = proxy.anthropic()
+    if stream:
+        with client.messages.stream(**asked) as streamed:
+            text = "".join(streamed.text_stream)
+            message = streamed.get_final_message()
+    else:
+        message = client.messages.create(**asked)
+        text = message.content[0].text
+    assert text == message.content[0].text == "It is the EN"
+    assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (9, 4)
+
+
+def test_stop_sequences_that_are_not_strings_are_refused_by_name(proxy, upstream):
+    upstream.default = chat_streaming(["x"])
+    reply = proxy.http.post("/v1/messages", json={"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}], "stop_sequences": "END"})
+    assert reply.status_code == 400 and "stop_sequences" in reply.text
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 100])
+def test_stops_release_what_cannot_begin_a_sequence_whole_or_a_character_at_a_time(step):
+    from proxy.apis.stops import Stops
+
+    text = "a <b> ab <stop> after"
+    stops = Stops(["<stop>", "<sto", "zz"])
+    said = "".join(stops.feed(text[i : i + step]) for i in range(0, len(text), step))
+    assert (said, stops.fired) == ("a <b> ab ", "<sto")  # the sequence that completes first
+    stops = Stops(["zz", "abc"])
+    said = "".join(stops.feed(text[i : i + step]) for i in range(0, len(text), step)) + stops.flush()
+    assert (said, stops.fired) == (text, None)
