@@ -100,11 +100,18 @@ def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
             said["tool_calls"] = calls
         messages.append(said)
         return
-    # A turn's tool results answer the calls just before it: in chat they come first, as tool messages.
+    # A turn's tool results answer the calls just before it: in chat they come first, as tool messages. A chat
+    # tool message holds text alone: a result's images and documents follow in the user message after them.
+    attached: list[dict[str, Any]] = []
     for block in blocks:
         if block.get("type") == "tool_result":
-            messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": _result(block)})
-    parts = [part for part in (_part(block) for block in blocks) if part is not None]
+            call = str(block.get("tool_use_id") or "")
+            messages.append({"role": "tool", "tool_call_id": call, "content": _result(block)})
+            inner = block["content"] if isinstance(block.get("content"), list) else []
+            files = [part for part in (_part(b) for b in inner if isinstance(b, dict) and b.get("type") != "text") if part is not None]
+            if files:
+                attached += [{"type": "text", "text": f"(the result of {call} holds these attachments)"}, *files]
+    parts = attached + [part for part in (_part(block) for block in blocks) if part is not None]
     if parts:
         texts_only = all(part["type"] == "text" for part in parts)
         messages.append({"role": role, "content": "".join(part["text"] for part in parts) if texts_only else parts})

@@ -30,6 +30,7 @@ Item = dict[str, Any]
 STATEFUL = ("previous_response_id", "conversation", "prompt", "background")
 # A custom tool (free-form input) is a chat function of one string argument.
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+ATTACHED = "_attached"  # marks a user message holding a tool output's attachments, while the messages are written
 # Fields that mean the same in both APIs.
 SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs", "service_tier", "safety_identifier", "prompt_cache_key")
 
@@ -51,6 +52,8 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
     for item in items:
         if isinstance(item, dict):
             _add(messages, item)
+    for message in messages:
+        message.pop(ATTACHED, None)
     chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
     chat["messages"] = messages
     if asked.get("max_output_tokens") is not None:
@@ -83,7 +86,23 @@ def _add(messages: list[dict[str, Any]], item: Item) -> None:
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind in ("function_call_output", "custom_tool_call_output"):
-        messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": _text_content(item.get("output"))})
+        call_id = str(item.get("call_id") or "")
+        # A chat tool message holds text alone: the output's images and files follow in a user message, after
+        # the tool messages that answer the same turn's calls (chat wants those together).
+        at = len(messages)
+        while at > 0 and messages[at - 1].get(ATTACHED):
+            at -= 1
+        messages.insert(at, {"role": "tool", "tool_call_id": call_id, "content": _text_content(item.get("output"))})
+        output = item.get("output")
+        files = (
+            [part for part in (_part(p) for p in output if isinstance(p, dict) and p.get("type") != "input_text") if part is not None]
+            if isinstance(output, list)
+            else []
+        )
+        if files:
+            messages.append(
+                {"role": "user", "content": [{"type": "text", "text": f"(the output of {call_id} holds these attachments)"}, *files], ATTACHED: True}
+            )
     # reasoning, and the calls of hosted tools, are the upstream's to keep: a chat upstream has none
 
 

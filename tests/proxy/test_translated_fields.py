@@ -130,3 +130,58 @@ def test_stops_release_what_cannot_begin_a_sequence_whole_or_a_character_at_a_ti
     stops = Stops(["zz", "abc"])
     said = "".join(stops.feed(text[i : i + step]) for i in range(0, len(text), step)) + stops.flush()
     assert (said, stops.fired) == (text, None)
+
+
+# -- images inside tool results ----------------------------------------------------------
+
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+SCREENSHOT = {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PIXEL}"}}
+
+
+def test_a_responses_function_call_output_with_an_image_sends_the_image_after_the_tool_messages(proxy, upstream):
+    upstream.default = chat_answering("A login form.")
+    call = {"type": "function_call", "name": "screenshot", "arguments": "{}"}
+    items = [
+        {"role": "user", "content": "What is on screen?"},
+        {**call, "call_id": "call_1"},
+        {**call, "call_id": "call_2"},
+        {
+            "type": "function_call_output",
+            "call_id": "call_1",
+            "output": [{"type": "input_text", "text": "captured"}, {"type": "input_image", "image_url": f"data:image/png;base64,{PIXEL}"}],
+        },
+        {"type": "function_call_output", "call_id": "call_2", "output": "no second screen"},
+    ]
+    assert proxy.client().responses.create(model="m", input=items).output_text == "A login form."
+    sent = chat_sent(upstream)["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool", "user"]
+    assert (sent[2]["content"], sent[3]["content"]) == ("captured", "no second screen")
+    assert sent[4]["content"][1:] == [SCREENSHOT] and "call_1" in sent[4]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_messages_tool_result_with_an_image_sends_the_image_in_the_user_message_after_it(proxy, upstream, stream):
+    upstream.default = chat_answering("A login form.")
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL}}
+    messages = [
+        {"role": "user", "content": "What is on screen?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "captured"}, image]},
+                {"type": "text", "text": "Well?"},
+            ],
+        },
+    ]
+    client = proxy.anthropic()
+    if stream:
+        with client.messages.stream(model="m", max_tokens=32, messages=messages) as streamed:
+            text = streamed.get_final_message().content[0].text
+    else:
+        text = client.messages.create(model="m", max_tokens=32, messages=messages).content[0].text
+    assert text == "A login form."
+    sent = chat_sent(upstream)["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
+    assert sent[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "captured"}
+    assert sent[3]["content"][1:] == [SCREENSHOT, {"type": "text", "text": "Well?"}] and "toolu_1" in sent[3]["content"][0]["text"]
