@@ -56,6 +56,10 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
         message.pop(ATTACHED, None)
     chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
     chat["messages"] = messages
+    if asked.get("store") is not None:  # as chat stores a completion (OpenAI's stored completions; a local server has none)
+        chat["store"] = bool(asked["store"])
+    if asked.get("metadata"):
+        chat["metadata"] = asked["metadata"]
     if asked.get("max_output_tokens") is not None:
         chat["max_tokens"] = asked["max_output_tokens"]
     tools = [tool for tool in (_tool(t) for t in asked.get("tools") or ()) if tool is not None]
@@ -229,7 +233,7 @@ def _response(asked: dict[str, Any], meta: dict[str, Any], status: str, output: 
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": asked.get("instructions"), "max_output_tokens": asked.get("max_output_tokens"), "model": meta["model"],
         "output": output, "parallel_tool_calls": asked.get("parallel_tool_calls", True), "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": asked.get("temperature", 1.0),
+        "reasoning": {"effort": None, "summary": None}, "store": bool(asked.get("store", False)), "temperature": asked.get("temperature", 1.0),
         "text": asked.get("text") or {"format": {"type": "text"}}, "tool_choice": asked.get("tool_choice", "auto"),
         "tools": asked.get("tools") or [], "top_p": asked.get("top_p", 1.0), "truncation": "disabled",
         "usage": said_usage, "user": asked.get("user"), "metadata": asked.get("metadata") or {},

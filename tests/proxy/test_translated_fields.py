@@ -185,3 +185,22 @@ def test_a_messages_tool_result_with_an_image_sends_the_image_in_the_user_messag
     assert [m["role"] for m in sent] == ["user", "assistant", "tool", "user"]
     assert sent[2] == {"role": "tool", "tool_call_id": "toolu_1", "content": "captured"}
     assert sent[3]["content"][1:] == [SCREENSHOT, {"type": "text", "text": "Well?"}] and "toolu_1" in sent[3]["content"][0]["text"]
+
+
+# -- store and metadata ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("store", [True, False, None])
+def test_responses_store_and_metadata_go_to_chat_and_the_answer_says_what_was_asked(proxy, upstream, stream, store):
+    upstream.default = chat_answering("Noted.")
+    client = proxy.client()
+    asked = {"model": "m", "input": "Remember this.", "metadata": {"ticket": "T-42"}, **({} if store is None else {"store": store})}
+    if stream:
+        with client.responses.stream(**asked) as streamed:
+            response = streamed.get_final_response()
+    else:
+        response = client.responses.create(**asked)
+    assert response.output_text == "Noted." and response.store is bool(store) and response.metadata == {"ticket": "T-42"}
+    sent = chat_sent(upstream)
+    assert sent["metadata"] == {"ticket": "T-42"} and sent.get("store") == store
