@@ -4,11 +4,14 @@ carries it, or refused with a 400 that names it. Driven by the official openai a
 from __future__ import annotations
 
 import json
+import re
 
 import pydantic
 import pytest
 
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
+
+from .helpers import BUDGET, long_history
 
 
 class Weather(pydantic.BaseModel):
@@ -204,3 +207,50 @@ def test_responses_store_and_metadata_go_to_chat_and_the_answer_says_what_was_as
     assert response.output_text == "Noted." and response.store is bool(store) and response.metadata == {"ticket": "T-42"}
     sent = chat_sent(upstream)
     assert sent["metadata"] == {"ticket": "T-42"} and sent.get("store") == store
+
+
+# -- protocol mode: the answer in the user's characters ----------------------------------
+
+SAID = 'Gina: I love you <3 & "always" -- 5 > 4, and &lt; is how HTML writes it.'
+
+
+def quoting_upstream(recorded: Recorded) -> Reply:
+    """A chat-only upstream whose model quotes the prompt's line about Gina back, as it read it (escaped)."""
+    if not recorded.path.endswith("/chat/completions"):
+        return Reply(status=404, body=b'{"detail": "Not Found"}')
+    found = re.search(r"Gina:[^<\n]*?HTML writes it\.", _texts(recorded.json["messages"]))
+    text = f"You told me: {found.group() if found else 'nothing'}"
+    if recorded.json.get("stream"):
+        return stream_reply([text[:20], text[20:37], text[37:]], usage={"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13})
+    return completion(text)
+
+
+def _texts(messages: list) -> str:
+    return "\n".join(m["content"] if isinstance(m["content"], str) else " ".join(p.get("text", "") for p in m["content"]) for m in messages if m.get("content"))
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_answer_quoting_the_paged_conversation_carries_no_entity_the_conversation_did_not(start_proxy, upstream, api, stream):
+    upstream.default = quoting_upstream
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=1)
+    history = long_history()
+    history[-3]["content"] = SAID
+    history[-1]["content"] = "What did Gina say?"
+    if api == "chat":
+        said = proxy.client().chat.completions.create(model="m", messages=history, stream=stream)
+        text = "".join(c.choices[0].delta.content or "" for c in said if c.choices) if stream else said.choices[0].message.content
+    elif api == "responses":
+        said = proxy.client().responses.create(model="m", instructions=history[0]["content"], input=history[1:], stream=stream)
+        text = "".join(e.delta for e in said if e.type == "response.output_text.delta") if stream else said.output_text
+    else:
+        client = proxy.anthropic()
+        asked = {"model": "m", "max_tokens": 64, "system": history[0]["content"], "messages": history[1:]}
+        if stream:
+            with client.messages.stream(**asked) as streamed:
+                text = "".join(streamed.text_stream)
+        else:
+            text = client.messages.create(**asked).content[0].text
+    workers = [r for r in upstream.requests if r.path.endswith("/chat/completions") and r.headers.get("x-pcp-role") == "worker"]
+    assert workers and "&lt;3 &amp;" in _texts(workers[-1].json["messages"])  # the document escaped it
+    assert text == f"You told me: {SAID}"
