@@ -72,6 +72,25 @@ class Translation:
     def __init__(self, mode: Literal["auto", "always", "never"] = "auto"):
         self.mode = mode
         self.lacking: set[str] = set()  # paths this upstream answered 404 or 405 where chat completions answered
+        self.reasons: dict[str, str] = {}  # why a path of ``lacking`` is translated
+        self.native: set[str] = set()  # paths this upstream answered in the API's own shape
+
+    def fronts(self) -> dict[str, str]:
+        """How each API reaches this upstream, as ``/healthz`` says it: ``native``, ``translated (why)``, or not yet known."""
+        said = {}
+        for path, translator in TRANSLATORS.items():
+            if self.mode != "auto":
+                said[translator.name] = {"always": "translated (PCP_TRANSLATE_APIS=always)", "never": "native (PCP_TRANSLATE_APIS=never)"}[self.mode]
+            elif path in self.lacking:
+                said[translator.name] = f"translated ({self.reasons.get(path, 'the upstream lacks it')})"
+            else:
+                said[translator.name] = "native" if path in self.native else "native unless its first answer shows otherwise"
+        return said
+
+    def _translate_from_now(self, translator: Translator, path: str, reason: str) -> None:
+        self.lacking.add(path)
+        self.reasons[path] = reason
+        log.info("the upstream's %s calls are sent as chat completions from now on: %s", translator.name, reason)
 
     def of(self, method: str, path: str) -> Translator | None:
         """The translator a call may need (None: it goes as it came, whatever the upstream answers)."""
@@ -84,10 +103,20 @@ class Translation:
         native = None
         if self.mode == "auto" and path not in self.lacking:
             native = await send(path, content or b"", headers)
-            if native.status_code not in LACKING:
-                return native
-            await native.aread()  # a short error: kept, in case chat completions are missing too
-            await native.aclose()
+            partial = _partial_front(path, native)
+            if partial is None and native.status_code not in LACKING:
+                checked, fault = await _checked(translator, native)
+                if fault is None:
+                    self.native.add(path)
+                    return checked
+                partial = f"its {path} answered what is not the {translator.name} API ({fault})"
+            if partial is not None:  # its answer is not used: the call goes as a chat completion, now and later
+                await native.aclose()
+                native = None
+                self._translate_from_now(translator, path, partial)
+            else:
+                await native.aread()  # a short error: kept, in case chat completions are missing too
+                await native.aclose()
         asked = _decoded(content)
         body = translator.request(asked)
         chat = await send(CHAT_PATH, json.dumps(body).encode(), chat_headers(headers))
@@ -97,11 +126,85 @@ class Translation:
                 return httpx.Response(
                     native.status_code, headers=native.headers, stream=httpx.ByteStream(native.content), request=native.request, extensions=native.extensions
                 )
-            self.lacking.add(path)
-            log.info(
-                "the upstream answered %s %s with %s: its %s calls are sent as chat completions from now on", "POST", path, native.status_code, translator.name
-            )
+            self._translate_from_now(translator, path, f"it answered POST {path} with {native.status_code}")
         return await translated(translator, asked, chat, streamed=bool(body.get("stream")))
+
+
+# Servers whose own endpoints of these APIs are partial, by their ``Server`` header: llama.cpp's
+# /v1/responses streams events without sequence_number or output_index and refuses an earlier
+# assistant message in its input; its /v1/messages answers errors in OpenAI's envelope.
+KNOWN_PARTIAL = {"llama.cpp": ("/responses", "/messages")}
+
+
+def _partial_front(path: str, native: httpx.Response) -> str | None:
+    """Why the upstream's own ``path`` is not used, when its server is one known to speak it in part."""
+    server = native.headers.get("server", "").lower()
+    for name, paths in KNOWN_PARTIAL.items():
+        if server.startswith(name) and path in paths:
+            return f"the upstream is {name}, whose {path} is partial"
+    return None
+
+
+_FIRST_EVENTS = {"responses": "response.created", "messages": "message_start"}
+
+
+async def _checked(translator: Translator, native: httpx.Response) -> tuple[httpx.Response, str | None]:
+    """The upstream's own answer, and what shows it does not speak the API (None: nothing does).
+
+    A stream's first event must open the API's answer (``response.created`` with its
+    ``sequence_number``, ``message_start``); what was read of it is handed on with the rest.
+    An error is the upstream's to give, and a whole answer of another shape a 502 that says so,
+    as from any upstream."""
+    if native.status_code >= 300:
+        return native, None
+    kind = native.headers.get("content-type", "")
+    if kind.startswith("text/event-stream"):
+        read, chunks = b"", native.aiter_raw()
+        async for chunk in chunks:
+            read += chunk
+            if b"\n\n" in read.replace(b"\r\n", b"\n"):
+                break
+        fault = _first_event_fault(translator.name, read)
+        return _replayed(native, read, chunks), fault
+    return native, None
+
+
+def _first_event_fault(name: str, read: bytes) -> str | None:
+    event = None
+    for line in read.replace(b"\r\n", b"\n").split(b"\n\n")[0].split(b"\n"):
+        said = _data(line)
+        if said is not None:
+            try:
+                event = json.loads(said)
+            except ValueError:
+                event = None
+    if not isinstance(event, dict) or event.get("type") != _FIRST_EVENTS[name]:
+        return f"its stream does not open with {_FIRST_EVENTS[name]}"
+    if name == "responses" and not isinstance(event.get("sequence_number"), int):
+        return "its events have no sequence_number"
+    return None
+
+
+def _replayed(native: httpx.Response, read: bytes, rest: AsyncIterator[bytes]) -> httpx.Response:
+    return httpx.Response(
+        native.status_code, headers=native.headers, stream=_Prefixed(read, rest, native), request=native.request, extensions=native.extensions
+    )
+
+
+class _Prefixed(httpx.AsyncByteStream):
+    """What was read of a stream, then the rest of it; closing it closes the upstream's."""
+
+    def __init__(self, read: bytes, rest: AsyncIterator[bytes], native: httpx.Response):
+        self.read, self.rest, self.native = read, rest, native
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.read:
+            yield self.read
+        async for chunk in self.rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.native.aclose()
 
 
 def _decoded(content: bytes | None) -> dict[str, Any]:

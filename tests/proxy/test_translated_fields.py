@@ -254,3 +254,61 @@ def test_an_answer_quoting_the_paged_conversation_carries_no_entity_the_conversa
     workers = [r for r in upstream.requests if r.path.endswith("/chat/completions") and r.headers.get("x-pcp-role") == "worker"]
     assert workers and "&lt;3 &amp;" in _texts(workers[-1].json["messages"])  # the document escaped it
     assert text == f"You told me: {SAID}"
+
+
+# -- which fronts are native -------------------------------------------------------------
+
+
+def partial_responses(server: str | None):
+    """An upstream with a Responses endpoint of its own, as llama.cpp's: its stream's events numbered null, an
+    earlier assistant message in the input a 400; its chat completions whole."""
+    named = {"server": server} if server else {}
+
+    def reply(recorded: Recorded) -> Reply:
+        if recorded.path.endswith("/chat/completions"):
+            answered = chat_answering("Bonjour.")(recorded)
+            answered.headers.update(named)
+            return answered
+        if any(isinstance(item, dict) and item.get("role") == "assistant" for item in recorded.json.get("input") or ()):
+            return Reply(status=400, body=b'{"error": {"message": "Cannot determine type of item"}}', headers={"content-type": "application/json", **named})
+        created = {"type": "response.created", "sequence_number": None, "response": {"id": "resp_1", "object": "response", "output": []}}
+        return Reply(headers={"content-type": "text/event-stream", **named}, chunks=[f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()])
+
+    return reply
+
+
+@pytest.mark.parametrize("server", ["llama.cpp", None])
+def test_a_partial_responses_front_is_translated_and_healthz_says_so(proxy, upstream, server):
+    upstream.default = partial_responses(server)
+    client = proxy.client()
+    with client.responses.stream(model="m", input="Hello!") as streamed:
+        first = streamed.get_final_response()
+    items = [
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Bonjour."}]},
+        {"role": "user", "content": "Again?"},
+    ]
+    second = client.responses.create(model="m", input=items)
+    assert first.output_text == second.output_text == "Bonjour."
+    paths = [r.path for r in upstream.requests]
+    assert paths == ["/v1/responses", "/v1/chat/completions", "/v1/chat/completions"]  # the own endpoint tried once, then never
+    said = proxy.http.get("/healthz").json()["apis"]
+    assert said["responses"].startswith("translated") and said["messages"].startswith("native")
+
+
+def test_a_front_that_speaks_the_api_stays_native(proxy, upstream):
+    with proxy.client().responses.stream(model="m", input="Hello!") as streamed:
+        streamed.get_final_response()
+    assert [r.path for r in upstream.requests] == ["/v1/responses"]
+    assert proxy.http.get("/healthz").json()["apis"]["responses"] == "native"
+
+
+def test_llama_cpps_own_responses_is_never_used_even_for_its_first_answer_an_error(proxy, upstream):
+    upstream.default = partial_responses("llama.cpp")
+    items = [
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Bonjour."}]},
+        {"role": "user", "content": "Again?"},
+    ]
+    assert proxy.client().responses.create(model="m", input=items).output_text == "Bonjour."
+    assert [r.path for r in upstream.requests] == ["/v1/responses", "/v1/chat/completions"]
