@@ -145,14 +145,11 @@ def _partial_front(path: str, native: httpx.Response) -> str | None:
     return None
 
 
-_FIRST_EVENTS = {"responses": "response.created", "messages": "message_start"}
-
-
 async def _checked(translator: Translator, native: httpx.Response) -> tuple[httpx.Response, str | None]:
     """The upstream's own answer, and what shows it does not speak the API (None: nothing does).
 
-    A stream's first event must open the API's answer (``response.created`` with its
-    ``sequence_number``, ``message_start``); what was read of it is handed on with the rest.
+    A stream's first event must be one of the API's: a typed event, numbered by its
+    ``sequence_number`` in Responses; what was read of it is handed on with the rest.
     An error is the upstream's to give, and a whole answer of another shape a 502 that says so,
     as from any upstream."""
     if native.status_code >= 300:
@@ -178,8 +175,8 @@ def _first_event_fault(name: str, read: bytes) -> str | None:
                 event = json.loads(said)
             except ValueError:
                 event = None
-    if not isinstance(event, dict) or event.get("type") != _FIRST_EVENTS[name]:
-        return f"its stream does not open with {_FIRST_EVENTS[name]}"
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return "its stream's first event has no type"
     if name == "responses" and not isinstance(event.get("sequence_number"), int):
         return "its events have no sequence_number"
     return None
