@@ -32,8 +32,53 @@ STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_
 SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
 
 
+# What a chat upstream is asked in other words (``request``), or what asks nothing of it: marks for
+# Anthropic's own cache (``cache_control``; a chat upstream caches prefixes on its own), where and how fast
+# Anthropic serves it (``service_tier``, ``inference_geo``, ``speed``, ``diagnostics``), whose request it is
+# (``workspace_id``, ``user_profile_id``), and ``context_management``, which the proxy applies itself.
+TRANSLATED = frozenset(
+    {"messages", "system", "stop_sequences", "stream", "tools", "tool_choice", "metadata", "output_config", "output_format", "thinking"}
+    | {"cache_control", "service_tier", "inference_geo", "speed", "diagnostics", "workspace_id", "user_profile_id", "context_management"}
+)
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+
+
+def refused(asked: dict[str, Any]) -> None:
+    """The 400 for a field a chat upstream cannot be asked, named (a null asks nothing)."""
+    for field, value in asked.items():
+        if value is not None and field not in TRANSLATED and field not in SAME:
+            _refuse(field, f"{field} has no chat-completions form, and this upstream speaks only chat completions")
+    for i, tool in enumerate(asked.get("tools") or ()):
+        if not (isinstance(tool, dict) and isinstance(tool.get("input_schema"), dict) and isinstance(tool.get("name"), str)):
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            _refuse(f"tools.{i}", f"the server tool {kind!r} cannot run on an upstream that speaks only chat completions: tools with an input_schema can")
+    config = asked.get("output_config")
+    if isinstance(config, dict) and config.get("effort") is not None and config["effort"] not in EFFORTS:
+        _refuse("output_config.effort", f"output_config.effort must be one of {', '.join(EFFORTS)}")
+
+
+def _refuse(param: str, message: str) -> None:
+    # Anthropic's envelope has no param: the message names it.
+    raise ClientError(message if message.startswith(param) else f"{param}: {message}", param=param, code="unsupported_by_upstream")
+
+
+def _effort(asked: dict[str, Any]) -> str | None:
+    """How hard the model should think, as chat's ``reasoning_effort``: ``output_config.effort``, else a thinking budget's size."""
+    config = asked.get("output_config")
+    if isinstance(config, dict) and config.get("effort") is not None:
+        return EFFORTS[config["effort"]]
+    thinking = asked.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int):
+        return "medium"
+    return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
+
+
 def request(asked: dict[str, Any]) -> dict[str, Any]:
     """The chat completion's body that asks what ``asked`` (a Messages request) asks."""
+    refused(asked)
     messages: list[dict[str, Any]] = []
     system = _text(asked.get("system"))
     if system:
@@ -54,6 +99,9 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
     response_format = _response_format(asked)
     if response_format is not None:
         chat["response_format"] = response_format
+    effort = _effort(asked)
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     user = (asked.get("metadata") or {}).get("user_id") if isinstance(asked.get("metadata"), dict) else None
     if isinstance(user, str):
         chat["user"] = user

@@ -35,6 +35,36 @@ ATTACHED = "_attached"  # marks a user message holding a tool output's attachmen
 SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs", "service_tier", "safety_identifier", "prompt_cache_key")
 
 
+# What a chat upstream is asked in other words (``request``), or what asks nothing of it: ``include``
+# (a chat answer has no reasoning item to include), ``stream_options`` (the proxy writes the events),
+# ``truncation: "disabled"`` (chat never truncates).
+TRANSLATED = frozenset(
+    {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "stream", "stream_options", "reasoning", "include", "truncation"}
+    | {"prompt_cache_retention", "store", "metadata"}
+)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def refused(asked: dict[str, Any]) -> None:
+    """The 400 for a field a chat upstream cannot be asked, named (a null asks nothing)."""
+    for field, value in asked.items():
+        if value is not None and field not in TRANSLATED and field not in SAME and field not in STATEFUL:
+            _refuse(field, f"{field} has no chat-completions form, and this upstream speaks only chat completions")
+    if asked.get("truncation") not in (None, "disabled"):
+        _refuse("truncation", 'truncation "auto" has no chat-completions form: a chat upstream refuses a prompt longer than its window')
+    for i, tool in enumerate(asked.get("tools") or ()):
+        if not (isinstance(tool, dict) and tool.get("type") in ("function", "custom")):
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            _refuse(f"tools[{i}]", f"the hosted tool {kind!r} cannot run on an upstream that speaks only chat completions: function and custom tools can")
+    effort = asked.get("reasoning", {}).get("effort") if isinstance(asked.get("reasoning"), dict) else None
+    if effort is not None and effort not in REASONING_EFFORTS:
+        _refuse("reasoning.effort", f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}")
+
+
+def _refuse(param: str, message: str) -> None:
+    raise ClientError(message, param=param, code="unsupported_by_upstream")
+
+
 def request(asked: dict[str, Any]) -> dict[str, Any]:
     """The chat completion's body that asks what ``asked`` (a Responses request) asks."""
     stateful = next((field for field in STATEFUL if asked.get(field)), None)
@@ -48,6 +78,7 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             param=stateful,
             code="unsupported_by_upstream",
         )
+    refused(asked)
     messages: list[dict[str, Any]] = [{"role": "system", "content": asked["instructions"]}] if asked.get("instructions") else []
     for item in items:
         if isinstance(item, dict):
@@ -60,6 +91,14 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
         chat["store"] = bool(asked["store"])
     if asked.get("metadata"):
         chat["metadata"] = asked["metadata"]
+    if asked.get("prompt_cache_retention") is not None:
+        chat["prompt_cache_retention"] = asked["prompt_cache_retention"]
+    reasoning = asked.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
+    text = asked.get("text")
+    if isinstance(text, dict) and text.get("verbosity") is not None:
+        chat["verbosity"] = text["verbosity"]
     if asked.get("max_output_tokens") is not None:
         chat["max_tokens"] = asked["max_output_tokens"]
     tools = [tool for tool in (_tool(t) for t in asked.get("tools") or ()) if tool is not None]

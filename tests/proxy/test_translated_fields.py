@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 
+import anthropic
+import openai
 import pydantic
 import pytest
 
@@ -312,3 +314,51 @@ def test_llama_cpps_own_responses_is_never_used_even_for_its_first_answer_an_err
     ]
     assert proxy.client().responses.create(model="m", input=items).output_text == "Bonjour."
     assert [r.path for r in upstream.requests] == ["/v1/responses", "/v1/chat/completions"]
+
+
+# -- refused by name, never dropped --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("tools", [{"type": "web_search"}], "tools[0]"),
+        ("truncation", "auto", "truncation"),
+        ("max_tool_calls", 3, "max_tool_calls"),
+        ("context_management", [{"type": "compaction"}], "context_management"),
+    ],
+)
+def test_a_responses_field_a_chat_upstream_cannot_be_asked_is_a_400_that_names_it(start_proxy, upstream, field, value, named):
+    upstream.default = chat_answering("x")
+    proxy = start_proxy(translate_apis="always")
+    with pytest.raises(openai.BadRequestError) as raised:
+        proxy.client().responses.create(model="m", input="hi", extra_body={field: value})
+    assert raised.value.body["param"] == named and not upstream.requests
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("tools", [{"type": "web_search_20250305", "name": "web_search"}], "tools.0"),
+        ("container", "c_1", "container"),
+        ("mcp_servers", [{"type": "url"}], "mcp_servers"),
+    ],
+)
+def test_a_messages_field_a_chat_upstream_cannot_be_asked_is_a_400_that_names_it(start_proxy, upstream, field, value, named):
+    upstream.default = chat_answering("x")
+    proxy = start_proxy(translate_apis="always")
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "hi"}], extra_body={field: value})
+    assert named in str(raised.value) and not upstream.requests
+
+
+def test_reasoning_effort_and_verbosity_are_carried_as_chats(proxy, upstream):
+    upstream.default = chat_answering("x")
+    proxy.client().responses.create(model="m", input="hi", reasoning={"effort": "low"}, text={"verbosity": "low"})
+    assert (chat_sent(upstream)["reasoning_effort"], chat_sent(upstream)["verbosity"]) == ("low", "low")
+    proxy.anthropic().messages.create(
+        model="m", max_tokens=9, messages=[{"role": "user", "content": "hi"}], thinking={"type": "enabled", "budget_tokens": 2048}
+    )
+    assert chat_sent(upstream)["reasoning_effort"] == "low"
+    proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "hi"}], output_config={"effort": "max"})
+    assert chat_sent(upstream)["reasoning_effort"] == "xhigh"
