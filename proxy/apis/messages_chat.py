@@ -35,7 +35,8 @@ SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
 # What a chat upstream is asked in other words (``request``), or what asks nothing of it: marks for
 # Anthropic's own cache (``cache_control``; a chat upstream caches prefixes on its own), where and how fast
 # Anthropic serves it (``service_tier``, ``inference_geo``, ``speed``, ``diagnostics``), whose request it is
-# (``workspace_id``, ``user_profile_id``), and ``context_management``, which the proxy applies itself.
+# (``workspace_id``, ``user_profile_id``), and ``context_management`` (thinking is left out anyway, and the
+# proxy pages a long conversation rather than clear its tool results): docs/apis.md, field by field.
 TRANSLATED = frozenset(
     {"messages", "system", "stop_sequences", "stream", "tools", "tool_choice", "metadata", "output_config", "output_format", "thinking"}
     | {"cache_control", "service_tier", "inference_geo", "speed", "diagnostics", "workspace_id", "user_profile_id", "context_management"}
