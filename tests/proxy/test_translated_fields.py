@@ -362,3 +362,48 @@ def test_reasoning_effort_and_verbosity_are_carried_as_chats(proxy, upstream):
     assert chat_sent(upstream)["reasoning_effort"] == "low"
     proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": "hi"}], output_config={"effort": "max"})
     assert chat_sent(upstream)["reasoning_effort"] == "xhigh"
+
+
+# -- the same in protocol mode -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_protocol_mode_a_stop_sequence_and_structured_output_reach_the_messages_client(start_proxy, upstream, stream):
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=1)
+    history = long_history()
+    asked = {"model": "m", "max_tokens": 64, "system": history[0]["content"], "messages": history[1:]}
+    client = proxy.anthropic()
+
+    upstream.default = chat_streaming(["Your code is 5521. E", "ND and then more"])
+    if stream:
+        with client.messages.stream(**asked, stop_sequences=["END"]) as streamed:
+            message = streamed.get_final_message()
+    else:
+        message = client.messages.create(**asked, stop_sequences=["END"])
+    assert message.content[0].text.strip() == "Your code is 5521." and (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
+
+    upstream.default = chat_streaming(['{"city": "Paris", "celsius": 21}']) if stream else chat_answering('{"city": "Paris", "celsius": 21}')
+    if stream:
+        with client.messages.stream(**asked, output_format=Weather) as streamed:
+            parsed = streamed.get_final_message().parsed_output
+    else:
+        parsed = client.messages.parse(**asked, output_format=Weather).parsed_output
+    assert parsed == Weather(city="Paris", celsius=21)
+    workers = [r for r in upstream.requests if r.path.endswith("/chat/completions") and r.headers.get("x-pcp-role") == "worker"]
+    assert workers[-1].json["response_format"]["type"] == "json_schema" and "<PagedContext" in _texts(workers[-1].json["messages"])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_in_protocol_mode_store_and_metadata_reach_the_chat_upstream_and_come_back(start_proxy, upstream, stream):
+    upstream.default = chat_answering("Your code is 5521.")
+    proxy = start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=1)
+    history = long_history()
+    asked = {"model": "m", "instructions": history[0]["content"], "input": history[1:], "store": True, "metadata": {"ticket": "T-42"}}
+    if stream:
+        with proxy.client().responses.stream(**asked) as streamed:
+            response = streamed.get_final_response()
+    else:
+        response = proxy.client().responses.create(**asked)
+    assert "5521" in response.output_text and response.store is True and response.metadata == {"ticket": "T-42"}
+    workers = [r for r in upstream.requests if r.path.endswith("/chat/completions") and r.headers.get("x-pcp-role") == "worker"]
+    assert (workers[-1].json["store"], workers[-1].json["metadata"]) == (True, {"ticket": "T-42"})
