@@ -294,8 +294,8 @@ def llama_server_in_front(local_proxy, tmp_path_factory):
     from proxy.app import create_app
     from proxy.testing.upstream import serve_in_thread
 
-    base_url = local_proxy.app.state.services.local_model.base_url
-    fields = {"upstream_base_url": base_url, "data_dir": str(tmp_path_factory.mktemp("front")), "router_embeddings": False}
+    local = local_proxy.app.state.services.local_model
+    fields = {"upstream_base_url": local.base_url, "upstream_api_key": local.key, "data_dir": str(tmp_path_factory.mktemp("front")), "router_embeddings": False}
     server = serve_in_thread(create_app(Settings(**fields)), timeout_graceful_shutdown=10)
     yield server
     server.stop()
@@ -304,7 +304,10 @@ def llama_server_in_front(local_proxy, tmp_path_factory):
 def test_responses_in_front_of_llama_server_at_defaults_stream_and_take_a_multi_turn_input(llama_server_in_front):
     client = _client(llama_server_in_front)
     with client.responses.stream(model="m", input="Hello!", max_output_tokens=16) as streamed:
-        first = streamed.get_final_response()
+        events = list(streamed)  # the SDK's get_final_response wants response.completed: at 16 tokens it may be incomplete
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    first = events[-1].response
     items = [
         {"role": "user", "content": "Hello!"},
         {"role": "assistant", "content": [{"type": "output_text", "text": first.output_text or "Hi!"}]},
