@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -151,7 +152,7 @@ async def _checked(translator: Translator, native: httpx.Response) -> tuple[http
     A stream's first event must be one of the API's: a typed event, numbered by its
     ``sequence_number`` in Responses; what was read of it is handed on with the rest.
     An error is the upstream's to give, and a whole answer of another shape a 502 that says so,
-    as from any upstream."""
+    as from any upstream. A Responses answer that shows Ollama's own (``_ollama``) is not used."""
     if native.status_code >= 300:
         return native, None
     kind = native.headers.get("content-type", "")
@@ -163,7 +164,28 @@ async def _checked(translator: Translator, native: httpx.Response) -> tuple[http
                 break
         fault = _first_event_fault(translator.name, read)
         return _replayed(native, read, chunks), fault
-    return native, None
+    if translator.name != "responses" or not kind.startswith("application/json"):
+        return native, None
+    body = await native.aread()
+    try:
+        said = json.loads(body)
+    except ValueError:
+        said = None
+    replayed = httpx.Response(native.status_code, headers=native.headers, stream=httpx.ByteStream(body), request=native.request, extensions=native.extensions)
+    return replayed, _ollama(said)
+
+
+# Ollama names its responses "resp_" and a number under a million (OpenAI's: 48 hex digits), with a
+# service_tier "default"; its own /v1/responses answers every tool_choice as "auto", and keeps no store
+# nor metadata.
+_OLLAMA_ID = re.compile(r"resp_\d{1,6}")
+
+
+def _ollama(response: Any) -> str | None:
+    said = response.get("id") if isinstance(response, dict) else None
+    if isinstance(said, str) and _OLLAMA_ID.fullmatch(said) and response.get("service_tier") == "default":
+        return "the upstream is Ollama (by its response ids), whose /responses is partial"
+    return None
 
 
 def _first_event_fault(name: str, read: bytes) -> str | None:
@@ -179,7 +201,7 @@ def _first_event_fault(name: str, read: bytes) -> str | None:
         return "its stream's first event has no type"
     if name == "responses" and not isinstance(event.get("sequence_number"), int):
         return "its events have no sequence_number"
-    return None
+    return _ollama(event.get("response")) if name == "responses" else None
 
 
 def _replayed(native: httpx.Response, read: bytes, rest: AsyncIterator[bytes]) -> httpx.Response:

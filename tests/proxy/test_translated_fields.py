@@ -407,3 +407,34 @@ def test_in_protocol_mode_store_and_metadata_reach_the_chat_upstream_and_come_ba
     assert "5521" in response.output_text and response.store is True and response.metadata == {"ticket": "T-42"}
     workers = [r for r in upstream.requests if r.path.endswith("/chat/completions") and r.headers.get("x-pcp-role") == "worker"]
     assert (workers[-1].json["store"], workers[-1].json["metadata"]) == (True, {"ticket": "T-42"})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_ollamas_own_responses_is_known_by_its_ids_and_translated(proxy, upstream, stream):
+    def ollama(recorded: Recorded) -> Reply:
+        if recorded.path.endswith("/chat/completions"):
+            return chat_answering("Bonjour.")(recorded)
+        response = {
+            "id": "resp_482913",
+            "object": "response",
+            "status": "completed",
+            "output": [],
+            "tool_choice": "auto",
+            "metadata": {},
+            "service_tier": "default",
+        }
+        if not recorded.json.get("stream"):
+            return Reply(body=json.dumps(response).encode())
+        created = {"type": "response.created", "sequence_number": 0, "response": response}
+        return Reply(headers={"content-type": "text/event-stream"}, chunks=[f"event: response.created\ndata: {json.dumps(created)}\n\n".encode()])
+
+    upstream.default = ollama
+    client = proxy.client()
+    asked = {"model": "m", "input": "Hello!", "tool_choice": "required", "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]}
+    if stream:
+        with client.responses.stream(**asked) as streamed:
+            response = streamed.get_final_response()
+    else:
+        response = client.responses.create(**asked)
+    assert response.output_text == "Bonjour." and chat_sent(upstream)["tool_choice"] == "required"
+    assert "Ollama" in proxy.http.get("/healthz").json()["apis"]["responses"]
