@@ -85,7 +85,7 @@ class Translation:
             elif path in self.lacking:
                 said[translator.name] = f"translated ({self.reasons.get(path, 'the upstream lacks it')})"
             else:
-                said[translator.name] = "native" if path in self.native else "native unless its first answer shows otherwise"
+                said[translator.name] = "native" if path in self.native else "native unless its first answer shows it partial or missing"
         return said
 
     def _translate_from_now(self, translator: Translator, path: str, reason: str) -> None:
