@@ -192,23 +192,34 @@ def _part(block: Block) -> dict[str, Any] | None:
         source = {}
     if kind == "text":
         return {"type": "text", "text": text_of(block.get("text"))}
-    if kind == "image":
+    if kind == "image" and source.get("type") in ("url", "base64"):
         url = source.get("url") if source.get("type") == "url" else f"data:{source.get('media_type')};base64,{source.get('data')}"
         return {"type": "image_url", "image_url": {"url": url}}
     if kind == "document" and source.get("type") == "text":
         return {"type": "text", "text": text_of(source.get("data"))}
+    if kind == "document" and source.get("type") == "content":
+        return {"type": "text", "text": _text(source.get("content"))}
     if kind == "document" and source.get("type") == "base64":
         return {
             "type": "file",
             "file": {"file_data": f"data:{source.get('media_type')};base64,{source.get('data')}", "filename": block.get("title") or "document"},
         }
-    return None  # thinking, a tool result (a message of its own), what chat has no part for
+    if kind in ("image", "document"):  # a file of Anthropic's Files API, a document by URL: chat has no part that takes them
+        _refuse(
+            f"{kind}.source", f"an {kind} block whose source is of type {source.get('type')!r} cannot be sent to a chat-completions upstream: send it as base64"
+        )
+    if kind == "search_result":
+        said = [text_of(block.get("title")), text_of(block.get("source")), _text(block.get("content"))]
+        return {"type": "text", "text": "\n".join(piece for piece in said if piece)}
+    return None  # thinking, a tool result (a message of its own), a server tool's call or result (refused with its tool)
 
 
 def _tool(tool: Block) -> dict[str, Any]:
     function = {"name": tool["name"], "parameters": tool["input_schema"]}
     if tool.get("description"):
         function["description"] = tool["description"]
+    if tool.get("strict"):
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 

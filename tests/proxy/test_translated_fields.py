@@ -438,3 +438,14 @@ def test_ollamas_own_responses_is_known_by_its_ids_and_translated(proxy, upstrea
         response = client.responses.create(**asked)
     assert response.output_text == "Bonjour." and chat_sent(upstream)["tool_choice"] == "required"
     assert "Ollama" in proxy.http.get("/healthz").json()["apis"]["responses"]
+
+
+def test_a_messages_image_chat_cannot_take_is_refused_by_name_and_a_search_result_goes_as_text(proxy, upstream):
+    upstream.default = chat_answering("ok")
+    filed = {"type": "image", "source": {"type": "file", "file_id": "file_1"}}
+    with pytest.raises(anthropic.BadRequestError) as raised:
+        proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": [filed, {"type": "text", "text": "What is it?"}]}])
+    assert "image.source" in str(raised.value)
+    found = {"type": "search_result", "title": "Tides", "source": "https://example.org/tides", "content": [{"type": "text", "text": "High at 6."}]}
+    proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": [found, {"type": "text", "text": "When?"}]}])
+    assert chat_sent(upstream)["messages"][-1]["content"] == "Tides\nhttps://example.org/tides\nHigh at 6.When?"
