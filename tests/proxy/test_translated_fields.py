@@ -449,3 +449,85 @@ def test_a_messages_image_chat_cannot_take_is_refused_by_name_and_a_search_resul
     found = {"type": "search_result", "title": "Tides", "source": "https://example.org/tides", "content": [{"type": "text", "text": "High at 6."}]}
     proxy.anthropic().messages.create(model="m", max_tokens=9, messages=[{"role": "user", "content": [found, {"type": "text", "text": "When?"}]}])
     assert chat_sent(upstream)["messages"][-1]["content"] == "Tides\nhttps://example.org/tides\nHigh at 6.When?"
+
+
+# -- conformance: every event the SDKs read, every way an answer ends -----------------------
+
+CALL = [{"id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
+ENDINGS = {
+    "text": {"pieces": ["Sunny ", "all day."], "finish": "stop"},
+    "tool": {"pieces": [], "tool_calls": CALL},
+    "limit": {"pieces": ["It is sun", "ny and"], "finish": "length"},
+}
+
+
+def ending(kind: str):
+    said = ENDINGS[kind]
+
+    def reply(recorded: Recorded) -> Reply:
+        if not recorded.path.endswith("/chat/completions"):
+            return Reply(status=404, body=b'{"detail": "Not Found"}')
+        usage = {"prompt_tokens": 9, "completion_tokens": 4, "total_tokens": 13}
+        if recorded.json.get("stream"):
+            return stream_reply(said["pieces"], usage=usage, finish=said.get("finish"), tool_calls=said.get("tool_calls"))
+        return completion("".join(said["pieces"]), tool_calls=said.get("tool_calls"), finish=said.get("finish"), prompt_tokens=9, completion_tokens=4)
+
+    return reply
+
+
+def conversation(protocol: bool) -> list[dict]:
+    """The question alone, or after a history long enough for protocol mode (``start``'s threshold)."""
+    return [*long_history()[1:-1], {"role": "user", "content": "Weather?"}] if protocol else [{"role": "user", "content": "Weather?"}]
+
+
+def start(start_proxy, protocol: bool):
+    return start_proxy(sentry_threshold=500, context_budget=BUDGET, max_rounds=1) if protocol else start_proxy()
+
+
+@pytest.mark.parametrize("kind", list(ENDINGS))
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("protocol", [False, True])
+def test_the_openai_sdk_reads_every_translated_responses_answer(start_proxy, upstream, kind, stream, protocol):
+    upstream.default = ending(kind)
+    proxy = start(start_proxy, protocol)
+    tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    asked = {"model": "m", "input": conversation(protocol), "tools": tools, "max_output_tokens": 4}
+    if stream:
+        events = list(proxy.client().responses.create(**asked, stream=True))  # each one parsed into its typed model
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        response = events[-1].response
+        assert events[-1].type == ("response.incomplete" if kind == "limit" else "response.completed")
+    else:
+        response = proxy.client().responses.create(**asked)
+    assert response.status == ("incomplete" if kind == "limit" else "completed")
+    if kind == "tool":
+        assert (response.output[0].type, response.output[0].call_id, json.loads(response.output[0].arguments)) == ("function_call", "call_9", {"city": "Oslo"})
+    else:
+        assert response.output_text == "".join(ENDINGS[kind]["pieces"])
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (9, 4)
+    assert proxy.http.get("/healthz").status_code == 200 and (not protocol or len(upstream.chat_requests("worker")) == 1)
+
+
+@pytest.mark.parametrize("kind", list(ENDINGS))
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("protocol", [False, True])
+def test_the_anthropic_sdk_reads_every_translated_message(start_proxy, upstream, kind, stream, protocol):
+    upstream.default = ending(kind)
+    proxy = start(start_proxy, protocol)
+    tools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    asked = {"model": "m", "max_tokens": 4, "tools": tools, "messages": conversation(protocol)}
+    client = proxy.anthropic()
+    if stream:
+        with client.messages.stream(**asked) as streamed:
+            events = list(streamed)  # each one parsed into its typed model
+            message = streamed.get_final_message()
+        assert events[0].type == "message_start" and events[-1].type == "message_stop"
+    else:
+        message = client.messages.create(**asked)
+    assert message.stop_reason == {"text": "end_turn", "tool": "tool_use", "limit": "max_tokens"}[kind]
+    if kind == "tool":
+        assert (message.content[-1].type, message.content[-1].id, message.content[-1].input) == ("tool_use", "call_9", {"city": "Oslo"})
+    else:
+        assert message.content[0].text == "".join(ENDINGS[kind]["pieces"])
+    assert message.usage.output_tokens == 4
+    assert not protocol or len(upstream.chat_requests("worker")) == 1
