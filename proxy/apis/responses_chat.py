@@ -102,6 +102,9 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
     if asked.get("max_output_tokens") is not None:
         chat["max_tokens"] = asked["max_output_tokens"]
     tools = [tool for tool in (_tool(t) for t in asked.get("tools") or ()) if tool is not None]
+    allowed = _allowed(asked.get("tool_choice"))
+    if allowed is not None:  # allowed_tools: the model sees those alone
+        tools = [tool for tool in tools if tool["function"]["name"] in allowed]
     if tools:
         chat["tools"] = tools
         if "tool_choice" in asked:
@@ -182,7 +185,7 @@ def _text_content(output: Any) -> str:
 
 
 def _tool(tool: Any) -> dict[str, Any] | None:
-    """A function (or custom) tool as a chat function; a hosted tool (web_search, …) has no chat form and is left out."""
+    """A function (or custom) tool as a chat function; a hosted tool (web_search, …) has none (``refused``)."""
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         return None
     if tool.get("type") == "function":
@@ -191,8 +194,19 @@ def _tool(tool: Any) -> dict[str, Any] | None:
             function["strict"] = True
         return {"type": "function", "function": function}
     if tool.get("type") == "custom":
-        return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description") or "", "parameters": CUSTOM_PARAMETERS}}
+        description = text_of(tool.get("description"))
+        format = tool.get("format")
+        if isinstance(format, dict) and format.get("type") == "grammar":  # chat cannot enforce it: the model is told it
+            description += f"\n\nThe input follows this {text_of(format.get('syntax'))} grammar:\n{text_of(format.get('definition'))}"
+        return {"type": "function", "function": {"name": tool["name"], "description": description.strip(), "parameters": CUSTOM_PARAMETERS}}
     return None
+
+
+def _allowed(choice: Any) -> set[str] | None:
+    """The tools an ``allowed_tools`` choice lets the model call (None: every one)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return None
+    return {tool["name"] for tool in choice.get("tools") or () if isinstance(tool, dict) and isinstance(tool.get("name"), str)}
 
 
 def _tool_choice(choice: Any) -> Any:

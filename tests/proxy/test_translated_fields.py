@@ -531,3 +531,22 @@ def test_the_anthropic_sdk_reads_every_translated_message(start_proxy, upstream,
         assert message.content[0].text == "".join(ENDINGS[kind]["pieces"])
     assert message.usage.output_tokens == 4
     assert not protocol or len(upstream.chat_requests("worker")) == 1
+
+
+def test_allowed_tools_leave_the_others_out_and_a_custom_tools_grammar_is_told(proxy, upstream):
+    upstream.default = chat_answering("ok")
+    tools = [
+        {"type": "function", "name": "read", "parameters": {"type": "object"}},
+        {"type": "function", "name": "write", "parameters": {"type": "object"}},
+        {
+            "type": "custom",
+            "name": "apply_patch",
+            "description": "Patch files.",
+            "format": {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch"'},
+        },
+    ]
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "read"}, {"type": "custom", "name": "apply_patch"}]}
+    proxy.client().responses.create(model="m", input="Fix it.", tools=tools, tool_choice=choice)
+    sent = chat_sent(upstream)
+    assert [t["function"]["name"] for t in sent["tools"]] == ["read", "apply_patch"] and sent["tool_choice"] == "required"
+    assert sent["tools"][1]["function"]["description"] == 'Patch files.\n\nThe input follows this lark grammar:\nstart: "*** Begin Patch"'
