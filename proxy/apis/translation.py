@@ -294,9 +294,12 @@ async def _collected(chat: httpx.Response, stops: Stops) -> dict[str, Any]:
                 if said is None or said == DONE:
                     continue
                 try:
-                    chunk = json.loads(said)
-                except ValueError:
-                    raise UpstreamError(f"the upstream's stream holds an event that is not JSON: {said[:200]!r}", code="upstream_bad_stream") from None
+                    chunk = strict_json(said)
+                except (ValueError, RecursionError):
+                    raise UpstreamError(
+                        f"the upstream's stream holds an event that is not JSON (or holds a number past a double's range): {said[:200]!r}",
+                        code="upstream_bad_stream",
+                    ) from None
                 if not isinstance(chunk, dict):
                     continue
                 if "error" in chunk and not chunk.get("choices"):
