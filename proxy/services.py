@@ -168,6 +168,7 @@ async def open_services(
         bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
         _resident_gauges(metrics, sessions, bm25, dense, memory, bodies)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
+        log.info("Responses and Messages there: %s", "; ".join(f"{api} {how}" for api, how in upstream.translation.fronts().items()))
         if anthropic is not None:
             log.info("Anthropic's Messages API at %s", anthropic.shown_url)
         yield Services(

@@ -279,6 +279,7 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     said: dict[str, Any] = {"status": status}
     if shows_details(services.settings, request.headers):
         said["upstream"] = services.upstream.shown_url
+        said["apis"] = services.upstream.translation.fronts()  # native, or translated to chat completions, and why
         if local is not None:
             said["local_model"] = local
     return Response(said, status_code=503 if status == "unavailable" else 200)
