@@ -25,7 +25,7 @@ LLAMA_SERVER := $(HOME)/.cache/pcp-proxy/llama-server-$(LLAMA_VERSION)-$(shell p
 LOCAL_SERVER := $(VENV)/bin/llama-server
 EMBEDDED := $(if $(PCP_UPSTREAM_BASE_URL),,$(LOCAL_SERVER))
 
-.PHONY: install embedded install-mpnet llama-server agents run lint test bench lock upgrade clean
+.PHONY: install embedded install-mpnet llama-server agents agents-lock run lint test bench lock upgrade clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,10 +74,15 @@ AGENTS_STAMP := $(AGENTS)/.installed-stamp
 $(AGENTS_STAMP): $(AGENTS)/package.json $(AGENTS)/package-lock.json $(AGENTS)/requirements-aider.txt
 	cd $(AGENTS) && npm install --no-audit --no-fund --loglevel=error
 	$(PYTHON) -m venv $(AGENTS)/aider-venv
-	$(AGENTS)/aider-venv/bin/python -m pip install --quiet --disable-pip-version-check -r $(AGENTS)/requirements-aider.txt
+	$(AGENTS)/aider-venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r $(AGENTS)/requirements-aider.txt
 	touch $(AGENTS_STAMP)
 
 agents: $(AGENTS_STAMP)
+
+# aider's lock again from requirements-aider.in, keeping the versions locked now (`--upgrade` after it for the newest).
+agents-lock: $(STAMP)
+	cd $(AGENTS) && CUSTOM_COMPILE_COMMAND="make agents-lock" ../../$(PY) -m piptools compile --quiet --generate-hashes --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --output-file requirements-aider.txt requirements-aider.in
 
 run: $(STAMP) $(EMBEDDED)
 	$(VENV)/bin/pcp-proxy serve
