@@ -47,6 +47,7 @@ from pcp_core import (
     remembered,
     rounds,
     settle,
+    stored_pages,
 )
 from pcp_core.memory import memory_use
 
@@ -80,10 +81,12 @@ async def serve_protocol(
     policy: Policy | None = None,
     telemetry: RequestTelemetry | None = None,
     memory: Scope | None = None,
+    behind: list[str] | None = None,
 ) -> Response[Any]:
     """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
-    ``memory``: the request's memory scope (``proxy.memory``)."""
-    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory)
+    ``memory``: the request's memory scope (``proxy.memory``); ``behind``: sessions of the caller whose pages the
+    request reads beside its own (those a compaction it carries stands for, ``web.context_management``)."""
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory, behind)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
@@ -112,8 +115,10 @@ class ProtocolRequest:
         policy: Policy | None = None,
         telemetry: RequestTelemetry | None = None,
         memory: Scope | None = None,
+        behind: list[str] | None = None,
     ):
         self.services = services
+        self.behind = behind or []
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
@@ -158,7 +163,7 @@ class ProtocolRequest:
             # while it computes, an upstream call leaves the loop); dense recall waits for it (``fulfil``).
             text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
             self.prefetch = embedder.prefetch(text, self.headers)
-        self.recalled = await self._recall()
+        self.recalled = [*await self._behind(), *await self._recall()]
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         if self.services.keys_prompt_cache(self.calls.upstream):
@@ -260,6 +265,15 @@ class ProtocolRequest:
             await _quietly(self.prefetch)
         return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts, self.headers))
 
+    async def _behind(self) -> list[Page]:
+        """The pages of the sessions the request reads beside its own (``behind``), as pages from storage: before
+        its history in time, ranked and Consulted as its own are. A session the store no longer holds adds none."""
+        if not self.behind:
+            return []
+        sessions = self.services.sessions
+        found = await asyncio.to_thread(lambda: [sessions.read(self.namespace, session_id) for session_id in self.behind])
+        return [page for session in found if session is not None for page in stored_pages(session.pages)]
+
     async def _recall(self) -> list[Page]:
         """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
         memory, scope = self.services.memory, self.memory
@@ -314,6 +328,7 @@ class ProtocolRequest:
     async def complete(self) -> Response[Any]:
         data, outcome = await self._completed()
         await self._stored()
+        self.codec.kept(self.session_id or (self.prepared.session.id if self.prepared is not None else ""), self.behind)
         return Response(
             json.dumps(self.codec.final(data, outcome, self.usage)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds)
         )
@@ -333,6 +348,7 @@ class ProtocolRequest:
         if codec.choices > 1:  # several answers are not relayed as they come: they arrive whole, as events
             data, outcome = await self._completed()
             await self._stored()
+            self.codec.kept(self.session_id, self.behind)
             return Stream(codec.events(codec.final(data, outcome, self.usage)), media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
         loop = await self.start()
         step = await self.advance(loop, None)
@@ -342,9 +358,11 @@ class ProtocolRequest:
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 self._save_once()  # the worker is answering: the session is kept before the answer starts
                 await self._stored()
+                codec.kept(self.session_id, self.behind)
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
         await self._stored()
+        codec.kept(self.session_id, self.behind)
         # A call of the client's own tools goes back as the upstream sent it.
         body = round_.api.replay(round_.events) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))

@@ -23,7 +23,7 @@ from pcp_core import Conversation, client_named, engaged, pageable, prompt_token
 from .. import headers as pcp
 from ..apis.chat import CHAT
 from ..apis.codec import Api, Codec, Reading, tools_text, whole_body
-from ..apis.messages import MESSAGES
+from ..apis.messages import MESSAGES, MessagesCodec
 from ..apis.responses import RESPONSES
 from ..errors import ClientError, PcpError
 from ..memory.hooks import faults, memory_scope, remember_forwarded
@@ -32,6 +32,7 @@ from ..protocol.control import Control
 from ..protocol.drive import serve_protocol
 from ..protocol.telemetry import RequestTelemetry
 from ..services import Services
+from .context_management import Plan, plan, serves_context_management
 from .forward import forward, unless_client_leaves, upstream_target
 from .handlers import not_the_proxys, speaks_anthropic
 from .keys import check_metrics_key, shows_details, upstream_headers
@@ -80,18 +81,30 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    reading, said, tokens = await _read(body, lambda: _api_read(api, body, services))
+    managed = None
+    if api.name == "messages" and serves_context_management(services):  # its context management, applied here
+        namespace = services.namespaces.of(request.headers)
+        managed = await _read(body, lambda: plan(services, namespace, body, lambda said: _api_read(api, said, services)))
+    if managed is not None:
+        body, (reading, said, tokens) = managed.body, managed.read
+    else:
+        reading, said, tokens = await _read(body, lambda: _api_read(api, body, services))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
+        control = _paged(services, headers, reading.model, tokens, scope, managed) if reading.messages else None
         if control is not None:
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
             if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
-                return await _protocol(request, services, codec, conversation, (_as_read(said, reading, conversation), tokens), headers, control, scope)
+                if managed is not None and isinstance(codec, MessagesCodec):
+                    codec.managed = managed.managed
+                counted = (_as_read(said, reading, conversation), tokens)
+                return await _protocol(request, services, codec, conversation, counted, headers, control, scope, managed.behind if managed else None)
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
+    if managed is not None:  # not paged: as its edits leave it
+        body = managed.forwarded
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     rewrite = None
     if api.chat_body:
@@ -174,11 +187,14 @@ def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> 
     return memory_scope(services.memory, request.headers, body, namespace, services.settings.memory_scope_from_user)
 
 
-def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None) -> Control | None:
+def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None, managed: Plan | None = None) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
     (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
-    page fault, whatever the request's size."""
+    page fault, whatever the request's size; context management the proxy applies pages it
+    (``context_management``), unless the request turns protocol mode off."""
     control = services.controls.of(headers, model)
+    if managed is not None and managed.forced and control.mode != "off":
+        return managed.controlled(control)
     paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services.memory, scope)))
     return control if paged else None
 
@@ -214,14 +230,25 @@ async def _protocol(
     headers: dict[str, str],
     control: Control,
     scope: Scope | None,
+    behind: list[str] | None = None,
 ) -> Response[Any]:
-    """``counted``: the tokens of the request's messages, and of its whole prompt (with its tools)."""
+    """``counted``: the tokens of the request's messages, and of its whole prompt (with its tools); ``behind``: sessions
+    whose pages it reads beside its own (a compaction's, ``context_management``)."""
     said, tokens = counted
     namespace = services.namespaces.of(request.headers)
     messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages), said)
     work = serve_protocol(
-        services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
+        services,
+        codec,
+        conversation,
+        headers,
+        namespace,
+        _pinned(request, conversation),
+        policy=control.policy,
+        telemetry=telemetry,
+        memory=scope,
+        behind=behind,
     )
     told = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
     try:  # worker rounds run before any byte is sent: a client that leaves cancels them
