@@ -63,7 +63,7 @@ if TYPE_CHECKING:
     from ..memory.scopes import Scope
     from ..services import Services
 
-__all__ = ["serve_protocol"]
+__all__ = ["keep_pages", "serve_protocol"]
 
 Rounds = Generator[Effect, Any, Outcome]
 
@@ -99,6 +99,20 @@ async def serve_protocol(
                 type="timeout",
                 code="request_timeout",
             ) from None
+
+
+async def keep_pages(services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, policy: Policy) -> str:
+    """The conversation's history paged into its session and kept, with no worker call (a compaction's): the session's id,
+    once the store holds it."""
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, None, policy)
+    request.prepared = prepared = await request._paged()
+    request._count_paging(prepared)
+    request._save_once()
+    if request.kept is not None:
+        kept = await asyncio.wrap_future(request.kept)
+        if kept is not None:
+            request.session_id = kept.session.id
+    return request.session_id or prepared.session.id
 
 
 class ProtocolRequest:

@@ -18,6 +18,13 @@ with ``PCP_SERVE_CONTEXT_MANAGEMENT``):
   it is dropped, as Anthropic drops it) and runs in protocol mode with the pages
   the handle stands for behind its own.
 
+OpenAI's ``POST /v1/responses/compact`` (``compacted``), where the upstream lacks
+it: the input's history is paged into a session (no model call) and the answer's
+output is the input's user messages and exactly one ``compaction`` item, whose
+``encrypted_content`` is the handle to the session's pages (and to those of a
+compaction item the input carried). A later ``/v1/responses`` request that carries
+such an item (``responses_plan``) runs in protocol mode with those pages behind it.
+
 Where protocol mode cannot take the request (``x-pcp-mode-request: off``, a
 budget its head alone fills), the edited request goes upstream as Anthropic
 would send it to the model: cleared, and not reported.
@@ -26,22 +33,26 @@ would send it to the model: cleared, and not reported.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from pcp_core import EditError, after_compaction, apply_edits, edits_of
+from pcp_core import Conversation, EditError, after_compaction, apply_edits, edits_of, short_hash
 
 from ..apis.messages import Managed
+from ..apis.responses import RESPONSES
 from ..errors import ClientError
 from ..protocol.control import Control
+from ..protocol.drive import keep_pages
 from ..services import Services
 from ..storage.datadir import HANDLE_PREFIX
 
-__all__ = ["Plan", "plan", "serves_context_management"]
+__all__ = ["Plan", "compacted", "plan", "responses_plan", "serves_context_management"]
 
+COMPACT_PATH = "/responses/compact"
 Read = Callable[[bytes], tuple[Any, int, int]]  # a body's reading, its messages' tokens and its prompt's
 
 
@@ -118,3 +129,104 @@ def plan(services: Services, namespace: str, body: bytes, read: Read) -> Plan | 
         budget = read(forwarded)[2]
     managed = Managed(edited.applied, edited.compaction, lambda sessions: services.namespaces.handle(namespace, sessions))
     return Plan(body, reading, forwarded, managed, budget, behind)
+
+
+# -- OpenAI's Responses: /responses/compact, and the compaction items a request carries -------------------------
+
+
+def _opened_items(services: Services, namespace: str, items: list[Any]) -> tuple[list[Any], list[str]] | None:
+    """``items`` without the compaction items this proxy made, and the sessions those stand for; None: there are none."""
+    ours = [i for i, item in enumerate(items) if _our_compaction(item)]
+    if not ours:
+        return None
+    behind: list[str] = []
+    for i in ours:
+        opened = services.namespaces.opened(namespace, items[i]["encrypted_content"])
+        if opened is None:
+            raise ClientError(
+                "the compaction item was not made by this proxy for this caller: its pages cannot be read (send the history it stands for instead)",
+                param=f"input.[{i}]",
+                code="invalid_compaction",
+            )
+        behind.extend(s for s in opened if s not in behind)
+    return [item for i, item in enumerate(items) if i not in ours], behind
+
+
+def _our_compaction(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "compaction" and str(item.get("encrypted_content") or "").startswith(HANDLE_PREFIX)
+
+
+def responses_plan(services: Services, namespace: str, body: bytes) -> tuple[bytes, list[str]] | None:
+    """A Responses request that carries compaction items this proxy made: its body without them, and the sessions
+    whose pages it reads beside its own; None for any other (an upstream's own compaction items go to it)."""
+    if b'"compaction"' not in body:
+        return None
+    try:
+        asked = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(asked, dict) or not isinstance(asked.get("input"), list):
+        return None
+    opened = _opened_items(services, namespace, asked["input"])
+    if opened is None:
+        return None
+    items, behind = opened
+    return json.dumps({**asked, "input": items}).encode(), behind
+
+
+async def compacted(services: Services, namespace: str, headers: dict[str, str], body: bytes) -> tuple[dict[str, Any], str]:
+    """``POST /responses/compact`` served by the proxy: the compacted response, and the session its pages are kept in."""
+    try:
+        asked = json.loads(body)
+    except ValueError:
+        raise ClientError("the request body is not JSON", code="invalid_json") from None
+    if not isinstance(asked, dict):
+        raise ClientError("the request body is not a JSON object", code="invalid_json")
+    if asked.get("previous_response_id"):
+        raise ClientError(
+            "previous_response_id cannot be compacted here: the upstream keeps no responses for the proxy to read (send the input whole)",
+            param="previous_response_id",
+        )
+    said = asked.get("input") or []
+    items = [{"type": "message", "role": "user", "content": said}] if isinstance(said, str) else said
+    if not isinstance(items, list):
+        raise ClientError("input is neither text nor a list of items", param="input")
+    opened = _opened_items(services, namespace, items)
+    items, behind = opened if opened is not None else (items, [])
+    # Every item is history: the line after them is only the query a conversation needs.
+    paged = {"model": asked.get("model"), "instructions": asked.get("instructions"), "input": [*items, {"role": "user", "content": "(compacted)"}]}
+    reading = RESPONSES.read(json.dumps(paged).encode())
+    control = services.controls.of(headers, reading.model)
+    conversation = Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
+    sessions = list(behind)
+    session_id = ""
+    if conversation.history:
+        session_id = await keep_pages(services, RESPONSES.codec(paged), conversation, headers, namespace, control.policy)
+        sessions.insert(0, session_id)
+    users = [_user_item(item) for item in items if isinstance(item, dict) and item.get("role") == "user" and item.get("type") in (None, "message")]
+    compaction = {
+        "id": f"cmp_pcp{short_hash(f'{namespace}{time.time_ns()}')}",
+        "type": "compaction",
+        "encrypted_content": services.namespaces.handle(namespace, sessions),
+    }
+    response = {
+        "id": f"resp_pcp{short_hash(f'compact{time.time_ns()}')}",
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [*users, compaction],
+        "usage": {
+            "input_tokens": 0,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": 0,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 0,
+        },
+    }
+    return response, session_id
+
+
+def _user_item(item: dict[str, Any]) -> dict[str, Any]:
+    """A user message of the input as an item of the compacted output."""
+    content = item.get("content")
+    parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else content
+    return {"type": "message", "role": "user", "content": parts}

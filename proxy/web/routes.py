@@ -15,6 +15,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, TypeVar
 
+import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
@@ -32,8 +33,8 @@ from ..protocol.control import Control
 from ..protocol.drive import serve_protocol
 from ..protocol.telemetry import RequestTelemetry
 from ..services import Services
-from .context_management import Plan, plan, serves_context_management
-from .forward import forward, unless_client_leaves, upstream_target
+from .context_management import COMPACT_PATH, Plan, compacted, plan, responses_plan, serves_context_management
+from .forward import forward, relayed, unless_client_leaves, upstream_target
 from .handlers import not_the_proxys, speaks_anthropic
 from .keys import check_metrics_key, shows_details, upstream_headers
 
@@ -66,6 +67,32 @@ async def responses(request: Request[Any, Any, Any], services: NamedDependency[S
     return await paged_api(request, services, RESPONSES)
 
 
+@route("/responses/compact", http_method=[HttpMethod.POST], status_code=200)
+async def responses_compact(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """OpenAI's compaction (``POST /responses/compact``): the upstream's own where it has it, else the proxy's, whose
+    compaction item is a handle to the history's pages (``context_management.compacted``)."""
+    upstream, settings = services.upstream, services.settings
+    translation = upstream.translation
+    path = _asked_at(dataclasses.replace(RESPONSES, path=COMPACT_PATH), request).path
+    body = await request.body()
+    headers = upstream_headers(settings, request.headers, anthropic=False)
+    if not (settings.serve_compact or translation.mode == "always" or COMPACT_PATH in translation.lacking):
+        answer = await upstream.open("POST", path, content=body, headers=headers)
+        try:
+            content = await answer.aread()
+        finally:
+            await answer.aclose()
+        if translation.mode == "never" or answer.status_code not in (404, 405):
+            services.metrics.inc("pcp_requests_total", mode="passthrough")
+            return Response(content, **relayed(answer, PASSTHROUGH))
+        translation.lacking.add(COMPACT_PATH)
+        log.info("the upstream answered POST %s with %s: the proxy compacts from now on", COMPACT_PATH, answer.status_code)
+    namespace = services.namespaces.of(request.headers)
+    compaction, session = await compacted(services, namespace, headers, body)
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    return Response(compaction, headers={pcp.MODE: "protocol", pcp.SESSION: session})
+
+
 @route("/messages", http_method=METHODS, status_code=200)
 async def messages(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
     """Anthropic's Messages API: paged as chat is (``apis.messages``)."""
@@ -81,10 +108,16 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    managed = None
+    managed, behind = None, None
     if api.name == "messages" and serves_context_management(services):  # its context management, applied here
         namespace = services.namespaces.of(request.headers)
         managed = await _read(body, lambda: plan(services, namespace, body, lambda said: _api_read(api, said, services)))
+        behind = managed.behind if managed is not None else None
+    elif api.name == "responses":  # compaction items the proxy made: their pages behind the request
+        namespace = services.namespaces.of(request.headers)
+        carried = await _read(body, lambda: responses_plan(services, namespace, body))
+        if carried is not None:
+            body, behind = carried
     if managed is not None:
         body, (reading, said, tokens) = managed.body, managed.read
     else:
@@ -94,14 +127,14 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, tokens, scope, managed) if reading.messages else None
+        control = _paged(services, headers, reading.model, tokens, scope, managed, bool(behind)) if reading.messages else None
         if control is not None:
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
             if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
                 if managed is not None and isinstance(codec, MessagesCodec):
                     codec.managed = managed.managed
                 counted = (_as_read(said, reading, conversation), tokens)
-                return await _protocol(request, services, codec, conversation, counted, headers, control, scope, managed.behind if managed else None)
+                return await _protocol(request, services, codec, conversation, counted, headers, control, scope, behind)
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
     if managed is not None:  # not paged: as its edits leave it
         body = managed.forwarded
@@ -187,7 +220,9 @@ def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> 
     return memory_scope(services.memory, request.headers, body, namespace, services.settings.memory_scope_from_user)
 
 
-def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None, managed: Plan | None = None) -> Control | None:
+def _paged(
+    services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None, managed: Plan | None = None, behind: bool = False
+) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
     (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
     page fault, whatever the request's size; context management the proxy applies pages it
@@ -195,6 +230,8 @@ def _paged(services: Services, headers: dict[str, str], model: str | None, token
     control = services.controls.of(headers, model)
     if managed is not None and managed.forced and control.mode != "off":
         return managed.controlled(control)
+    if behind and control.mode != "off":  # the pages of a compaction it carries are read in protocol mode alone
+        return msgspec.structs.replace(control, mode="force")
     paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services.memory, scope)))
     return control if paged else None
 
@@ -323,6 +360,6 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return services.metrics.exposition()
 
 
-API_ROUTES = [chat_completions, responses, messages, forward_v1]  # under /v1
+API_ROUTES = [chat_completions, responses, responses_compact, messages, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
 OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import openai
 import pytest
 
 from proxy.testing.replies import completion, stream_reply
@@ -53,8 +54,8 @@ def chat_only_proxy(start_proxy, upstream):
     return start_proxy(translate_apis="always")
 
 
-def session(proxy, session_id: str) -> dict:
-    shown = proxy.http.get(f"/v1/pcp/sessions/{session_id}", headers={"authorization": "Bearer sk-ant-client"})
+def session(proxy, session_id: str, key: str = "sk-ant-client") -> dict:
+    shown = proxy.http.get(f"/v1/pcp/sessions/{session_id}", headers={"authorization": f"Bearer {key}"})
     assert shown.status_code == 200, shown.text
     return shown.json()
 
@@ -197,3 +198,71 @@ def test_where_the_upstream_speaks_messages_the_edit_goes_to_it_untouched(start_
     assert answer.context_management.applied_edits[0].cleared_tool_uses == 1
     sent = upstream.requests[-1]
     assert sent.path.startswith("/v1/messages") and sent.json["context_management"] == {"edits": [CLEAR]}
+
+
+# -- OpenAI's /responses/compact ---------------------------------------------------------------
+
+
+def responses_history(calls: int, words: int) -> list[dict]:
+    """A Codex session's input: its task, then ``calls`` shell calls and their outputs."""
+    items: list[dict] = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Read every file of the project."}]}]
+    for i in range(calls):
+        items.append({"type": "function_call", "call_id": f"call_{i:02d}", "name": "shell", "arguments": json.dumps({"command": ["cat", f"file{i}.py"]})})
+        items.append({"type": "function_call_output", "call_id": f"call_{i:02d}", "output": result_text(i, words)})
+    items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "I have read them all."}]})
+    return items
+
+
+def test_compact_on_a_chat_only_upstream_hands_back_one_compaction_item_that_pages_the_next_request(chat_only_proxy, upstream):
+    client = chat_only_proxy.client()
+    raw = client.responses.with_raw_response.compact(model="gpt-5.1-codex", input=responses_history(40, 430), instructions="You are Codex.")
+    compacted = raw.parse()
+    assert raw.http_response.status_code == 200 and compacted.object == "response.compaction"
+    kinds = [item.type for item in compacted.output]
+    assert kinds.count("compaction") == 1 and kinds[-1] == "compaction"
+    assert [item.role for item in compacted.output if item.type == "message"] == ["user"]
+    handle = compacted.output[-1].encrypted_content
+    assert "zebra" not in handle and upstream.requests == []  # no model call: the history is paged, not summarised
+    assert originals(session(chat_only_proxy, raw.headers["x-pcp-session"], "sk-client")) >= 40
+
+    # The next request carries the compacted output and a question: paged, with the history's pages behind it.
+    follow_up = [item.model_dump(exclude_none=True) for item in compacted.output]
+    follow_up.append({"type": "message", "role": "user", "content": "Which file holds the marker zebra7quokka?"})
+    raw = client.responses.with_raw_response.create(model="gpt-5.1-codex", input=follow_up, instructions="You are Codex.")
+    assert raw.http_response.status_code == 200 and raw.headers["x-pcp-mode"] == "protocol"
+    assert raw.parse().output_text == "Done."
+    document = json.dumps(upstream.chat_requests("worker")[0].json["messages"])
+    assert "<PagedContext" in document and "file12.py" in document and handle not in document
+
+
+def test_compacting_again_keeps_the_pages_of_the_first_compaction(chat_only_proxy, upstream):
+    client = chat_only_proxy.client()
+    first = client.responses.compact(model="m", input=responses_history(20, 100))
+    again = [*(item.model_dump(exclude_none=True) for item in first.output), *responses_history(5, 100)[1:]]
+    second = client.responses.with_raw_response.compact(model="m", input=again)
+    handle = second.parse().output[-1].encrypted_content
+    sessions = chat_only_proxy.services.namespaces.opened(chat_only_proxy.services.namespaces.of({"authorization": "Bearer sk-client"}), handle)
+    assert len(sessions) == 2 and sessions[0] == second.headers["x-pcp-session"]
+
+
+def test_a_compaction_item_of_another_caller_is_refused(chat_only_proxy):
+    first = chat_only_proxy.client().responses.compact(model="m", input=responses_history(5, 100))
+    follow_up = [*(item.model_dump(exclude_none=True) for item in first.output), {"role": "user", "content": "And?"}]
+    with pytest.raises(openai.BadRequestError, match="not made by this proxy for this caller"):
+        chat_only_proxy.client(api_key="sk-someone-else").responses.create(model="m", input=follow_up)
+
+
+def test_where_the_upstream_has_compact_it_is_forwarded_untouched(proxy, upstream):
+    native = {"id": "resp_1", "object": "response.compaction", "created_at": 1, "output": [{"type": "compaction", "id": "cmp_1", "encrypted_content": "gAAA"}]}
+    upstream.enqueue(Reply(body=json.dumps(native).encode()))
+    reply = proxy.http.post("/v1/responses/compact", json={"model": "m", "input": "Hello!"})
+    assert reply.json() == native and [r.path for r in upstream.requests] == ["/v1/responses/compact"]
+    assert reply.headers["x-pcp-mode"] == "passthrough"
+
+
+def test_where_the_upstream_lacks_compact_the_proxy_serves_it_from_then_on(proxy, upstream):
+    upstream.default = chat_upstream()
+    first = proxy.http.post("/v1/responses/compact", json={"model": "m", "input": responses_history(3, 50)})
+    second = proxy.http.post("/v1/responses/compact", json={"model": "m", "input": responses_history(3, 50)})
+    assert first.status_code == second.status_code == 200 and first.json()["output"][-1]["type"] == "compaction"
+    assert [r.path for r in upstream.requests] == ["/v1/responses/compact"]
