@@ -266,3 +266,25 @@ def test_where_the_upstream_lacks_compact_the_proxy_serves_it_from_then_on(proxy
     second = proxy.http.post("/v1/responses/compact", json={"model": "m", "input": responses_history(3, 50)})
     assert first.status_code == second.status_code == 200 and first.json()["output"][-1]["type"] == "compaction"
     assert [r.path for r in upstream.requests] == ["/v1/responses/compact"]
+
+
+# -- a real proxy on loopback, in front of a chat-only upstream on loopback ------------------------
+
+
+def test_over_sockets_compaction_then_the_question_it_was_for(start_proxy, served_upstream):
+    served_upstream.default = chat_upstream()
+    proxy = start_proxy(sockets=True, upstream_base_url=served_upstream.url)  # translate_apis "auto": the upstream's 404 tells
+    client = anthropic.Anthropic(base_url=proxy.url, api_key="sk-ant-client", max_retries=0, timeout=60)
+    messages = [*long_history(), {"role": "user", "content": "Summarise what you read."}]
+    with client.beta.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=100, messages=messages, tools=TOOLS, betas=BETA, context_management={"edits": [COMPACT]}
+    ) as stream:
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["compaction", "text"] and final.content[1].text == "Done."
+    follow_up = [
+        {"role": "assistant", "content": [final.content[0].model_dump(exclude_none=True)]},
+        {"role": "user", "content": "Which file holds zebra7quokka?"},
+    ]
+    raw = client.beta.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=100, messages=follow_up, tools=TOOLS, betas=BETA)
+    assert raw.headers["x-pcp-mode"] == "protocol" and raw.parse().content[-1].text == "Done."
+    assert "file12.py" in json.dumps(served_upstream.chat_requests("worker")[-1].json["messages"])
