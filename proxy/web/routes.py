@@ -129,7 +129,10 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
         control = _paged(services, headers, reading.model, tokens, scope, managed, bool(behind)) if reading.messages else None
         if control is not None:
-            codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
+            asked = control
+            codec, conversation = await _read(body, lambda: _codec(api, body, reading, asked, services))
+            if (managed is not None or behind) and not pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
+                control = _widened(control, conversation, codec, services, managed.budget if managed is not None and managed.budget else tokens)
             if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
                 if managed is not None and isinstance(codec, MessagesCodec):
                     codec.managed = managed.managed
@@ -242,6 +245,20 @@ def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: 
     codec = api.codec(whole_body(body if reading.rest is None else reading.rest, api.read_fields, reading.decoded))
     codec.api = api  # at the path the client asked for (``_asked_at``)
     return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
+
+
+def _widened(control: Control, conversation: Conversation, codec: Codec, services: Services, most: int) -> Control:
+    """Context management the proxy applies, in a budget its head alone fills: the budget doubled until the request
+    pages, up to ``most`` (what the request its edits leave takes) and the model's window; else ``control`` as it was.
+    An agent's ~16k tokens of tools fill a small budget: its edits are then paged, not applied by dropping what they clear."""
+    budget, rounds = control.policy.rounds.budget, control.policy.rounds
+    most = min(most, control.policy.window or most)
+    while budget < most:
+        budget = min(budget * 2, most)
+        policy = msgspec.structs.replace(control.policy, rounds=msgspec.structs.replace(rounds, budget=budget))
+        if pageable(conversation, codec.client_tools, policy, services.tokenizer.count):
+            return msgspec.structs.replace(control, policy=policy)
+    return control
 
 
 def _unpageable(control: Control, tokens: int) -> None:

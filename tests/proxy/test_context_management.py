@@ -288,3 +288,48 @@ def test_over_sockets_compaction_then_the_question_it_was_for(start_proxy, serve
     raw = client.beta.messages.with_raw_response.create(model="claude-sonnet-4-5", max_tokens=100, messages=follow_up, tools=TOOLS, betas=BETA)
     assert raw.headers["x-pcp-mode"] == "protocol" and raw.parse().content[-1].text == "Done."
     assert "file12.py" in json.dumps(served_upstream.chat_requests("worker")[-1].json["messages"])
+
+
+# -- an agent's head, larger than the budget --------------------------------------------------------
+
+AGENT_TOOLS = [
+    {
+        "name": f"tool_{i}",
+        "description": " ".join(f"Step {k} of what tool {i} does, told at length as agents tell it." for k in range(40)),
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+    }
+    for i in range(30)
+]
+
+
+@pytest.mark.parametrize("edit", [CLEAR, COMPACT], ids=["clear", "compact"])
+def test_an_agents_edits_are_paged_even_where_its_tools_fill_the_budget(start_proxy, upstream, edit):
+    upstream.default = chat_upstream()
+    proxy = start_proxy(translate_apis="always", context_budget=4096)
+    messages = [*tool_history(60, 660), {"role": "user", "content": "Which file holds the marker zebra7quokka?"}]
+    raw = proxy.anthropic().beta.messages.with_raw_response.create(
+        model="claude-sonnet-4-5", max_tokens=100, messages=messages, tools=[*AGENT_TOOLS, *TOOLS], betas=BETA, context_management={"edits": [edit]}
+    )
+    answer = raw.parse()
+    assert raw.headers["x-pcp-mode"] == "protocol" and answer.content[-1].text == "Done."
+    if edit is CLEAR:
+        assert answer.context_management.applied_edits[0].cleared_tool_uses == 57
+    else:
+        assert answer.content[0].type == "compaction"
+    assert originals(session(proxy, raw.headers["x-pcp-session"])) >= 60
+
+
+def test_a_streamed_compaction_that_ends_in_the_agents_tool_call(chat_only_proxy, upstream):
+    call = [{"id": "call_9", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "file61.py"}'}}]
+    upstream.default = lambda recorded: (
+        stream_reply([], tool_calls=call, usage={"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12})
+        if recorded.json.get("stream")
+        else completion(None, tool_calls=call)
+    )
+    messages = [*long_history(), {"role": "user", "content": "Read file61.py too."}]
+    with chat_only_proxy.anthropic().beta.messages.stream(
+        model="claude-sonnet-4-5", max_tokens=100, messages=messages, tools=TOOLS, betas=BETA, context_management={"edits": [COMPACT]}
+    ) as stream:
+        final = stream.get_final_message()
+    assert [block.type for block in final.content] == ["compaction", "tool_use"]
+    assert final.content[1].input == {"path": "file61.py"} and final.stop_reason == "tool_use"
