@@ -240,6 +240,12 @@ class MessagesCodec(ToolsCodec):
             handle = self.managed.handle([session_id, *behind])
             self.compaction = {"type": "compaction", "content": handle, "encrypted_content": handle}
 
+    @property
+    def paused(self) -> bool:
+        """Whether the answer is the compaction block alone (``pause_after_compaction``)."""
+        managed = self.managed
+        return self.compaction is not None and managed is not None and managed.compaction is not None and managed.compaction.pause_after_compaction
+
     def managed_fields(self) -> dict[str, Any]:
         """``context_management`` as Anthropic reports it, where the proxy applied the request's."""
         return {"context_management": {"applied_edits": self.managed.applied}} if self.managed is not None else {}
@@ -281,7 +287,7 @@ class MessagesCodec(ToolsCodec):
         if outcome.kind == "answer":
             final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
         if self.compaction is not None:  # the history before the answer, handed back as one block
-            paused = self.managed is not None and self.managed.compaction is not None and self.managed.compaction.pause_after_compaction
+            paused = self.paused
             final["content"] = [self.compaction] if paused else [self.compaction, *(final.get("content") or [])]
             if paused:
                 final["stop_reason"] = "compaction"
@@ -398,11 +404,8 @@ class MessagesRound:
 
     def opening(self) -> bytes:
         message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(self.usage)}
-        return (
-            event("message_start", message=message)
-            + self._compaction()
-            + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
-        )
+        opened = event("message_start", message=message) + self._compaction()
+        return opened if self.codec.paused else opened + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
 
     def _compaction(self) -> bytes:
         """The compaction block, whole, first in the message, where the request's history was compacted."""
@@ -410,13 +413,16 @@ class MessagesRound:
         return b"" if block is None else event("content_block_start", index=0, content_block=block) + event("content_block_stop", index=0)
 
     def text(self, text: str) -> bytes:
+        if self.codec.paused:  # the compaction block alone
+            return b""
         return event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
 
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
-        yield event("content_block_stop", index=self.first)
-        delta = {"stop_reason": relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
+        if not self.codec.paused:
+            yield event("content_block_stop", index=self.first)
+        delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
         yield event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
         yield event("message_stop")
 
@@ -424,8 +430,12 @@ class MessagesRound:
         """The round as the upstream sent it, its message_delta with the usage of every upstream call (and a compaction
         block first, where the history was compacted: the upstream's blocks after it)."""
         for event in events:
+            if self.codec.paused and event["type"].startswith("content_block_"):
+                continue
             if event["type"] == "message_delta":
                 event = {**event, "usage": usage_of(self.usage), **self.codec.managed_fields()}
+                if self.codec.paused:
+                    event["delta"] = {**(event.get("delta") or {}), "stop_reason": "compaction"}
             elif self.first and event["type"].startswith("content_block_"):
                 event = {**event, "index": int(event.get("index") or 0) + self.first}
             yield named_event(event["type"], event)

@@ -333,3 +333,19 @@ def test_a_streamed_compaction_that_ends_in_the_agents_tool_call(chat_only_proxy
         final = stream.get_final_message()
     assert [block.type for block in final.content] == ["compaction", "tool_use"]
     assert final.content[1].input == {"path": "file61.py"} and final.stop_reason == "tool_use"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_pause_after_compaction_answers_with_the_block_alone(chat_only_proxy, stream):
+    messages = [*long_history(), {"role": "user", "content": "Summarise what you read."}]
+    asked = {
+        "model": "claude-sonnet-4-5", "max_tokens": 100, "messages": messages, "betas": BETA,
+        "context_management": {"edits": [{**COMPACT, "pause_after_compaction": True}]},
+    }  # fmt: skip
+    client = chat_only_proxy.anthropic()
+    if stream:
+        with client.beta.messages.stream(**asked) as streamed:
+            final = streamed.get_final_message()
+    else:
+        final = client.beta.messages.create(**asked)
+    assert [block.type for block in final.content] == ["compaction"] and final.stop_reason == "compaction"
