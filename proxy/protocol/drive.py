@@ -151,7 +151,8 @@ class ProtocolRequest:
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
         self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
-        self.recalled: list[Page] = []
+        self.recalled: list[Page] = []  # memory's pages for the request
+        self.behind_pages: list[Page] = []  # the pages of the sessions it reads beside its own (``behind``)
         # The answering round's headers are the latest worker call's, in the end.
         self.calls = UpstreamCalls(services, codec, self.headers, time.monotonic() + services.settings.request_timeout, self.context)
         self.usage = self.calls.usage
@@ -177,7 +178,7 @@ class ProtocolRequest:
             # while it computes, an upstream call leaves the loop); dense recall waits for it (``fulfil``).
             text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
             self.prefetch = embedder.prefetch(text, self.headers)
-        self.recalled = [*await self._behind(), *await self._recall()]
+        self.behind_pages, self.recalled = await self._behind(), await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         if self.services.keys_prompt_cache(self.calls.upstream):
@@ -231,7 +232,7 @@ class ProtocolRequest:
             client_tools=self.codec.client_tools,
             dense=services.embedder is not None,
             summaries=services.summary_writer.landed if services.summary_writer is not None else {},
-            memory=self.recalled,
+            memory=[*self.behind_pages, *self.recalled],
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
