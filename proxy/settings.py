@@ -207,6 +207,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # their path with a 404 or 405 (remembered per upstream), "always" (an upstream that speaks only chat
     # completions), "never". The embedded model is always translated.
     translate_apis: Literal["auto", "always", "never"] = "auto"
+    # Anthropic's context management (``context_management`` edits, compaction blocks): the proxy applies it where the
+    # Messages API is translated to chat completions; true: always, even for an upstream that speaks Messages itself.
+    serve_context_management: bool = False
+    # OpenAI's ``POST /responses/compact``: the proxy serves it where the upstream answers it with a 404 or 405 (and
+    # where Responses are always translated); true: always, even for an upstream that has it.
+    serve_compact: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # "json": one JSON object a line, with the trace id of the request it is about (x-pcp-trace).
     log_format: Literal["text", "json"] = "text"
