@@ -108,6 +108,12 @@ def _number_error(body: bytes, what: str, field: str | None, said: str | None, c
 def out_of_range_at(body: bytes, depth: int = 32) -> tuple[str, bytes] | None:
     """Where in the JSON ``body`` a number out of range is, written as OpenAI writes ``param`` (``messages.[2].weight``,
     "" for the body itself), and the number as it was written; None when there is none (or past ``depth`` levels)."""
+    return _first(body, _out_of_range, depth)
+
+
+def _first(body: bytes, bad: Callable[[bytes], bool], depth: int) -> tuple[str, bytes] | None:
+    """Where in the JSON ``body`` the first value is for which ``bad`` holds, followed down ``depth`` levels through
+    object keys and array items (``messages.[2].content``; "" for the body itself), and that value's text."""
     for shape, name in ((dict[str, msgspec.Raw], "{}"), (list[msgspec.Raw], "[{}]")):
         try:
             items = msgspec.json.decode(body, type=shape)
@@ -115,12 +121,12 @@ def out_of_range_at(body: bytes, depth: int = 32) -> tuple[str, bytes] | None:
             continue
         pairs: Any = items.items() if isinstance(items, dict) else enumerate(items)
         for key, raw in pairs:
-            if _out_of_range(raw):
-                deeper = out_of_range_at(bytes(raw), depth - 1) if depth > 0 else None
+            if bad(bytes(raw)):
+                deeper = _first(bytes(raw), bad, depth - 1) if depth > 0 else None
                 here = name.format(key)
                 return (".".join(filter(None, (here, deeper[0]))), deeper[1]) if deeper is not None else (here, bytes(raw))
         return None
-    return ("", body.strip()) if _out_of_range(body) else None
+    return ("", body.strip()) if bad(body) else None
 
 
 def _token(number: bytes) -> str:
@@ -151,20 +157,8 @@ def not_utf8(body: bytes, depth: int = 12) -> str | None:
     """Where in the JSON ``body`` text is not UTF-8, written as OpenAI writes ``param`` (``messages.[2].content``):
     the first object key or array item that holds it, followed down ``depth`` levels; None: the body is not a JSON
     object or array, or a key itself is not UTF-8."""
-    for shape, name in ((dict[str, msgspec.Raw], "{}"), (list[msgspec.Raw], "[{}]")):
-        try:
-            items = msgspec.json.decode(body, type=shape)
-        except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
-            continue
-        pairs: Any = items.items() if isinstance(items, dict) else enumerate(items)
-        for key, raw in pairs:
-            try:
-                bytes(raw).decode()
-            except UnicodeDecodeError:
-                deeper = not_utf8(bytes(raw), depth - 1) if depth > 0 else None
-                return ".".join(filter(None, (name.format(key), deeper)))
-        return None
-    return None
+    found = _first(body, lambda raw: not _is_utf8(raw), depth)
+    return found[0] or None if found is not None else None
 
 
 # What a store keeps of a number: msgpack and Redis take a signed 64-bit integer, and a finite float.
