@@ -2,8 +2,10 @@
 
 The store is the truth; memory is a cache of it. Each cache takes its share
 of ``cache_mb`` and, past it, drops what was used least recently (a whole
-session, the older vectors, the oldest BM25 index, a memory scope's index),
-which the next request that needs it reads again from the store. What is
+session, the older vectors, the texts queued first for the encoder, the
+oldest BM25 index, a memory scope's index), which the next request that
+needs it reads again from the store (or, for a text shed before it was
+encoded, queues again). What is
 left out: the model and libraries of dense recall, the interpreter, the
 tokenizer's counts (a few hundred bytes a message, bounded by count), and
 what the allocator keeps of what requests freed.
@@ -23,9 +25,9 @@ from pcp_core import Session
 
 __all__ = ["SHARES", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
 
-# Of ``cache_mb``: decoded sessions, the chat bodies read last (``apis.known_bodies``), their texts' vectors,
-# their BM25 indexes, memory scopes' indexes.
-SHARES = {"sessions": 0.375, "bodies": 0.125, "vectors": 0.25, "bm25": 0.125, "memory": 0.125}
+# Of ``cache_mb``: decoded sessions, the chat bodies read last (``apis.known_bodies``), their texts' vectors and
+# those waiting for the encoder (``recall.embeddings``), their BM25 indexes, memory scopes' indexes.
+SHARES = {"sessions": 0.3125, "bodies": 0.125, "vectors": 0.25, "queue": 0.0625, "bm25": 0.125, "memory": 0.125}
 
 # What a Python object of each kind costs beyond its text (CPython 3.11, 64 bits): a page's struct,
 # its id, timestamp and keyword tuple; a link (a list slot and a 32-character string); a message's time.

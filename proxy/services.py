@@ -214,6 +214,7 @@ def _resident_gauges(metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, 
     bundled = dense.fallback if isinstance(dense, UpstreamVectors) else dense
     if isinstance(bundled, Embedder):
         metrics.gauge("pcp_resident_vectors_bytes", lambda: bundled.cache.resident_bytes)
+        metrics.gauge("pcp_resident_queue_bytes", lambda: bundled.queued_bytes)
         metrics.gauge("pcp_resident_encoder_bytes", lambda: bundled.resident_bytes)
 
 
@@ -245,6 +246,7 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: 
             encoder=settings.embeddings_model,
             models_dir=settings.data_path / "models",
             max_bytes=share(settings.cache_mb, "vectors"),
+            max_queue_bytes=share(settings.cache_mb, "queue"),
         )
     elif bundled is None and not settings.embeddings_upstream:
         log.warning(
