@@ -52,7 +52,7 @@ GAUGES = {
     "pcp_resident_sessions_bytes": "Bytes of the sessions kept decoded in memory, with the transcripts follow-ups find them by (estimated).",
     "pcp_resident_bodies_bytes": "Bytes of the chat bodies read last, whose messages a follow-up does not decode again (estimated).",
     "pcp_resident_vectors_bytes": "Bytes of the history texts' vectors kept in memory for dense recall.",
-    "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups.",
+    "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups, and of their texts' terms (estimated).",
     "pcp_resident_memory_bytes": "Bytes of the memory scopes' indexes open in memory (estimated).",
     "pcp_resident_queue_bytes": "Bytes of the history texts waiting for the background to encode them.",
     "pcp_resident_encoder_bytes": "Bytes of the dense-recall encoder's weights, once a request has loaded it (0 before).",

@@ -26,7 +26,7 @@ from pcp_core import Session
 __all__ = ["SHARES", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
 
 # Of ``cache_mb``: decoded sessions, the chat bodies read last (``apis.known_bodies``), their texts' vectors and
-# those waiting for the encoder (``recall.embeddings``), their BM25 indexes, memory scopes' indexes.
+# those waiting for the encoder (``recall.embeddings``), their BM25 indexes and texts' terms, memory scopes' indexes.
 SHARES = {"sessions": 0.3125, "bodies": 0.125, "vectors": 0.25, "queue": 0.0625, "bm25": 0.125, "memory": 0.125}
 
 # What a Python object of each kind costs beyond its text (CPython 3.11, 64 bits): a page's struct,
