@@ -50,6 +50,7 @@ GAUGES = {
     "pcp_memory_pending": "Memory writes queued or running on the memory's writer, every tenant's (write-backs, forgets, import batches).",
     # What the caches bounded by cache_mb hold (estimated, proxy.resident), and the encoder's weights once loaded.
     "pcp_resident_sessions_bytes": "Bytes of the sessions kept decoded in memory, with the transcripts follow-ups find them by (estimated).",
+    "pcp_resident_texts_bytes": "Bytes of what is kept by the conversations' texts: their counts, pages' texts and terms (estimated; forgotten past its share as sessions leave memory).",
     "pcp_resident_bodies_bytes": "Bytes of the chat bodies read last, whose messages a follow-up does not decode again (estimated).",
     "pcp_resident_vectors_bytes": "Bytes of the history texts' vectors kept in memory for dense recall.",
     "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups, and of their texts' terms (estimated).",
