@@ -115,11 +115,11 @@ class Client:
 
 
 @contextmanager
-def proxy(checkout: Path | None, upstream: str) -> Iterator[tuple[int, Client]]:
+def proxy(checkout: Path | None, upstream: str, **settings: object) -> Iterator[tuple[int, Client]]:
     with tempfile.TemporaryDirectory() as data_dir:
         port = free_port()
         # A loaded machine may take longer than the default paging_timeout to page the cold history: it is timed, not refused.
-        process = start_proxy(upstream, port, proxy_env(data_dir=data_dir, log_level="warning", paging_timeout=1800), checkout)
+        process = start_proxy(upstream, port, proxy_env(data_dir=data_dir, log_level="warning", paging_timeout=1800, **settings), checkout)
         try:
             wait_until_up(port, "/healthz", timeout=300)
             yield process.pid, Client(port)

@@ -7,6 +7,7 @@ texts is worth keeping; ``Bm25Cache`` keeps it, one per host, bounded.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter, deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
@@ -34,8 +35,9 @@ class Bm25Cache:
     """What BM25 computed that conversations send again: each text's terms, and the recent indexes.
 
     One per host, created with it and passed to every request. Bounded: past
-    ``texts`` entries the older half is dropped; past ``indexes`` indexes, or
-    ``max_bytes`` of them (0: no such bound), the oldest goes (the newest
+    ``texts`` entries, or half of ``max_bytes`` (0: no such bound), the older
+    half of the texts' terms is dropped; past ``indexes`` indexes, or what
+    ``max_bytes`` leaves them beside the terms, the oldest goes (the newest
     stays, whatever its size). An index extended into a new one is dropped for
     it: a conversation keeps one, not one per follow-up. Shared by the host's
     threads without a lock: each use is one dict or deque operation, and a race
@@ -46,6 +48,7 @@ class Bm25Cache:
         self.size = texts
         self.max_bytes = max_bytes
         self._terms: dict[str, _DocTerms] = {}
+        self.terms_bytes = 0  # what the texts' terms hold, estimated (``_held_bytes``)
         self._indexes: deque[Bm25] = deque(maxlen=indexes)
 
     def terms(self, text: str) -> _DocTerms:
@@ -53,14 +56,16 @@ class Bm25Cache:
         if found is None:
             found = _doc_terms(text)
             if self.size:
-                if len(self._terms) >= self.size:
+                if len(self._terms) >= self.size or (self.max_bytes and self.terms_bytes > self.max_bytes // 2):
                     self._drop_older_half()
                 self._terms[text] = found
+                self.terms_bytes += _held_bytes(text, found)
         return found
 
     def _drop_older_half(self) -> None:
         held = list(self._terms.items())  # one call: atomic under the interpreter lock
         self._terms = dict(held[len(held) // 2 :])
+        self.terms_bytes = sum(_held_bytes(text, found) for text, found in held[len(held) // 2 :])
 
     def recent(self) -> list[Bm25]:
         return list(self._indexes)
@@ -75,13 +80,18 @@ class Bm25Cache:
             except ValueError:  # dropped meanwhile
                 pass
         self._indexes.append(index)
-        while self.max_bytes and len(self._indexes) > 1 and self.resident_bytes > self.max_bytes:
+        while self.max_bytes and len(self._indexes) > 1 and self.indexes_bytes > self.max_bytes - self.terms_bytes:
             self._indexes.popleft()
 
     @property
-    def resident_bytes(self) -> int:
+    def indexes_bytes(self) -> int:
         """What the kept indexes hold: their arrays, and a document's id and entry each (its terms are the texts' cache's)."""
         return sum(index.resident_bytes for index in list(self._indexes))
+
+    @property
+    def resident_bytes(self) -> int:
+        """What the kept indexes and the texts' terms hold."""
+        return self.indexes_bytes + self.terms_bytes
 
     def __len__(self) -> int:
         return len(self._terms)
@@ -276,6 +286,15 @@ def _stemmed(weights: Mapping[str, float]) -> dict[str, float]:
 def _ranked(scores: dict[str, float], limit: int | None) -> list[tuple[str, float]]:
     ranked = sorted(scores.items(), key=lambda kv: -kv[1])
     return ranked[:limit] if limit else ranked
+
+
+# What a text's terms cost in ``Bm25Cache`` beyond the text and a term each: the tuple, the two arrays, the entry.
+HELD_TERMS = 400
+
+
+def _held_bytes(text: str, found: _DocTerms) -> int:
+    """About what ``Bm25Cache`` holds for a text: the text (it keeps it alive), its terms' tuple slots and arrays."""
+    return sys.getsizeof(text) + HELD_TERMS + 20 * len(found.terms)
 
 
 def _doc_terms(text: str, keywords: tuple[str, ...] = ()) -> _DocTerms:

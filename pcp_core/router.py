@@ -34,6 +34,7 @@ __all__ = [
     "precision_selection",
     "router_prompt",
     "said_in",
+    "text_memos",
     "unit_texts",
 ]
 
@@ -102,6 +103,12 @@ _CONTENT = attrgetter("content")
 def _said(content: str) -> str:
     """Cached: a session's pages come back on every request."""
     return without_turn_markers(content)
+
+
+def text_memos() -> dict[str, Any]:
+    """The caches keyed by pages' texts (each an ``lru_cache``, process-wide: a session's pages come back on every
+    request), by what they hold: a host that bounds its memory forgets them (``cache_clear``) as its sessions leave it."""
+    return {"units": _said, "readings": _read_with, "terms": terms}
 
 
 def dense_texts(units: Sequence[str]) -> list[str]:

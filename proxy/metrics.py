@@ -22,7 +22,7 @@ HELP = {
     "pcp_context_rounds_total": "Hybrid-mode rounds (requests with the mode enabled) by outcome: read (the answer's snapshot kept) | kept (none could be read: the previous one stands).",
     "pcp_context_violations_total": "Hybrid-mode rules an answer broke, by rule (the proxy restored, repaired or dropped what broke them; the log names each at debug).",
     "pcp_context_cold_total": "Hybrid-mode memory blocks by event: sent (kept aside as a tag_ref placeholder, the snapshot over its share) | rehydrated (brought back for a query naming their tags).",
-    "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from the store), elsewhere (another process claimed them) or failed.",
+    "pcp_texts_embedded_total": "History texts for dense recall, by state: queued for the background thread, then encoded, loaded (from the store), elsewhere (another process claimed them), failed, or shed (past the queue's share of cache_mb: queued again when a request ranks them).",
     "pcp_session_conflicts_total": "Session saves that found another request's save first, by what was kept: winner (it held this one's messages) | extended (this one held the winner's, and more) | forked (two branches: this one under an id of its own) | replaced (a pinned session follows its client).",
     "pcp_memory_pages_written_total": "Pages written into memory (write-backs, merges, imports); a page memory held already is not counted.",
     "pcp_memory_recalled_total": "Memory pages the Memory Router gave requests.",
@@ -50,10 +50,12 @@ GAUGES = {
     "pcp_memory_pending": "Memory writes queued or running on the memory's writer, every tenant's (write-backs, forgets, import batches).",
     # What the caches bounded by cache_mb hold (estimated, proxy.resident), and the encoder's weights once loaded.
     "pcp_resident_sessions_bytes": "Bytes of the sessions kept decoded in memory, with the transcripts follow-ups find them by (estimated).",
+    "pcp_resident_texts_bytes": "Bytes of what is kept by the conversations' texts: their counts, pages' texts and terms (estimated; forgotten past its share as sessions leave memory).",
     "pcp_resident_bodies_bytes": "Bytes of the chat bodies read last, whose messages a follow-up does not decode again (estimated).",
     "pcp_resident_vectors_bytes": "Bytes of the history texts' vectors kept in memory for dense recall.",
-    "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups.",
+    "pcp_resident_bm25_bytes": "Bytes of the BM25 indexes kept for the conversations' follow-ups, and of their texts' terms (estimated).",
     "pcp_resident_memory_bytes": "Bytes of the memory scopes' indexes open in memory (estimated).",
+    "pcp_resident_queue_bytes": "Bytes of the history texts waiting for the background to encode them.",
     "pcp_resident_encoder_bytes": "Bytes of the dense-recall encoder's weights, once a request has loaded it (0 before).",
 }
 

@@ -2,10 +2,12 @@
 
 The store is the truth; memory is a cache of it. Each cache takes its share
 of ``cache_mb`` and, past it, drops what was used least recently (a whole
-session, the older vectors, the oldest BM25 index, a memory scope's index),
-which the next request that needs it reads again from the store. What is
-left out: the model and libraries of dense recall, the interpreter, the
-tokenizer's counts (a few hundred bytes a message, bounded by count), and
+session, the older vectors, the texts queued first for the encoder, the
+oldest BM25 index, a memory scope's index), which the next request that
+needs it reads again from the store (or, for a text shed before it was
+encoded, queues again); what is kept by text (counts, pages' texts and
+terms) is forgotten as sessions leave past its share. What is
+left out: the model and libraries of dense recall, the interpreter, and
 what the allocator keeps of what requests freed.
 """
 
@@ -20,12 +22,13 @@ from operator import attrgetter
 from typing import Any
 
 from pcp_core import Session
+from pcp_core.router import text_memos
 
-__all__ = ["SHARES", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
+__all__ = ["SHARES", "TextMemos", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
 
-# Of ``cache_mb``: decoded sessions, the chat bodies read last (``apis.known_bodies``), their texts' vectors,
-# their BM25 indexes, memory scopes' indexes.
-SHARES = {"sessions": 0.375, "bodies": 0.125, "vectors": 0.25, "bm25": 0.125, "memory": 0.125}
+# Of ``cache_mb``: decoded sessions, what is kept by their texts (``TextMemos``), the chat bodies read last (``apis.known_bodies``), their texts' vectors and
+# those waiting for the encoder (``recall.embeddings``), their BM25 indexes and texts' terms, memory scopes' indexes.
+SHARES = {"sessions": 0.25, "texts": 0.0625, "bodies": 0.125, "vectors": 0.25, "queue": 0.0625, "bm25": 0.125, "memory": 0.125}
 
 # What a Python object of each kind costs beyond its text (CPython 3.11, 64 bits): a page's struct,
 # its id, timestamp and keyword tuple; a link (a list slot and a 32-character string); a message's time.
@@ -53,6 +56,40 @@ def session_bytes(session: Session) -> int:
     keywords = sum(map(len, map(_KEYWORDS, every)))
     frame = len(session.frame.text) + 200 * len(session.frame.shown) if session.frame is not None else 0
     return text + PAGE * len(every) + KEYWORD * keywords + LINK * len(session.chain) + SEEN * len(session.seen_at) + TERM * len(pages.df) + frame
+
+
+# -- what is kept by text, whatever its session -------------------------------------------------
+# About what an entry of each memo holds once its session has left memory, the text it is kept by included: a
+# message's count, a prompt's line's, a page's text without its turn markers, a page read with the one before, a
+# page's terms (tracemalloc, 80 LoCoMo conversations of 25k tokens).
+MEMO_ENTRY = {"counts": 300, "lines": 340, "units": 900, "readings": 900, "terms": 750}
+
+
+class TextMemos:
+    """What the tokenizer and the protocol keep by text, whatever session it came from: each message's count and
+    the memos of pages' texts (``pcp_core.router.text_memos``), each bounded by count alone (65,536 to 200,000
+    texts: ~100 MB with 80 conversations of 25k tokens live, more with more).
+
+    Past ``max_bytes`` (estimated), they are all forgotten when a session leaves memory: a conversation that
+    stays (one of a million tokens and its follow-ups) keeps its own, and one beside many that come and go
+    counts and reads its texts again once after each forgetting.
+    """
+
+    def __init__(self, tokenizer: Any, max_bytes: int):
+        self.memos: dict[str, Any] = {"counts": tokenizer.count, "lines": tokenizer.lines, **text_memos()}
+        self.max_bytes = max_bytes
+        self.forgotten = 0
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(memo.cache_info().currsize * MEMO_ENTRY[name] for name, memo in self.memos.items())
+
+    def session_left(self) -> None:
+        """A session left memory: past ``max_bytes``, forget what is kept by text (the next request that wants it computes it again)."""
+        if self.max_bytes and self.resident_bytes > self.max_bytes:
+            for memo in self.memos.values():
+                memo.cache_clear()
+            self.forgotten += 1
 
 
 # -- memory scopes' indexes (``proxy.memory.service``) ------------------------------------------

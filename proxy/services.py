@@ -34,7 +34,7 @@ from .protocol.summary_writer import SummaryWriter
 from .protocol.telemetry import Traces
 from .recall.embeddings import Embedder, embeddings_available
 from .recall.upstream_embeddings import UpstreamVectors
-from .resident import share
+from .resident import TextMemos, share
 from .settings import Settings
 from .storage import Stores
 from .storage.datadir import Namespaces, private_tree
@@ -131,6 +131,8 @@ async def open_services(
         _closing(stack, stores.close)
         sealer = Sealer(data_key(settings.data_key) if settings.data_key else None)
         sessions = SessionStore(stores.area("sessions"), sealer=sealer, metrics=metrics, max_bytes=share(settings.cache_mb, "sessions"))
+        texts = TextMemos(tokenizer, share(settings.cache_mb, "texts"))
+        sessions.recent.on_left = texts.session_left
         _closing(stack, sessions.close)
         components = Components(stores.area("components"), sealer, settings.component_max_kb * 2**10, settings.components_per_session)
         _closing(stack, components.close)
@@ -166,7 +168,7 @@ async def open_services(
             stack.push_async_callback(summary_writer.stop)
         bm25 = Bm25Cache(max_bytes=share(settings.cache_mb, "bm25"))
         bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
-        _resident_gauges(metrics, sessions, bm25, dense, memory, bodies)
+        _resident_gauges(metrics, sessions, bm25, dense, memory, bodies, texts)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
         log.info("Responses and Messages there: %s", "; ".join(f"{api} {how}" for api, how in upstream.translation.fronts().items()))
         if anthropic is not None:
@@ -207,15 +209,19 @@ def _local_model(settings: Settings) -> LocalModel:
     )
 
 
-def _resident_gauges(metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, dense: DenseRecall | None, memory: Memory, bodies: KnownBodies) -> None:
+def _resident_gauges(
+    metrics: Metrics, sessions: SessionStore, bm25: Bm25Cache, dense: DenseRecall | None, memory: Memory, bodies: KnownBodies, texts: TextMemos
+) -> None:
     """What the caches bounded by ``cache_mb`` hold, and the encoder's weights, on /metrics (``proxy.resident``)."""
     metrics.gauge("pcp_resident_sessions_bytes", lambda: sessions.resident_bytes)
+    metrics.gauge("pcp_resident_texts_bytes", lambda: texts.resident_bytes)
     metrics.gauge("pcp_resident_bodies_bytes", lambda: bodies.resident_bytes)
     metrics.gauge("pcp_resident_bm25_bytes", lambda: bm25.resident_bytes)
     metrics.gauge("pcp_resident_memory_bytes", lambda: memory.resident_bytes)
     bundled = dense.fallback if isinstance(dense, UpstreamVectors) else dense
     if isinstance(bundled, Embedder):
         metrics.gauge("pcp_resident_vectors_bytes", lambda: bundled.cache.resident_bytes)
+        metrics.gauge("pcp_resident_queue_bytes", lambda: bundled.queued_bytes)
         metrics.gauge("pcp_resident_encoder_bytes", lambda: bundled.resident_bytes)
 
 
@@ -247,6 +253,7 @@ def _embedder(settings: Settings, metrics: Metrics, upstream: Upstream, stores: 
             encoder=settings.embeddings_model,
             models_dir=settings.data_path / "models",
             max_bytes=share(settings.cache_mb, "vectors"),
+            max_queue_bytes=share(settings.cache_mb, "queue"),
         )
     elif bundled is None and not settings.embeddings_upstream:
         log.warning(

@@ -23,6 +23,12 @@ The background gives way to requests: it encodes while none is being served,
 or after waiting ``yield_seconds`` for one, a few batches at a time — a
 follow-up's new texts are encoded once its answer is out, not while its
 pages are addressed (both need the interpreter).
+
+What waits to be encoded is bounded (``max_queue_bytes``, the encoder's
+share of ``cache_mb``): past it, the texts queued first are shed, as the
+caches drop what was used least recently. A shed text is not lost: the
+next request that ranks it finds no vector, ranks it by BM25 alone, and
+queues it again (its vector read from the store if it was encoded before).
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 import threading
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -56,10 +64,12 @@ TORCH_THREADS = 1
 # and waits at most this long for them, so it never starves.
 BATCHES_BETWEEN_YIELDS = 4
 YIELD_SECONDS = 0.25
-# Past this many texts at once (a history, not a follow-up's new turns) the background gives back what its
-# batches freed (``proxy.resident.give_back``), after each step: a follow-up would fault those pages in again
+# Once this many texts were taken in a row (a history, not a follow-up's new turns) the background gives back what
+# its batches freed (``proxy.resident.give_back``), after each step: a follow-up would fault those pages in again
 # (at 200k tokens, +6 ms a follow-up when it was done after every encoding).
 GIVE_BACK_TEXTS = 256
+# What a queued text costs beyond its own object: its slot in the queue and its entry in the set of those queued.
+QUEUED_TEXT = 40
 
 
 def prepare_process() -> None:
@@ -98,6 +108,7 @@ class Embedder:
         models_dir: Path | None = None,
         store: Store | None = None,
         max_bytes: int = 0,
+        max_queue_bytes: int = 0,
     ):
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.encoders``).
@@ -114,13 +125,19 @@ class Embedder:
         self._loaded: Any = None  # the model (``bert.BertEncoder`` or ``sentence_model.SentenceModel``), once loaded
         self._load_lock = threading.Lock()
         self._batch_lock = threading.Lock()  # one batch at a time; a query's trace runs beside it
-        self._queue_lock = threading.Lock()  # requests and the background thread share ``_pending``
+        self._queue_lock = threading.Lock()  # requests and the background thread share the queue
         self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-embed")
-        self._pending: set[str] = set()  # queued for the background, not in memory yet
+        self.max_queue_bytes = max_queue_bytes  # what the texts waiting may hold (0: unbounded); past it the first queued are shed
+        self._waiting: deque[str] = deque()  # texts for the background, the first queued first
+        self._queued: set[str] = set()  # those waiting, and those being encoded
+        self._waiting_bytes = 0
+        self._draining = False  # the background is at the queue, or is to be
+        self._closed = False
         self._loading: Future[None] | None = None
         self._weights = 0  # the loaded model's bytes, measured once: unpacking its int8 layers took ~50 ms of a /metrics scrape
 
     def close(self) -> None:
+        self._closed = True  # the background stops after its step
         self._background.shutdown(wait=True, cancel_futures=True)
         if self.stored is not None:
             self.stored.close()
@@ -170,6 +187,11 @@ class Embedder:
                 self.cache.widen = torch_widened  # torch is in now: the history's rows are widened by it
                 log.info("embedding model %s loaded", self.encoder.name)
             return self._loaded
+
+    @property
+    def queued_bytes(self) -> int:
+        """What the texts waiting to be encoded hold."""
+        return self._waiting_bytes
 
     @property
     def resident_bytes(self) -> int:
@@ -258,8 +280,11 @@ class Embedder:
         if role == "request" and len(texts) == 1:
             vectors = np.asarray(model.one(texts[0]), dtype=np.float32)[np.newaxis]
         else:
+            # In the background, what each batch freed is given back before the next: glibc kept it, and the
+            # next batch's blocks of other sizes came from more of the heap (~165 MB at the peak against ~50, bert.py).
+            between = give_back if role == "background" else None
             with self._batch_lock:
-                vectors = np.asarray(model.batch(texts), dtype=np.float32)
+                vectors = np.asarray(model.batch(texts, between), dtype=np.float32)
         self.cache.add(dict(zip(texts, vectors)))
         if self.stored is not None:
             self.stored.put(texts, vectors)
@@ -267,17 +292,59 @@ class Embedder:
 
     # -- the background ---------------------------------------------------------------------
     def _queue(self, texts: list[str]) -> None:
+        """Queue ``texts`` for the background, and shed the first queued past ``max_queue_bytes``."""
+        shed = 0
         with self._queue_lock:
-            texts = [t for t in texts if t not in self._pending]
-            self._pending.update(texts)
+            texts = [t for t in texts if t not in self._queued]
+            self._queued.update(texts)
+            self._waiting.extend(texts)
+            self._waiting_bytes += sum(map(_queued_size, texts))
+            while self.max_queue_bytes and self._waiting_bytes > self.max_queue_bytes and self._waiting:
+                first = self._waiting.popleft()
+                self._queued.discard(first)
+                self._waiting_bytes -= _queued_size(first)
+                shed += 1
+            start = bool(texts) and not self._draining
+            self._draining = self._draining or start
         if texts:
             self.on_encoded("queued", len(texts))
-            self._background.submit(self._load_or_encode, texts)
+        if shed:
+            self.on_encoded("shed", shed)
+        if start:
+            self._background.submit(self._drain)
+
+    def _drain(self) -> None:
+        """Encode what is queued, a step at a time, giving way to requests between steps, until nothing is."""
+        try:
+            self._drain_steps()
+        except BaseException:
+            with self._queue_lock:
+                self._draining = False  # the next text queued starts it again
+            raise
+
+    def _drain_steps(self) -> None:
+        step = self.batch_size * BATCHES_BETWEEN_YIELDS
+        run = 0  # texts taken since the queue was last empty
+        while True:
+            self._wait_for_quiet()
+            with self._queue_lock:
+                part = [self._waiting.popleft() for _ in range(min(step, len(self._waiting)))] if not self._closed else []
+                self._waiting_bytes -= sum(map(_queued_size, part))
+                if not part:
+                    self._draining = False
+                    return
+            try:
+                self._load_or_encode(part)
+            finally:
+                with self._queue_lock:
+                    self._queued.difference_update(part)
+            run += len(part)
+            if run >= GIVE_BACK_TEXTS:
+                give_back()  # what a history's batches freed: kept, it is hundreds of MB nothing uses
 
     def _load_or_encode(self, texts: list[str]) -> None:
         done = 0
         try:
-            self._wait_for_quiet()
             loaded = self._from_disk(texts)
             if loaded:
                 self.on_encoded("loaded", len(loaded))
@@ -288,27 +355,21 @@ class Embedder:
                 if len(claimed) < len(absent):
                     self.on_encoded("elsewhere", len(absent) - len(claimed))
                 done, absent = len(texts) - len(claimed), claimed
-            step = self.batch_size * BATCHES_BETWEEN_YIELDS
-            for start in range(0, len(absent), step):
-                if start:
-                    self._wait_for_quiet()
-                part = absent[start : start + step]
-                self._encode(part, role="background")
-                if len(absent) > GIVE_BACK_TEXTS:
-                    give_back()  # what a history's batches freed: kept, it is hundreds of MB nothing uses
-                self.on_encoded("encoded", len(part))
-                done += len(part)
+            if absent:
+                self._encode(absent, role="background")
+                self.on_encoded("encoded", len(absent))
         except Exception:  # a failed encode costs dense recall, never a request
             log.exception("encoding %d texts in the background failed", len(texts) - done)
             self.on_encoded("failed", len(texts) - done)
-        finally:
-            with self._queue_lock:
-                self._pending.difference_update(texts)
 
     def _wait_for_quiet(self) -> None:
         """Until no request is being served, or ``yield_seconds`` have passed."""
         with self._quiet:
             self._quiet.wait_for(lambda: self._serving == 0, timeout=self.yield_seconds)
+
+
+def _queued_size(text: str) -> int:
+    return sys.getsizeof(text) + QUEUED_TEXT
 
 
 def _weights_bytes(model: Any) -> int:

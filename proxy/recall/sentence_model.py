@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,8 @@ class SentenceModel:
     def one(self, text: str) -> Any:
         return self._one_text(text) if self._one_text is not None else self.batch([text])[0]
 
-    def batch(self, texts: Sequence[str]) -> Any:
+    def batch(self, texts: Sequence[str], between: Callable[[], None] | None = None) -> Any:
+        """``between`` is not called: the library cuts the batches."""
         return self.model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False).astype(
             np.float32
         )  # no progress bar: it wrote to the log at each batch

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import NamedTuple
 
 from pcp_core import Session
@@ -47,6 +48,7 @@ class RecentSessions:
         self.sizes: dict[Key, int] = {}
         self.resident_bytes = 0
         self.lock = threading.Lock()
+        self.on_left: Callable[[], None] = lambda: None  # a session left memory (``proxy.resident.TextMemos``)
 
     def get(self, key: Key) -> Held | None:
         with self.lock:
@@ -122,8 +124,12 @@ class RecentSessions:
 
     def _trim(self) -> None:
         """Drop the least recently used sessions past the bounds (the last one stays, whatever its size). Lock held."""
+        left = False
         while len(self.held) > self.count or (self.max_bytes and self.resident_bytes > self.max_bytes and len(self.held) > 1):
             self._drop(next(iter(self.held)))
+            left = True
+        if left:
+            self.on_left()
 
     def _drop(self, key: Key) -> None:
         self.held.pop(key, None)

@@ -245,7 +245,7 @@ def serve_in_thread(app: Any, **config: Any) -> _ThreadedServer:
 
 
 # The states of pcp_texts_embedded_total (and of pcp_summaries_total) in which queued work is through.
-EMBEDDING_DONE = ("encoded", "loaded", "elsewhere", "failed")
+EMBEDDING_DONE = ("encoded", "loaded", "elsewhere", "failed", "shed")
 SUMMARY_DONE = ("landed", "failed")
 
 

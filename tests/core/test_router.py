@@ -136,6 +136,19 @@ def test_the_cache_of_terms_is_bounded_and_keeps_the_newer_half():
     assert len(cache.recent()) == 2
 
 
+def test_the_texts_terms_take_at_most_half_the_bytes_and_the_indexes_what_the_terms_leave():
+    conversations = [[f"conversation {c} turn {i} about the greyhound {i * c} and the beach" for i in range(200)] for c in range(6)]
+    bound = 3 * Bm25.of_texts(conversations[0]).resident_bytes
+    cache = Bm25Cache(max_bytes=bound)
+    for turns in conversations:
+        Bm25.of_texts(turns, cache)
+        assert cache.terms_bytes <= bound // 2 + 2_000  # (the text that went over it)
+        assert cache.resident_bytes <= bound or len(cache.recent()) == 1
+    assert 0 < len(cache) < 6 * 200  # the older texts' terms dropped
+    kept = cache.terms(conversations[-1][-1])
+    assert kept is cache.terms(conversations[-1][-1])
+
+
 def test_a_conversation_keeps_one_index_however_many_follow_ups_extend_it():
     cache = Bm25Cache()
     turns = [f"turn {i} about the greyhound and the beach {i}" for i in range(40)]
@@ -149,7 +162,7 @@ def test_a_conversation_keeps_one_index_however_many_follow_ups_extend_it():
 def test_the_indexes_kept_are_bounded_by_bytes_the_newest_always_kept():
     conversations = [[f"conversation {c} turn {i} about the greyhound {i * c}" for i in range(50)] for c in range(4)]
     one = Bm25.of_texts(conversations[0]).resident_bytes
-    cache = Bm25Cache(max_bytes=int(2.5 * one))
+    cache = Bm25Cache(texts=0, max_bytes=int(2.5 * one))  # (no texts' terms kept: the indexes alone)
     for turns in conversations:
         Bm25.of_texts(turns, cache)
     assert len(cache.recent()) == 2 and cache.resident_bytes <= 2.5 * one

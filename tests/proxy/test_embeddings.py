@@ -98,6 +98,36 @@ def test_the_background_encodes_once_the_request_being_served_is_answered(tmp_pa
         embedder.close()
 
 
+def test_what_waits_for_the_encoder_is_bounded_and_what_is_shed_is_queued_again_when_a_request_ranks_it(tmp_path):
+    import numpy as np
+
+    from proxy.recall.embeddings import QUEUED_TEXT
+
+    events: list[tuple[str, int]] = []
+    history = [f"Turn {i}: we spoke about the allotment after the rain, and what to do on day {i}." for i in range(200)]
+    bound = sum(sys.getsizeof(t) + QUEUED_TEXT for t in history[-50:])  # room for the last 50 queued
+    embedder = Embedder(tmp_path, on_encoded=lambda state, n: events.append((state, n)), yield_seconds=30, max_queue_bytes=bound)
+    embedder.load()
+    try:
+        with embedder.serving():  # the background waits: the queue fills
+            assert asyncio.run(embedder.similarities_when_ready("What about the rain?", history)) is None
+            assert (_states(events, "queued"), _states(events, "shed")) == (200, 150)  # the first queued are shed
+            assert embedder.queued_bytes == bound
+        eventually(lambda: _states(events, "encoded") == 50, timeout=60)
+        cosines = asyncio.run(embedder.similarities_when_ready("What about the rain?", history))
+        assert np.isnan(cosines[:150]).all() and not np.isnan(cosines[150:]).any()  # ranked by BM25 alone meanwhile
+        # Each request that ranks them queues those without a vector again, as far as the queue holds.
+        for _ in range(10):
+            eventually(lambda: embedder.queued_bytes == 0 and not embedder._queued, timeout=60)
+            cosines = asyncio.run(embedder.similarities_when_ready("What about the rain?", history))
+            if not np.isnan(cosines).any():
+                break
+        assert not np.isnan(cosines).any()
+        assert _states(events, "encoded") == 200  # each encoded once
+    finally:
+        embedder.close()
+
+
 def test_the_model_loads_once_the_request_that_asked_for_it_is_answered(tmp_path):
     # Loading imports torch, seconds of work under the interpreter lock: beside a first request's paging it
     # took a quarter of a second from that request, which cannot use the model anyway (its history is not encoded).
