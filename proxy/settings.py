@@ -195,7 +195,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     local_max_tokens: int = 256
     # Most prompt tokens of a call in protocol mode on the embedded model, in place of context_budget: two cores
     # prefill it in seconds, and a 135M model follows a short prompt better than a long one.
-    local_context_budget: int = 2048
+    local_context_budget: int = 1024
     # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
     # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
     local_max_rounds: int = 1
