@@ -80,16 +80,16 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    reading, said, tokens = await _read(body, lambda: _api_read(api, body, services))
+    reading, said, tokens, carried = await _read(body, lambda: _api_read(api, body, services))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, tokens, scope) if reading.messages else None
+        control = _paged(services, headers, reading.model, (tokens, carried), scope) if reading.messages else None
         if control is not None:
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
-            if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
+            if pageable(conversation, control.policy, services.tokenizer.count):
                 return await _protocol(request, services, codec, conversation, (_as_read(said, reading, conversation), tokens), headers, control, scope)
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
     services.metrics.inc("pcp_requests_total", mode="passthrough")
@@ -144,20 +144,32 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
     return await asyncio.to_thread(read) if len(body) > LARGE_BODY else read()
 
 
-def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, int]:
-    """The request as ``api`` reads it, its messages' tokens, and its prompt's: theirs and its tool
-    definitions' (0 for one forwarded untouched, which is not counted). A chat body that resends the
-    messages of one read before decodes and counts only those it adds (``apis.known_bodies``)."""
+def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, int, int]:
+    """The request as ``api`` reads it, its messages' tokens, its prompt's (theirs and its tool
+    definitions'), and its head's, which a worker call carries whole (``head_tokens``): 0 for one forwarded
+    untouched, which is not counted. A chat body that resends the messages of one read before decodes
+    and counts only those it adds (``apis.known_bodies``)."""
     count = services.tokenizer.count
     if api.read is CHAT.read:
         reading, said = services.bodies.read(body, count)
     else:
         reading = api.read(body)
         if reading.untouched is not None:
-            return reading, 0, 0
+            return reading, 0, 0, 0
         said = prompt_tokens(reading.messages, count)
     tools = tools_text(body if reading.rest is None else reading.rest)
-    return reading, said, said + (count(tools) if tools else 0)
+    tools_tokens = count(tools) if tools else 0
+    return reading, said, said + tools_tokens, _system_tokens(reading.messages, count) + tools_tokens
+
+
+def _system_tokens(messages: list[dict[str, Any]], count: Callable[[str], int]) -> int:
+    """The tokens of the leading system and developer messages: the head's part that is not tools."""
+    head = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+            break
+        head.append(message)
+    return prompt_tokens(head, count) if head else 0
 
 
 def _as_read(said: int, reading: Reading, conversation: Conversation) -> int:
@@ -174,12 +186,13 @@ def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> 
     return memory_scope(services.memory, request.headers, body, namespace, services.settings.memory_scope_from_user)
 
 
-def _paged(services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None) -> Control | None:
+def _paged(services: Services, headers: dict[str, str], model: str | None, counted: tuple[int, int], scope: Scope | None) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
     (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
-    page fault, whatever the request's size."""
+    page fault, whatever the request's size. ``counted``: its prompt's tokens, and its head's."""
     control = services.controls.of(headers, model)
-    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services.memory, scope)))
+    tokens, carried = counted
+    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy, carried) or faults(services.memory, scope)))
     return control if paged else None
 
 
@@ -192,17 +205,17 @@ def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: 
 
 
 def _unpageable(control: Control, tokens: int) -> None:
-    """A request whose query and tools alone leave its budget no room for pages: refused where the model's
+    """A request whose query and attachments alone leave its budget no room for pages: refused where the model's
     window is known to be too small for it as it is; else (the caller) it goes untouched."""
     window = control.policy.window
     if window and tokens > window:
         raise ClientError(
-            f"this request cannot be paged: its query, attachments and tools alone fill the context budget ({control.policy.rounds.budget:,} "
+            f"this request cannot be paged: its query and attachments alone fill the context budget ({control.policy.rounds.budget:,} "
             f"tokens), and at {tokens:,} tokens it is larger than the model's context window ({window:,}): raise PCP_CONTEXT_BUDGET",
             status=413,
             code="context_budget_too_small",
         )
-    log.info("a request's query and tools fill the context budget (%d tokens): forwarded untouched", control.policy.rounds.budget)
+    log.info("a request's query and attachments fill the context budget (%d tokens): forwarded untouched", control.policy.rounds.budget)
 
 
 async def _protocol(
