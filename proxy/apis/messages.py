@@ -137,7 +137,8 @@ def usage(total: Usage, message: dict[str, Any]) -> None:
 
 
 def usage_of(usage: Usage) -> dict[str, int]:
-    """The sum over every upstream call, as a message's ``usage``."""
+    """The answering call's usage (``Usage.answer``), as a message's ``usage``."""
+    usage = usage.answer()
     written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
     return {
         "input_tokens": usage.prompt_tokens - written - read,
@@ -253,7 +254,7 @@ class MessagesCodec(ToolsCodec):
         return marked
 
     def final(self, message: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
-        """The message the client gets: the answer as one text block (a call of its own tools as it came), the usage of every call."""
+        """The message the client gets: the answer as one text block (a call of its own tools as it came), the answering call's usage."""
         final = {**message, "usage": usage_of(usage)}
         if outcome.kind == "answer":
             final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
@@ -364,7 +365,9 @@ class MessagesRound:
 
     # -- writing the client's ----------------------------------------------------------
     def opening(self) -> bytes:
-        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(self.usage)}
+        # The answering call's usage as its message_start told it (its message_delta is not read yet).
+        said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
+        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
         return event("message_start", message=message) + event("content_block_start", index=0, content_block={"type": "text", "text": ""})
 
     @staticmethod
@@ -380,7 +383,7 @@ class MessagesRound:
         yield event("message_stop")
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-        """The round as the upstream sent it, its message_delta with the usage of every upstream call."""
+        """The round as the upstream sent it, its message_delta with the answering call's usage."""
         for event in events:
             if event["type"] == "message_delta":
                 event = {**event, "usage": usage_of(self.usage)}
