@@ -255,6 +255,33 @@ def _pinned(request: Request[Any, Any, Any], conversation: Conversation) -> str 
     return pcp.pinned_session(request.headers) or (client_named(named, said[0]) if named else None)
 
 
+@route("/messages/count_tokens", http_method=METHODS, status_code=200)
+async def count_tokens(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """Anthropic's token count, of what the proxy would send. A request it would page counts what one worker call
+    carries at most (the head whole and the budget): a coding agent that measures its context by it is not pushed
+    into compacting what the proxy pages. One it would forward is counted by the upstream, or by the proxy
+    (tiktoken) where the upstream has no count of its own (a chat-only upstream)."""
+    if request.method != "POST":
+        return await forwarded(request, services)
+    headers = upstream_headers(services.settings, request.headers, anthropic=True)
+    body = await request.body()
+    reading, _, tokens, carried = await _read(body, lambda: _api_read(MESSAGES, body, services))
+    control = services.controls.of(headers, reading.model)
+    if reading.messages and (control.mode == "force" or (control.mode == "auto" and engaged(tokens, control.policy, carried))):
+        return _count(min(tokens, carried + control.policy.rounds.budget), "protocol")
+    upstream = services.upstream_of(MESSAGES)
+    if upstream.translation.mode != "always" and "/messages" not in upstream.translation.lacking:
+        target = upstream_target(request.scope)
+        response = await forward(upstream, request, "POST", target, body, headers, PASSTHROUGH, stream=False, failure=MESSAGES.failure)
+        if response.status_code not in (404, 405):
+            return response
+    return _count(tokens, "passthrough")
+
+
+def _count(tokens: int, mode: str) -> Response[Any]:
+    return Response({"input_tokens": tokens}, status_code=200, headers={pcp.MODE: mode, pcp.PROMPT_TOKENS: str(tokens)})
+
+
 @route("/{path:path}", http_method=METHODS, status_code=200)
 async def forward_v1(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
     return await forwarded(request, services)
@@ -309,6 +336,6 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return services.metrics.exposition()
 
 
-API_ROUTES = [chat_completions, responses, messages, forward_v1]  # under /v1
+API_ROUTES = [chat_completions, responses, messages, count_tokens, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
 OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key
