@@ -8,8 +8,8 @@ by header, for less than its model's policy allows, never for more:
   came even above the threshold; ``force`` pages it even below;
 * ``x-pcp-threshold: N`` — protocol mode engages above ``N`` prompt tokens
   (at most the model's threshold);
-* ``x-pcp-budget: N`` — the most prompt tokens a worker call may carry (512 up
-  to the model's budget).
+* ``x-pcp-budget: N`` — the most tokens of paged context a worker call may
+  carry on top of its head (512 up to the model's budget).
 
 A request that sends none of these headers costs a few dictionary lookups
 (``Controls.of``): passthrough stays as cheap as it was. The headers are the
