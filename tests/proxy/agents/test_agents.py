@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from proxy.settings import ModelSettings
+from proxy.testing.agent_task import notes_text
 from proxy.testing.agent_upstream import AgentScript
 
 from .agents import AGENTS, AgentRun, installed, missing, run_agent
@@ -136,6 +137,21 @@ def test_an_agent_paged_on_every_call_at_the_proxys_defaults(agent, tmp_path: Pa
         run = run_agent(agent, proxy.url, tmp_path / "run", force=True)
     assert_done(run, proxy)
     calls = task_calls(proxy.exchanges)
+    assert len(calls) >= 2 and {e.mode for e in calls} == {"protocol"}, [e.mode for e in calls]
+    worker = [turn for turn in proxy.script.turns if turn.role == "worker"]
+    assert worker and all(turn.paged for turn in worker)
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+def test_an_agent_given_100k_tokens_on_stdin_is_paged_at_the_proxys_defaults(agent, tmp_path: Path):
+    """``claude -p`` / ``codex exec -`` with ~100k tokens of notes piped in, and no setting but the upstream: its model's
+    family (claude-*, gpt-5*) pages it within its budget, its head whole, and the task is done."""
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True)) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run", stdin=notes_text(2200))
+    assert_done(run, proxy)
+    calls = task_calls(proxy.exchanges)
+    assert all(int(e.response_headers["x-pcp-prompt-tokens"]) > 100_000 for e in calls)
     assert len(calls) >= 2 and {e.mode for e in calls} == {"protocol"}, [e.mode for e in calls]
     worker = [turn for turn in proxy.script.turns if turn.role == "worker"]
     assert worker and all(turn.paged for turn in worker)
