@@ -68,7 +68,9 @@ def main() -> None:
     url = args.url or f"http://127.0.0.1:{args.port}"
     try:
         ready(url)
-        print("| conversation | messages | mode | seconds | of them the worker's | prompt tokens sent | finish | completion tokens | rounds | scaffolding in the answer | answer |")
+        print(
+            "| conversation | messages | mode | seconds | of them the worker's | prompt tokens sent | finish | completion tokens | rounds | scaffolding in the answer | answer |"
+        )
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         for number, (messages, questions) in enumerate(conversations(args.conversations, args.questions)):
             for question in questions:
@@ -77,7 +79,9 @@ def main() -> None:
                 response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
                 seconds = time.perf_counter() - started
                 if response.status_code != 200:
-                    print(f"| {number} | {len(messages)} | {response.headers.get('x-pcp-mode')} | {seconds:.1f} | {response.status_code} | | | | {response.text[:80]} |")
+                    print(
+                        f"| {number} | {len(messages)} | {response.headers.get('x-pcp-mode')} | {seconds:.1f} | {response.status_code} | | | | {response.text[:80]} |"
+                    )
                     continue
                 reply = response.json()
                 text = reply["choices"][0]["message"].get("content") or ""

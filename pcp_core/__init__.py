@@ -13,6 +13,7 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 
 from .answers import NO_ANSWER, AnswerGate, spoken
 from .bm25 import Bm25Cache
+from .context_edits import Compaction, Edited, EditError, after_compaction, apply_edits, edits_of, stored_pages
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
 from .exchanges import MARK, Call, Part, Result, Said, anthropic_messages, chat_messages, responses_messages, text_part, unmarked
@@ -75,8 +76,11 @@ __all__ = [
     "Checkpoint",
     "ComponentSpec",
     "ConsolidatedPage",
+    "Compaction",
     "Conversation",
     "CountText",
+    "EditError",
+    "Edited",
     "Effect",
     "Facts",
     "LoadPages",
@@ -102,7 +106,9 @@ __all__ = [
     "Tree",
     "View",
     "WorkerReply",
+    "after_compaction",
     "anthropic_messages",
+    "apply_edits",
     "asked",
     "attached",
     "begins_with",
@@ -116,6 +122,7 @@ __all__ = [
     "conversation_links",
     "delete",
     "departs",
+    "edits_of",
     "engaged",
     "head_tokens",
     "fold_system",
@@ -147,6 +154,7 @@ __all__ = [
     "short_hash",
     "snapshot",
     "spoken",
+    "stored_pages",
     "summary_prompt",
     "text_part",
     "transcript",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from .directive_parser import DirectiveParser, parse_directives
 from .directives import Markup, Text
+from .markup import Unescaping
 from .scaffolding import Scaffolding
 
 __all__ = ["NO_ANSWER", "AnswerGate", "spoken"]
@@ -43,15 +44,16 @@ class AnswerGate:
         self.spoke = False  # some text that is not blank was released
         self.held: list[str] = []
         self.raw: list[str] = []  # the reply as the worker wrote it, directives included
+        self.unescaping = Unescaping()  # the document's escaping, undone before anything is read
 
     def feed(self, chunk: str) -> str:
         """Text that may be released to the client now."""
         self.raw.append(chunk)
-        return self._take(self.parser.feed(chunk), end=False)
+        return self._take(self.parser.feed(self.unescaping.feed(chunk)), end=False)
 
     def close(self) -> str:
         """The reply is complete: release what a directive-free reply held back (``NO_ANSWER`` if it said nothing)."""
-        out = self._take(self.parser.flush(), end=True)
+        out = self._take(self.parser.feed(self.unescaping.flush()) + self.parser.flush(), end=True)
         return out if self.spoke or not self.committed else out + NO_ANSWER
 
     def _take(self, events: list, end: bool) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from .directives import MAX_DIRECTIVE_CHARS, NAMES, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text, Value, bind
-from .markup import TAGS
+from .markup import TAGS, unescaped
 from .scaffolding import without_scaffolding
 
 __all__ = ["DirectiveParser", "parse_directives"]
@@ -308,9 +308,10 @@ class DirectiveParser:
 
 
 def parse_directives(text: str) -> tuple[str, list[Directive], list[BusFault]]:
-    """Parse a whole reply: its text without directives (nor the prompt's own sentences, ``scaffolding``), the directives, the faults."""
+    """Parse a whole reply, the document's escaping undone (``markup.unescaped``): its text without directives (nor the prompt's own
+    sentences, ``scaffolding``), the directives, the faults."""
     parser = DirectiveParser()
-    events = parser.feed(text) + parser.flush()
+    events = parser.feed(unescaped(text)) + parser.flush()
     clean = without_scaffolding("".join(e.text for e in events if isinstance(e, Text)))
     directives: list[Directive] = [e for e in events if isinstance(e, Consult | Explore | Shelve)]
     return clean, directives, [e for e in events if isinstance(e, BusFault)]

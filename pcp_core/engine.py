@@ -216,6 +216,7 @@ class _Loop:
             parts=context.parts,
             consulted=self.consulted,
             context_role=policy.context_role,
+            ask_last=policy.ask_last,
             appendix=context.appendix,
             frame=self.frame,
             frame_pages=self.frame_pages,

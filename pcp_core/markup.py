@@ -14,7 +14,19 @@ from lxml import etree
 from .pages import ConsolidatedPage, Origin, Page, View
 from .timeline import moment
 
-__all__ = ["TAGS", "background_line", "newlines", "node", "node_lines", "node_type", "node_view", "shown_time", "xml_safe"]
+__all__ = [
+    "TAGS",
+    "Unescaping",
+    "background_line",
+    "newlines",
+    "node",
+    "node_lines",
+    "node_type",
+    "node_view",
+    "shown_time",
+    "unescaped",
+    "xml_safe",
+]
 
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
@@ -41,6 +53,42 @@ _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 def xml_safe(text: str) -> str:
     return _INVALID_XML.sub("", text)
+
+
+# What the document's escaping writes for the user's characters (lxml: ``&<>`` in text, ``"`` too in attributes).
+_ENTITIES = {"&lt;": "<", "&gt;": ">", "&amp;": "&", "&quot;": '"', "&apos;": "'"}
+_ENTITY = re.compile("&(?:lt|gt|amp|quot|apos);")
+_LONGEST_ENTITY = max(map(len, _ENTITIES))
+
+
+class Unescaping:
+    """A worker's reply, fed as it streams, with the document's escaping undone: the user's characters again.
+
+    A model quotes the conversation as it read it, escaped (``&lt;3``); its answer is the user's, who
+    never typed the entity. Undone once, as it was done once: text the user wrote as ``&lt;`` was shown
+    as ``&amp;lt;`` and comes back as ``&lt;``. It is undone before the reply is read for directives and
+    markup, so a tag it forms is the document's markup and is taken out with the rest.
+    """
+
+    def __init__(self) -> None:
+        self.held = ""
+
+    def feed(self, chunk: str) -> str:
+        text = self.held + chunk
+        self.held = ""
+        tail = text.rfind("&")
+        if tail != -1 and len(text) - tail < _LONGEST_ENTITY and any(entity.startswith(text[tail:]) for entity in _ENTITIES):
+            text, self.held = text[:tail], text[tail:]
+        return _ENTITY.sub(lambda found: _ENTITIES[found.group()], text)
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+def unescaped(text: str) -> str:
+    """A whole reply with the document's escaping undone (``Unescaping``)."""
+    return _ENTITY.sub(lambda found: _ENTITIES[found.group()], text)
 
 
 def node(page: Page, view: View, nested: bool) -> etree._Element:

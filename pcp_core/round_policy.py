@@ -34,6 +34,9 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     diffusion_pages: int = 3  # Original pages a Consult on a container brings in beside it
     # Where the client's head goes: the system message, or the user message's opening, for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
+    # The user message ends with the query itself, not the line that points to it in the document: a model too
+    # small to find the Query there (the embedded 135M one) answers the last thing it reads.
+    ask_last: bool = False
     # For providers' prompt caches: a later round keeps in their place the nodes of the round
     # before that start within this share of the budget (after what the round brought in).
     keep_share: float = 0.7

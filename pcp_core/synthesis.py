@@ -90,6 +90,7 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     consulted: Sequence[str] = ()
     # Where the head goes: its own system message, or the user message's opening for upstreams that ignore system messages.
     context_role: Literal["system", "user"] = "system"
+    ask_last: bool = False  # the user message ends with the query itself (``RoundPolicy.ask_last``)
     # Text after the document in the user message (the host's: Hybrid mode's snapshot), counted in the budget.
     appendix: str = ""
     # A follow-up's frame (``pcp_core.frame``), replayed as it is: what is admitted here comes after it.
@@ -349,6 +350,8 @@ class _Builder:
         document), the host's appendix, the user line. A provider's cache finds the prefix the client's own
         requests made (the head, the first message) and, after it, what the previous call's document shares."""
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
+        if self.request.ask_last:  # at most an eighth of the budget: the query shows whole in the document
+            line = clip_tokens(self.request.query, self.request.budget // 8, self.count)
         said = f"{text}\n\n{self.request.appendix}\n\n{line}" if self.request.appendix else f"{text}\n\n{line}"
         user = {"role": "user", "content": attached(said, parts)}
         return [{"role": "system", "content": head}, user] if head and self.request.context_role == "system" else [user]

@@ -95,13 +95,15 @@ def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
     rounds = RoundPolicy(
-        budget=settings.context_budget or CHAT_BUDGET,
+        # The embedded model's own budget; with an upstream, the settings' or (0) the chat one, which a known model family's replaces.
+        budget=(settings.context_budget or CHAT_BUDGET) if settings.upstream_base_url else settings.local_context_budget,
         max_rounds=settings.max_rounds if settings.upstream_base_url else settings.local_max_rounds,
         channel=settings.directive_channel,
         router=bool(settings.router_model),
         context_role=settings.context_role,
         cached_price=settings.cached_input_price,
         fresh_share=settings.followup_share,
+        ask_last=not settings.upstream_base_url,  # the embedded model
     )
     # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
     # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
@@ -167,6 +169,7 @@ async def open_services(
         bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
         _resident_gauges(metrics, sessions, bm25, dense, memory, bodies)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
+        log.info("Responses and Messages there: %s", "; ".join(f"{api} {how}" for api, how in upstream.translation.fronts().items()))
         if anthropic is not None:
             log.info("Anthropic's Messages API at %s", anthropic.shown_url)
         yield Services(

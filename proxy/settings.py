@@ -201,6 +201,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Most tokens a reply may have when the client names no max_tokens (its own value wins): a 135M model that
     # has not ended its turn by then is rambling, and every token of it is time the user waits.
     local_max_tokens: int = 256
+    # Most prompt tokens of a call in protocol mode on the embedded model, in place of context_budget: two cores
+    # prefill it in seconds, and a 135M model follows a short prompt better than a long one.
+    local_context_budget: int = 2048
     # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
     # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
     local_max_rounds: int = 1
@@ -212,6 +215,12 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # their path with a 404 or 405 (remembered per upstream), "always" (an upstream that speaks only chat
     # completions), "never". The embedded model is always translated.
     translate_apis: Literal["auto", "always", "never"] = "auto"
+    # Anthropic's context management (``context_management`` edits, compaction blocks): the proxy applies it where the
+    # Messages API is translated to chat completions; true: always, even for an upstream that speaks Messages itself.
+    serve_context_management: bool = False
+    # OpenAI's ``POST /responses/compact``: the proxy serves it where the upstream answers it with a 404 or 405 (and
+    # where Responses are always translated); true: always, even for an upstream that has it.
+    serve_compact: bool = False
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     # "json": one JSON object a line, with the trace id of the request it is about (x-pcp-trace).
     log_format: Literal["text", "json"] = "text"
@@ -258,6 +267,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
         _require(self.local_n_ctx, self.local_n_ctx >= 512, "local_n_ctx", "must be at least 512 tokens")
         _require(self.local_slots, 1 <= self.local_slots <= 16, "local_slots", "must be between 1 and 16")
         _require(self.local_max_tokens, self.local_max_tokens >= 1, "local_max_tokens", "must be at least 1")
+        _require(self.local_context_budget, self.local_context_budget >= 512, "local_context_budget", "must be at least 512 tokens")
         _require(self.local_max_rounds, self.local_max_rounds >= 1, "local_max_rounds", "must be at least 1")
         _require(self.local_threads, self.local_threads >= 0, "local_threads", "must be 0 (half the cores) or more")
         for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout", "local_queue_timeout"):

@@ -131,7 +131,10 @@ class Upstream:
         translator = self.translation.of(method, path)
         if translator is None:
             return await self._send(method, path, content, headers, timeout, deadline)
-        return await self.translation.open(translator, path, content, headers, lambda to, body, said: self._send(method, to, body, said, timeout, deadline))
+        try:  # the translation reads some answers (an error, a stream's first event, a whole answer it translates)
+            return await self.translation.open(translator, path, content, headers, lambda to, body, said: self._send(method, to, body, said, timeout, deadline))
+        except httpx.HTTPError as exc:
+            raise _as_upstream_error(exc, self.shown_url, midway=True) from None
 
     async def _send(self, method: str, path: str, content: bytes | None, headers: Mapping[str, str], timeout: float | None, deadline: float) -> httpx.Response:
         for attempt in range(2):

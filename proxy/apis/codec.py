@@ -199,6 +199,9 @@ class Codec(Protocol):
     def cache_key(self, key: str) -> None:
         """Ask the upstream to route the request's calls by ``key`` (OpenAI's ``prompt_cache_key``), unless the client names one."""
 
+    def kept(self, session_id: str, behind: list[str]) -> None:
+        """The session the request is kept in, once it is (and those it read beside its own): before the answer is written."""
+
 
 class BodyCodec:
     """What every codec keeps of the client's body: the model it names, and the fields it sends on (``base``)."""
@@ -212,6 +215,9 @@ class BodyCodec:
 
     def cache_key(self, key: str) -> None:
         self.base.setdefault("prompt_cache_key", key)
+
+    def kept(self, session_id: str, behind: list[str]) -> None:
+        """An answer that tells nothing of its session (but a compaction's, ``context_management``)."""
 
 
 class ToolsCodec(BodyCodec):

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
-from pcp_core import MARK, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
+from pcp_core import MARK, Compaction, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
 
 from ..decoding import decode_json, finite_fields
 from ..errors import ClientError, PcpError, anthropic_envelope
@@ -38,6 +38,7 @@ from .whole_streams import message_events
 
 __all__ = [
     "MESSAGES",
+    "Managed",
     "MessagesCodec",
     "MessagesRound",
     "MessagesRules",
@@ -207,6 +208,15 @@ class _Event(msgspec.Struct):
 # -- the codec ---------------------------------------------------------------------------
 
 
+class Managed(msgspec.Struct, frozen=True):
+    """The context management the proxy applies for a request: the edits it reports, the compaction it hands back
+    (``handle``: the signed, caller-bound handle of the sessions it stands for)."""
+
+    applied: list[dict[str, Any]]
+    compaction: Compaction | None
+    handle: Callable[[list[str]], str]
+
+
 class MessagesCodec(ToolsCodec):
     """One Messages request in protocol mode: its worker calls, and the answer it gets."""
 
@@ -221,6 +231,25 @@ class MessagesCodec(ToolsCodec):
         self.api = MESSAGES
         self.marks = _marks(body.get("messages") or [])
         self.tool_marks = sum(isinstance(tool, dict) and MARK in tool for tool in self.tools)
+        # The context management the proxy applies for the request (``web.context_management``), and the
+        # compaction block it hands back (once the session is kept, ``kept``).
+        self.managed: Managed | None = None
+        self.compaction: Block | None = None
+
+    def kept(self, session_id: str, behind: list[str]) -> None:
+        if self.managed is not None and self.managed.compaction is not None and session_id:
+            handle = self.managed.handle([session_id, *behind])
+            self.compaction = {"type": "compaction", "content": handle, "encrypted_content": handle}
+
+    @property
+    def paused(self) -> bool:
+        """Whether the answer is the compaction block alone (``pause_after_compaction``)."""
+        managed = self.managed
+        return self.compaction is not None and managed is not None and managed.compaction is not None and managed.compaction.pause_after_compaction
+
+    def managed_fields(self) -> dict[str, Any]:
+        """``context_management`` as Anthropic reports it, where the proxy applied the request's."""
+        return {"context_management": {"applied_edits": self.managed.applied}} if self.managed is not None else {}
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
@@ -255,9 +284,14 @@ class MessagesCodec(ToolsCodec):
 
     def final(self, message: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
         """The message the client gets: the answer as one text block (a call of its own tools as it came), the answering call's usage."""
-        final = {**message, "usage": usage_of(usage)}
+        final = {**message, "usage": usage_of(usage), **self.managed_fields()}
         if outcome.kind == "answer":
             final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
+        if self.compaction is not None:  # the history before the answer, handed back as one block
+            paused = self.paused
+            final["content"] = [self.compaction] if paused else [self.compaction, *(final.get("content") or [])]
+            if paused:
+                final["stop_reason"] = "compaction"
         return final
 
     def round(self, usage: Usage) -> MessagesRound:
@@ -364,30 +398,52 @@ class MessagesRound:
         return list(self.tool_calls.values())
 
     # -- writing the client's ----------------------------------------------------------
+    @property
+    def first(self) -> int:
+        """The index of the answer's first block: 1 after a compaction block."""
+        return int(self.codec.compaction is not None)
+
     def opening(self) -> bytes:
         # The answering call's usage as its message_start told it (its message_delta is not read yet).
         said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
         message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
-        return event("message_start", message=message) + event("content_block_start", index=0, content_block={"type": "text", "text": ""})
+        opened = event("message_start", message=message) + self._compaction()
+        return opened if self.codec.paused else opened + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
 
-    @staticmethod
-    def text(text: str) -> bytes:
-        return event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
+    def _compaction(self) -> bytes:
+        """The compaction block, whole, first in the message, where the request's history was compacted."""
+        block = self.codec.compaction
+        return b"" if block is None else event("content_block_start", index=0, content_block=block) + event("content_block_stop", index=0)
+
+    def text(self, text: str) -> bytes:
+        if self.codec.paused:  # the compaction block alone
+            return b""
+        return event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
 
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
-        yield event("content_block_stop", index=0)
-        delta = {"stop_reason": relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
-        yield event("message_delta", delta=delta, usage=usage_of(self.usage))
+        if not self.codec.paused:
+            yield event("content_block_stop", index=self.first)
+        delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
+        yield event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
         yield event("message_stop")
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-        """The round as the upstream sent it, its message_delta with the answering call's usage."""
+        """The round as the upstream sent it, its message_delta with the answering call's usage (and a compaction
+        block first, where the history was compacted: the upstream's blocks after it)."""
         for event in events:
+            if self.codec.paused and event["type"].startswith("content_block_"):
+                continue
             if event["type"] == "message_delta":
-                event = {**event, "usage": usage_of(self.usage)}
+                event = {**event, "usage": usage_of(self.usage), **self.codec.managed_fields()}
+                if self.codec.paused:
+                    event["delta"] = {**(event.get("delta") or {}), "stop_reason": "compaction"}
+            elif self.first and event["type"].startswith("content_block_"):
+                event = {**event, "index": int(event.get("index") or 0) + self.first}
             yield named_event(event["type"], event)
+            if event["type"] == "message_start":
+                yield self._compaction()
 
 
 MESSAGES = Api("messages", "/messages", frozenset({"system", "model", "stream", "tools", "tool_choice"}), read, MessagesCodec, failure, as_stream=as_stream)

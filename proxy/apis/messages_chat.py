@@ -19,20 +19,67 @@ from typing import Any
 from pcp_core import short_hash
 
 from ..decoding import strict_json
-from ..errors import ANTHROPIC_TYPES
+from ..errors import ANTHROPIC_TYPES, ClientError
 from ..sse import named_event
 from .codec import first_deltas, text_of
 from .responses_chat import said_error
+from .stops import Stops
 
-__all__ = ["Round", "failure", "reply", "request", "usage"]
+__all__ = ["Round", "failure", "reply", "request", "stop_sequences", "usage"]
 
 Block = dict[str, Any]
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use", "content_filter": "refusal"}
 SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
 
 
+# What a chat upstream is asked in other words (``request``), or what asks nothing of it: marks for
+# Anthropic's own cache (``cache_control``; a chat upstream caches prefixes on its own), where and how fast
+# Anthropic serves it (``service_tier``, ``inference_geo``, ``speed``, ``diagnostics``), whose request it is
+# (``workspace_id``, ``user_profile_id``), and ``context_management`` (thinking is left out anyway, and the
+# proxy pages a long conversation rather than clear its tool results): docs/apis.md, field by field.
+TRANSLATED = frozenset(
+    {"messages", "system", "stop_sequences", "stream", "tools", "tool_choice", "metadata", "output_config", "output_format", "thinking"}
+    | {"cache_control", "service_tier", "inference_geo", "speed", "diagnostics", "workspace_id", "user_profile_id", "context_management"}
+)
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "xhigh", "max": "xhigh"}
+
+
+def refused(asked: dict[str, Any]) -> None:
+    """The 400 for a field a chat upstream cannot be asked, named (a null asks nothing)."""
+    for field, value in asked.items():
+        if value is not None and field not in TRANSLATED and field not in SAME:
+            _refuse(field, f"{field} has no chat-completions form, and this upstream speaks only chat completions")
+    for i, tool in enumerate(asked.get("tools") or ()):
+        if not (isinstance(tool, dict) and isinstance(tool.get("input_schema"), dict) and isinstance(tool.get("name"), str)):
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            _refuse(f"tools.{i}", f"the server tool {kind!r} cannot run on an upstream that speaks only chat completions: tools with an input_schema can")
+    config = asked.get("output_config")
+    if isinstance(config, dict) and config.get("effort") is not None and config["effort"] not in EFFORTS:
+        _refuse("output_config.effort", f"output_config.effort must be one of {', '.join(EFFORTS)}")
+
+
+def _refuse(param: str, message: str) -> None:
+    # Anthropic's envelope has no param: the message names it.
+    raise ClientError(message if message.startswith(param) else f"{param}: {message}", param=param, code="unsupported_by_upstream")
+
+
+def _effort(asked: dict[str, Any]) -> str | None:
+    """How hard the model should think, as chat's ``reasoning_effort``: ``output_config.effort``, else a thinking budget's size."""
+    config = asked.get("output_config")
+    if isinstance(config, dict) and config.get("effort") is not None:
+        return EFFORTS[config["effort"]]
+    thinking = asked.get("thinking")
+    if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive"):
+        return None
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int):
+        return "medium"
+    return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
+
+
 def request(asked: dict[str, Any]) -> dict[str, Any]:
     """The chat completion's body that asks what ``asked`` (a Messages request) asks."""
+    refused(asked)
     messages: list[dict[str, Any]] = []
     system = _text(asked.get("system"))
     if system:
@@ -42,8 +89,6 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             _add(messages, message)
     chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
     chat["messages"] = messages
-    if asked.get("stop_sequences"):
-        chat["stop"] = asked["stop_sequences"]
     tools = [_tool(tool) for tool in asked.get("tools") or () if isinstance(tool, dict) and "input_schema" in tool and isinstance(tool.get("name"), str)]
     if tools:
         chat["tools"] = tools
@@ -52,13 +97,43 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             chat["tool_choice"] = _tool_choice(choice)
             if choice.get("disable_parallel_tool_use"):
                 chat["parallel_tool_calls"] = False
+    response_format = _response_format(asked)
+    if response_format is not None:
+        chat["response_format"] = response_format
+    effort = _effort(asked)
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     user = (asked.get("metadata") or {}).get("user_id") if isinstance(asked.get("metadata"), dict) else None
     if isinstance(user, str):
         chat["user"] = user
-    if asked.get("stream"):
+    if asked.get("stream") or stop_sequences(asked):  # the proxy watches for the stop sequences itself (``stops``)
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}
     return chat
+
+
+def stop_sequences(asked: dict[str, Any]) -> list[str]:
+    """The request's stop sequences, or the 400 that says they are not a list of strings."""
+    said = asked.get("stop_sequences")
+    if said is None:
+        return []
+    if not isinstance(said, list) or not all(isinstance(s, str) for s in said):
+        raise ClientError("stop_sequences must be a list of strings", param="stop_sequences", code="invalid_value")
+    return [s for s in said if s]
+
+
+def _response_format(asked: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (``output_config.format``, or the beta's ``output_format``) as chat's ``response_format``."""
+    config = asked.get("output_config")
+    format = config.get("format") if isinstance(config, dict) else None
+    if format is None:
+        format = asked.get("output_format")
+    if format is None:
+        return None
+    if not isinstance(format, dict) or format.get("type") != "json_schema" or not isinstance(format.get("schema"), dict):
+        param = "output_config.format" if isinstance(config, dict) and config.get("format") is not None else "output_format"
+        raise ClientError(f"{param} must be {{'type': 'json_schema', 'schema': {{…}}}}", param=param, code="invalid_value")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": format["schema"], "strict": True}}
 
 
 def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
@@ -74,11 +149,18 @@ def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
             said["tool_calls"] = calls
         messages.append(said)
         return
-    # A turn's tool results answer the calls just before it: in chat they come first, as tool messages.
+    # A turn's tool results answer the calls just before it: in chat they come first, as tool messages. A chat
+    # tool message holds text alone: a result's images and documents follow in the user message after them.
+    attached: list[dict[str, Any]] = []
     for block in blocks:
         if block.get("type") == "tool_result":
-            messages.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id") or ""), "content": _result(block)})
-    parts = [part for part in (_part(block) for block in blocks) if part is not None]
+            call = str(block.get("tool_use_id") or "")
+            messages.append({"role": "tool", "tool_call_id": call, "content": _result(block)})
+            inner = block["content"] if isinstance(block.get("content"), list) else []
+            files = [part for part in (_part(b) for b in inner if isinstance(b, dict) and b.get("type") != "text") if part is not None]
+            if files:
+                attached += [{"type": "text", "text": f"(the result of {call} holds these attachments)"}, *files]
+    parts = attached + [part for part in (_part(block) for block in blocks) if part is not None]
     if parts:
         texts_only = all(part["type"] == "text" for part in parts)
         messages.append({"role": role, "content": "".join(part["text"] for part in parts) if texts_only else parts})
@@ -110,23 +192,34 @@ def _part(block: Block) -> dict[str, Any] | None:
         source = {}
     if kind == "text":
         return {"type": "text", "text": text_of(block.get("text"))}
-    if kind == "image":
+    if kind == "image" and source.get("type") in ("url", "base64"):
         url = source.get("url") if source.get("type") == "url" else f"data:{source.get('media_type')};base64,{source.get('data')}"
         return {"type": "image_url", "image_url": {"url": url}}
     if kind == "document" and source.get("type") == "text":
         return {"type": "text", "text": text_of(source.get("data"))}
+    if kind == "document" and source.get("type") == "content":
+        return {"type": "text", "text": _text(source.get("content"))}
     if kind == "document" and source.get("type") == "base64":
         return {
             "type": "file",
             "file": {"file_data": f"data:{source.get('media_type')};base64,{source.get('data')}", "filename": block.get("title") or "document"},
         }
-    return None  # thinking, a tool result (a message of its own), what chat has no part for
+    if kind in ("image", "document"):  # a file of Anthropic's Files API, a document by URL: chat has no part that takes them
+        _refuse(
+            f"{kind}.source", f"an {kind} block whose source is of type {source.get('type')!r} cannot be sent to a chat-completions upstream: send it as base64"
+        )
+    if kind == "search_result":
+        said = [text_of(block.get("title")), text_of(block.get("source")), _text(block.get("content"))]
+        return {"type": "text", "text": "\n".join(piece for piece in said if piece)}
+    return None  # thinking, a tool result (a message of its own), a server tool's call or result (refused with its tool)
 
 
 def _tool(tool: Block) -> dict[str, Any]:
     function = {"name": tool["name"], "parameters": tool["input_schema"]}
     if tool.get("description"):
         function["description"] = tool["description"]
+    if tool.get("strict"):
+        function["strict"] = True
     return {"type": "function", "function": function}
 
 
@@ -140,9 +233,12 @@ def _tool_choice(choice: Block) -> Any:
 # -- the answer ---------------------------------------------------------------------------
 
 
-def usage(said: Any) -> dict[str, int]:
-    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read."""
-    said = said if isinstance(said, dict) else {}
+def usage(said: Any, pieces: int = 0) -> dict[str, int]:
+    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read.
+
+    A stream the proxy cut at a stop sequence has none: its output is counted as the text chunks it
+    relayed (a chat stream's chunk is a token), its input as unknown (0)."""
+    said = said if isinstance(said, dict) else {"completion_tokens": pieces}
     details = said.get("prompt_tokens_details")
     cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
     prompt = int(said.get("prompt_tokens") or 0)
@@ -167,8 +263,16 @@ def _input(arguments: str) -> Any:
     return said if isinstance(said, dict) else {"input": said}
 
 
-def _stop_reason(finish_reason: Any, called: bool) -> str:
+def _stop_reason(finish_reason: Any, called: bool, stop_sequence: str | None = None) -> str:
+    if stop_sequence is not None:
+        return "stop_sequence"
     return "tool_use" if called else STOP_REASONS.get(str(finish_reason), "end_turn")
+
+
+def _fired(choice: dict[str, Any], asked: dict[str, Any]) -> str | None:
+    """The stop sequence that ended the answer: the proxy's finding (``stop_sequence``), or the upstream's (vLLM's ``stop_reason``)."""
+    said = choice.get("stop_sequence", choice.get("stop_reason"))
+    return said if isinstance(said, str) and said in stop_sequences(asked) else None
 
 
 def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
@@ -188,10 +292,11 @@ def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
             }
         )
     called = any(block["type"] == "tool_use" for block in content)
+    fired = _fired(choice, asked)
     return {
         "id": _id("msg"), "type": "message", "role": "assistant", "model": completion.get("model") or asked.get("model") or "",
-        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called), "stop_sequence": None,
-        "usage": usage(completion.get("usage")),
+        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called, fired), "stop_sequence": fired,
+        "usage": usage(completion.get("usage"), int(completion.get("pieces") or 0)),
     }  # fmt: skip
 
 
@@ -222,6 +327,14 @@ class Round:
         self.called = False
         self.finish_reason: Any = None
         self.usage: Any = None
+        sequences = stop_sequences(asked)
+        self.stops = Stops(sequences) if sequences else None
+        self.pieces = 0  # text chunks relayed
+
+    @property
+    def ended(self) -> bool:
+        """A stop sequence fired: the rest of the upstream's stream is not the client's."""
+        return self.stops is not None and self.stops.fired is not None
 
     def _opening(self) -> bytes:
         if self.started:
@@ -246,13 +359,29 @@ class Round:
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         for delta, finished in first_deltas(chunk):
+            if self.ended:
+                break
             if delta.get("content"):
-                out.append(self._block(("text", None), {"type": "text", "text": ""}))
-                out.append(event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text_of(delta["content"])}))
+                self.pieces += 1
+                out.append(self._said(text_of(delta["content"])))
+            if self.ended:
+                self.finish_reason = "stop"
+                break
+            if delta.get("tool_calls") and self.stops is not None:
+                out.append(self._said(self.stops.flush(), held=True))
             for call in delta.get("tool_calls") or ():
                 out.append(self._called(call))
             self.finish_reason = finished or self.finish_reason
         return b"".join(out)
+
+    def _said(self, text: str, held: bool = False) -> bytes:
+        """Text the upstream said, less what a stop sequence holds back (``held``: what it held, released)."""
+        if self.stops is not None and not held:
+            text = self.stops.feed(text)
+        if not text:
+            return b""
+        opened = self._block(("text", None), {"type": "text", "text": ""})
+        return opened + event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text})
 
     def _block(self, which: tuple[str, Any], start: Block) -> bytes:
         """Open the block ``which`` unless it is the one open, closing that one."""
@@ -279,11 +408,14 @@ class Round:
     def closing(self) -> bytes:
         """The events that end the message, once the chat stream has."""
         out = [self._opening()]
+        if self.stops is not None and not self.ended:
+            out.append(self._said(self.stops.flush(), held=True))
         if self.open is not None:
             out.append(event("content_block_stop", index=self.blocks - 1))
             self.open = None
-        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called), "stop_sequence": None}
-        out.append(event("message_delta", delta=delta, usage=usage(self.usage)))
+        fired = self.stops.fired if self.stops is not None else None
+        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called, fired), "stop_sequence": fired}
+        out.append(event("message_delta", delta=delta, usage=usage(self.usage, self.pieces)))
         out.append(event("message_stop"))
         return b"".join(out)
 

@@ -30,8 +30,39 @@ Item = dict[str, Any]
 STATEFUL = ("previous_response_id", "conversation", "prompt", "background")
 # A custom tool (free-form input) is a chat function of one string argument.
 CUSTOM_PARAMETERS = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
+ATTACHED = "_attached"  # marks a user message holding a tool output's attachments, while the messages are written
 # Fields that mean the same in both APIs.
 SAME = ("model", "temperature", "top_p", "parallel_tool_calls", "user", "top_logprobs", "service_tier", "safety_identifier", "prompt_cache_key")
+
+
+# What a chat upstream is asked in other words (``request``), or what asks nothing of it: ``include``
+# (a chat answer has no reasoning item to include), ``stream_options`` (the proxy writes the events),
+# ``truncation: "disabled"`` (chat never truncates).
+TRANSLATED = frozenset(
+    {"input", "instructions", "max_output_tokens", "tools", "tool_choice", "text", "stream", "stream_options", "reasoning", "include", "truncation"}
+    | {"prompt_cache_retention", "store", "metadata"}
+)
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
+
+
+def refused(asked: dict[str, Any]) -> None:
+    """The 400 for a field a chat upstream cannot be asked, named (a null asks nothing)."""
+    for field, value in asked.items():
+        if value is not None and field not in TRANSLATED and field not in SAME and field not in STATEFUL:
+            _refuse(field, f"{field} has no chat-completions form, and this upstream speaks only chat completions")
+    if asked.get("truncation") not in (None, "disabled"):
+        _refuse("truncation", 'truncation "auto" has no chat-completions form: a chat upstream refuses a prompt longer than its window')
+    for i, tool in enumerate(asked.get("tools") or ()):
+        if not (isinstance(tool, dict) and tool.get("type") in ("function", "custom")):
+            kind = tool.get("type") if isinstance(tool, dict) else tool
+            _refuse(f"tools[{i}]", f"the hosted tool {kind!r} cannot run on an upstream that speaks only chat completions: function and custom tools can")
+    effort = asked.get("reasoning", {}).get("effort") if isinstance(asked.get("reasoning"), dict) else None
+    if effort is not None and effort not in REASONING_EFFORTS:
+        _refuse("reasoning.effort", f"reasoning.effort must be one of {', '.join(REASONING_EFFORTS)}")
+
+
+def _refuse(param: str, message: str) -> None:
+    raise ClientError(message, param=param, code="unsupported_by_upstream")
 
 
 def request(asked: dict[str, Any]) -> dict[str, Any]:
@@ -47,15 +78,33 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
             param=stateful,
             code="unsupported_by_upstream",
         )
+    refused(asked)
     messages: list[dict[str, Any]] = [{"role": "system", "content": asked["instructions"]}] if asked.get("instructions") else []
     for item in items:
         if isinstance(item, dict):
             _add(messages, item)
+    for message in messages:
+        message.pop(ATTACHED, None)
     chat: dict[str, Any] = {k: asked[k] for k in SAME if k in asked}
     chat["messages"] = messages
+    if asked.get("store") is not None:  # as chat stores a completion (OpenAI's stored completions; a local server has none)
+        chat["store"] = bool(asked["store"])
+    if asked.get("metadata"):
+        chat["metadata"] = asked["metadata"]
+    if asked.get("prompt_cache_retention") is not None:
+        chat["prompt_cache_retention"] = asked["prompt_cache_retention"]
+    reasoning = asked.get("reasoning")
+    if isinstance(reasoning, dict) and reasoning.get("effort") is not None:
+        chat["reasoning_effort"] = reasoning["effort"]
+    text = asked.get("text")
+    if isinstance(text, dict) and text.get("verbosity") is not None:
+        chat["verbosity"] = text["verbosity"]
     if asked.get("max_output_tokens") is not None:
         chat["max_tokens"] = asked["max_output_tokens"]
     tools = [tool for tool in (_tool(t) for t in asked.get("tools") or ()) if tool is not None]
+    allowed = _allowed(asked.get("tool_choice"))
+    if allowed is not None:  # allowed_tools: the model sees those alone
+        tools = [tool for tool in tools if tool["function"]["name"] in allowed]
     if tools:
         chat["tools"] = tools
         if "tool_choice" in asked:
@@ -83,7 +132,23 @@ def _add(messages: list[dict[str, Any]], item: Item) -> None:
         else:
             messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
     elif kind in ("function_call_output", "custom_tool_call_output"):
-        messages.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""), "content": _text_content(item.get("output"))})
+        call_id = str(item.get("call_id") or "")
+        # A chat tool message holds text alone: the output's images and files follow in a user message, after
+        # the tool messages that answer the same turn's calls (chat wants those together).
+        at = len(messages)
+        while at > 0 and messages[at - 1].get(ATTACHED):
+            at -= 1
+        messages.insert(at, {"role": "tool", "tool_call_id": call_id, "content": _text_content(item.get("output"))})
+        output = item.get("output")
+        files = (
+            [part for part in (_part(p) for p in output if isinstance(p, dict) and p.get("type") != "input_text") if part is not None]
+            if isinstance(output, list)
+            else []
+        )
+        if files:
+            messages.append(
+                {"role": "user", "content": [{"type": "text", "text": f"(the output of {call_id} holds these attachments)"}, *files], ATTACHED: True}
+            )
     # reasoning, and the calls of hosted tools, are the upstream's to keep: a chat upstream has none
 
 
@@ -120,7 +185,7 @@ def _text_content(output: Any) -> str:
 
 
 def _tool(tool: Any) -> dict[str, Any] | None:
-    """A function (or custom) tool as a chat function; a hosted tool (web_search, …) has no chat form and is left out."""
+    """A function (or custom) tool as a chat function; a hosted tool (web_search, …) has none (``refused``)."""
     if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
         return None
     if tool.get("type") == "function":
@@ -129,8 +194,19 @@ def _tool(tool: Any) -> dict[str, Any] | None:
             function["strict"] = True
         return {"type": "function", "function": function}
     if tool.get("type") == "custom":
-        return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description") or "", "parameters": CUSTOM_PARAMETERS}}
+        description = text_of(tool.get("description"))
+        format = tool.get("format")
+        if isinstance(format, dict) and format.get("type") == "grammar":  # chat cannot enforce it: the model is told it
+            description += f"\n\nThe input follows this {text_of(format.get('syntax'))} grammar:\n{text_of(format.get('definition'))}"
+        return {"type": "function", "function": {"name": tool["name"], "description": description.strip(), "parameters": CUSTOM_PARAMETERS}}
     return None
+
+
+def _allowed(choice: Any) -> set[str] | None:
+    """The tools an ``allowed_tools`` choice lets the model call (None: every one)."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return None
+    return {tool["name"] for tool in choice.get("tools") or () if isinstance(tool, dict) and isinstance(tool.get("name"), str)}
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -210,7 +286,7 @@ def _response(asked: dict[str, Any], meta: dict[str, Any], status: str, output: 
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": asked.get("instructions"), "max_output_tokens": asked.get("max_output_tokens"), "model": meta["model"],
         "output": output, "parallel_tool_calls": asked.get("parallel_tool_calls", True), "previous_response_id": None,
-        "reasoning": {"effort": None, "summary": None}, "store": False, "temperature": asked.get("temperature", 1.0),
+        "reasoning": {"effort": None, "summary": None}, "store": bool(asked.get("store", False)), "temperature": asked.get("temperature", 1.0),
         "text": asked.get("text") or {"format": {"type": "text"}}, "tool_choice": asked.get("tool_choice", "auto"),
         "tools": asked.get("tools") or [], "top_p": asked.get("top_p", 1.0), "truncation": "disabled",
         "usage": said_usage, "user": asked.get("user"), "metadata": asked.get("metadata") or {},

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,6 +33,8 @@ from ..decoding import strict_json
 from ..errors import ClientError, UpstreamError
 from ..sse import DONE
 from . import messages_chat, responses_chat
+from .codec import first_deltas, text_of
+from .stops import Stops
 
 __all__ = ["Translation", "Translator"]
 
@@ -55,11 +58,12 @@ class Translator:
     reply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
     failure: Callable[[int, bytes], bytes]
     round: Callable[[dict[str, Any]], Any]
+    stops: Callable[[dict[str, Any]], list[str]] = lambda asked: []
 
 
 TRANSLATORS = {
     "/responses": Translator("responses", responses_chat.request, responses_chat.reply, responses_chat.failure, responses_chat.Round),
-    "/messages": Translator("messages", messages_chat.request, messages_chat.reply, messages_chat.failure, messages_chat.Round),
+    "/messages": Translator("messages", messages_chat.request, messages_chat.reply, messages_chat.failure, messages_chat.Round, messages_chat.stop_sequences),
 }
 
 
@@ -69,6 +73,25 @@ class Translation:
     def __init__(self, mode: Literal["auto", "always", "never"] = "auto"):
         self.mode = mode
         self.lacking: set[str] = set()  # paths this upstream answered 404 or 405 where chat completions answered
+        self.reasons: dict[str, str] = {}  # why a path of ``lacking`` is translated
+        self.native: set[str] = set()  # paths this upstream answered in the API's own shape
+
+    def fronts(self) -> dict[str, str]:
+        """How each API reaches this upstream, as ``/healthz`` says it: ``native``, ``translated (why)``, or not yet known."""
+        said = {}
+        for path, translator in TRANSLATORS.items():
+            if self.mode != "auto":
+                said[translator.name] = {"always": "translated (PCP_TRANSLATE_APIS=always)", "never": "native (PCP_TRANSLATE_APIS=never)"}[self.mode]
+            elif path in self.lacking:
+                said[translator.name] = f"translated ({self.reasons.get(path, 'the upstream lacks it')})"
+            else:
+                said[translator.name] = "native" if path in self.native else "native unless its first answer shows it partial or missing"
+        return said
+
+    def _translate_from_now(self, translator: Translator, path: str, reason: str) -> None:
+        self.lacking.add(path)
+        self.reasons[path] = reason
+        log.info("the upstream's %s calls are sent as chat completions from now on: %s", translator.name, reason)
 
     def of(self, method: str, path: str) -> Translator | None:
         """The translator a call may need (None: it goes as it came, whatever the upstream answers)."""
@@ -81,23 +104,126 @@ class Translation:
         native = None
         if self.mode == "auto" and path not in self.lacking:
             native = await send(path, content or b"", headers)
-            if native.status_code not in LACKING:
-                return native
-            await native.aread()  # a short error: kept, in case chat completions are missing too
-            await native.aclose()
+            partial = _partial_front(path, native)
+            if partial is None and native.status_code not in LACKING:
+                checked, fault = await _checked(translator, native)
+                if fault is None:
+                    self.native.add(path)
+                    return checked
+                partial = f"its {path} answered what is not the {translator.name} API ({fault})"
+            if partial is not None:  # its answer is not used: the call goes as a chat completion, now and later
+                await native.aclose()
+                native = None
+                self._translate_from_now(translator, path, partial)
+            else:
+                await native.aread()  # a short error: kept, in case chat completions are missing too
+                await native.aclose()
         asked = _decoded(content)
-        chat = await send(CHAT_PATH, json.dumps(translator.request(asked)).encode(), chat_headers(headers))
+        body = translator.request(asked)
+        chat = await send(CHAT_PATH, json.dumps(body).encode(), chat_headers(headers))
         if native is not None:
             if chat.status_code in LACKING:  # neither: the upstream's first answer stands
                 await chat.aclose()
                 return httpx.Response(
                     native.status_code, headers=native.headers, stream=httpx.ByteStream(native.content), request=native.request, extensions=native.extensions
                 )
-            self.lacking.add(path)
-            log.info(
-                "the upstream answered %s %s with %s: its %s calls are sent as chat completions from now on", "POST", path, native.status_code, translator.name
-            )
-        return await translated(translator, asked, chat)
+            self._translate_from_now(translator, path, f"it answered POST {path} with {native.status_code}")
+        return await translated(translator, asked, chat, streamed=bool(body.get("stream")))
+
+
+# Servers whose own endpoints of these APIs are partial, by their ``Server`` header: llama.cpp's
+# /v1/responses streams events without sequence_number or output_index and refuses an earlier
+# assistant message in its input; its /v1/messages answers errors in OpenAI's envelope.
+KNOWN_PARTIAL = {"llama.cpp": ("/responses", "/messages")}
+
+
+def _partial_front(path: str, native: httpx.Response) -> str | None:
+    """Why the upstream's own ``path`` is not used, when its server is one known to speak it in part."""
+    server = native.headers.get("server", "").lower()
+    for name, paths in KNOWN_PARTIAL.items():
+        if server.startswith(name) and path in paths:
+            return f"the upstream is {name}, whose {path} is partial"
+    return None
+
+
+async def _checked(translator: Translator, native: httpx.Response) -> tuple[httpx.Response, str | None]:
+    """The upstream's own answer, and what shows it does not speak the API (None: nothing does).
+
+    A stream's first event must be one of the API's: a typed event, numbered by its
+    ``sequence_number`` in Responses; what was read of it is handed on with the rest.
+    An error is the upstream's to give, and a whole answer of another shape a 502 that says so,
+    as from any upstream. A Responses answer that shows Ollama's own (``_ollama``) is not used."""
+    if native.status_code >= 300:
+        return native, None
+    kind = native.headers.get("content-type", "")
+    if kind.startswith("text/event-stream"):
+        read, chunks = b"", native.aiter_raw()
+        async for chunk in chunks:
+            read += chunk
+            if b"\n\n" in read.replace(b"\r\n", b"\n"):
+                break
+        fault = _first_event_fault(translator.name, read)
+        return _replayed(native, read, chunks), fault
+    if translator.name != "responses" or not kind.startswith("application/json"):
+        return native, None
+    body = await native.aread()
+    try:
+        said = json.loads(body)
+    except ValueError:
+        said = None
+    replayed = httpx.Response(native.status_code, headers=native.headers, stream=httpx.ByteStream(body), request=native.request, extensions=native.extensions)
+    return replayed, _ollama(said)
+
+
+# Ollama names its responses "resp_" and a number under a million (OpenAI's: 48 hex digits), with a
+# service_tier "default"; its own /v1/responses answers every tool_choice as "auto", and keeps no store
+# nor metadata.
+_OLLAMA_ID = re.compile(r"resp_\d{1,6}")
+
+
+def _ollama(response: Any) -> str | None:
+    said = response.get("id") if isinstance(response, dict) else None
+    if isinstance(said, str) and _OLLAMA_ID.fullmatch(said) and response.get("service_tier") == "default":
+        return "the upstream is Ollama (by its response ids), whose /responses is partial"
+    return None
+
+
+def _first_event_fault(name: str, read: bytes) -> str | None:
+    event = None
+    for line in read.replace(b"\r\n", b"\n").split(b"\n\n")[0].split(b"\n"):
+        said = _data(line)
+        if said is not None:
+            try:
+                event = json.loads(said)
+            except ValueError:
+                event = None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return "its stream's first event has no type"
+    if name == "responses" and not isinstance(event.get("sequence_number"), int):
+        return "its events have no sequence_number"
+    return _ollama(event.get("response")) if name == "responses" else None
+
+
+def _replayed(native: httpx.Response, read: bytes, rest: AsyncIterator[bytes]) -> httpx.Response:
+    return httpx.Response(
+        native.status_code, headers=native.headers, stream=_Prefixed(read, rest, native), request=native.request, extensions=native.extensions
+    )
+
+
+class _Prefixed(httpx.AsyncByteStream):
+    """What was read of a stream, then the rest of it; closing it closes the upstream's."""
+
+    def __init__(self, read: bytes, rest: AsyncIterator[bytes], native: httpx.Response):
+        self.read, self.rest, self.native = read, rest, native
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self.read:
+            yield self.read
+        async for chunk in self.rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.native.aclose()
 
 
 def _decoded(content: bytes | None) -> dict[str, Any]:
@@ -120,10 +246,17 @@ def chat_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.Response) -> httpx.Response:
-    """Chat's answer as the API's: an error's envelope, a whole answer, or a stream translated as it arrives."""
+async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.Response, streamed: bool = False) -> httpx.Response:
+    """Chat's answer as the API's: an error's envelope, a whole answer, or a stream translated as it arrives.
+
+    ``streamed``: the chat completion was asked as a stream, which a whole answer is then read from
+    (where the proxy watches for stop sequences itself)."""
     headers = {k: v for k, v in chat.headers.items() if k.lower() not in _REWRITTEN}
     if chat.status_code >= 400 or not asked.get("stream"):
+        if chat.status_code < 400 and streamed and chat.headers.get("content-type", "").startswith("text/event-stream"):
+            content = json.dumps(translator.reply(await _collected(chat, Stops(translator.stops(asked))), asked)).encode()
+            headers["content-type"] = "application/json"
+            return httpx.Response(chat.status_code, headers=headers, stream=httpx.ByteStream(content), request=chat.request, extensions=chat.extensions)
         try:
             body = await chat.aread()
         finally:
@@ -142,6 +275,64 @@ async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.
         )
     headers["content-type"] = "text/event-stream"
     return httpx.Response(chat.status_code, headers=headers, stream=_Events(translator.round(asked), chat), request=chat.request, extensions=chat.extensions)
+
+
+async def _collected(chat: httpx.Response, stops: Stops) -> dict[str, Any]:
+    """A chat stream read whole as the chat completion it tells, cut at the first of ``stops`` to complete (then
+    the stream is closed, the sequence named in the choice's ``stop_sequence`` and the text chunks read in ``pieces``)."""
+    completion: dict[str, Any] = {"id": "", "object": "chat.completion", "model": "", "choices": [], "usage": None, "pieces": 0}
+    text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: Any = None
+    pending = b""
+    try:
+        async for data in chat.aiter_raw():
+            lines = (pending + data).split(b"\n")
+            pending = lines.pop()
+            for line in lines:
+                said = _data(line)
+                if said is None or said == DONE:
+                    continue
+                try:
+                    chunk = strict_json(said)
+                except (ValueError, RecursionError):
+                    raise UpstreamError(
+                        f"the upstream's stream holds an event that is not JSON (or holds a number past a double's range): {said[:200]!r}",
+                        code="upstream_bad_stream",
+                    ) from None
+                if not isinstance(chunk, dict):
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    raise UpstreamError(f"the upstream sent an error in its stream: {str(chunk['error'])[:300]}", code="upstream_error")
+                completion.update({k: chunk[k] for k in ("id", "model", "created") if chunk.get(k)})
+                completion["usage"] = chunk.get("usage") or completion["usage"]
+                for delta, finished in first_deltas(chunk):
+                    if delta.get("content"):
+                        completion["pieces"] += 1
+                        text.append(stops.feed(text_of(delta["content"])))
+                    for call in delta.get("tool_calls") or ():
+                        said_call = calls.setdefault(int(call.get("index", 0)), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                        said_call["id"] = call.get("id") or said_call["id"]
+                        function = call.get("function") or {}
+                        said_call["function"]["name"] += text_of(function.get("name"))
+                        said_call["function"]["arguments"] += text_of(function.get("arguments"))
+                    finish = finished or finish
+                if stops.fired is not None:
+                    break
+            if stops.fired is not None:
+                break
+    finally:
+        await chat.aclose()
+    if stops.fired is not None:
+        finish, calls = "stop", {}
+    elif finish is None:
+        raise UpstreamError("the upstream's stream ended before its answer did (no finish_reason)", code="upstream_bad_stream")
+    text.append(stops.flush())
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(text) or None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    completion["choices"] = [{"index": 0, "message": message, "finish_reason": finish, "stop_sequence": stops.fired}]
+    return completion
 
 
 def _completion(body: bytes) -> dict[str, Any]:
@@ -179,6 +370,7 @@ class _Events(httpx.AsyncByteStream):
                 if self.failed or self.whole:
                     break
                 out.append(self._line(line))
+                self.whole = self.whole or bool(getattr(self.round, "ended", False))  # a stop sequence fired: the rest is not the client's
             if out:
                 yield b"".join(out)
             if self.failed or self.whole:
@@ -186,6 +378,8 @@ class _Events(httpx.AsyncByteStream):
         else:
             if pending and not (self.failed or self.whole):
                 yield self._line(pending)
+        if getattr(self.round, "ended", False):
+            await self.chat.aclose()  # ends the generation
         if self.failed:
             return
         if not (self.whole or self.round.finish_reason is not None):

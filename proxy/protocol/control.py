@@ -89,8 +89,10 @@ class Controls:
 
     def __init__(self, settings: Settings, default: Policy):
         self.default = Control("auto", default)
-        # A family's threshold and budget apply where the settings give none of their own (0).
-        self.tuned = bool(settings.sentry_threshold), bool(settings.context_budget)
+        # A family's threshold and budget apply where the settings give none of their own (0); never on the embedded
+        # model (no upstream), whose slot and budget are its own whatever model a client names.
+        embedded = not settings.upstream_base_url
+        self.tuned = embedded or bool(settings.sentry_threshold), embedded or bool(settings.context_budget)
         models = settings.models
         self.exact = {name: spec for name, spec in models.items() if not _is_glob(name)}
         self.globs = [(name, spec) for name, spec in models.items() if _is_glob(name)]

@@ -47,6 +47,7 @@ from pcp_core import (
     remembered,
     rounds,
     settle,
+    stored_pages,
 )
 from pcp_core.memory import memory_use
 
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
     from ..memory.scopes import Scope
     from ..services import Services
 
-__all__ = ["serve_protocol"]
+__all__ = ["keep_pages", "serve_protocol"]
 
 Rounds = Generator[Effect, Any, Outcome]
 
@@ -80,10 +81,12 @@ async def serve_protocol(
     policy: Policy | None = None,
     telemetry: RequestTelemetry | None = None,
     memory: Scope | None = None,
+    behind: list[str] | None = None,
 ) -> Response[Any]:
     """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
-    ``memory``: the request's memory scope (``proxy.memory``)."""
-    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory)
+    ``memory``: the request's memory scope (``proxy.memory``); ``behind``: sessions of the caller whose pages the
+    request reads beside its own (those a compaction it carries stands for, ``web.context_management``)."""
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory, behind)
     # Encoding history texts in the background would take the interpreter from this request.
     with services.embedder.serving() if services.embedder is not None else nullcontext():
         try:  # until the response starts; a stream relayed after it keeps to the same deadline
@@ -96,6 +99,20 @@ async def serve_protocol(
                 type="timeout",
                 code="request_timeout",
             ) from None
+
+
+async def keep_pages(services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, policy: Policy) -> str:
+    """The conversation's history paged into its session and kept, with no worker call (a compaction's): the session's id,
+    once the store holds it."""
+    request = ProtocolRequest(services, codec, conversation, headers, namespace, None, policy)
+    request.prepared = prepared = await request._paged()
+    request._count_paging(prepared)
+    request._save_once()
+    if request.kept is not None:
+        kept = await asyncio.wrap_future(request.kept)
+        if kept is not None:
+            request.session_id = kept.session.id
+    return request.session_id or prepared.session.id
 
 
 class ProtocolRequest:
@@ -112,8 +129,10 @@ class ProtocolRequest:
         policy: Policy | None = None,
         telemetry: RequestTelemetry | None = None,
         memory: Scope | None = None,
+        behind: list[str] | None = None,
     ):
         self.services = services
+        self.behind = behind or []
         self.policy = policy or services.policy
         self.telemetry = telemetry or _telemetry(services, conversation, namespace, codec.model)
         self.codec = codec
@@ -132,7 +151,8 @@ class ProtocolRequest:
         self.memory = memory  # the request's memory scope (``proxy.memory``)
         # Hybrid mode (``proxy.hybrid``): None unless it is on; it reads chat completions.
         self.context = services.hybrid.begin(headers, namespace, memory.key if memory is not None else None) if codec.api.chat_body else None
-        self.recalled: list[Page] = []
+        self.recalled: list[Page] = []  # memory's pages for the request
+        self.behind_pages: list[Page] = []  # the pages of the sessions it reads beside its own (``behind``)
         # The answering round's headers are the latest worker call's, in the end.
         self.calls = UpstreamCalls(services, codec, self.headers, time.monotonic() + services.settings.request_timeout, self.context)
         self.usage = self.calls.usage
@@ -158,7 +178,7 @@ class ProtocolRequest:
             # while it computes, an upstream call leaves the loop); dense recall waits for it (``fulfil``).
             text = asked(self.conversation, self.policy.paging, services.tokenizer.count)
             self.prefetch = embedder.prefetch(text, self.headers)
-        self.recalled = await self._recall()
+        self.behind_pages, self.recalled = await self._behind(), await self._recall()
         self.prepared = prepared = await self._paged()
         self._count_paging(prepared)
         if self.services.keys_prompt_cache(self.calls.upstream):
@@ -212,7 +232,7 @@ class ProtocolRequest:
             client_tools=self.codec.client_tools,
             dense=services.embedder is not None,
             summaries=services.summary_writer.landed if services.summary_writer is not None else {},
-            memory=self.recalled,
+            memory=[*self.behind_pages, *self.recalled],
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
         # The session's PACT components, placed in its pages (``proxy.components``).
@@ -259,6 +279,15 @@ class ProtocolRequest:
         if self.prefetch is not None:
             await _quietly(self.prefetch)
         return await _quietly(embedder.similarities_when_ready(effect.query, effect.texts, self.headers))
+
+    async def _behind(self) -> list[Page]:
+        """The pages of the sessions the request reads beside its own (``behind``), as pages from storage: before
+        its history in time, ranked and Consulted as its own are. A session the store no longer holds adds none."""
+        if not self.behind:
+            return []
+        sessions = self.services.sessions
+        found = await asyncio.to_thread(lambda: [sessions.read(self.namespace, session_id) for session_id in self.behind])
+        return [page for session in found if session is not None for page in stored_pages(session.pages)]
 
     async def _recall(self) -> list[Page]:
         """The pages the Memory Router picks from the request's scope (none without one, or when it holds none)."""
@@ -314,6 +343,7 @@ class ProtocolRequest:
     async def complete(self) -> Response[Any]:
         data, outcome = await self._completed()
         await self._stored()
+        self.codec.kept(self.session_id or (self.prepared.session.id if self.prepared is not None else ""), self.behind)
         return Response(
             json.dumps(self.codec.final(data, outcome, self.usage)).encode(), media_type="application/json", headers=self.response_headers(outcome.rounds)
         )
@@ -333,6 +363,7 @@ class ProtocolRequest:
         if codec.choices > 1:  # several answers are not relayed as they come: they arrive whole, as events
             data, outcome = await self._completed()
             await self._stored()
+            self.codec.kept(self.session_id, self.behind)
             return Stream(codec.events(codec.final(data, outcome, self.usage)), media_type="text/event-stream", headers=self.response_headers(outcome.rounds))
         loop = await self.start()
         step = await self.advance(loop, None)
@@ -342,9 +373,11 @@ class ProtocolRequest:
             if first is not None and not round_.client_tool_calls(codec.client_tools):
                 self._save_once()  # the worker is answering: the session is kept before the answer starts
                 await self._stored()
+                codec.kept(self.session_id, self.behind)
                 return Stream(self._relay(round_, first, loop), media_type="text/event-stream", headers=self.response_headers(step.round + 1))
             step = await self.advance(loop, round_.reply(delivered=False))
         await self._stored()
+        codec.kept(self.session_id, self.behind)
         # A call of the client's own tools goes back as the upstream sent it.
         body = round_.api.replay(round_.events) if step.kind == "client_tool_calls" else self._relay(round_, step.text, None)
         return Stream(body, media_type="text/event-stream", headers=self.response_headers(step.rounds))

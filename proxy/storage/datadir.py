@@ -14,8 +14,10 @@ With a shared store (``PCP_STORE``) the secret is the store's
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -27,6 +29,8 @@ STORE_SECRET_FILE = "store-secret"  # with a shared store: this process's copy o
 SECRET_BYTES = 32
 NAMESPACE_HEX = 32  # 128 bits: no two of billions of keys meet
 CACHE_KEY_HEX = 32  # a prompt cache key's hash: "pcp-" and 32 hex digits, well within OpenAI's 64 characters
+HANDLE_PREFIX = "pcp-pages.v1."  # a compaction's handle to the pages it stands for
+HANDLE_SIGNATURE_HEX = 32
 
 
 def private_dir(path: Path) -> Path:
@@ -154,3 +158,26 @@ class Namespaces:
         provider's cache, and nothing the client wrote goes upstream in it. Stable: a session's follow-ups send the same."""
         said = b"\0".join([b"prompt-cache-key", namespace.encode(), session_id.encode(errors="surrogatepass")])
         return "pcp-" + hmac.new(self.secret, said, hashlib.sha256).hexdigest()[:CACHE_KEY_HEX]
+
+    def handle(self, namespace: str, sessions: list[str]) -> str:
+        """A compaction's handle to ``sessions`` (their pages), for the caller of ``namespace`` alone: the ids, and a keyed
+        hash of them and the namespace under the install's secret. Opaque to a client, who cannot forge nor move it."""
+        said = base64.urlsafe_b64encode(json.dumps(sessions, separators=(",", ":")).encode()).decode().rstrip("=")
+        return f"{HANDLE_PREFIX}{said}.{self._signed(namespace, said)}"
+
+    def opened(self, namespace: str, handle: str) -> list[str] | None:
+        """The sessions ``handle`` stands for, when this install made it for the caller of ``namespace``; else None."""
+        if not handle.startswith(HANDLE_PREFIX) or handle.count(".") != 3:
+            return None
+        said, signature = handle[len(HANDLE_PREFIX) :].split(".")
+        if not hmac.compare_digest(signature, self._signed(namespace, said)):
+            return None
+        try:
+            sessions = json.loads(base64.urlsafe_b64decode(said + "=" * (-len(said) % 4)))
+        except ValueError:
+            return None
+        return [s for s in sessions if isinstance(s, str)] if isinstance(sessions, list) else None
+
+    def _signed(self, namespace: str, said: str) -> str:
+        message = b"\0".join([b"compaction-handle", namespace.encode(), said.encode()])
+        return hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:HANDLE_SIGNATURE_HEX]

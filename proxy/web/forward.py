@@ -21,7 +21,7 @@ from ..errors import ClientClosed, ClientError, UpstreamError
 from ..sse import is_event_stream
 from ..upstream import Failure, Upstream, forwardable
 
-__all__ = ["Rewrite", "forward", "upstream_target", "unless_client_leaves"]
+__all__ = ["Rewrite", "forward", "relayed", "upstream_target", "unless_client_leaves"]
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ async def forward(
         response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure, as_stream))
         if rewrite is not None and response.status_code < 300:
             chunks = rewrite.stream(chunks)
-        return Stream(chunks, **_relayed(response, pcp_headers))
+        return Stream(chunks, **relayed(response, pcp_headers))
 
     async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
         response = await upstream.open(method, path, content=body, headers=headers)
@@ -76,10 +76,10 @@ async def forward(
     response, content = await unless_client_leaves(request, exchange())
     if not isinstance(content, bytes):
         length = response.headers.get("content-length")
-        return Stream(content, **_relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
+        return Stream(content, **relayed(response, {**pcp_headers, **({"content-length": length} if length else {})}))
     if rewrite is not None and response.status_code < 300:
         content = await rewrite.whole(content)
-    return Response(content, **_relayed(response, pcp_headers))
+    return Response(content, **relayed(response, pcp_headers))
 
 
 def _relayed_as_it_comes(response: httpx.Response) -> bool:
@@ -107,7 +107,7 @@ async def _once(content: bytes) -> AsyncIterator[bytes]:
     yield content
 
 
-def _relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
+def relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
     headers = forwardable(response.headers)
     media_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
     headers.update(pcp_headers)

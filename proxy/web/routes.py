@@ -15,6 +15,7 @@ from collections.abc import Callable
 from time import perf_counter
 from typing import Any, TypeVar
 
+import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
@@ -23,7 +24,7 @@ from pcp_core import Conversation, client_named, engaged, pageable, prompt_token
 from .. import headers as pcp
 from ..apis.chat import CHAT
 from ..apis.codec import Api, Codec, Reading, tools_text, whole_body
-from ..apis.messages import MESSAGES
+from ..apis.messages import MESSAGES, MessagesCodec
 from ..apis.responses import RESPONSES
 from ..errors import ClientError, PcpError
 from ..memory.hooks import faults, memory_scope, remember_forwarded
@@ -32,7 +33,8 @@ from ..protocol.control import Control
 from ..protocol.drive import serve_protocol
 from ..protocol.telemetry import RequestTelemetry
 from ..services import Services
-from .forward import forward, unless_client_leaves, upstream_target
+from .context_management import COMPACT_PATH, Plan, compacted, plan, responses_plan, serves_context_management
+from .forward import forward, relayed, unless_client_leaves, upstream_target
 from .handlers import not_the_proxys, speaks_anthropic
 from .keys import check_metrics_key, shows_details, upstream_headers
 
@@ -65,6 +67,32 @@ async def responses(request: Request[Any, Any, Any], services: NamedDependency[S
     return await paged_api(request, services, RESPONSES)
 
 
+@route("/responses/compact", http_method=[HttpMethod.POST], status_code=200)
+async def responses_compact(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """OpenAI's compaction (``POST /responses/compact``): the upstream's own where it has it, else the proxy's, whose
+    compaction item is a handle to the history's pages (``context_management.compacted``)."""
+    upstream, settings = services.upstream, services.settings
+    translation = upstream.translation
+    path = _asked_at(dataclasses.replace(RESPONSES, path=COMPACT_PATH), request).path
+    body = await request.body()
+    headers = upstream_headers(settings, request.headers, anthropic=False)
+    if not (settings.serve_compact or translation.mode == "always" or COMPACT_PATH in translation.lacking):
+        answer = await upstream.open("POST", path, content=body, headers=headers)
+        try:
+            content = await answer.aread()
+        finally:
+            await answer.aclose()
+        if translation.mode == "never" or answer.status_code not in (404, 405):
+            services.metrics.inc("pcp_requests_total", mode="passthrough")
+            return Response(content, **relayed(answer, PASSTHROUGH))
+        translation.lacking.add(COMPACT_PATH)
+        log.info("the upstream answered POST %s with %s: the proxy compacts from now on", COMPACT_PATH, answer.status_code)
+    namespace = services.namespaces.of(request.headers)
+    compaction, session = await compacted(services, namespace, headers, body)
+    services.metrics.inc("pcp_requests_total", mode="protocol")
+    return Response(compaction, headers={pcp.MODE: "protocol", pcp.SESSION: session})
+
+
 @route("/messages", http_method=METHODS, status_code=200)
 async def messages(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
     """Anthropic's Messages API: paged as chat is (``apis.messages``)."""
@@ -80,18 +108,41 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
     body = await request.body()
-    reading, said, tokens, carried = await _read(body, lambda: _api_read(api, body, services))
+    managed, behind = None, None
+    if api.name == "messages" and serves_context_management(services):  # its context management, applied here
+        namespace = services.namespaces.of(request.headers)
+        managed = await _read(body, lambda: plan(services, namespace, body, lambda said: _api_read(api, said, services)))
+        behind = managed.behind if managed is not None else None
+    elif api.name == "responses":  # compaction items the proxy made: their pages behind the request
+        namespace = services.namespaces.of(request.headers)
+        opened = await _read(body, lambda: responses_plan(services, namespace, body))
+        if opened is not None:
+            body, behind = opened
+    if managed is not None:
+        body, (reading, said, tokens, carried) = managed.body, managed.read
+    else:
+        reading, said, tokens, carried = await _read(body, lambda: _api_read(api, body, services))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, (tokens, carried), scope) if reading.messages else None
+        control = _paged(services, headers, reading.model, (tokens, carried), scope, managed, bool(behind)) if reading.messages else None
         if control is not None:
-            codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
-            if pageable(conversation, control.policy, services.tokenizer.count):
-                return await _protocol(request, services, codec, conversation, (_as_read(said, reading, conversation), tokens), headers, control, scope)
+            asked = control
+            codec, conversation = await _read(body, lambda: _codec(api, body, reading, asked, services))
+            count = services.tokenizer.count
+            if (managed is not None or behind) and not pageable(conversation, control.policy, count):
+                most = managed.budget if managed is not None and managed.budget else tokens - carried
+                control = _widened(control, conversation, services, most, carried)
+            if pageable(conversation, control.policy, count):
+                if managed is not None and isinstance(codec, MessagesCodec):
+                    codec.managed = managed.managed
+                counted = (_as_read(said, reading, conversation), tokens)
+                return await _protocol(request, services, codec, conversation, counted, headers, control, scope, behind)
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
+    if managed is not None:  # not paged: as its edits leave it
+        body = managed.forwarded
     services.metrics.inc("pcp_requests_total", mode="passthrough")
     rewrite = None
     if api.chat_body:
@@ -186,11 +237,25 @@ def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> 
     return memory_scope(services.memory, request.headers, body, namespace, services.settings.memory_scope_from_user)
 
 
-def _paged(services: Services, headers: dict[str, str], model: str | None, counted: tuple[int, int], scope: Scope | None) -> Control | None:
+def _paged(
+    services: Services,
+    headers: dict[str, str],
+    model: str | None,
+    counted: tuple[int, int],
+    scope: Scope | None,
+    managed: Plan | None = None,
+    behind: bool = False,
+) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
     (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
-    page fault, whatever the request's size. ``counted``: its prompt's tokens, and its head's."""
+    page fault, whatever the request's size; context management the proxy applies pages it
+    (``context_management``), unless the request turns protocol mode off. ``counted``: its prompt's
+    tokens, and its head's."""
     control = services.controls.of(headers, model)
+    if managed is not None and managed.forced and control.mode != "off":
+        return managed.controlled(control)
+    if behind and control.mode != "off":  # the pages of a compaction it carries are read in protocol mode alone
+        return msgspec.structs.replace(control, mode="force")
     tokens, carried = counted
     paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy, carried) or faults(services.memory, scope)))
     return control if paged else None
@@ -202,6 +267,22 @@ def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: 
     codec = api.codec(whole_body(body if reading.rest is None else reading.rest, api.read_fields, reading.decoded))
     codec.api = api  # at the path the client asked for (``_asked_at``)
     return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
+
+
+def _widened(control: Control, conversation: Conversation, services: Services, most: int, carried: int) -> Control:
+    """Context management the proxy applies, in a budget the query and its attachments alone fill: the budget doubled
+    until the request pages, up to ``most`` (what the request its edits leave takes beside its head) and what the
+    model's window leaves beside the ``carried`` head; else ``control`` as it was. Its edits are then paged, not
+    applied by dropping what they clear."""
+    budget, rounds = control.policy.rounds.budget, control.policy.rounds
+    window = control.policy.window
+    most = min(most, max(window - carried, 0)) if window else most
+    while budget < most:
+        budget = min(budget * 2, most)
+        policy = msgspec.structs.replace(control.policy, rounds=msgspec.structs.replace(rounds, budget=budget))
+        if pageable(conversation, policy, services.tokenizer.count):
+            return msgspec.structs.replace(control, policy=policy)
+    return control
 
 
 def _unpageable(control: Control, tokens: int) -> None:
@@ -227,14 +308,25 @@ async def _protocol(
     headers: dict[str, str],
     control: Control,
     scope: Scope | None,
+    behind: list[str] | None = None,
 ) -> Response[Any]:
-    """``counted``: the tokens of the request's messages, and of its whole prompt (with its tools)."""
+    """``counted``: the tokens of the request's messages, and of its whole prompt (with its tools); ``behind``: sessions
+    whose pages it reads beside its own (a compaction's, ``context_management``)."""
     said, tokens = counted
     namespace = services.namespaces.of(request.headers)
     messages = [*conversation.head, *conversation.history, *([conversation.query] if conversation.query is not None else [])]
     telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, control, len(messages), said)
     work = serve_protocol(
-        services, codec, conversation, headers, namespace, _pinned(request, conversation), policy=control.policy, telemetry=telemetry, memory=scope
+        services,
+        codec,
+        conversation,
+        headers,
+        namespace,
+        _pinned(request, conversation),
+        policy=control.policy,
+        telemetry=telemetry,
+        memory=scope,
+        behind=behind,
     )
     told = {pcp.PROMPT_TOKENS: str(tokens), **({pcp.MEMORY: scope.name} if scope is not None else {})}
     try:  # worker rounds run before any byte is sent: a client that leaves cancels them
@@ -319,6 +411,7 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     said: dict[str, Any] = {"status": status}
     if shows_details(services.settings, request.headers):
         said["upstream"] = services.upstream.shown_url
+        said["apis"] = services.upstream.translation.fronts()  # native, or translated to chat completions, and why
         if local is not None:
             said["local_model"] = local
     return Response(said, status_code=503 if status == "unavailable" else 200)
@@ -336,6 +429,6 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return services.metrics.exposition()
 
 
-API_ROUTES = [chat_completions, responses, messages, count_tokens, forward_v1]  # under /v1
+API_ROUTES = [chat_completions, responses, responses_compact, messages, count_tokens, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
 OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key

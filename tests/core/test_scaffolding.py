@@ -51,3 +51,24 @@ def test_the_documents_names_never_reach_the_answer_whatever_the_chunks(before, 
     assert not [name for name in VOCABULARY if name in said]
     assert "".join(said.split()) == "".join(without_scaffolding(text).split())
     assert '"2026-12-02T00:46"' in said and '"type": ""' in said  # the rest of what it wrote is its own
+
+
+QUOTED = 'Gina said &lt;3 &amp; "always", Tom wrote &amp;lt;b&amp;gt; &amp'
+
+
+@settings(max_examples=200)
+@given(cuts=st.lists(st.integers(min_value=0, max_value=len(QUOTED)), max_size=12))
+def test_an_answer_that_quotes_the_escaped_document_reaches_the_client_in_the_users_characters(cuts):
+    gate, out, start = AnswerGate(final=True), [], 0
+    for cut in sorted(set(cuts)):
+        out.append(gate.feed(QUOTED[start:cut]))
+        start = cut
+    said = "".join(out) + gate.feed(QUOTED[start:]) + gate.close()
+    # undone once, as the document did it once: what the user typed as "&lt;b&gt;" comes back as they typed it
+    assert said == 'Gina said <3 & "always", Tom wrote &lt;b&gt; &amp'
+
+
+def test_a_tag_that_unescaping_forms_is_markup_and_never_reaches_the_client():
+    gate = AnswerGate(final=True)
+    said = gate.feed("Here: &lt;Node id=&quot;a1&quot;&gt;&lt;Content&gt;5521&lt;/Content&gt;&lt;/Node&gt; done") + gate.close()
+    assert said == "Here: 5521 done"

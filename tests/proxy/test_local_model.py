@@ -286,3 +286,34 @@ def test_healthz_is_a_503_once_the_embedded_model_is_gone(tmp_path):
         assert health.status_code == 503 and health.json()["local_model"]["status"] == "down"
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def llama_server_in_front(local_proxy, tmp_path_factory):
+    """A proxy at its defaults (PCP_TRANSLATE_APIS=auto) in front of llama-server itself, as a user who runs their own."""
+    from proxy.app import create_app
+    from proxy.testing.upstream import serve_in_thread
+
+    local = local_proxy.app.state.services.local_model
+    fields = {"upstream_base_url": local.base_url, "upstream_api_key": local.key, "data_dir": str(tmp_path_factory.mktemp("front")), "router_embeddings": False}
+    server = serve_in_thread(create_app(Settings(**fields)), timeout_graceful_shutdown=10)
+    yield server
+    server.stop()
+
+
+def test_responses_in_front_of_llama_server_at_defaults_stream_and_take_a_multi_turn_input(llama_server_in_front):
+    client = _client(llama_server_in_front)
+    with client.responses.stream(model="m", input="Hello!", max_output_tokens=16) as streamed:
+        events = list(streamed)  # the SDK's get_final_response wants response.completed: at 16 tokens it may be incomplete
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    first = events[-1].response
+    items = [
+        {"role": "user", "content": "Hello!"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": first.output_text or "Hi!"}]},
+        {"role": "user", "content": "Say it again."},
+    ]
+    second = client.responses.create(model="m", input=items, max_output_tokens=16)
+    assert first.status in ("completed", "incomplete") and second.status in ("completed", "incomplete") and second.output
+    health = httpx.get(f"{llama_server_in_front.url}/healthz").json()
+    assert health["apis"]["responses"].startswith("translated (the upstream is llama.cpp")

@@ -29,6 +29,11 @@ def asking(question: str = "What was step 7?") -> list[dict]:
     return [*HISTORY, {"role": "user", "content": question}]
 
 
+def following(answered: httpx.Response) -> list[dict]:
+    """The conversation of ``asking()`` going on past its answer (the same history with another question is a branch)."""
+    return [*asking(), answered.json()["choices"][0]["message"], {"role": "user", "content": "And step 8?"}]
+
+
 # -- namespaces -------------------------------------------------------------------------------
 
 
@@ -36,7 +41,7 @@ def asking(question: str = "What was step 7?") -> list[dict]:
 def test_one_key_written_another_way_is_one_namespace(start_proxy, written):
     proxy = start_proxy(sentry_threshold=300)
     first = ask(proxy, asking())
-    second = ask(proxy, asking("And step 8?"), key=None, headers={"authorization": written})
+    second = ask(proxy, following(first), key=None, headers={"authorization": written})
     assert second.headers["x-pcp-session"] == first.headers["x-pcp-session"]
 
 
@@ -201,20 +206,20 @@ def test_without_a_data_key_the_text_is_stored_as_it_is(start_proxy, tmp_path):
 @pytest.mark.parametrize("later", [{"data_key": KEY}, {"data_key": base64.b64encode(bytes(32)).decode()}, {}], ids=["same key", "another key", "no key"])
 def test_a_session_sealed_under_a_key_opens_only_with_it_else_is_paged_again(start_proxy, tmp_path, later):
     first = start_proxy(sentry_threshold=300, data_key=KEY)
-    ask(first, asking())
+    answered = ask(first, asking())
     first.stop()
     again = start_proxy(sentry_threshold=300, **later)
-    ask(again, asking("And step 8?"))
+    ask(again, following(answered))
     how = "resumed" if later.get("data_key") == KEY else "new"
     assert metric_value(again.http.get("/metrics").text, "pcp_sessions_total", how=how) == 1
 
 
 def test_sessions_stored_before_a_key_was_set_still_open(start_proxy):
     first = start_proxy(sentry_threshold=300)
-    ask(first, asking())
+    answered = ask(first, asking())
     first.stop()
     again = start_proxy(sentry_threshold=300, data_key=KEY)
-    ask(again, asking("And step 8?"))
+    ask(again, following(answered))
     assert metric_value(again.http.get("/metrics").text, "pcp_sessions_total", how="resumed") == 1
 
 
