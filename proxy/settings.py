@@ -201,8 +201,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Most tokens a reply may have when the client names no max_tokens (its own value wins): a 135M model that
     # has not ended its turn by then is rambling, and every token of it is time the user waits.
     local_max_tokens: int = 256
-    # Most prompt tokens of a call in protocol mode on the embedded model, in place of context_budget: two cores
-    # prefill it in seconds, and a 135M model follows a short prompt better than a long one.
+    # Most tokens of paged context of a call in protocol mode on the embedded model, in place of context_budget (and of
+    # a model family's, whatever model a client names): two cores prefill it in seconds, and a 135M model follows a
+    # short prompt better than a long one.
     local_context_budget: int = 2048
     # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
     # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
