@@ -200,7 +200,8 @@ class _Loop:
             opening=context.opening,
             trace=list(self.trace),
             final=final,
-            budget=policy.budget,
+            budget=policy.budget + context.carried,
+            carried=context.carried,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
             priorities=[
                 *([self.open] if self.frame is not None and self.open is not None else []),  # the turns the frame does not hold yet

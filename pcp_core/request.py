@@ -49,6 +49,7 @@ __all__ = [
     "Resolution",
     "asked",
     "engaged",
+    "head_tokens",
     "pageable",
     "prepare",
     "query_line",
@@ -76,26 +77,30 @@ class Policy(msgspec.Struct, frozen=True):
 LEAST_ROOM = 64
 
 
-def pageable(conversation: Conversation, client_tools: list[dict[str, Any]], policy: Policy, count: CountText) -> bool:
-    """Whether the request can be paged at all: what every worker call carries whole (the instructions, the
-    query with its attachments, the client's tools) leaves room in the budget. A request that cannot is
-    never answered blind: it goes untouched where the model's window may hold it, else it is refused."""
+def pageable(conversation: Conversation, policy: Policy, count: CountText) -> bool:
+    """Whether the request can be paged at all: what every worker call carries within the budget whatever is
+    paged (the instructions, the query with its attachments, the directives' tools) leaves room in it. The head
+    (the client's system prompt and tools) goes whole on top of the budget and does not count. A request that
+    cannot is never answered blind: it goes untouched where the model's window may hold it, else it is refused."""
     query = query_line(conversation, policy.paging, count)
     frame = prompt_tokens([{"role": "system", "content": document.registry(False) + document.tail((), query, "2026-01-01T00:00", True)}], count)
     parts = sum(part_tokens(part) for part in conversation.query_parts)
-    tools = [*client_tools, *(DIRECTIVE_TOOLS if policy.rounds.channel == "tools" else [])]
+    tools = DIRECTIVE_TOOLS if policy.rounds.channel == "tools" else []
     return frame + parts + (count(json.dumps(tools)) if tools else 0) + LEAST_ROOM <= policy.rounds.budget
 
 
-def engaged(prompt_tokens: int, policy: Policy) -> bool:
+def engaged(prompt_tokens: int, policy: Policy, carried: int = 0) -> bool:
     """The Sentry (§X): token pressure switches chat mode to protocol mode, where paging pays.
 
     Above the threshold a conversation is paged, unless it still fits the
     model's window and paging it would cost more than sending it as it is
     (``paging_pays``): then it goes untouched, and the provider's cache keeps
-    serving what it sent before.
+    serving what it sent before. ``carried``: of ``prompt_tokens``, the head's
+    (``head_tokens``), which both ways send whole.
     """
-    return prompt_tokens > policy.threshold and (not policy.window or prompt_tokens > policy.window or paging_pays(prompt_tokens, policy.rounds))
+    if prompt_tokens <= policy.threshold:
+        return False
+    return not policy.window or prompt_tokens > policy.window or paging_pays(prompt_tokens - carried, policy.rounds)
 
 
 def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
@@ -105,7 +110,8 @@ def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
     cache serves nearly all of it (``prompt_tokens`` at ``cached_price``).
     Paged, its frame is served from the cache and what it adds after it (a
     ``fresh_share`` of the budget) is billed in full. The new turn is billed
-    both ways. Where nothing is cached (``cached_price`` 1), paging pays as
+    both ways, and so is a head both carry whole (not in ``prompt_tokens``).
+    Where nothing is cached (``cached_price`` 1), paging pays as
     soon as the budget is smaller than the conversation; where a local
     server's slot keeps the prefix (0), it never pays while the conversation fits.
     """
@@ -282,8 +288,15 @@ def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str,
         policy=policy.rounds, opening=leading_tokens(conversation.opening_text, policy.rounds.budget // 4, count),  # cut once; each call fits it to the head
         client_tools=facts.client_tools, dense=facts.dense, query_parts=conversation.query_parts, parts=conversation.history_parts(),
     )  # fmt: skip
-    tools = context.tools
-    return msgspec.structs.replace(context, reserved_tokens=count(json.dumps(tools)) if tools else 0)
+    tools, client_tools = context.tools, facts.client_tools
+    carried = head_tokens(conversation.head_text, client_tools, count)
+    return msgspec.structs.replace(context, reserved_tokens=count(json.dumps(tools)) if tools else 0, carried=carried)
+
+
+def head_tokens(head: str, client_tools: list[dict[str, Any]], count: CountText) -> int:
+    """The tokens of the head every call repeats, the client's system prompt and tool definitions: what a worker
+    call carries whole on top of the budget (a provider's cache serves it)."""
+    return (count(head) + 4 if head else 0) + (count(json.dumps(client_tools)) if client_tools else 0)
 
 
 def _goes_on(frame: Frame | None, conversation: Conversation, resolution: Resolution, policy: Policy) -> dict[str, Any]:

@@ -16,7 +16,8 @@ __all__ = ["RoundContext", "RoundPolicy"]
 class RoundPolicy(msgspec.Struct, frozen=True):
     """How a request's rounds run (§VI); built once from the settings."""
 
-    budget: int = 4096  # most prompt tokens of one worker call
+    # Most prompt tokens of one worker call's paged context, on top of the head it carries whole (``RoundContext.carried``).
+    budget: int = 4096
     max_rounds: int = 4
     channel: Literal["text", "tools"] = "text"  # how the worker's directives come: in its text, or as tool calls
     router: bool = False  # the host's router model picks among the best-ranked pages (§VI.2)
@@ -63,6 +64,9 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     client_tools: list[dict[str, Any]] = []
     # Tokens of tool definitions sent with each worker call.
     reserved_tokens: int = 0
+    # Tokens of the head every call repeats, the client's system prompt and tool definitions: they go whole, cached
+    # by the provider, on top of the budget (the paged context gets all of it).
+    carried: int = 0
     # Ask the host for embeddings and fuse dense recall with BM25.
     dense: bool = False
     # Parts that are not text (images, audio, files): the query's, sent with every worker call;

@@ -76,6 +76,9 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     indexed: Sequence[str] = ()
     # Tokens the call spends outside the messages (e.g. tool definitions).
     reserved_tokens: int = 0
+    # Of ``budget``, the head's: the client's system prompt and tool definitions, which go whole (never clipped);
+    # the opening's quarter is of what is left.
+    carried: int = 0
     # Most tokens the roots listed in ``priorities`` may take as Summary nodes (None: no cap);
     # the first always shows. The rest stay folded in Background_Context, unless room is left at the end.
     overview_budget: int | None = None
@@ -322,19 +325,24 @@ class _Builder:
         return prompt_tokens(self._messages(document, head, self.query_parts), self.count) + self.request.reserved_tokens
 
     def _fit_fixed(self) -> tuple[str, str, str]:
-        """Clip the client's head, then the query, if what every call carries would not fit alone; and the
-        opening to what a quarter of the budget leaves beside the head."""
-        head, query = self.request.head, self.request.query
-        spare = self.request.budget - self._exact(self._document("", "", "", {}, set()), "") - 8
+        """Clip the client's head (unless it is carried on top of the budget: then it goes whole), then the query,
+        if what every call carries would not fit alone; and the opening to what a quarter of the budget leaves
+        beside the head (of the budget on top of a carried head)."""
+        request = self.request
+        head, query = request.head, request.query
+        spare = request.budget - self._exact(self._document("", "", "", {}, set()), "") - 8
         head_cost, query_cost = self.count(head), self.count(query)
         if head_cost + query_cost > spare:
-            if head_cost > spare // 4:
+            if head_cost > spare // 4 and not request.carried:
                 head = clip_tokens(head, max(spare // 4, 0), self.count)
                 head_cost = self.count(head)
             query = clip_tokens(query, max(spare - head_cost, 0), self.count)
             query_cost = self.count(query)
-        room = min(self.request.budget // 4, spare - query_cost) - head_cost
-        return head, leading_tokens(self.request.opening, room, self.count), query
+        if request.carried:
+            room = min((request.budget - request.carried) // 4, spare - query_cost - head_cost)
+        else:
+            room = min(request.budget // 4, spare - query_cost) - head_cost
+        return head, leading_tokens(request.opening, room, self.count), query
 
     # -- rendering -----------------------------------------------------------------
     def _messages(self, text: str, head: str, parts: Sequence[Any] = ()) -> list[dict[str, Any]]:

@@ -35,7 +35,7 @@ from .protocol.telemetry import Traces
 from .recall.embeddings import Embedder, embeddings_available
 from .recall.upstream_embeddings import UpstreamVectors
 from .resident import TextMemos, share
-from .settings import Settings
+from .settings import CHAT_BUDGET, CHAT_THRESHOLD, Settings
 from .storage import Stores
 from .storage.datadir import Namespaces, private_tree
 from .storage.sealing import Sealer, data_key
@@ -95,7 +95,8 @@ def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
     rounds = RoundPolicy(
-        budget=settings.context_budget if settings.upstream_base_url else settings.local_context_budget,
+        # The embedded model's own budget; with an upstream, the settings' or (0) the chat one, which a known model family's replaces.
+        budget=(settings.context_budget or CHAT_BUDGET) if settings.upstream_base_url else settings.local_context_budget,
         max_rounds=settings.max_rounds if settings.upstream_base_url else settings.local_max_rounds,
         channel=settings.directive_channel,
         router=bool(settings.router_model),
@@ -107,7 +108,7 @@ def policy_of(settings: Settings) -> Policy:
     # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
     # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
     window = settings.context_window or (settings.local_n_ctx if not settings.upstream_base_url else 0)
-    return Policy(threshold=settings.sentry_threshold, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=window)
+    return Policy(threshold=settings.sentry_threshold or CHAT_THRESHOLD, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=window)
 
 
 @asynccontextmanager

@@ -22,7 +22,12 @@ from pcp_core.pact import MAX_COMPONENTS
 
 from .storage.sealing import data_key
 
-__all__ = ["ModelSettings", "Settings", "SettingsError", "load_settings"]
+__all__ = ["CHAT_BUDGET", "CHAT_THRESHOLD", "ModelSettings", "Settings", "SettingsError", "load_settings"]
+
+# The threshold and budget where the settings give none and the model's family is not one the proxy knows:
+# what the chat cost figures are measured at (bench/cost_replay.py).
+CHAT_THRESHOLD = 8192
+CHAT_BUDGET = 4096
 
 ENV_PREFIX = "PCP_"
 
@@ -123,10 +128,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Encrypts the text the proxy stores (sessions, model summaries) with AES-256-GCM:
     # 32 bytes in base64 or hex (needs the `encryption` extra).
     data_key: str = ""
-    # Prompt tokens above which protocol mode engages.
-    sentry_threshold: int = 8192
-    # Most prompt tokens the proxy sends upstream per call in protocol mode.
-    context_budget: int = 4096
+    # Prompt tokens above which protocol mode engages. 0: the model's family's where the proxy knows it
+    # (proxy.protocol.control.KNOWN_DEFAULTS: 32,768 for claude-*, gpt-5*, ...), else CHAT_THRESHOLD.
+    sentry_threshold: int = 0
+    # Most tokens of paged context one worker call carries in protocol mode, on top of the head it carries
+    # whole (the client's system prompt and tool definitions). 0: the model's family's where the proxy knows
+    # it (16,384 for claude-*, gpt-5*, ...), else CHAT_BUDGET.
+    context_budget: int = 0
     # What a cached input token costs against one that is not: 0.1 for OpenAI's and Anthropic's cache
     # reads, 0 for a local server that keeps the prefix in its slot, 1.0 where nothing is cached (then
     # every request is paged afresh, as tokens are all that counts). Below 1, a conversation keeps a
@@ -193,8 +201,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # Most tokens a reply may have when the client names no max_tokens (its own value wins): a 135M model that
     # has not ended its turn by then is rambling, and every token of it is time the user waits.
     local_max_tokens: int = 256
-    # Most prompt tokens of a call in protocol mode on the embedded model, in place of context_budget: two cores
-    # prefill it in seconds, and a 135M model follows a short prompt better than a long one.
+    # Most tokens of paged context of a call in protocol mode on the embedded model, in place of context_budget (and of
+    # a model family's, whatever model a client names): two cores prefill it in seconds, and a 135M model follows a
+    # short prompt better than a long one.
     local_context_budget: int = 1024
     # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
     # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
@@ -229,8 +238,10 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
             "store",
             "must be empty (the embedded store in data_dir) or a redis://, rediss:// or unix:// URL",
         )
-        _require(self.sentry_threshold, self.sentry_threshold > 0, "sentry_threshold", "must be positive")
-        _require(self.context_budget, self.context_budget >= 512, "context_budget", "must be at least 512 tokens")
+        _require(self.sentry_threshold, self.sentry_threshold >= 0, "sentry_threshold", "must be 0 (the model's) or a number of tokens")
+        _require(
+            self.context_budget, self.context_budget == 0 or self.context_budget >= 512, "context_budget", "must be 0 (the model's) or at least 512 tokens"
+        )
         _require(self.cached_input_price, 0.0 <= self.cached_input_price <= 1.0, "cached_input_price", "must be between 0 and 1")
         _require(self.followup_share, _share_ok(self.followup_share), "followup_share", SHARE_RANGE)
         _require(self.context_window, self.context_window >= 0, "context_window", "must be 0 (unknown) or a number of tokens")

@@ -223,7 +223,7 @@ class ChatCodec(BodyCodec):
         return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
 
     def final(self, completion: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
-        """The completion the client gets: the answer (with ``n``, one per choice), the usage of every call."""
+        """The completion the client gets: the answer (with ``n``, one per choice), the answering call's usage."""
         if outcome.kind == "answer":
             first, *others = completion["choices"]
             answers = [(first, outcome.text), *((choice, spoken(choice["message"].get("content") or "")) for choice in others[: self.choices - 1])]
@@ -286,7 +286,7 @@ class ChatRound:
         yield from self.ending()
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-        """The round as the upstream sent it, but for the usage the proxy asked it for (``ending`` tells the sum)."""
+        """The round as the upstream sent it, but for the usage the proxy asked it for (``ending`` tells the answering call's)."""
         for chunk in events:
             if chunk.get("choices") or not chunk.get("usage"):
                 yield self.event({k: v for k, v in chunk.items() if k != "usage"})
@@ -294,7 +294,7 @@ class ChatRound:
             yield tail
 
     def ending(self) -> Iterator[bytes]:
-        """What follows an answer's last chunk: the usage of every upstream call, when the client asked for it; [DONE]."""
+        """What follows an answer's last chunk: the answering call's usage, when the client asked for it; [DONE]."""
         if self.include_usage:
             yield self.event({"choices": [], "usage": self.usage.chat()})
         yield DONE_EVENT

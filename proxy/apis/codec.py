@@ -87,7 +87,11 @@ class Api:
 
 
 class Usage(msgspec.Struct):
-    """Tokens of every upstream call made for one request, summed."""
+    """Tokens of every upstream call made for one request, summed; and, from its ``mark``, the answering call's.
+
+    What the client reads is the answering call's (``answer``): the context its answer was read from, which
+    is what a coding agent measures against its own compaction threshold (the sum of a request's rounds is
+    not a context and would push it to compact). The sum is what the proxy's telemetry prices."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -96,6 +100,27 @@ class Usage(msgspec.Struct):
     more: dict[str, int] = {}
     # The prompt tokens the upstream's prompt cache served, summed, when it says (OpenAI, vLLM, llama.cpp).
     cached_tokens: int | None = None
+    # The sums as they were when the latest worker call began (``mark``); None: no call was marked.
+    before: Usage | None = None
+
+    def mark(self) -> None:
+        """A worker call begins: what follows, until the next mark, is its usage."""
+        self.before = Usage(self.prompt_tokens, self.completion_tokens, self.total_tokens, dict(self.more), self.cached_tokens)
+
+    def answer(self) -> Usage:
+        """The usage of the latest worker call (the one that answers; the whole sum where none was marked)."""
+        before = self.before
+        if before is None:
+            return self
+        more = {name: tokens - before.more.get(name, 0) for name, tokens in self.more.items()}
+        cached = None if self.cached_tokens is None else self.cached_tokens - (before.cached_tokens or 0)
+        return Usage(
+            self.prompt_tokens - before.prompt_tokens,
+            self.completion_tokens - before.completion_tokens,
+            self.total_tokens - before.total_tokens,
+            more,
+            cached,
+        )
 
     def add(self, usage: dict[str, Any] | None) -> None:
         """Add a chat completion's usage."""
@@ -123,7 +148,8 @@ class Usage(msgspec.Struct):
         self.cached_tokens = (self.cached_tokens or 0) + tokens
 
     def chat(self) -> dict[str, Any]:
-        """The sum as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
+        """The answering call's usage (``answer``) as a chat completion's ``usage`` (``prompt_tokens_details.cached_tokens`` when the upstream gave one)."""
+        self = self.answer()
         usage: dict[str, Any] = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens, "total_tokens": self.total_tokens}
         if self.cached_tokens is not None:
             usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}

@@ -138,7 +138,8 @@ def usage(total: Usage, message: dict[str, Any]) -> None:
 
 
 def usage_of(usage: Usage) -> dict[str, int]:
-    """The sum over every upstream call, as a message's ``usage``."""
+    """The answering call's usage (``Usage.answer``), as a message's ``usage``."""
+    usage = usage.answer()
     written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
     return {
         "input_tokens": usage.prompt_tokens - written - read,
@@ -282,7 +283,7 @@ class MessagesCodec(ToolsCodec):
         return marked
 
     def final(self, message: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
-        """The message the client gets: the answer as one text block (a call of its own tools as it came), the usage of every call."""
+        """The message the client gets: the answer as one text block (a call of its own tools as it came), the answering call's usage."""
         final = {**message, "usage": usage_of(usage), **self.managed_fields()}
         if outcome.kind == "answer":
             final.update(content=[{"type": "text", "text": outcome.text}], stop_reason=relayed_stop(message.get("stop_reason")))
@@ -403,7 +404,9 @@ class MessagesRound:
         return int(self.codec.compaction is not None)
 
     def opening(self) -> bytes:
-        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage_of(self.usage)}
+        # The answering call's usage as its message_start told it (its message_delta is not read yet).
+        said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
+        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
         opened = event("message_start", message=message) + self._compaction()
         return opened if self.codec.paused else opened + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
 
@@ -427,7 +430,7 @@ class MessagesRound:
         yield event("message_stop")
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-        """The round as the upstream sent it, its message_delta with the usage of every upstream call (and a compaction
+        """The round as the upstream sent it, its message_delta with the answering call's usage (and a compaction
         block first, where the history was compacted: the upstream's blocks after it)."""
         for event in events:
             if self.codec.paused and event["type"].startswith("content_block_"):

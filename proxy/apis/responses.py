@@ -132,7 +132,8 @@ def usage(total: Usage, response: dict[str, Any]) -> None:
 
 
 def usage_of(usage: Usage) -> dict[str, Any]:
-    """The sum over every upstream call, as a response's ``usage``."""
+    """The answering call's usage (``Usage.answer``), as a response's ``usage``."""
+    usage = usage.answer()
     return {
         "input_tokens": usage.prompt_tokens, "input_tokens_details": {"cached_tokens": usage.cached_tokens or 0},
         "output_tokens": usage.completion_tokens, "output_tokens_details": {"reasoning_tokens": usage.more.get("reasoning_tokens", 0)},
@@ -231,7 +232,7 @@ class ResponsesCodec(ToolsCodec):
         return shown
 
     def final(self, response: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
-        """The response the client gets: the answer as one message (a call of its own tools as it came), the usage of every call."""
+        """The response the client gets: the answer as one message (a call of its own tools as it came), the answering call's usage."""
         shown = {**self.shown(response), "usage": usage_of(usage)}
         if outcome.kind == "answer":
             first: dict[str, Any] = next((item for item in response.get("output") or () if item.get("type") == "message"), {})
@@ -282,7 +283,7 @@ def _input_content(content: Any) -> Any:
 class ResponsesRound:
     """The client's stream is the one a response with one message would have: created, in progress,
     the item and part added, a text delta as the answer is released, the ``…done`` events, then
-    ``response.completed`` with the usage of every call. A call of the client's own tools is replayed."""
+    ``response.completed`` with the answering call's usage. A call of the client's own tools is replayed."""
 
     def __init__(self, codec: ResponsesCodec, usage: Usage):
         self.codec = codec
@@ -356,7 +357,7 @@ class ResponsesRound:
         yield self._event(f"response.{status}", response=self._response(status, [item], usage_of(self.usage)))
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
-        """The round as the upstream sent it; its response objects the client's, the last with the usage of every call."""
+        """The round as the upstream sent it; its response objects the client's, the last with the answering call's usage."""
         for event in events:
             response = event.get("response")
             if isinstance(response, dict):

@@ -51,6 +51,7 @@ from pcp_core.session import new_session_id
 
 from .. import headers as pcp
 from ..errors import ClientError
+from ..settings import CHAT_BUDGET
 from .relay import Sections
 from .store import HybridState, HybridStore
 
@@ -90,7 +91,7 @@ class Hybrid:
         self.memory = memory
         self.limits = LimitsPolicy(max_decay=settings.hybrid_max_decay, min_confidence=settings.hybrid_min_confidence)
         # The snapshot's room: its share of the budget, less the rules that come with it.
-        self.room = max(int(settings.context_budget * settings.hybrid_budget_share) - count(context_prompt(_EMPTY)), 0)
+        self.room = max(int((settings.context_budget or CHAT_BUDGET) * settings.hybrid_budget_share) - count(context_prompt(_EMPTY)), 0)
 
     def begin(self, headers: Mapping[str, str], namespace: str | Callable[[], str], scope: str | None = None) -> ContextTurn | None:
         """This request's turn in the mode, or None when it is not in it (then nothing of it changes).

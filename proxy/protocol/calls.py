@@ -3,7 +3,7 @@
 Each goes to the upstream of the request's API, in that API's body (the
 request's codec), with the request's headers (``x-pcp-role`` names the call)
 and under its deadline; each counts in ``pcp_upstream_calls_total`` and adds
-its usage to the request's.
+its usage to the request's (a worker call's from its ``Usage.mark``: the client reads the answering call's).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class UpstreamCalls:
         """A worker call's whole answer."""
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
         codec = self.codec
+        self.usage.mark()
         data, self.answered = await self.upstream.complete(
             codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline
         )
@@ -63,6 +64,7 @@ class UpstreamCalls:
         """A worker call's answer as the upstream's events; a refusal raises before the first."""
         upstream, codec = self.upstream, self.codec
         self.services.metrics.inc("pcp_upstream_calls_total", role="worker")
+        self.usage.mark()
         response = await upstream.open("POST", codec.api.path, content=codec.worker_body(call, stream=True), headers=self.headers, deadline=self.deadline)
         if response.status_code >= 400:
             raise UpstreamError.refused(

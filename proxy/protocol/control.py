@@ -8,8 +8,8 @@ by header, for less than its model's policy allows, never for more:
   came even above the threshold; ``force`` pages it even below;
 * ``x-pcp-threshold: N`` — protocol mode engages above ``N`` prompt tokens
   (at most the model's threshold);
-* ``x-pcp-budget: N`` — the most prompt tokens a worker call may carry (512 up
-  to the model's budget).
+* ``x-pcp-budget: N`` — the most tokens of paged context a worker call may
+  carry on top of its head (512 up to the model's budget).
 
 A request that sends none of these headers costs a few dictionary lookups
 (``Controls.of``): passthrough stays as cheap as it was. The headers are the
@@ -20,6 +20,13 @@ family (``KNOWN_WINDOWS``) is its model's: the Sentry can then forward a
 conversation that fits it while paging would cost more. These are the smallest
 windows each family's current models have, so a conversation the proxy lets
 through fits the model it names.
+
+Where the window is known, so are the threshold and the budget (``KNOWN_DEFAULTS``)
+where the settings give none (0, their default) and no ``[models."…"]`` table
+sets them: a coding agent's history is paged within
+16,384 tokens on top of its head (``pcp_core.head_tokens``) from 32,768 tokens
+on. The chat defaults stay where the family is a chat one (gpt-4o*): the cost
+replay measures them there.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from .. import headers as pcp
 from ..errors import ClientError
 from ..settings import ModelSettings, Settings
 
-__all__ = ["CONTROL_HEADERS", "Control", "Controls", "Mode"]
+__all__ = ["CONTROL_HEADERS", "KNOWN_DEFAULTS", "Control", "Controls", "Mode", "known_defaults", "known_window"]
 
 Mode = Literal["auto", "off", "force"]
 MODES: tuple[Mode, ...] = ("auto", "off", "force")
@@ -55,6 +62,20 @@ KNOWN_WINDOWS: tuple[tuple[str, int], ...] = (
 )
 
 
+# A known family's threshold and budget, by glob (first match; none: the settings'), where the settings keep the built-in ones.
+# A 200k-token model reads an agent's head (~20k tokens of system prompt and tools for Claude Code) and 16k of pages well
+# inside its window, a tenth of what the agent compacts at; paging engages from 32k, and pays (cached input at 0.1) once
+# the history is ~2.35x the budget, ~38k tokens: long before any agent's own compaction (~80-90% of the window).
+AGENT_THRESHOLD, AGENT_BUDGET = 32_768, 16_384
+KNOWN_DEFAULTS: tuple[tuple[str, int, int], ...] = (
+    ("claude-*", AGENT_THRESHOLD, AGENT_BUDGET),
+    ("gpt-4.1*", AGENT_THRESHOLD, AGENT_BUDGET),
+    ("gpt-5*", AGENT_THRESHOLD, AGENT_BUDGET),
+    ("o3*", AGENT_THRESHOLD, AGENT_BUDGET),
+    ("o4-mini*", AGENT_THRESHOLD, AGENT_BUDGET),
+)
+
+
 class Control(msgspec.Struct, frozen=True):
     """How one request is served: ``mode`` (auto: the Sentry decides), under ``policy``."""
 
@@ -68,6 +89,10 @@ class Controls:
 
     def __init__(self, settings: Settings, default: Policy):
         self.default = Control("auto", default)
+        # A family's threshold and budget apply where the settings give none of their own (0); never on the embedded
+        # model (no upstream), whose slot and budget are its own whatever model a client names.
+        embedded = not settings.upstream_base_url
+        self.tuned = embedded or bool(settings.sentry_threshold), embedded or bool(settings.context_budget)
         models = settings.models
         self.exact = {name: spec for name, spec in models.items() if not _is_glob(name)}
         self.globs = [(name, spec) for name, spec in models.items() if _is_glob(name)]
@@ -89,6 +114,14 @@ class Controls:
         policy = self.default.policy if spec is None else _narrowed(self.default.policy, spec)
         if not policy.window and (spec is None or spec.context_window is None):  # a model entry's 0 says: unknown
             policy = msgspec.structs.replace(policy, window=known_window(model))
+        policy = _family(
+            policy,
+            model,
+            (
+                self.tuned[0] or (spec is not None and spec.sentry_threshold is not None),
+                self.tuned[1] or (spec is not None and spec.context_budget is not None),
+            ),
+        )
         control = self.default if policy == self.default.policy else Control("auto", policy)
         if len(self.by_model) >= KNOWN_MODELS:
             self.by_model.clear()
@@ -99,6 +132,21 @@ class Controls:
 def known_window(model: str) -> int:
     """The context window of ``model``'s family if it is a well-known one, else 0 (unknown)."""
     return next((window for pattern, window in KNOWN_WINDOWS if fnmatchcase(model, pattern)), 0)
+
+
+def known_defaults(model: str) -> tuple[int, int] | None:
+    """The threshold and budget of ``model``'s family where it is a known one with its own (``KNOWN_DEFAULTS``), else None."""
+    return next(((threshold, budget) for pattern, threshold, budget in KNOWN_DEFAULTS if fnmatchcase(model, pattern)), None)
+
+
+def _family(policy: Policy, model: str, tuned: tuple[bool, bool]) -> Policy:
+    """``policy`` with the threshold and budget of ``model``'s family, when it has its own, where the settings (``tuned``) give none."""
+    known = known_defaults(model)
+    if known is None:
+        return policy
+    threshold = policy.threshold if tuned[0] else known[0]
+    budget = policy.rounds.budget if tuned[1] else known[1]
+    return msgspec.structs.replace(policy, threshold=threshold, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
 
 
 def _is_glob(name: str) -> bool:

@@ -8,7 +8,8 @@ with ``PCP_SERVE_CONTEXT_MANAGEMENT``):
 * a clearing edit that fires (``clear_tool_uses_*``, ``clear_thinking_*``) runs
   the request in protocol mode on its whole history, so that what it clears is
   paged in its session, which the model can Consult; what goes upstream is no
-  larger than the request its edits leave (the budget is narrowed to it). The
+  larger than the request its edits leave (the budget, on top of the head every
+  call carries whole, is narrowed to what it takes beside that head). The
   answer reports ``context_management.applied_edits`` as Anthropic's does.
 * ``compact_20260112`` over its trigger runs the request in protocol mode too,
   and hands back one ``compaction`` block first in the answer: the proxy's handle
@@ -26,7 +27,7 @@ compaction item the input carried). A later ``/v1/responses`` request that carri
 such an item (``responses_plan``) runs in protocol mode with those pages behind it.
 
 Where protocol mode cannot take the request (``x-pcp-mode-request: off``, a
-budget its head alone fills), the edited request goes upstream as Anthropic
+budget its query and attachments alone fill), the edited request goes upstream as Anthropic
 would send it to the model: cleared, and not reported.
 """
 
@@ -53,7 +54,7 @@ from ..storage.datadir import HANDLE_PREFIX
 __all__ = ["Plan", "compacted", "plan", "responses_plan", "serves_context_management"]
 
 COMPACT_PATH = "/responses/compact"
-Read = Callable[[bytes], tuple[Any, int, int]]  # a body's reading, its messages' tokens and its prompt's
+Read = Callable[[bytes], tuple[Any, int, int, int]]  # a body's reading, its messages' tokens, its prompt's and its head's
 
 
 @dataclass
@@ -61,10 +62,10 @@ class Plan:
     """How a Messages request whose context the proxy manages is served."""
 
     body: bytes  # the request as it is read and paged from here: its whole history (from its compaction on), no edits
-    read: tuple[Any, int, int]  # ``body`` read: its ``Reading``, its messages' tokens, its prompt's
+    read: tuple[Any, int, int, int]  # ``body`` read: its ``Reading``, its messages' tokens, its prompt's, its head's
     forwarded: bytes  # the request as its edits leave it: what goes upstream where it is not paged
     managed: Managed
-    budget: int | None = None  # what the request its edits leave takes: no more goes upstream
+    budget: int | None = None  # what the request its edits leave takes beside its head (carried on top): no more goes upstream
     behind: list[str] = field(default_factory=list)  # sessions of the caller whose pages it reads beside its own
 
     @property
@@ -126,7 +127,8 @@ def plan(services: Services, namespace: str, body: bytes, read: Read) -> Plan | 
     forwarded = json.dumps({**whole, "messages": edited.messages}).encode()
     budget = None
     if edited.applied:
-        budget = read(forwarded)[2]
+        _, _, tokens, carried = read(forwarded)
+        budget = tokens - carried
     managed = Managed(edited.applied, edited.compaction, lambda sessions: services.namespaces.handle(namespace, sessions))
     return Plan(body, reading, forwarded, managed, budget, behind)
 

@@ -115,25 +115,27 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         behind = managed.behind if managed is not None else None
     elif api.name == "responses":  # compaction items the proxy made: their pages behind the request
         namespace = services.namespaces.of(request.headers)
-        carried = await _read(body, lambda: responses_plan(services, namespace, body))
-        if carried is not None:
-            body, behind = carried
+        opened = await _read(body, lambda: responses_plan(services, namespace, body))
+        if opened is not None:
+            body, behind = opened
     if managed is not None:
-        body, (reading, said, tokens) = managed.body, managed.read
+        body, (reading, said, tokens, carried) = managed.body, managed.read
     else:
-        reading, said, tokens = await _read(body, lambda: _api_read(api, body, services))
+        reading, said, tokens, carried = await _read(body, lambda: _api_read(api, body, services))
     pcp_headers = dict(PASSTHROUGH)
     scope = None
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, tokens, scope, managed, bool(behind)) if reading.messages else None
+        control = _paged(services, headers, reading.model, (tokens, carried), scope, managed, bool(behind)) if reading.messages else None
         if control is not None:
             asked = control
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, asked, services))
-            if (managed is not None or behind) and not pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
-                control = _widened(control, conversation, codec, services, managed.budget if managed is not None and managed.budget else tokens)
-            if pageable(conversation, codec.client_tools, control.policy, services.tokenizer.count):
+            count = services.tokenizer.count
+            if (managed is not None or behind) and not pageable(conversation, control.policy, count):
+                most = managed.budget if managed is not None and managed.budget else tokens - carried
+                control = _widened(control, conversation, services, most, carried)
+            if pageable(conversation, control.policy, count):
                 if managed is not None and isinstance(codec, MessagesCodec):
                     codec.managed = managed.managed
                 counted = (_as_read(said, reading, conversation), tokens)
@@ -193,20 +195,32 @@ async def _read(body: bytes, read: Callable[[], T]) -> T:
     return await asyncio.to_thread(read) if len(body) > LARGE_BODY else read()
 
 
-def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, int]:
-    """The request as ``api`` reads it, its messages' tokens, and its prompt's: theirs and its tool
-    definitions' (0 for one forwarded untouched, which is not counted). A chat body that resends the
-    messages of one read before decodes and counts only those it adds (``apis.known_bodies``)."""
+def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, int, int]:
+    """The request as ``api`` reads it, its messages' tokens, its prompt's (theirs and its tool
+    definitions'), and its head's, which a worker call carries whole (``head_tokens``): 0 for one forwarded
+    untouched, which is not counted. A chat body that resends the messages of one read before decodes
+    and counts only those it adds (``apis.known_bodies``)."""
     count = services.tokenizer.count
     if api.read is CHAT.read:
         reading, said = services.bodies.read(body, count)
     else:
         reading = api.read(body)
         if reading.untouched is not None:
-            return reading, 0, 0
+            return reading, 0, 0, 0
         said = prompt_tokens(reading.messages, count)
     tools = tools_text(body if reading.rest is None else reading.rest)
-    return reading, said, said + (count(tools) if tools else 0)
+    tools_tokens = count(tools) if tools else 0
+    return reading, said, said + tools_tokens, _system_tokens(reading.messages, count) + tools_tokens
+
+
+def _system_tokens(messages: list[dict[str, Any]], count: Callable[[str], int]) -> int:
+    """The tokens of the leading system and developer messages: the head's part that is not tools."""
+    head = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
+            break
+        head.append(message)
+    return prompt_tokens(head, count) if head else 0
 
 
 def _as_read(said: int, reading: Reading, conversation: Conversation) -> int:
@@ -224,18 +238,26 @@ def _scope(services: Services, request: Request[Any, Any, Any], body: bytes) -> 
 
 
 def _paged(
-    services: Services, headers: dict[str, str], model: str | None, tokens: int, scope: Scope | None, managed: Plan | None = None, behind: bool = False
+    services: Services,
+    headers: dict[str, str],
+    model: str | None,
+    counted: tuple[int, int],
+    scope: Scope | None,
+    managed: Plan | None = None,
+    behind: bool = False,
 ) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
     (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
     page fault, whatever the request's size; context management the proxy applies pages it
-    (``context_management``), unless the request turns protocol mode off."""
+    (``context_management``), unless the request turns protocol mode off. ``counted``: its prompt's
+    tokens, and its head's."""
     control = services.controls.of(headers, model)
     if managed is not None and managed.forced and control.mode != "off":
         return managed.controlled(control)
     if behind and control.mode != "off":  # the pages of a compaction it carries are read in protocol mode alone
         return msgspec.structs.replace(control, mode="force")
-    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy) or faults(services.memory, scope)))
+    tokens, carried = counted
+    paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy, carried) or faults(services.memory, scope)))
     return control if paged else None
 
 
@@ -247,32 +269,34 @@ def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: 
     return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
 
 
-def _widened(control: Control, conversation: Conversation, codec: Codec, services: Services, most: int) -> Control:
-    """Context management the proxy applies, in a budget its head alone fills: the budget doubled until the request
-    pages, up to ``most`` (what the request its edits leave takes) and the model's window; else ``control`` as it was.
-    An agent's ~16k tokens of tools fill a small budget: its edits are then paged, not applied by dropping what they clear."""
+def _widened(control: Control, conversation: Conversation, services: Services, most: int, carried: int) -> Control:
+    """Context management the proxy applies, in a budget the query and its attachments alone fill: the budget doubled
+    until the request pages, up to ``most`` (what the request its edits leave takes beside its head) and what the
+    model's window leaves beside the ``carried`` head; else ``control`` as it was. Its edits are then paged, not
+    applied by dropping what they clear."""
     budget, rounds = control.policy.rounds.budget, control.policy.rounds
-    most = min(most, control.policy.window or most)
+    window = control.policy.window
+    most = min(most, max(window - carried, 0)) if window else most
     while budget < most:
         budget = min(budget * 2, most)
         policy = msgspec.structs.replace(control.policy, rounds=msgspec.structs.replace(rounds, budget=budget))
-        if pageable(conversation, codec.client_tools, policy, services.tokenizer.count):
+        if pageable(conversation, policy, services.tokenizer.count):
             return msgspec.structs.replace(control, policy=policy)
     return control
 
 
 def _unpageable(control: Control, tokens: int) -> None:
-    """A request whose query and tools alone leave its budget no room for pages: refused where the model's
+    """A request whose query and attachments alone leave its budget no room for pages: refused where the model's
     window is known to be too small for it as it is; else (the caller) it goes untouched."""
     window = control.policy.window
     if window and tokens > window:
         raise ClientError(
-            f"this request cannot be paged: its query, attachments and tools alone fill the context budget ({control.policy.rounds.budget:,} "
+            f"this request cannot be paged: its query and attachments alone fill the context budget ({control.policy.rounds.budget:,} "
             f"tokens), and at {tokens:,} tokens it is larger than the model's context window ({window:,}): raise PCP_CONTEXT_BUDGET",
             status=413,
             code="context_budget_too_small",
         )
-    log.info("a request's query and tools fill the context budget (%d tokens): forwarded untouched", control.policy.rounds.budget)
+    log.info("a request's query and attachments fill the context budget (%d tokens): forwarded untouched", control.policy.rounds.budget)
 
 
 async def _protocol(
@@ -321,6 +345,33 @@ def _pinned(request: Request[Any, Any, Any], conversation: Conversation) -> str 
     the one that agent session and conversation keep (``pcp_core.client_named``); else None: found by content."""
     named, said = pcp.client_session(request.headers), [*conversation.history, conversation.query]
     return pcp.pinned_session(request.headers) or (client_named(named, said[0]) if named else None)
+
+
+@route("/messages/count_tokens", http_method=METHODS, status_code=200)
+async def count_tokens(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """Anthropic's token count, of what the proxy would send. A request it would page counts what one worker call
+    carries at most (the head whole and the budget): a coding agent that measures its context by it is not pushed
+    into compacting what the proxy pages. One it would forward is counted by the upstream, or by the proxy
+    (tiktoken) where the upstream has no count of its own (a chat-only upstream)."""
+    if request.method != "POST":
+        return await forwarded(request, services)
+    headers = upstream_headers(services.settings, request.headers, anthropic=True)
+    body = await request.body()
+    reading, _, tokens, carried = await _read(body, lambda: _api_read(MESSAGES, body, services))
+    control = services.controls.of(headers, reading.model)
+    if reading.messages and (control.mode == "force" or (control.mode == "auto" and engaged(tokens, control.policy, carried))):
+        return _count(min(tokens, carried + control.policy.rounds.budget), "protocol")
+    upstream = services.upstream_of(MESSAGES)
+    if upstream.translation.mode != "always" and "/messages" not in upstream.translation.lacking:
+        target = upstream_target(request.scope)
+        response = await forward(upstream, request, "POST", target, body, headers, PASSTHROUGH, stream=False, failure=MESSAGES.failure)
+        if response.status_code not in (404, 405):
+            return response
+    return _count(tokens, "passthrough")
+
+
+def _count(tokens: int, mode: str) -> Response[Any]:
+    return Response({"input_tokens": tokens}, status_code=200, headers={pcp.MODE: mode, pcp.PROMPT_TOKENS: str(tokens)})
 
 
 @route("/{path:path}", http_method=METHODS, status_code=200)
@@ -378,6 +429,6 @@ async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Ser
     return services.metrics.exposition()
 
 
-API_ROUTES = [chat_completions, responses, responses_compact, messages, forward_v1]  # under /v1
+API_ROUTES = [chat_completions, responses, responses_compact, messages, count_tokens, forward_v1]  # under /v1
 RESERVED = reserved  # under /v1/pcp, beside the own API's routes
 OPEN_ROUTES = [root, healthz, metrics]  # at the root, without a proxy key

@@ -43,7 +43,6 @@ def test_the_query_string_reaches_the_upstream_in_both_modes(start_proxy, upstre
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [
-        ("POST", "/v1/messages/count_tokens?beta=true", {"model": "m", "messages": [{"role": "user", "content": TASK}], "tools": []}),
         ("POST", "/v1/messages/batches", {"requests": []}),
         ("GET", "/v1/messages/batches/msgbatch_1/results", None),
         ("GET", "/v1/responses/resp_1?include[]=reasoning.encrypted_content", None),

@@ -67,10 +67,11 @@ def test_a_request_threshold_pages_sooner_but_never_later(start_proxy, upstream)
 
 def test_a_request_budget_is_bounded_by_the_settings(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
+    head = prompt_tokens(dated_chat()[:1], COUNT)  # the system prompt: it goes whole, on top of the budget
     small = _post(proxy, dated_chat(), **{"x-pcp-budget": "700"})
-    assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 700
+    assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 700 + head
     large = _post(proxy, dated_chat(), **{"x-pcp-budget": "999999999999999999"})
-    assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 2048
+    assert prompt_tokens(upstream.chat_requests("worker")[-1].json["messages"], COUNT) <= 2048 + head
     budgets = [proxy.http.get(f"/v1/pcp/requests/{r.headers['x-pcp-trace']}").json()["budget"] for r in (small, large)]
     assert budgets == [700, 2048]
 

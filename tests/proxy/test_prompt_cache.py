@@ -46,7 +46,8 @@ def test_a_small_budget_keeps_room_for_what_a_consult_brings():
 def test_a_paged_call_opens_as_the_clients_own_request_did(start_proxy, upstream):
     """The client's system prompt as its system message and its first message opening the user message, byte
     for byte: what a provider cached of the client's untouched requests is found again, from the first paged one.
-    A first message longer than a quarter of the budget opens it cut, where it still starts as sent."""
+    A first message longer than a quarter of the budget (the system prompt goes whole, on top of it) opens it cut,
+    where it still starts as sent."""
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
     task = "Fix the failing test in calc/parser.py and run the suite. " * 60
     messages = [long_history()[0], {"role": "user", "content": task}, *long_history()[2:]]
@@ -54,7 +55,7 @@ def test_a_paged_call_opens_as_the_clients_own_request_did(start_proxy, upstream
     (system, user) = upstream.chat_requests("worker")[-1].json["messages"]
     assert system == messages[0] and user["role"] == "user"
     opening = user["content"][: user["content"].index("\n\n<PagedContext")]
-    assert task.startswith(opening) and 2048 // 8 < COUNT(opening) <= 2048 // 4 - COUNT(messages[0]["content"])
+    assert task.startswith(opening) and 2048 // 8 < COUNT(opening) <= 2048 // 4
 
 
 def test_the_session_keeps_the_frame_for_the_next_request(start_proxy, upstream):
@@ -85,7 +86,7 @@ def test_a_consult_on_a_page_the_stored_frame_shows_opens_what_holds_its_turns_n
     assert any(" now stands as " in result for _, result in steps)  # the tree replaced some of them since the frame was made
 
 
-def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, upstream):
+def test_cached_tokens_the_upstream_reports_are_the_answering_calls(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=500, context_budget=2048)
 
     def usage(cached: int | None):
@@ -100,7 +101,8 @@ def test_cached_tokens_the_upstream_reports_are_summed_over_rounds(start_proxy, 
 
     upstream.enqueue(usage(0), usage(1536))
     answer = proxy.client().chat.completions.create(model="m", messages=long_history())
-    assert answer.usage.prompt_tokens == 4000 and answer.usage.prompt_tokens_details.cached_tokens == 1536
+    # The answering call's (the context the answer was read from): an agent measures its window by it.
+    assert answer.usage.prompt_tokens == 2000 and answer.usage.prompt_tokens_details.cached_tokens == 1536
 
     upstream.enqueue(usage(None))
     raw = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": long_history()}).json()

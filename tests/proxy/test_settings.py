@@ -6,6 +6,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from proxy.protocol.control import Controls
 from proxy.services import policy_of
 from proxy.settings import Settings, SettingsError, load_settings
 
@@ -86,3 +87,16 @@ def test_the_embedded_models_window_is_a_slots_unless_one_is_set():
     assert policy_of(Settings(upstream_base_url="", local_n_ctx=6000)).window == 6000
     assert policy_of(Settings(upstream_base_url="", local_n_ctx=6000, context_window=32000)).window == 32000
     assert policy_of(Settings(upstream_base_url="http://127.0.0.1:9/v1", local_n_ctx=6000)).window == 0  # another upstream's is unknown
+
+
+def test_the_embedded_model_keeps_its_own_budget_whatever_model_a_client_names():
+    """No upstream: local_context_budget (and the chat threshold), never a model family's; with one, the family's."""
+    embedded = Settings(upstream_base_url="", local_context_budget=2048)
+    assert policy_of(embedded).rounds.budget == 2048
+    for model in ("claude-sonnet-4-5", "gpt-5", "smollm2"):
+        policy = Controls(embedded, policy_of(embedded)).for_model(model).policy
+        assert (policy.threshold, policy.rounds.budget) == (8192, 2048)
+    upstream = Settings(upstream_base_url="http://127.0.0.1:9/v1", local_context_budget=2048)
+    assert policy_of(upstream).rounds.budget == 4096  # 0: the chat budget, where the family is none the proxy knows
+    policy = Controls(upstream, policy_of(upstream)).for_model("claude-sonnet-4-5").policy
+    assert (policy.threshold, policy.rounds.budget) == (32_768, 16_384)

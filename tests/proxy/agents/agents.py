@@ -58,17 +58,21 @@ class AgentRun:
         return f"{self.agent}: exit {self.returncode} in {self.seconds:.1f} s, {self.outcome}; stdout …{self.stdout[-1500:]!r}; stderr …{self.stderr[-1500:]!r}"
 
 
-def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, timeout: float = 240) -> AgentRun:
+def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, timeout: float = 240, stdin: str | None = None) -> AgentRun:
     """``agent`` through the whole task in a fresh repo under ``run``, at ``base_url`` (``http://host:port``, no ``/v1``).
-    ``force``: it sends ``x-pcp-mode-request: force`` on every call."""
+    ``force``: it sends ``x-pcp-mode-request: force`` on every call. ``stdin``: piped to it after the task (Claude
+    Code's ``-p`` and Codex's ``exec -`` read it)."""
     repo, home = run / "repo", run / "home"
     home.mkdir(parents=True, exist_ok=True)
     make_repo(str(repo))
     command, env = COMMANDS[agent](base_url, run, repo, home, force)
+    if stdin is not None and agent == "codex":  # the prompt from stdin: the task, then what is piped
+        command, stdin = [*command[:-1], "-"], f"{TASK_PROMPT}\n\n{stdin}"
     env = {**BASE_ENV, "HOME": str(home), **{f"XDG_{k}_HOME": str(home / v) for k, v in XDG.items()}, **env}
     started = time.monotonic()
     try:
-        done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL, timeout=timeout)
+        piped: dict[str, Any] = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
+        done = subprocess.run(command, cwd=repo, env=env, capture_output=True, text=True, errors="replace", timeout=timeout, **piped)
         returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as late:
         returncode, stdout, stderr = "timeout", _text(late.stdout), _text(late.stderr)

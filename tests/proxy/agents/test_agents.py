@@ -10,8 +10,9 @@ fixed with its tests passing, and the agent must never see a 5xx, an empty
 directive. Two agents at once keep two sessions; a server that ignores
 ``stream`` and Codex's WebSocket first try are met as the agents need.
 
-The context budget is 40,000 tokens in these runs: room for the agents' own
-tool definitions (Claude Code's are ~16k tokens), which the budget counts.
+The context budget is 40,000 tokens of pages in these runs, on top of the
+agents' own head (Claude Code's tools are ~16k tokens), which goes whole; one
+run per agent is at the proxy's defaults, every call paged by force.
 Wall time: ~80 s for the whole module on 2 cores (opencode's start-up is ~8 s
 a run, aider's ~5 s; Claude Code and Codex finish in 1-3 s).
 """
@@ -24,12 +25,13 @@ from pathlib import Path
 import pytest
 
 from proxy.settings import ModelSettings
+from proxy.testing.agent_task import notes_text
 from proxy.testing.agent_upstream import AgentScript
 
 from .agents import AGENTS, AgentRun, installed, missing, run_agent
 from .recording import AgentProxy, Exchange, agent_proxy, seen_problems
 
-BUDGET = 40000  # the agents' tool definitions fit (see the module's docstring)
+BUDGET = 40000  # of pages, on top of the agents' head (see the module's docstring)
 # The models' windows unknown (their families' are known: claude-*, gpt-5*): above the threshold every call is
 # paged, as these runs mean to, where a known window would send a session this short untouched.
 UNKNOWN_WINDOWS = {"*": ModelSettings(context_window=0)}
@@ -124,3 +126,32 @@ def test_codex_with_websockets_on_falls_back_to_http_after_one_try(tmp_path: Pat
     assert_done(run, proxy)
     tries = [e for e in proxy.exchanges if e.websocket]
     assert len(tries) == 1 and tries[0].status == 426  # where a 403 cost it seven tries and ~7 s
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+def test_an_agent_paged_on_every_call_at_the_proxys_defaults(agent, tmp_path: Path):
+    """No setting but the upstream: the agent's head (Claude Code's ~16k tokens of tools) goes whole on top of its
+    model family's budget, so that every call, paged by force, is paged and the task is done."""
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True)) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run", force=True)
+    assert_done(run, proxy)
+    calls = task_calls(proxy.exchanges)
+    assert len(calls) >= 2 and {e.mode for e in calls} == {"protocol"}, [e.mode for e in calls]
+    worker = [turn for turn in proxy.script.turns if turn.role == "worker"]
+    assert worker and all(turn.paged for turn in worker)
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex"])
+def test_an_agent_given_100k_tokens_on_stdin_is_paged_at_the_proxys_defaults(agent, tmp_path: Path):
+    """``claude -p`` / ``codex exec -`` with ~100k tokens of notes piped in, and no setting but the upstream: its model's
+    family (claude-*, gpt-5*) pages it within its budget, its head whole, and the task is done."""
+    needs(agent)
+    with agent_proxy(tmp_path / "data", AgentScript(big=True)) as proxy:
+        run = run_agent(agent, proxy.url, tmp_path / "run", stdin=notes_text(2200))
+    assert_done(run, proxy)
+    calls = task_calls(proxy.exchanges)
+    assert all(int(e.response_headers["x-pcp-prompt-tokens"]) > 100_000 for e in calls)
+    assert len(calls) >= 2 and {e.mode for e in calls} == {"protocol"}, [e.mode for e in calls]
+    worker = [turn for turn in proxy.script.turns if turn.role == "worker"]
+    assert worker and all(turn.paged for turn in worker)
