@@ -84,18 +84,20 @@ def chat_streaming(pieces: list[str], **kwargs):
     return reply
 
 
+def _answered(client, asked: dict, stream: bool):
+    """The text the SDK hands its caller, and the message, streamed or not."""
+    if stream:
+        with client.messages.stream(**asked) as streamed:
+            return "".join(streamed.text_stream), streamed.get_final_message()
+    message = client.messages.create(**asked)
+    return message.content[0].text, message
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_stop_sequence_ends_the_message_with_its_stop_reason_and_names_it(proxy, upstream, stream):
     upstream.default = chat_streaming(["Un, deux, trois. E", "ND and then more ", "STOP"])
     asked = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Count."}], "stop_sequences": ["STOP", "END"]}
-    client = proxy.anthropic()
-    if stream:
-        with client.messages.stream(**asked) as streamed:
-            text = "".join(streamed.text_stream)
-            message = streamed.get_final_message()
-    else:
-        message = client.messages.create(**asked)
-        text = message.content[0].text
+    text, message = _answered(proxy.anthropic(), asked, stream)
     assert text == message.content[0].text == "Un, deux, trois. "
     assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END")
     assert "stop" not in chat_sent(upstream)  # the proxy watches for them: a chat upstream would not say which fired
@@ -105,14 +107,7 @@ def test_a_stop_sequence_ends_the_message_with_its_stop_reason_and_names_it(prox
 def test_a_text_that_only_begins_a_stop_sequence_is_all_said_and_ends_the_turn(proxy, upstream, stream):
     upstream.default = chat_streaming(["It is the E", "N"])
     asked = {"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "Say it."}], "stop_sequences": ["END"]}
-    client = proxy.anthropic()
-    if stream:
-        with client.messages.stream(**asked) as streamed:
-            text = "".join(streamed.text_stream)
-            message = streamed.get_final_message()
-    else:
-        message = client.messages.create(**asked)
-        text = message.content[0].text
+    text, message = _answered(proxy.anthropic(), asked, stream)
     assert text == message.content[0].text == "It is the EN"
     assert (message.stop_reason, message.stop_sequence) == ("end_turn", None)
     assert (message.usage.input_tokens, message.usage.output_tokens) == (9, 4)
