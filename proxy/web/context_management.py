@@ -106,14 +106,7 @@ def plan(services: Services, namespace: str, body: bytes, read: Read) -> Plan | 
     held, messages = after_compaction(asked["messages"])
     behind: list[str] = []
     if held is not None and held.startswith(HANDLE_PREFIX):
-        opened = services.namespaces.opened(namespace, held)
-        if opened is None:
-            raise ClientError(
-                "the compaction block was not made by this proxy for this caller: its pages cannot be read (send the history it stands for instead)",
-                param="messages",
-                code="invalid_compaction",
-            )
-        behind = opened
+        behind = _opened(services, namespace, held, "block", "messages")
     elif held is not None:  # another's compaction (Anthropic's summary): its text stands for what it compacted
         messages = [{"role": "user", "content": [{"type": "text", "text": held}]}, *messages]
     whole = {k: v for k, v in asked.items() if k != "context_management"}
@@ -143,15 +136,21 @@ def _opened_items(services: Services, namespace: str, items: list[Any]) -> tuple
         return None
     behind: list[str] = []
     for i in ours:
-        opened = services.namespaces.opened(namespace, items[i]["encrypted_content"])
-        if opened is None:
-            raise ClientError(
-                "the compaction item was not made by this proxy for this caller: its pages cannot be read (send the history it stands for instead)",
-                param=f"input.[{i}]",
-                code="invalid_compaction",
-            )
+        opened = _opened(services, namespace, items[i]["encrypted_content"], "item", f"input.[{i}]")
         behind.extend(s for s in opened if s not in behind)
     return [item for i, item in enumerate(items) if i not in ours], behind
+
+
+def _opened(services: Services, namespace: str, handle: str, what: str, param: str) -> list[str]:
+    """The sessions a compaction ``what`` (block, item) this proxy made for the caller stands for, or the 400 that says it did not."""
+    opened = services.namespaces.opened(namespace, handle)
+    if opened is None:
+        raise ClientError(
+            f"the compaction {what} was not made by this proxy for this caller: its pages cannot be read (send the history it stands for instead)",
+            param=param,
+            code="invalid_compaction",
+        )
+    return opened
 
 
 def _our_compaction(item: Any) -> bool:

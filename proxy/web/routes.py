@@ -20,6 +20,7 @@ from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
 from pcp_core import Conversation, client_named, engaged, pageable, prompt_tokens
+from pcp_core.conversation import conversation_start
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
@@ -210,17 +211,8 @@ def _api_read(api: Api, body: bytes, services: Services) -> tuple[Reading, int, 
         said = prompt_tokens(reading.messages, count)
     tools = tools_text(body if reading.rest is None else reading.rest)
     tools_tokens = count(tools) if tools else 0
-    return reading, said, said + tools_tokens, _system_tokens(reading.messages, count) + tools_tokens
-
-
-def _system_tokens(messages: list[dict[str, Any]], count: Callable[[str], int]) -> int:
-    """The tokens of the leading system and developer messages: the head's part that is not tools."""
-    head = []
-    for message in messages:
-        if not isinstance(message, dict) or message.get("role") not in ("system", "developer"):
-            break
-        head.append(message)
-    return prompt_tokens(head, count) if head else 0
+    head = reading.messages[: conversation_start(reading.messages)]  # the leading system and developer messages
+    return reading, said, said + tools_tokens, (prompt_tokens(head, count) if head else 0) + tools_tokens
 
 
 def _as_read(said: int, reading: Reading, conversation: Conversation) -> int:
@@ -358,8 +350,8 @@ async def count_tokens(request: Request[Any, Any, Any], services: NamedDependenc
     headers = upstream_headers(services.settings, request.headers, anthropic=True)
     body = await request.body()
     reading, _, tokens, carried = await _read(body, lambda: _api_read(MESSAGES, body, services))
-    control = services.controls.of(headers, reading.model)
-    if reading.messages and (control.mode == "force" or (control.mode == "auto" and engaged(tokens, control.policy, carried))):
+    control = _paged(services, headers, reading.model, (tokens, carried), None) if reading.messages else None
+    if control is not None:
         return _count(min(tokens, carried + control.policy.rounds.budget), "protocol")
     upstream = services.upstream_of(MESSAGES)
     if upstream.translation.mode != "always" and "/messages" not in upstream.translation.lacking:
