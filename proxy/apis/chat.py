@@ -21,7 +21,7 @@ from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash
 from ..decoding import decode_json, finite_fields
 from ..errors import ClientError, PcpError
 from ..sse import DONE, data_event, said
-from .codec import Api, BodyCodec, Reading, Usage, checked
+from .codec import Api, BodyCodec, Reading, Usage, checked, collect_tool_calls
 from .whole_streams import chat_chunks
 
 __all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
@@ -260,17 +260,9 @@ class ChatRound:
         for choice in event.get("choices") or ():
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
             delta = choice.get("delta") or {}
-            self._collect_tool_calls(delta.get("tool_calls") or ())
+            collect_tool_calls(self.tool_calls, delta.get("tool_calls") or ())
             text += delta.get("content") or ""
         return text
-
-    def _collect_tool_calls(self, deltas: Any) -> None:
-        for delta in deltas:
-            call = self.tool_calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-            call["id"] = delta.get("id") or call["id"]
-            function = delta.get("function") or {}
-            call["function"]["name"] += function.get("name") or ""
-            call["function"]["arguments"] += function.get("arguments") or ""
 
     def calls(self) -> list[dict[str, Any]]:
         return list(self.tool_calls.values())

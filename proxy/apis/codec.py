@@ -38,6 +38,7 @@ __all__ = [
     "Api",
     "Codec",
     "Reading",
+    "collect_tool_calls",
     "RoundStream",
     "ToolsCodec",
     "Usage",
@@ -332,6 +333,16 @@ def first_deltas(chunk: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str | 
     for choice in chunk.get("choices") or ():
         if isinstance(choice, dict) and choice.get("index", 0) == 0:
             yield choice.get("delta") or {}, choice.get("finish_reason")
+
+
+def collect_tool_calls(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
+    """A chat stream's ``tool_calls`` deltas added into ``calls`` (by index), as whole calls are put together."""
+    for delta in deltas:
+        call = calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+        call["id"] = delta.get("id") or call["id"]
+        function = delta.get("function") or {}
+        call["function"]["name"] += text_of(function.get("name"))
+        call["function"]["arguments"] += text_of(function.get("arguments"))
 
 
 def text_of(value: Any) -> str:

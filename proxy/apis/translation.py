@@ -33,7 +33,7 @@ from ..decoding import strict_json
 from ..errors import ClientError, UpstreamError
 from ..sse import DONE
 from . import messages_chat, responses_chat
-from .codec import first_deltas, text_of
+from .codec import collect_tool_calls, first_deltas, text_of
 from .stops import Stops
 
 __all__ = ["Translation", "Translator"]
@@ -310,12 +310,7 @@ async def _collected(chat: httpx.Response, stops: Stops) -> dict[str, Any]:
                     if delta.get("content"):
                         completion["pieces"] += 1
                         text.append(stops.feed(text_of(delta["content"])))
-                    for call in delta.get("tool_calls") or ():
-                        said_call = calls.setdefault(int(call.get("index", 0)), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                        said_call["id"] = call.get("id") or said_call["id"]
-                        function = call.get("function") or {}
-                        said_call["function"]["name"] += text_of(function.get("name"))
-                        said_call["function"]["arguments"] += text_of(function.get("arguments"))
+                    collect_tool_calls(calls, delta.get("tool_calls") or ())
                     finish = finished or finish
                 if stops.fired is not None:
                     break

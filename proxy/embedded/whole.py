@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from ..apis.codec import collect_tool_calls
 from ..decoding import strict_json
 
 __all__ = ["assembled", "streamed_request"]
@@ -59,12 +60,7 @@ async def assembled(response: httpx.Response) -> tuple[int, bytes]:
                 for field in ("content", "reasoning_content"):
                     if delta.get(field):
                         message[field] = (message.get(field) or "") + delta[field]
-                for call in delta.get("tool_calls") or ():
-                    known = calls.setdefault(call.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-                    known["id"] = call.get("id") or known["id"]
-                    function = call.get("function") or {}
-                    known["function"]["name"] += function.get("name") or ""
-                    known["function"]["arguments"] += function.get("arguments") or ""
+                collect_tool_calls(calls, delta.get("tool_calls") or ())
                 logprobs += ((said.get("logprobs") or {}).get("content")) or []
                 choice["finish_reason"] = said.get("finish_reason") or choice["finish_reason"]
     if choice["finish_reason"] is None:  # cut short: the server stopped, or went away
