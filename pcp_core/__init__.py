@@ -40,6 +40,7 @@ from .request import (
     settle,
     with_appendix,
     with_components,
+    within_window,
 )
 from .round_policy import RoundPolicy
 from .session import (
@@ -161,4 +162,5 @@ __all__ = [
     "unmarked",
     "with_appendix",
     "with_components",
+    "within_window",
 ]

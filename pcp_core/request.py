@@ -59,6 +59,7 @@ __all__ = [
     "settle",
     "with_appendix",
     "with_components",
+    "within_window",
 ]
 
 _ID = attrgetter("id")
@@ -87,6 +88,23 @@ def pageable(conversation: Conversation, policy: Policy, count: CountText) -> bo
     parts = sum(part_tokens(part) for part in conversation.query_parts)
     tools = DIRECTIVE_TOOLS if policy.rounds.channel == "tools" else []
     return frame + parts + (count(json.dumps(tools)) if tools else 0) + LEAST_ROOM <= policy.rounds.budget
+
+
+# Of a known window, the share a call leaves free: for the answer, and for an upstream that counts tokens otherwise.
+WINDOW_SPARE = 8  # an eighth
+
+
+def within_window(policy: Policy, carried: int) -> Policy:
+    """``policy`` fitted to the model's window where one is known: paging engages before a prompt outgrows
+    what the window holds, and a worker call's pages take no more than the window leaves beside the
+    ``carried`` head. A request that leaves no room is then not ``pageable``."""
+    if not policy.window:
+        return policy
+    holds = policy.window - policy.window // WINDOW_SPARE
+    threshold, budget = min(policy.threshold, holds), min(policy.rounds.budget, max(holds - carried, 0))
+    if (threshold, budget) == (policy.threshold, policy.rounds.budget):
+        return policy
+    return msgspec.structs.replace(policy, threshold=threshold, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
 
 
 def engaged(prompt_tokens: int, policy: Policy, carried: int = 0) -> bool:

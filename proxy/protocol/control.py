@@ -97,6 +97,8 @@ class Controls:
         self.exact = {name: spec for name, spec in models.items() if not _is_glob(name)}
         self.globs = [(name, spec) for name, spec in models.items() if _is_glob(name)]
         self.by_model: dict[str, Control] = {}
+        # Windows the upstream named in refusing a prompt as too long (``protocol.refusals``): smaller than known ones.
+        self.learned: dict[str, int] = {}
 
     def of(self, headers: dict[str, str], model: str | None) -> Control:
         """The control of a request with these (forwardable, lower-case) ``headers``, which lose the control headers."""
@@ -114,6 +116,9 @@ class Controls:
         policy = self.default.policy if spec is None else _narrowed(self.default.policy, spec)
         if not policy.window and (spec is None or spec.context_window is None):  # a model entry's 0 says: unknown
             policy = msgspec.structs.replace(policy, window=known_window(model))
+        learned = self.learned.get(model)
+        if learned and (not policy.window or learned < policy.window):
+            policy = msgspec.structs.replace(policy, window=learned)
         policy = _family(
             policy,
             model,
@@ -127,6 +132,13 @@ class Controls:
             self.by_model.clear()
         self.by_model[model] = control
         return control
+
+    def learn(self, model: str, window: int) -> None:
+        """``model``'s window as the upstream named it in a refusal: its requests are fitted to it from now on."""
+        if len(self.learned) >= KNOWN_MODELS:
+            self.learned.clear()
+        self.learned[model] = window
+        self.by_model.pop(model, None)
 
 
 def known_window(model: str) -> int:

@@ -86,11 +86,11 @@ TASK_PROMPT = (
 GIT_ENV = {"GIT_AUTHOR_NAME": "task", "GIT_AUTHOR_EMAIL": "task@example.invalid", "GIT_COMMITTER_NAME": "task", "GIT_COMMITTER_EMAIL": "task@example.invalid"}
 
 
-def notes_text(paragraphs: int = 160) -> str:
-    """A long Markdown file of varied notes (~75 tokens a paragraph): what a ``big`` step prints."""
+def notes_text(paragraphs: int = 160, first: int = 0, title: str = "# Notes on the calc package") -> str:
+    """A long Markdown file of varied notes (~75 tokens a paragraph), numbered from ``first`` + 1: what a ``big`` step prints."""
     words = ("ledger", "invoice", "rounding", "currency", "batch", "reconcile", "audit", "quarter", "refund", "settlement", "merchant", "payout", "tax")
-    out = ["# Notes on the calc package", ""]
-    for i in range(paragraphs):
+    out = [title, ""]
+    for i in range(first, first + paragraphs):
         if i % 10 == 0:
             out += [f"## Section {i // 10 + 1}", ""]
         w = [words[(i * 7 + k * 3) % len(words)] for k in range(10)]
@@ -102,9 +102,27 @@ def notes_text(paragraphs: int = 160) -> str:
     return "\n".join(out)
 
 
-def make_repo(path: str) -> None:
-    """The task's git repo at ``path``: the bug committed, the tests failing."""
+# A longer task's notes come in parts, each printed by a step of its own (~1.8k tokens: a page a small window shows whole).
+PART_PARAGRAPHS = 36
+
+
+def part_path(k: int) -> str:
+    return f"docs/NOTES-{k}.md"
+
+
+def part_marker(k: int, parts: int) -> str:
+    """What the first line of the notes' part ``k`` says, by which the script knows it was printed."""
+    return f"NOTES-PART-{k}-OF-{parts}"
+
+
+def notes_part(k: int, parts: int) -> str:
+    return notes_text(PART_PARAGRAPHS, (k - 1) * PART_PARAGRAPHS, f"# Notes on the calc package ({part_marker(k, parts)})")
+
+
+def make_repo(path: str, parts: int = 0) -> None:
+    """The task's git repo at ``path``: the bug committed, the tests failing; with ``parts`` notes files for a longer task."""
     files = {
+        **{part_path(k): notes_part(k, parts) for k in range(1, parts + 1)},
         "calc/__init__.py": "",
         TARGET: OPS_PY,
         "tests/__init__.py": "",
@@ -210,18 +228,23 @@ READ_SEEN = "CALC-17"
 Step = dict[str, Any]
 
 
-def decide(text: str, big: bool) -> Step:
-    """The next step for a conversation whose text is ``text``: its latest evidence first."""
+def decide(text: str, big: bool, parts: int = 0) -> Step:
+    """The next step for a conversation whose text is ``text``: its latest evidence first. With ``parts``, a longer
+    task: the grep prints the notes' first part, and a step of its own each of the others, before the edit."""
     if TESTS_OK.search(text):
         return {"step": "answer", "text": "TASK-DONE: add_totals subtracted its arguments; it now adds them, and both tests pass."}
     if TESTS_FAILED.search(text) and "first + second" in text:
         return {"step": "answer", "text": "TASK-FAILED: the tests still fail after the edit."}
     if "first + second" in text:
         return {"step": "test", "cmd": TEST_CMD}
-    if GREP_SEEN.search(text):
+    shown = next((k for k in range(parts, 0, -1) if part_marker(k, parts) in text), 0)
+    if shown and shown < parts:
+        return {"step": "notes", "cmd": f"cat {part_path(shown + 1)}"}
+    if GREP_SEEN.search(text) or shown:
         return {"step": "edit"}
     if READ_SEEN in text:
-        return {"step": "grep", "cmd": GREP_CMD + (f" && head -c {NOTES_BYTES} {NOTES}" if big else "")}
+        shows = f" && cat {part_path(1)}" if parts else f" && head -c {NOTES_BYTES} {NOTES}" if big else ""
+        return {"step": "grep", "cmd": GREP_CMD + shows}
     return {"step": "read"}
 
 
@@ -270,7 +293,7 @@ def tool_call(step: Step, tools: dict[str, Any], cwd: str | None) -> tuple[str, 
                 props = _props(tools[name]["schema"])
                 return name, {next((k for k in ("file_path", "filePath", "path") if k in props), "file_path"): _path(cwd, TARGET)}
         return _shell_call(tools, f"cat {TARGET}", cwd)
-    if kind in ("grep", "test"):
+    if kind in ("grep", "notes", "test"):
         return _shell_call(tools, step["cmd"], cwd)
     if kind != "edit":
         return None
@@ -286,7 +309,7 @@ def tool_call(step: Step, tools: dict[str, Any], cwd: str | None) -> tuple[str, 
     return _shell_call(tools, f"apply_patch <<'EOF'\n{PATCH}EOF", cwd)  # Codex without the tool takes a patch in its shell
 
 
-def aider_reply(text: str, big: bool) -> str:
+def aider_reply(text: str, big: bool, parts: int = 0) -> str:
     """aider has no tools: it adds the files an answer names (the "read") and applies SEARCH/REPLACE blocks."""
     if TESTS_OK.search(text):
         return "TASK-DONE: add_totals now adds its arguments and the tests pass."
@@ -294,7 +317,8 @@ def aider_reply(text: str, big: bool) -> str:
         return "TASK-FAILED: the tests still fail after the edit."
     if READ_SEEN in text:
         return f"The bug is in `add_totals`: it subtracts.\n\n{TARGET}\n```python\n<<<<<<< SEARCH\n{BUG_LINE}\n=======\n{FIX_LINE}\n>>>>>>> REPLACE\n```\n"
-    return f"To fix this I need to see {TARGET}{f' and {NOTES}' if big else ''}. Please add them to the chat."
+    notes = [part_path(k) for k in range(1, parts + 1)] if parts else [NOTES] if big else []
+    return f"To fix this I need to see {', '.join([TARGET, *notes])}. Please add them to the chat."
 
 
 def side_reply(text: str) -> str:

@@ -38,6 +38,8 @@ from .replies import Recorded, Reply, completion, stream_reply
 __all__ = ["AgentScript", "Turn", "provider_violations"]
 
 APIS = {"/chat/completions": "chat", "/responses": "responses", "/messages": "messages"}
+# The prompts with which the agents compact their own history (Claude Code's, Codex's).
+COMPACTING = ("create a detailed summary of the conversation so far", "CONTEXT CHECKPOINT COMPACTION")
 
 
 class Turn(msgspec.Struct):
@@ -55,14 +57,17 @@ class Turn(msgspec.Struct):
     prompt_tokens: int = 0  # a rough count: characters / 4
     status: int = 200
     refused: str = ""  # the provider's rule the request broke
+    compacting: bool = False  # the agent's own compaction: its prompt asks for a summary of the conversation
 
 
 class AgentScript:
     """``FakeUpstream``'s default: each request answered as its provider would, by the task's script."""
 
-    def __init__(self, *, big: bool = False, json_for_stream: bool = False):
+    def __init__(self, *, big: bool = False, json_for_stream: bool = False, parts: int = 0, window: int = 0):
         self.big = big  # the grep step also prints 24 kB of notes: the history grows past a proxy's threshold
         self.json_for_stream = json_for_stream
+        self.parts = parts  # a longer task: the notes in parts, a step each (``agent_task.decide``)
+        self.window = window  # the model's context window (0: none): a longer prompt is refused in the provider's words
         self.turns: list[Turn] = []
         self._lock = threading.Lock()
 
@@ -103,13 +108,17 @@ class AgentScript:
         text, tools = conversation_text(body), tool_defs(turn.api, body)
         turn.flavor, turn.stream = flavor(tools, text), bool(body.get("stream")) and not self.json_for_stream
         turn.paged, turn.prompt_tokens = "<PagedContext" in text, _tokens(text) + _tokens(json.dumps(body.get("tools") or []))
+        turn.compacting = any(prompt in text for prompt in COMPACTING)
+        if self.window and turn.prompt_tokens > self.window:
+            turn.status, turn.refused = 400, f"{turn.prompt_tokens} tokens > {self.window}"
+            return _too_long(turn.api, turn.prompt_tokens, self.window)
         call = None
         if turn.flavor == "aider":
-            turn.step, said = "aider", aider_reply(text, self.big)
+            turn.step, said = "aider", aider_reply(text, self.big, self.parts)
         elif turn.flavor == "notools":
             turn.step, said = "side", side_reply(text)
         else:
-            step = decide(text, self.big)
+            step = decide(text, self.big, self.parts)
             turn.step = step["step"]
             call = tool_call(step, tools, find_cwd(text)) if turn.step != "answer" else None
             said = "" if call else step.get("text") or f"Cannot carry out step {turn.step} with tools {sorted(tools)}."
@@ -144,6 +153,14 @@ _ids = itertools.count(1)
 
 def _id() -> str:
     return f"scripted{next(_ids)}"
+
+
+def _too_long(api: str, tokens: int, window: int) -> Reply:
+    """A prompt longer than the model's window refused as the provider refuses it: Anthropic's words, or OpenAI's with its code."""
+    if api == "messages":
+        return _error(400, "invalid_request_error", f"prompt is too long: {tokens} tokens > {window} maximum", anthropic=True)
+    text = f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."
+    return Reply(status=400, body=json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}).encode())
 
 
 def _error(status: int, kind: str, text: str, *, anthropic: bool) -> Reply:

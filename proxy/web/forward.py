@@ -18,6 +18,7 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from ..errors import ClientClosed, ClientError, UpstreamError
+from ..protocol.refusals import Refusal, TooLong
 from ..sse import is_event_stream
 from ..upstream import Failure, Upstream, forwardable
 
@@ -51,24 +52,30 @@ async def forward(
     failure: Failure,
     rewrite: Rewrite | None = None,
     as_stream: Callable[[bytes], bytes] | None = None,
+    too_long: Callable[[bytes], Refusal | None] | None = None,
 ) -> Response[Any]:
     """``path`` (below the upstream's base URL) forwarded; ``stream`` None: relayed as the answer comes
     when it is an event stream, of unknown length or large, else read whole (a cheaper response).
     ``rewrite``: what changes a successful answer on its way (Hybrid mode's); without it, it goes as it came.
     ``failure``: how a stream that fails midway says so (an error event of the client's API).
     ``as_stream``: a streamed call's answer that came whole (a server that ignores ``stream``) as the
-    API's event stream, which the client asked for."""
+    API's event stream, which the client asked for.
+    ``too_long``: what a refusal of the prompt as longer than the model's window says (``protocol.refusals``);
+    ``TooLong`` is then raised in place of the refusal, for the caller to page the request."""
     if stream:
         # The response starts with the upstream's first chunk: until then a failure is a status.
         # Litestar cancels the relay when the client disconnects; the relay's
         # finally then closes the upstream stream, which cancels the generation.
-        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure, as_stream))
+        response, chunks = await unless_client_leaves(request, _started(upstream, method, path, body, headers, failure, as_stream, too_long))
         if rewrite is not None and response.status_code < 300:
             chunks = rewrite.stream(chunks)
         return Stream(chunks, **relayed(response, pcp_headers))
 
     async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
         response = await upstream.open(method, path, content=body, headers=headers)
+        refusal = await _refusal(upstream, response, too_long)
+        if refusal is not None:
+            return response, refusal
         if stream is None and _relayed_as_it_comes(response):
             return response, await upstream.started(response, failure)  # until its first chunk, a failure is a status
         return response, await upstream.read(response)
@@ -82,6 +89,21 @@ async def forward(
     return Response(content, **relayed(response, pcp_headers))
 
 
+# The statuses a refusal of a prompt longer than the window comes with (Anthropic's, OpenAI's, llama.cpp's: 400).
+REFUSED = (400, 413)
+
+
+async def _refusal(upstream: Upstream, response: httpx.Response, too_long: Callable[[bytes], Refusal | None] | None) -> bytes | None:
+    """A refusal's body, read whole, where the caller looks for one of a prompt too long (raised as ``TooLong``); else None."""
+    if too_long is None or response.status_code not in REFUSED:
+        return None
+    content = await upstream.read(response)
+    refusal = too_long(content)
+    if refusal is not None:
+        raise TooLong(refusal)
+    return content
+
+
 def _relayed_as_it_comes(response: httpx.Response) -> bool:
     length = response.headers.get("content-length")
     event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
@@ -89,9 +111,19 @@ def _relayed_as_it_comes(response: httpx.Response) -> bool:
 
 
 async def _started(
-    upstream: Upstream, method: str, path: str, body: bytes | None, headers: dict[str, str], failure: Failure, as_stream: Callable[[bytes], bytes] | None
+    upstream: Upstream,
+    method: str,
+    path: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    failure: Failure,
+    as_stream: Callable[[bytes], bytes] | None,
+    too_long: Callable[[bytes], Refusal | None] | None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes]]:
     response = await upstream.open(method, path, content=body, headers=headers)
+    refusal = await _refusal(upstream, response, too_long)
+    if refusal is not None:
+        return response, _once(refusal)
     if as_stream is None or response.status_code >= 300 or is_event_stream(response.headers.get("content-type")):
         return response, await upstream.started(response, failure)
     whole = await upstream.read(response)

@@ -19,7 +19,7 @@ import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, client_named, engaged, pageable, prompt_tokens
+from pcp_core import Conversation, client_named, engaged, pageable, prompt_tokens, within_window
 from pcp_core.conversation import conversation_start
 
 from .. import headers as pcp
@@ -32,6 +32,7 @@ from ..memory.hooks import faults, memory_scope, remember_forwarded
 from ..memory.scopes import Scope
 from ..protocol.control import Control
 from ..protocol.drive import serve_protocol
+from ..protocol.refusals import TooLong, refused_window
 from ..protocol.telemetry import RequestTelemetry
 from ..services import Services
 from .context_management import COMPACT_PATH, Plan, compacted, plan, responses_plan, serves_context_management
@@ -102,9 +103,10 @@ async def messages(request: Request[Any, Any, Any], services: NamedDependency[Se
     return await paged_api(request, services, MESSAGES)
 
 
-async def paged_api(request: Request[Any, Any, Any], services: Services, api: Api) -> Response[Any]:
+async def paged_api(request: Request[Any, Any, Any], services: Services, api: Api, again: bool = False) -> Response[Any]:
     """A request of ``api``: paged above the Sentry's threshold, else (or when it leans on state
-    the proxy cannot see) forwarded as it came."""
+    the proxy cannot see) forwarded as it came. Forwarded and refused as longer than its model's window, it is
+    served ``again`` within the window the refusal named (``protocol.refusals``)."""
     started = perf_counter()
     headers = upstream_headers(services.settings, request.headers, anthropic=api is MESSAGES)
     api = _asked_at(api, request)
@@ -128,7 +130,7 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
-        control = _paged(services, headers, reading.model, (tokens, carried), scope, managed, bool(behind)) if reading.messages else None
+        control = _paged(services, headers, reading.model, (tokens, carried), scope, managed, bool(behind) or again) if reading.messages else None
         if control is not None:
             asked = control
             codec, conversation = await _read(body, lambda: _codec(api, body, reading, asked, services))
@@ -144,23 +146,33 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
             _unpageable(control, tokens)  # else forwarded untouched: the model's window may hold it
     if managed is not None:  # not paged: as its edits leave it
         body = managed.forwarded
-    services.metrics.inc("pcp_requests_total", mode="passthrough")
     rewrite = None
     if api.chat_body:
         body, rewrite = await _chat_extras(request, services, reading, body, pcp_headers, scope)
-    response = await forward(
-        services.upstream_of(api),
-        request,
-        "POST",
-        api.path,
-        body,
-        headers,
-        pcp_headers,
-        stream=reading.stream,
-        failure=api.failure,
-        rewrite=rewrite,
-        as_stream=api.as_stream,
-    )
+    off = request.headers.get(pcp.MODE_REQUEST, "").strip().lower() == "off"
+    learns = reading.messages and reading.model is not None and not again and not off
+    try:
+        response = await forward(
+            services.upstream_of(api),
+            request,
+            "POST",
+            api.path,
+            body,
+            headers,
+            pcp_headers,
+            stream=reading.stream,
+            failure=api.failure,
+            rewrite=rewrite,
+            as_stream=api.as_stream,
+            too_long=refused_window if learns else None,
+        )
+    except TooLong as refused:
+        assert reading.model is not None
+        window = refused.refusal.in_our_count(tokens)
+        services.controls.learn(reading.model, window)
+        log.info("the upstream refused %d prompt tokens as longer than %s's window: %d tokens from now on", tokens, reading.model, window)
+        return await paged_api(request, services, api, again=True)
+    services.metrics.inc("pcp_requests_total", mode="passthrough")
     if api.chat_body and scope is not None:  # memory: what a forwarded request said, written back in the background
         assert response.status_code is not None  # forward's responses carry the upstream's status (None is Litestar's "the route's default")
         remember_forwarded(
@@ -236,19 +248,21 @@ def _paged(
     counted: tuple[int, int],
     scope: Scope | None,
     managed: Plan | None = None,
-    behind: bool = False,
+    paged: bool = False,
 ) -> Control | None:
     """The request's mode and policy when it goes out in protocol mode, else None: its model's
-    (``[models."…"]``), narrowed by its x-pcp-* headers; a scope whose memory holds pages is a
-    page fault, whatever the request's size; context management the proxy applies pages it
-    (``context_management``), unless the request turns protocol mode off. ``counted``: its prompt's
-    tokens, and its head's."""
+    (``[models."…"]``), narrowed by its x-pcp-* headers and fitted to its window; a scope whose memory holds
+    pages is a page fault, whatever the request's size; context management the proxy applies pages it
+    (``context_management``), and so does ``paged`` (a compaction's pages behind it, or a refusal of it
+    untouched), unless the request turns protocol mode off. ``counted``: its prompt's tokens, and its head's."""
     control = services.controls.of(headers, model)
+    tokens, carried = counted
+    if control.policy.window:
+        control = msgspec.structs.replace(control, policy=within_window(control.policy, carried))
     if managed is not None and managed.forced and control.mode != "off":
         return managed.controlled(control)
-    if behind and control.mode != "off":  # the pages of a compaction it carries are read in protocol mode alone
+    if paged and control.mode != "off":
         return msgspec.structs.replace(control, mode="force")
-    tokens, carried = counted
     paged = control.mode == "force" or (control.mode == "auto" and (engaged(tokens, control.policy, carried) or faults(services.memory, scope)))
     return control if paged else None
 

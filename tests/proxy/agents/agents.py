@@ -58,13 +58,13 @@ class AgentRun:
         return f"{self.agent}: exit {self.returncode} in {self.seconds:.1f} s, {self.outcome}; stdout …{self.stdout[-1500:]!r}; stderr …{self.stderr[-1500:]!r}"
 
 
-def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, timeout: float = 240, stdin: str | None = None) -> AgentRun:
+def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, timeout: float = 240, stdin: str | None = None, parts: int = 0) -> AgentRun:
     """``agent`` through the whole task in a fresh repo under ``run``, at ``base_url`` (``http://host:port``, no ``/v1``).
     ``force``: it sends ``x-pcp-mode-request: force`` on every call. ``stdin``: piped to it after the task (Claude
-    Code's ``-p`` and Codex's ``exec -`` read it)."""
+    Code's ``-p`` and Codex's ``exec -`` read it). ``parts``: the longer task's (``agent_task.decide``)."""
     repo, home = run / "repo", run / "home"
     home.mkdir(parents=True, exist_ok=True)
-    make_repo(str(repo))
+    make_repo(str(repo), parts)
     command, env = COMMANDS[agent](base_url, run, repo, home, force)
     if stdin is not None and agent == "codex":  # the prompt from stdin: the task, then what is piped
         command, stdin = [*command[:-1], "-"], f"{TASK_PROMPT}\n\n{stdin}"
@@ -98,7 +98,7 @@ def _claude(base: str, run: Path, repo: Path, home: Path, force: bool) -> tuple[
         "IS_SANDBOX": "1",  # --dangerously-skip-permissions is refused to root otherwise
         **({"ANTHROPIC_CUSTOM_HEADERS": f"{FORCE}: force"} if force else {}),
     }
-    command = [str(BINARIES["claude"]), "-p", TASK_PROMPT, "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose", "--max-turns", "15"]
+    command = [str(BINARIES["claude"]), "-p", TASK_PROMPT, "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose", "--max-turns", "25"]
     return command, env
 
 
