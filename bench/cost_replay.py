@@ -290,8 +290,8 @@ class Sent:
     calls: list[Call]
 
 
-def send(client: Any, url: str, fake: Any, messages: list[Message], tools: Any, wait_background: Callable[[], None] | None) -> Sent:
-    body: dict[str, Any] = {"model": "gpt-4o-mini", "messages": messages}
+def send(client: Any, url: str, fake: Any, messages: list[Message], tools: Any, wait_background: Callable[[], None] | None, model: str = "gpt-4o-mini") -> Sent:
+    body: dict[str, Any] = {"model": model, "messages": messages}
     if tools:
         body["tools"] = tools
     fake.requests.clear()
@@ -457,6 +457,22 @@ class Replay:
     divergences: list[Divergence] = field(default_factory=list)
     roles: Counter[str] = field(default_factory=Counter)  # upstream calls of protocol-mode requests, by x-pcp-role
     seconds: float = 0.0
+    quotes: list[tuple[int, int]] = field(default_factory=list)  # a paged step's quoted earlier lines: in its round 0, quoted
+
+
+# A line of earlier output the agent's next step repeats: long enough not to be a common one.
+QUOTED_CHARS = 30
+
+
+def quoted_lines(request: Sequence[Message], answer: Message | None) -> list[str]:
+    """The lines of the recorded next step (``answer``) that repeat an earlier tool output of ``request``, but its
+    latest (which every paged prompt shows whole): what the step needed from the history to be taken."""
+    if answer is None or not isinstance(answer.get("content"), str):
+        return []
+    outputs = [m["content"] for m in request[:-1] if m["role"] == "user" and isinstance(m.get("content"), str)]
+    earlier = {line.strip() for text in outputs[1:] for line in text.splitlines() if len(line.strip()) >= QUOTED_CHARS}
+    latest = request[-1].get("content") if isinstance(request[-1].get("content"), str) else ""
+    return sorted({line.strip() for line in answer["content"].splitlines() if line.strip() in earlier and line.strip() not in str(latest)})
 
 
 def replay_conversation(
@@ -472,15 +488,16 @@ def replay_conversation(
     wait_background: Callable[[], None] | None,
     progress: str = "",
     dump: Path | None = None,
+    model: str = "gpt-4o-mini",
 ) -> None:
-    """Send ``messages[: i + 1]`` for each i in ``requests``; price passthrough and the proxy, each in a cache of its own."""
+    """Send ``messages[: i + 1]`` for each i in ``requests`` as ``model``; price passthrough and the proxy, each in a cache of its own."""
     passthrough, proxied = PrefixCache(), PrefixCache()
     worker_before: list[Message] | None = None
     started = time.perf_counter()
     for n, i in enumerate(requests):
         request = messages[: i + 1]
         direct = passthrough.price(renderer.call(request, tools))
-        sent = send(client, url, fake, request, tools, wait_background)
+        sent = send(client, url, fake, request, tools, wait_background, model)
         priced = [proxied.price(renderer.call(call.messages, call.tools)) for call in sent.calls]
         protocol = sent.mode == "protocol"
         replay.rows.append(
@@ -506,6 +523,10 @@ def replay_conversation(
                 (dump / f"{progress or 'req'}-{n:05d}-{k}-{call.role or 'forwarded'}.json").write_text(
                     json.dumps(call.messages if protocol else call.messages[-2:], ensure_ascii=False, indent=1)
                 )
+        quotes = quoted_lines(request, messages[i + 1] if i + 1 < len(messages) else None) if protocol and workers else []
+        if quotes:
+            shown = "\n".join(m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content")) for m in workers[0].messages)
+            replay.quotes.append((sum(line in shown for line in quotes), len(quotes)))
         if protocol and workers and priced:
             if worker_before is not None:
                 replay.divergences.append(diverge(worker_before, workers[0].messages, priced[0].shared_previous, priced[0].total, count))
@@ -543,11 +564,17 @@ def run_agents(args: argparse.Namespace, renderer: Renderer, count: Callable[[st
     import httpx
 
     sessions = agent_sessions(args.agent_data)[: args.sessions or None]
+    model, head = "gpt-4o-mini", None
+    if args.head == "claude":
+        model, head = "claude-sonnet-4-5", claude_head()
+        print(f"  Claude Code's head: a system prompt of {count(head[0]):,} tokens, {len(head[1])} tools of {count(json.dumps(head[1])):,}", file=sys.stderr)
     replay = Replay()
     started = time.perf_counter()
     with running_proxy(args.bm25, **chosen_settings(args)) as (fake, url), httpx.Client(timeout=600) as client:
         waiter = None if args.bm25 else background_waiter(client, url)
         for k, (_, messages, tools) in enumerate(sessions):
+            if head is not None:  # the agent's own system prompt first, its tools in place of the session's (none)
+                messages, tools = [{"role": "system", "content": head[0]}, *messages], head[1]
             renderer.forget()
             replay_conversation(
                 replay,
@@ -562,10 +589,42 @@ def run_agents(args: argparse.Namespace, renderer: Renderer, count: Callable[[st
                 waiter,
                 progress=f"agent{k:02d}" if args.dump else "",
                 dump=args.dump,
+                model=model,
             )
             print(f"  agent: {k + 1}/{len(sessions)} sessions, {time.perf_counter() - started:.0f} s", file=sys.stderr)
     replay.seconds = time.perf_counter() - started
     return replay
+
+
+CLAUDE = REPO / "tests" / "agents" / "node_modules" / ".bin" / "claude"
+
+
+def claude_head() -> tuple[str, list[dict[str, Any]]]:
+    """Claude Code's system prompt and tools (as chat tools), as the installed agent (``make agents``) sends them:
+    read from its first call to a scripted upstream on loopback, offline."""
+    import subprocess
+
+    from proxy.testing.agent_upstream import AgentScript
+    from proxy.testing.upstream import FakeUpstream
+
+    if not CLAUDE.exists():
+        raise SystemExit(f"--head claude reads Claude Code's head from the installed agent: run `make agents` first ({CLAUDE} is missing)")
+    with FakeUpstream(AgentScript()) as upstream, tempfile.TemporaryDirectory(prefix="pcp-head-") as home:
+        env = {"PATH": os.environ.get("PATH", ""), "HOME": home, "ANTHROPIC_BASE_URL": upstream.url, "ANTHROPIC_API_KEY": "sk-ant-bench", "IS_SANDBOX": "1"}
+        env |= {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1", "DISABLE_TELEMETRY": "1"}
+        subprocess.run([str(CLAUDE), "-p", "Say hello.", "--max-turns", "1"], cwd=home, env=env, capture_output=True, timeout=120, check=False)
+        bodies = [r.json for r in upstream.requests if r.path.endswith("/messages") and r.json.get("tools")]
+    if not bodies:
+        raise SystemExit("Claude Code sent no call with its tools to the scripted upstream")
+    body = bodies[0]
+    system = body.get("system") or ""
+    text = system if isinstance(system, str) else "\n\n".join(block.get("text", "") for block in system if isinstance(block, dict))
+    tools = [
+        {"type": "function", "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t.get("input_schema") or {}}}
+        for t in body["tools"]
+        if t.get("name")
+    ]
+    return text, tools
 
 
 # -- report -----------------------------------------------------------------------------------
@@ -612,6 +671,18 @@ def cost_table(rows: Sequence[Row]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def quotes_line(replay: Replay) -> str:
+    steps = replay.quotes
+    if not steps:
+        return "quote recall: no paged step repeats a line of earlier tool output"
+    found, quoted = sum(f for f, _ in steps), sum(q for _, q in steps)
+    whole = sum(f == q for f, q in steps)
+    return (
+        f"quote recall in round 0: of {len(steps):,} paged steps that repeat lines of earlier tool output (not the latest), "
+        f"{whole / len(steps):.0%} find every such line in their first worker prompt; {found / quoted:.0%} of the {quoted:,} lines"
+    )
 
 
 def calls_line(replay: Replay) -> str:
@@ -697,6 +768,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--cached-price", type=float, default=None, help="PCP_CACHED_INPUT_PRICE (0: a local server's slot)")
     parser.add_argument("--window", type=int, default=None, help="PCP_CONTEXT_WINDOW (a local model's context)")
     parser.add_argument("--followup-share", type=float, default=None, help="PCP_FOLLOWUP_SHARE (what a follow-up adds, of the budget)")
+    parser.add_argument(
+        "--head", choices=["none", "claude"], default="none", help="agent sessions: Claude Code's system prompt and tools in front, as claude-sonnet-4-5"
+    )
     args = parser.parse_args(argv)
     if args.dump:
         args.dump.mkdir(parents=True, exist_ok=True)
@@ -735,6 +809,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"### Coding-agent sessions: {sessions} sessions of agent-dev, a request per user turn ({len(agents.rows):,} requests, {agents.seconds:.0f} s)\n")
         print(cost_table(agents.rows))
         print("\n" + calls_line(agents))
+        print("\n" + quotes_line(agents))
         print("\n" + saved_line(agents.rows))
         print("\nWhere a follow-up's worker prompt departs from the call before it:\n")
         print(divergence_report(agents.divergences, args.examples))

@@ -159,8 +159,13 @@ def _too_long(api: str, tokens: int, window: int) -> Reply:
     """A prompt longer than the model's window refused as the provider refuses it: Anthropic's words, or OpenAI's with its code."""
     if api == "messages":
         return _error(400, "invalid_request_error", f"prompt is too long: {tokens} tokens > {window} maximum", anthropic=True)
-    text = f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."
-    return Reply(status=400, body=json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}).encode())
+    text = (
+        f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages."
+    )
+    return Reply(
+        status=400,
+        body=json.dumps({"error": {"message": text, "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}).encode(),
+    )
 
 
 def _error(status: int, kind: str, text: str, *, anthropic: bool) -> Reply:

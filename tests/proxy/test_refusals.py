@@ -19,22 +19,48 @@ OPENAI = {
         "code": "context_length_exceeded",
     }
 }
-VLLM = {"object": "error", "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).", "type": "BadRequestError", "code": 400}
+VLLM = {
+    "object": "error",
+    "message": "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion).",
+    "type": "BadRequestError",
+    "code": 400,
+}
 ANTHROPIC = {"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 208310 tokens > 200000 maximum"}}
-LLAMA_CPP = {"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}}
-UNNAMED = {"error": {"message": "Your input exceeds the context window of this model. Please adjust your input and try again.", "type": "invalid_request_error", "code": "context_length_exceeded"}}
+LLAMA_CPP = {
+    "error": {
+        "code": 400,
+        "message": "the request exceeds the available context size, try increasing it",
+        "type": "exceed_context_size_error",
+        "n_prompt_tokens": 5000,
+        "n_ctx": 4096,
+    }
+}
+UNNAMED = {
+    "error": {
+        "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "type": "invalid_request_error",
+        "code": "context_length_exceeded",
+    }
+}
 
 
 @pytest.mark.parametrize(
     ("body", "refusal"),
-    [(OPENAI, Refusal(8192, 9000)), (VLLM, Refusal(4096, 5000)), (ANTHROPIC, Refusal(200_000, 208_310)), (LLAMA_CPP, Refusal(4096, 5000)), (UNNAMED, Refusal())],
+    [
+        (OPENAI, Refusal(8192, 9000)),
+        (VLLM, Refusal(4096, 5000)),
+        (ANTHROPIC, Refusal(200_000, 208_310)),
+        (LLAMA_CPP, Refusal(4096, 5000)),
+        (UNNAMED, Refusal()),
+    ],
 )
 def test_each_servers_refusal_of_a_prompt_too_long_is_read(body, refusal):
     assert refused_window(json.dumps(body).encode()) == refusal
 
 
 @pytest.mark.parametrize(
-    "body", [{"error": {"message": "Invalid value for 'temperature'", "type": "invalid_request_error"}}, {"type": "error", "error": {"type": "overloaded_error"}}]
+    "body",
+    [{"error": {"message": "Invalid value for 'temperature'", "type": "invalid_request_error"}}, {"type": "error", "error": {"type": "overloaded_error"}}],
 )
 def test_another_refusal_is_not_one(body):
     assert refused_window(json.dumps(body).encode()) is None
@@ -53,7 +79,10 @@ def _windowed(window: int):
     def reply(recorded: Recorded) -> Reply:
         tokens = len(recorded.body) // 4
         if tokens > window:
-            body = {**OPENAI["error"], "message": f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens."}
+            body = {
+                **OPENAI["error"],
+                "message": f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens.",
+            }
             return Reply(status=400, body=json.dumps({"error": body}).encode())
         return completion("the shed")
 
@@ -61,7 +90,10 @@ def _windowed(window: int):
 
 
 def _chat(turns: int) -> list[dict[str, str]]:
-    said = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of a long chat about the gardens of the old town, and a shed."} for i in range(turns)]
+    said = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Line {i} of a long chat about the gardens of the old town, and a shed."}
+        for i in range(turns)
+    ]
     return [*said, {"role": "user", "content": "Where is the shed?"}]
 
 
