@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .bm25 import Bm25Cache
 from .conversation import fold_system
 from .effects import CallRouter, Effect, Similarity
-from .index import PageIndex
-from .pages import Origin, Page
-from .pblock import around_handle
-from .router import (
+from .pages.blocks import around_handle
+from .pages.index import PageIndex
+from .pages.logical import Origin, Page
+from .ranking.bm25 import Bm25Cache
+from .ranking.router import (
     ROUTER_CANDIDATES,
     Intent,
     anchor_intent,
@@ -30,8 +30,8 @@ from .router import (
     router_prompt,
     unit_texts,
 )
-from .timeline import moment
-from .tokens import CountText
+from .text.timeline import moment
+from .text.tokens import CountText
 
 if TYPE_CHECKING:
     from .round_policy import RoundContext

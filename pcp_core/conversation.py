@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from .pages import short_hash
-from .pblock import ScanPolicy
-from .tokens import CountText, function_calls, part_text
+from .pages.blocks import ScanPolicy
+from .pages.logical import short_hash
+from .text.tokens import CountText, function_calls, part_text
 
 __all__ = [
     "HEAD_ROLES",

@@ -19,7 +19,7 @@ among the best; those become Hot, the latest turns stay in Detail), synthesize, 
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
 
-The Draft pages of the history's PBlocks (large messages, ``pcp_core.pblock``)
+The Draft pages of the history's PBlocks (large messages, ``pcp_core.pages.blocks``)
 are addressed with the history's pages; the drafts a round shows above Summary
 are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 """
@@ -32,22 +32,22 @@ from typing import Any, Literal
 import msgspec
 
 from .addressing import Addressed, address
-from .answers import NO_ANSWER
-from .bm25 import Bm25Cache
-from .directives import Consult, Directive, Explore
+from .directives.answers import NO_ANSWER
+from .directives.replies import WorkerReply, calls_client_tool, read_reply
+from .directives.vocabulary import Consult, Directive, Explore
+from .directives.zooming import carry_out, diffuse, still_raised
 from .effects import CallWorker, Effect, LoadPages, Outcome
-from .frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
-from .index import Activation, PageIndex
-from .markup import node_lines
-from .pages import ConsolidatedPage, Origin, Page, View
-from .pblock import solidify
-from .replies import WorkerReply, calls_client_tool, read_reply
+from .pages.blocks import solidify
+from .pages.index import Activation, PageIndex
+from .pages.logical import ConsolidatedPage, Origin, Page, View
+from .pages.views import ViewState
+from .prompt.frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
+from .prompt.markup import node_lines
+from .prompt.synthesis import Step, Synthesis, SynthesisRequest, synthesize
+from .ranking.bm25 import Bm25Cache
+from .ranking.router import anchor_intent, broad_match, lexical_scores
 from .round_policy import RoundContext, RoundPolicy
-from .router import anchor_intent, broad_match, lexical_scores
-from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
-from .tokens import CountText
-from .views import ViewState
-from .zooming import carry_out, diffuse, still_raised
+from .text.tokens import CountText
 
 __all__ = ["kept_nodes", "run_rounds"]
 

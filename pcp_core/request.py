@@ -25,21 +25,21 @@ from typing import Any
 
 import msgspec
 
-from . import document
-from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
+from .directives.replies import DIRECTIVE_TOOLS
 from .effects import CallWorker, Effect, Outcome
 from .engine import run_rounds
-from .frame import Frame, continues
-from .pact import Tree
-from .pact_render import Placement, around, onto_messages, onto_pages, placement
-from .pages import Origin, Page, Turn, iso_timestamp
-from .paging import PagedHistory, PagingPolicy, reopened_from
-from .pblock import around_handle, block_handle, handle_line, scan
-from .replies import DIRECTIVE_TOOLS
+from .pact.placement import Placement, around, onto_messages, onto_pages, placement
+from .pact.tree import Tree
+from .pages.blocks import around_handle, block_handle, handle_line, scan
+from .pages.logical import Origin, Page, Turn, iso_timestamp
+from .paging.history import PagedHistory, PagingPolicy, reopened_from
+from .prompt import document
+from .prompt.frame import Frame, continues
+from .ranking.bm25 import Bm25Cache
 from .round_policy import RoundContext, RoundPolicy
 from .session import Continuation, Session, branch_id, chain_links, continuation, departs, hold, new_session_id, page_on, resume, solidified
-from .tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
+from .text.tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
 
 __all__ = [
     "Facts",

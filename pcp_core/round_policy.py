@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frame import Frame
-from .replies import DIRECTIVE_TOOLS
+from .directives.replies import DIRECTIVE_TOOLS
+from .prompt.frame import Frame
 
 __all__ = ["RoundContext", "RoundPolicy"]
 
@@ -42,7 +42,7 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     keep_share: float = 0.7
     fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
     # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
-    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.frame``) its follow-ups replay.
+    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.prompt.frame``) its follow-ups replay.
     cached_price: float = 0.1
     # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
     # in full: the pages of the turns said since, the query, the pages ranked for it. The frame is made
@@ -76,7 +76,7 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
     # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
     appendix: str = ""
-    # The frame the request goes on from (``pcp_core.frame``); None: it makes one.
+    # The frame the request goes on from (``pcp_core.prompt.frame``); None: it makes one.
     frame: Frame | None = None
     # The query's chain link and place in the conversation: the next request goes on from here.
     query_link: str = ""

@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frame import Frame
-from .pages import Page, Turn, short_hash
-from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
-from .pblock import PBlock
-from .timeline import stated_time
-from .tokens import Checkpoint, CountText, unchecked
+from .pages.blocks import PBlock
+from .pages.logical import Page, Turn, short_hash
+from .paging.history import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
+from .prompt.frame import Frame
+from .text.timeline import stated_time
+from .text.tokens import Checkpoint, CountText, unchecked
 
 __all__ = [
     "SESSION_ID",
@@ -80,7 +80,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     # carry, so a follow-up reads only its new messages, not the whole history.
     # None: not known (a session saved before dates were kept).
     dates: dict[int, str] | None = None
-    # The head of its document as the last request rendered it (``pcp_core.frame``): the next
+    # The head of its document as the last request rendered it (``pcp_core.prompt.frame``): the next
     # request that goes on from it replays it byte for byte, a prefix a provider's cache reuses.
     frame: Frame | None = None
     # The links of the messages that followed the chain in the request that kept it last: the

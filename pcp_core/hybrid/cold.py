@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection
 
 import msgspec
 
-from ..pages import short_hash
-from ..terms import terms
+from ..pages.logical import short_hash
+from ..text.terms import terms
 from .snapshot import Block, Snapshot, render, render_block
 
 __all__ = ["Cold", "Shelved", "fit", "kept_cold", "rehydrate"]

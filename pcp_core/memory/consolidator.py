@@ -22,12 +22,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..metabolism import SignatureSpace, signature
-from ..pages import ConsolidatedPage, Origin, Page
-from ..paging import PagingPolicy
-from ..summaries import consolidate
-from ..terms import TermStats
-from .pages import container_id
+from ..pages.logical import ConsolidatedPage, Origin, Page
+from ..pages.summaries import consolidate
+from ..pages.topics import SignatureSpace, signature
+from ..paging.history import PagingPolicy
+from ..text.terms import TermStats
+from .kept import container_id
 
 __all__ = ["ConsolidatorPolicy", "Root", "horizontal_merges"]
 

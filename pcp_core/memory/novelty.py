@@ -31,10 +31,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
-from ..bm25 import stem
-from ..pages import ConsolidatedPage, Page, without_turn_markers
-from ..terms import terms
-from .pages import page_turns
+from ..pages.logical import ConsolidatedPage, Page, without_turn_markers
+from ..ranking.bm25 import stem
+from ..text.terms import terms
+from .kept import page_turns
 
 __all__ = ["MemoryIntake", "asks", "content_terms", "idf", "novelty", "repeats", "turn_terms"]
 

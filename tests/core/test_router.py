@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pcp_core.bm25 import Bm25, Bm25Cache
-from pcp_core.router import anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
-from pcp_core.tokens import prompt_tokens
+from pcp_core.ranking.bm25 import Bm25, Bm25Cache
+from pcp_core.ranking.router import anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
+from pcp_core.text.tokens import prompt_tokens
 
 from .counting import COUNT
 from .helpers import op

@@ -31,10 +31,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .conversation import Conversation
-from .pact_address import HIGHEST, Coordinates, PactError, Selector, parse_coordinates, parse_selector
-from .pages import short_hash
-from .session import chain_links, common_prefix
+from ..conversation import Conversation
+from ..pages.logical import short_hash
+from ..session import chain_links, common_prefix
+from .address import HIGHEST, Coordinates, PactError, Selector, parse_coordinates, parse_selector
 
 __all__ = [
     "MAX_COMPONENTS",

@@ -7,8 +7,8 @@ from typing import Any
 
 import msgspec
 
-from .directive_parser import parse_directives
-from .directives import BusFault, Consult, Directive, Explore, Shelve
+from .parser import parse_directives
+from .vocabulary import BusFault, Consult, Directive, Explore, Shelve
 
 __all__ = ["DIRECTIVE_TOOLS", "WorkerReply", "calls_client_tool", "read_reply"]
 

@@ -1,6 +1,6 @@
 """Memory pages: a conversation's pages as they are kept across conversations (P-Mem §2).
 
-Memory holds the very pages a conversation was paged into (``pcp_core.pages``),
+Memory holds the very pages a conversation was paged into (``pcp_core.pages.logical``),
 with ``origin`` Storage and ids that hash their content, so the same turns
 written back by two conversations, or by one conversation sent again, are
 one page. The tree is kept: a Consolidated page's ``source_ids`` name memory
@@ -18,14 +18,14 @@ from collections.abc import Collection, Iterable, Sequence
 
 import msgspec
 
-from ..bm25 import stem
 from ..conversation import Conversation
-from ..pages import ConsolidatedPage, Origin, OriginalPage, Page, short_hash, without_turn_markers
-from ..paging import PagedHistory, PagingPolicy
+from ..pages.logical import ConsolidatedPage, Origin, OriginalPage, Page, short_hash, without_turn_markers
+from ..pages.summaries import consolidate, extractive_summary
+from ..paging.history import PagedHistory, PagingPolicy
+from ..ranking.bm25 import stem
 from ..session import Session, chain_links, page_on, resume
-from ..summaries import consolidate, extractive_summary
-from ..terms import TermStats, terms, top_keywords
-from ..tokens import CountText
+from ..text.terms import TermStats, terms, top_keywords
+from ..text.tokens import CountText
 
 __all__ = [
     "MEMORY_ID_LENGTH",

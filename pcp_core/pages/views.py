@@ -20,7 +20,7 @@ from enum import StrEnum
 import msgspec
 
 from .index import PageIndex
-from .pages import ConsolidatedPage, View
+from .logical import ConsolidatedPage, View
 
 __all__ = ["Action", "TRANSITIONS", "Transition", "ViewState"]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import msgspec
 
-from .conversation import message_text
-from .pages import Turn
-from .timeline import moment, opens_with_date, stated_time
-from .tokens import CountText, split_words
+from ..conversation import message_text
+from ..pages.logical import Turn
+from ..text.timeline import moment, opens_with_date, stated_time
+from ..text.tokens import CountText, split_words
 
 __all__ = ["page_groups", "segment_turns", "turns_from_messages"]
 
@@ -20,7 +20,7 @@ def turns_from_messages(messages: Sequence[Mapping[str, Any]], seen_at: str | Se
 
     ``seen_at`` is when the proxy first saw the messages (one time, or one per
     message); a date the conversation states wins over it, and a message's own
-    ``timestamp`` field over both (``pcp_core.timeline``). ``stated`` is the
+    ``timestamp`` field over both (``pcp_core.text.timeline``). ``stated`` is the
     date stated last before ``start``, which dates the first messages here.
     """
     times = [seen_at] * len(messages) if isinstance(seen_at, str) else seen_at

@@ -15,9 +15,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .pages import Page, without_turn_markers
-from .session import common_prefix
-from .terms import terms
+from ..pages.logical import Page, without_turn_markers
+from ..session import common_prefix
+from ..text.terms import terms
 
 __all__ = ["Bm25", "Bm25Cache", "stem"]
 

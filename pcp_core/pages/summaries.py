@@ -13,8 +13,8 @@ import re
 from collections.abc import Sequence
 from itertools import repeat
 
-from .pages import ConsolidatedPage, Page, short_hash, without_turn_markers
-from .terms import TermStats, TermWeights, consensus_keywords, terms, words_of
+from ..text.terms import TermStats, TermWeights, consensus_keywords, terms, words_of
+from .logical import ConsolidatedPage, Page, short_hash, without_turn_markers
 
 __all__ = ["consolidate", "extractive_summary", "model_summary", "summary_prompt"]
 

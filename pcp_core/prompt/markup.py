@@ -11,8 +11,8 @@ from datetime import datetime, time
 
 from lxml import etree
 
-from .pages import ConsolidatedPage, Origin, Page, View
-from .timeline import moment
+from ..pages.logical import ConsolidatedPage, Origin, Page, View
+from ..text.timeline import moment
 
 __all__ = [
     "TAGS",

@@ -12,15 +12,15 @@ from typing import Any
 
 import msgspec
 
-from .index import PageIndex
-from .metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge, signature
-from .pages import AnyPage, ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
-from .pblock import PBlock, ScanPolicy, block_handle, handle_line, scan
-from .summaries import consolidate, extractive_summary
-from .terms import TermStats, terms, top_keywords
-from .timeline import opens_with_date
-from .tokens import Checkpoint, CountText, unchecked
-from .turn_pages import page_groups, segment_turns, turns_from_messages
+from ..pages.blocks import PBlock, ScanPolicy, block_handle, handle_line, scan
+from ..pages.index import PageIndex
+from ..pages.logical import AnyPage, ConsolidatedPage, Origin, OriginalPage, Page, Turn, at_depth, short_hash, without_turn_markers
+from ..pages.summaries import consolidate, extractive_summary
+from ..pages.topics import MetabolismPolicy, assign_topics, branches, horizontal_merge, signature
+from ..text.terms import TermStats, terms, top_keywords
+from ..text.timeline import opens_with_date
+from ..text.tokens import Checkpoint, CountText, unchecked
+from .turns import page_groups, segment_turns, turns_from_messages
 
 __all__ = ["PagedHistory", "PagingPolicy", "page_history", "reopened_from", "retroactive_paging", "segment_turns", "topic_groups", "turns_from_messages"]
 

@@ -19,9 +19,9 @@ What the worker sees is decided greedily, cheapest guarantee first:
 The prompt opens as the client's requests do: the head as the system message,
 the first message opening the user message, both as sent (a provider's cache
 finds the prefix the client's own requests left). The document follows it,
-laid out what changes least first (``pcp_core.document``): the registry, the
+laid out what changes least first (``pcp_core.prompt.document``): the registry, the
 overview and the latest closed pages (the frame a follow-up replays,
-``pcp_core.frame``), the pages of this request, then the trace, the Query and
+``pcp_core.prompt.frame``), the pages of this request, then the trace, the Query and
 the time. With a frame, what is admitted comes after it, and at most
 ``fresh_tokens`` of it: that part is new to a provider's prompt cache.
 
@@ -37,14 +37,14 @@ from typing import Any, Literal
 import msgspec
 from lxml import etree
 
+from ..conversation import PLACEHOLDER, attached, placeholder
+from ..pages.index import PageIndex
+from ..pages.logical import Origin, View
+from ..text.tokens import CountText, clip_tokens, leading_tokens, part_tokens, prompt_tokens
 from . import document
-from .conversation import PLACEHOLDER, attached, placeholder
 from .document import FINAL_ROUND_INSTRUCTION, USER_LINE, node_ends, node_places, node_starts
 from .frame import Frame, Shown
-from .index import PageIndex
 from .markup import background_line, node, node_lines
-from .pages import Origin, View
-from .tokens import CountText, clip_tokens, leading_tokens, part_tokens, prompt_tokens
 
 __all__ = ["Step", "Synthesis", "SynthesisRequest", "synthesize"]
 
@@ -93,7 +93,7 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     ask_last: bool = False  # the user message ends with the query itself (``RoundPolicy.ask_last``)
     # Text after the document in the user message (the host's: Hybrid mode's snapshot), counted in the budget.
     appendix: str = ""
-    # A follow-up's frame (``pcp_core.frame``), replayed as it is: what is admitted here comes after it.
+    # A follow-up's frame (``pcp_core.prompt.frame``), replayed as it is: what is admitted here comes after it.
     frame: Frame | None = None
     # Without a frame: the latest closed pages, laid out after the overview in Detail; with the
     # overview they make the frame the next request may replay (``Synthesis.frame_text``).
@@ -358,7 +358,7 @@ class _Builder:
 
     def _document(self, head: str, opening: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:
         """The user message's text up to its appendix: what leads it (the head, for an upstream that ignores system
-        messages; the opening), then the document (``pcp_core.document``): the registry; the frame replayed, or the
+        messages; the opening), then the document (``pcp_core.prompt.document``): the registry; the frame replayed, or the
         roots folded into Background_Context and the flow's head; the flow's other nodes (``_layout``); what is new
         with the call. Offsets in a synthesis are in this text."""
         request, frame = self.request, self.request.frame

@@ -35,12 +35,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import msgspec
 
+from ..text.terms import TermStats, top_keywords
+from ..text.timeline import time_in
+from ..text.tokens import Checkpoint, CountText, split_words, unchecked
 from .index import PageIndex
-from .pages import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
+from .logical import ConsolidatedPage, Origin, OriginalPage, Page, Turn, View, at_depth, short_hash, tree_depths
 from .summaries import consolidate, extractive_summary
-from .terms import TermStats, top_keywords
-from .timeline import time_in
-from .tokens import Checkpoint, CountText, split_words, unchecked
 
 __all__ = ["BLOCK_KIND", "PBlock", "ScanPolicy", "around_handle", "block_handle", "handle_line", "scan", "solidify"]
 

@@ -18,10 +18,10 @@ An answer that says nothing once its directives are taken out says so
 
 from __future__ import annotations
 
-from .directive_parser import DirectiveParser, parse_directives
-from .directives import Markup, Text
-from .markup import Unescaping
-from .scaffolding import Scaffolding
+from ..prompt.markup import Unescaping
+from ..prompt.scaffolding import Scaffolding
+from .parser import DirectiveParser, parse_directives
+from .vocabulary import Markup, Text
 
 __all__ = ["NO_ANSWER", "AnswerGate", "spoken"]
 

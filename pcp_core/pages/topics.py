@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
-from .pages import Page, without_turn_markers
-from .terms import TF, TermStats, terms
+from ..text.terms import TF, TermStats, terms
+from .logical import Page, without_turn_markers
 
 __all__ = ["MetabolismPolicy", "SignatureSpace", "assign_topics", "branches", "horizontal_merge", "signature"]
 

@@ -22,16 +22,16 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from ..bm25 import stem
 from ..conversation import Conversation, message_text
 from ..effects import CallRouter, LoadPages
-from ..pages import ConsolidatedPage, Page
-from ..pblock import around_handle
+from ..pages.blocks import around_handle
+from ..pages.logical import ConsolidatedPage, Page
+from ..ranking.bm25 import stem
+from ..ranking.router import ROUTER_CANDIDATES, Intent, anchor_intent, precision_selection, router_prompt, said_in
 from ..request import Policy, query_line
-from ..router import ROUTER_CANDIDATES, Intent, anchor_intent, precision_selection, router_prompt, said_in
-from ..timeline import moment
-from ..tokens import CountText
-from .metabolism import Metabolism, vitality
+from ..text.timeline import moment
+from ..text.tokens import CountText
+from .fading import Metabolism, vitality
 from .novelty import asks
 
 __all__ = ["Candidate", "MemoryPolicy", "index_weights", "memory_intent", "ranked", "recalled_order", "selection"]

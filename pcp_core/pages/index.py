@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from .pages import ConsolidatedPage, Origin, Page, short_hash
+from .logical import ConsolidatedPage, Origin, Page, short_hash
 
 __all__ = ["Activation", "PageIndex", "PageState", "UnknownPage"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import re
 
-from .directives import MAX_DIRECTIVE_CHARS, NAMES, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text, Value, bind
-from .markup import TAGS, unescaped
-from .scaffolding import without_scaffolding
+from ..prompt.markup import TAGS, unescaped
+from ..prompt.scaffolding import without_scaffolding
+from .vocabulary import MAX_DIRECTIVE_CHARS, NAMES, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text, Value, bind
 
 __all__ = ["DirectiveParser", "parse_directives"]
 

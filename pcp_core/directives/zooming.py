@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .directives import Consult, Directive, Explore, Shelve
-from .index import Activation, PageIndex, UnknownPage
-from .pages import ConsolidatedPage, View
-from .synthesis import Step
-from .views import ViewState
+from ..pages.index import Activation, PageIndex, UnknownPage
+from ..pages.logical import ConsolidatedPage, View
+from ..pages.views import ViewState
+from ..prompt.synthesis import Step
+from .vocabulary import Consult, Directive, Explore, Shelve
 
 __all__ = ["carry_out", "diffuse", "still_raised"]
 

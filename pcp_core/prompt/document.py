@@ -7,7 +7,7 @@ system prompt and first message, as it sent them: ``synthesis``):
 1. the ``Static_Registry`` (the instructions);
 2. the ``Background_Context`` (the roots folded to a line) and the head of the
    ``Linear_Flow``: the overview and the latest closed pages: a follow-up's
-   frame (``pcp_core.frame``), replayed as it was rendered;
+   frame (``pcp_core.prompt.frame``), replayed as it was rendered;
 3. the rest of the flow: the pages ranked for this request, what its rounds
    brought in;
 4. the trace, the Query, the time it is asked at (to the minute), and whether
@@ -24,9 +24,9 @@ from typing import Any
 
 from lxml import etree
 
+from ..pages.logical import Page
+from ..text.tokens import CountText
 from .markup import background_line, newlines, shown_time, xml_safe
-from .pages import Page
-from .tokens import CountText
 
 __all__ = [
     "FINAL_ROUND_INSTRUCTION",

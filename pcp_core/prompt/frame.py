@@ -40,9 +40,9 @@ from typing import Any
 
 import msgspec
 
+from ..pages.logical import Origin, Page, View
+from ..text.tokens import CountText
 from .markup import node_lines
-from .pages import Origin, Page, View
-from .tokens import CountText
 
 __all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "spans_of", "stand_in", "stored_end"]
 

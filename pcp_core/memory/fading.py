@@ -25,8 +25,8 @@ from collections.abc import Iterable
 import msgspec
 
 from ..effects import Outcome
-from ..index import Activation
-from ..pages import Page
+from ..pages.index import Activation
+from ..pages.logical import Page
 
 __all__ = ["MemoryUse", "Metabolism", "decay", "fade", "memory_use", "rise", "vitality"]
 

@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from ..pages.logical import Page, without_turn_markers
+from ..text.terms import terms
+from ..text.timeline import Period, mentioned_periods, moment
+from ..text.tokens import CountText, prompt_tokens
 from .bm25 import Bm25, Bm25Cache
-from .pages import Page, without_turn_markers
-from .terms import terms
-from .timeline import Period, mentioned_periods, moment
-from .tokens import CountText, prompt_tokens
 
 __all__ = [
     "Intent",

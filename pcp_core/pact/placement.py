@@ -23,9 +23,9 @@ from typing import Any
 
 import msgspec
 
-from .conversation import conversation_start
-from .pact import Component, Tree, is_live, select
-from .paging import PagedHistory
+from ..conversation import conversation_start
+from ..paging.history import PagedHistory
+from .tree import Component, Tree, is_live, select
 
 __all__ = ["COMPONENT_MARKER", "Placement", "around", "onto_messages", "onto_pages", "placement"]
 
