@@ -23,7 +23,7 @@ from .pages.blocks import ScanPolicy
 from .pages.logical import ConsolidatedPage, OriginalPage, Page, View, short_hash
 from .pages.summaries import model_summary, summary_prompt
 from .paging.history import PagedHistory, PagingPolicy
-from .prompt.synthesis import Step, Synthesis
+from .prompt.synthesis_types import Step, Synthesis
 from .ranking.bm25 import Bm25Cache
 from .request import (
     Facts,

@@ -14,7 +14,7 @@ import msgspec
 from .pages.index import PageState
 from .pages.logical import Page
 from .prompt.frame import Frame
-from .prompt.synthesis import Step, Synthesis
+from .prompt.synthesis_types import Step, Synthesis
 from .ranking.router import Intent
 
 __all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "Similarity"]

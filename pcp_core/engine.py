@@ -43,7 +43,8 @@ from .pages.logical import ConsolidatedPage, Origin, Page, View
 from .pages.views import ViewState
 from .prompt.frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
 from .prompt.markup import node_lines
-from .prompt.synthesis import Step, Synthesis, SynthesisRequest, synthesize
+from .prompt.synthesis import synthesize
+from .prompt.synthesis_types import Step, Synthesis, SynthesisRequest
 from .ranking.bm25 import Bm25Cache
 from .ranking.router import anchor_intent, broad_match, lexical_scores
 from .round_policy import RoundContext, RoundPolicy

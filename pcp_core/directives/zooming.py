@@ -8,7 +8,7 @@ from typing import Any
 from ..pages.index import Activation, PageIndex, UnknownPage
 from ..pages.logical import ConsolidatedPage, View
 from ..pages.views import ViewState
-from ..prompt.synthesis import Step
+from ..prompt.synthesis_types import Step
 from .vocabulary import Consult, Directive, Explore, Shelve
 
 __all__ = ["carry_out", "diffuse", "still_raised"]

@@ -23,7 +23,7 @@ from pcp_core.memory import (
 )
 from pcp_core.pages.index import Activation, PageState
 from pcp_core.pages.logical import ConsolidatedPage, Origin, OriginalPage, short_hash
-from pcp_core.prompt.synthesis import Step
+from pcp_core.prompt.synthesis_types import Step
 from pcp_core.ranking.router import Intent, anchor_intent
 
 from .counting import COUNT

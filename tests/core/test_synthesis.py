@@ -12,7 +12,8 @@ from pcp_core.pages.logical import Origin, View
 from pcp_core.pages.views import ViewState
 from pcp_core.paging.history import retroactive_paging, turns_from_messages
 from pcp_core.prompt.markup import node_type, node_view, shown_time
-from pcp_core.prompt.synthesis import Step, SynthesisRequest, synthesize
+from pcp_core.prompt.synthesis import synthesize
+from pcp_core.prompt.synthesis_types import Step, SynthesisRequest
 from pcp_core.text.tokens import prompt_tokens
 
 from .counting import COUNT
