@@ -4,7 +4,7 @@
 reply ends (``flush``). It is a small character-level state machine: every
 character is looked at once, so parsing is linear, and the events are the same
 whatever the chunking. Text is released as soon as it cannot be the start of a
-directive (``directives.NAMES``) or of a tag of the document (``Markup``).
+directive (``vocabulary.NAMES``) or of a tag of the document (``Markup``).
 """
 
 from __future__ import annotations

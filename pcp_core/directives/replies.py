@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 
 from .parser import parse_directives
-from .vocabulary import BusFault, Consult, Directive, Explore, Shelve
+from .vocabulary import FIELDS, KINDS, BusFault, Directive, Explore
 
 __all__ = ["DIRECTIVE_TOOLS", "WorkerReply", "calls_client_tool", "read_reply"]
 
-# The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools.
+# The same three directives as native tools, for PCP_DIRECTIVE_CHANNEL=tools: their arguments are the directives' own.
 DIRECTIVE_TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -21,18 +21,18 @@ DIRECTIVE_TOOLS: list[dict[str, Any]] = [
             "description": description,
             "parameters": {
                 "type": "object",
-                "properties": {p: {"type": "string"} for p in params},
-                "required": list(params),
+                "properties": {field: {"type": "string"} for field in FIELDS[name]},
+                "required": list(FIELDS[name]),
             },
         },
     }
-    for name, params, description in (
-        ("Consult", ("reason", "id"), "Open a page of the PagedContext one level: Summary to Detail, a Consolidated Detail to Unpacked."),
-        ("Shelve", ("reason", "id"), "Fold a page of the PagedContext you no longer need."),
-        ("Explore", ("reason", "handle", "keywords"), "Search the pages under a page id (or 'history') for comma-separated keywords."),
+    for name, description in (
+        ("Consult", "Open a page of the PagedContext one level: Summary to Detail, a Consolidated Detail to Unpacked."),
+        ("Shelve", "Fold a page of the PagedContext you no longer need."),
+        ("Explore", "Search the pages under a page id (or 'history') for comma-separated keywords."),
     )
 ]
-_TOOL_DIRECTIVES: dict[str, type[Directive]] = {f"pcp_{cls.__name__.lower()}": cls for cls in (Consult, Shelve, Explore)}
+_TOOL_DIRECTIVES: dict[str, type[Directive]] = {f"pcp_{name.lower()}": kind for name, kind in KINDS.items()}
 
 
 class WorkerReply(msgspec.Struct, frozen=True):

@@ -8,7 +8,7 @@ or as ``name=value``. Everything else is text.
 A tag of the ``<PagedContext>`` document the worker echoes (``<Node id=…>``,
 ``</Content>``) is ``Markup``: like a directive, it never reaches the client.
 A directive that cannot be read is a ``BusFault`` (§2.4) whose reason is
-written for the model that has to fix it. The parser is ``directive_parser``.
+written for the model that has to fix it. The parser is ``parser``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,10 @@ __all__ = [
     "Directive",
     "Event",
     "Explore",
+    "FIELDS",
+    "KINDS",
     "Markup",
+    "NAMES",
     "Shelve",
     "Text",
     "Value",
@@ -32,8 +35,6 @@ __all__ = [
 # A directive still open after this many characters is a runaway: fault it and
 # let the text flow again, so a broken reply cannot make the parser hold text forever.
 MAX_DIRECTIVE_CHARS = 2000
-NAMES = ("Consult", "Explore", "Shelve")
-FIELDS = {"Consult": ("reason", "id"), "Shelve": ("reason", "id"), "Explore": ("reason", "handle", "keywords")}
 
 
 class Consult(msgspec.Struct, frozen=True, tag=True):
@@ -70,7 +71,10 @@ class Markup(msgspec.Struct, frozen=True, tag=True):
 Directive = Consult | Explore | Shelve
 Event = Text | Consult | Explore | Shelve | BusFault | Markup
 
-_KINDS = {"Consult": Consult, "Explore": Explore, "Shelve": Shelve}
+KINDS: dict[str, type[Directive]] = {kind.__name__: kind for kind in (Consult, Explore, Shelve)}
+NAMES = tuple(KINDS)
+# Each directive's arguments, in the order a call gives them positionally: its fields', declared once above.
+FIELDS: dict[str, tuple[str, ...]] = {name: kind.__struct_fields__ for name, kind in KINDS.items()}
 Value = str | tuple[str, ...]  # an argument: text, or a [list] of texts
 
 
