@@ -82,11 +82,11 @@ class _Loop:
         # recalled (a Consult opens one, and brings in the best of its pages the worker has not read).
         history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
         self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
-        said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
+        history = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         # The latest closed pages go in the frame the request makes; the last page, which the next
         # request's turns reopen, after it.
-        opened = said[-1:] if context.last_page_open else []
-        closed = said[: len(said) - len(opened)]
+        opened = history[-1:] if context.last_page_open else []
+        closed = history[: len(history) - len(opened)]
         latest = closed[-policy.recent_pages :] if policy.recent_pages else []
         self.frame_pages = [page.id for page in latest]
         self.recent = [page.id for page in [*latest, *opened]][::-1]
@@ -113,7 +113,7 @@ class _Loop:
         self.changed: list[str] = []  # what the last round's directives brought in
 
     def _extended(self, frame: Frame | None, closed: Sequence[Page]) -> Frame | None:
-        """``frame`` with the closed pages of turns said since it was made or extended."""
+        """``frame`` with the closed pages of the turns since it was made or extended."""
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
@@ -181,7 +181,7 @@ class _Loop:
 
     def _fresh(self) -> int:
         """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
-        pages of the turns said since the frame was stored, the pages ranked for it that kept their place, the
+        pages of the turns since the frame was stored, the pages ranked for it that kept their place, the
         query, a frame made again; not the pages kept beside those, which the cache serves), and never less than
         the last page."""
         policy, stored, frame = self.policy, self.context.frame, self.frame

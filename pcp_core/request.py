@@ -225,8 +225,8 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
     # A session it starts is named by where it leaves the one it found (``branch_id``): the same branch, the same id.
     parent = resolution.found.id if resolution.found is not None else None
     fresh = branch_id(facts.namespace, parent, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
-    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, said=said)
-    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, said=said)
+    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, request_links=said)
+    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, request_links=said)
     found = msgspec.structs.replace(found, asked=resolution.asked)
     session = page_on(found, history, resolution.reused, count, policy.paging, checkpoint)
     paged = _paged(how, found.pages, session.pages, resolution.reused)

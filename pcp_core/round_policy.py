@@ -45,11 +45,11 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # a tenth). Below 1, a conversation keeps a frame (``pcp_core.prompt.frame``) its follow-ups replay.
     cached_price: float = 0.1
     # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
-    # in full: the pages of the turns said since, the query, the pages ranked for it. The frame is made
+    # in full: the pages of the turns since, the query, the pages ranked for it. The frame is made
     # again when it leaves less room. What a follow-up is billed grows with it, on any conversation; round 0
     # shows fewer pages ranked for a new question, and the Consults make most of that up (bench/README).
     fresh_share: float = 0.15
-    # The most of the budget a frame takes when it is made: it grows by the turns said since.
+    # The most of the budget a frame takes when it is made: it grows by the turns since.
     frame_share: float = 0.25
 
 

@@ -52,7 +52,7 @@ class AnswerGate:
         return self._take(self.parser.feed(self.unescaping.feed(chunk)), end=False)
 
     def close(self) -> str:
-        """The reply is complete: release what a directive-free reply held back (``NO_ANSWER`` if it said nothing)."""
+        """The reply is complete: release what a directive-free reply held back (``NO_ANSWER`` if it held no answer)."""
         out = self._take(self.parser.feed(self.unescaping.flush()) + self.parser.flush(), end=True)
         return out if self.spoke or not self.committed else out + NO_ANSWER
 

@@ -1,6 +1,6 @@
 """An incremental parser of worker directives (§7.3) in a reply, streamed or whole.
 
-``DirectiveParser`` is fed chunks as they stream in (``feed``) and told when the
+``DirectiveParser`` is fed chunks as they stream in (``feed``) and called when the
 reply ends (``flush``). It is a small character-level state machine: every
 character is looked at once, so parsing is linear, and the events are the same
 whatever the chunking. Text is released as soon as it cannot be the start of a

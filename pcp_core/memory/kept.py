@@ -64,7 +64,7 @@ def page_turns(content: str) -> list[str]:
 
 
 def turn_hash(turn: str) -> str:
-    """What memory keeps of a forgotten turn: a hash of what was said, its role marker aside."""
+    """What memory keeps of a forgotten turn: a hash of its text, its role marker aside."""
     return short_hash("Turn", " ".join(without_turn_markers(turn).split()), length=16)
 
 
@@ -94,9 +94,9 @@ def index_terms(page: Page) -> dict[str, int]:
 
 
 def conversation_pages(session: Session, conversation: Conversation, now: str, count: CountText, policy: PagingPolicy = PagingPolicy()) -> PagedHistory:
-    """The pages of all a request said (its history and its query), paged on from ``session``, which holds its history.
+    """The pages of all a request sends (its history and its query), paged on from ``session``, which holds its history.
 
-    The query is part of what the user told the assistant; the session pages
+    The query is part of what the user wrote to the assistant; the session pages
     it with the next request, memory now. The answer comes back as history
     with the next request, if there is one.
     """

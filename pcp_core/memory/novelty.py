@@ -5,7 +5,7 @@ conversation becomes a page of its own (its answer never comes back). Such a
 page shares the words of the questions asked after it, and would outrank the
 turns that hold their answers. Three rules keep what informs, by content:
 
-* **novelty** — each turn of a new page (who said it aside: a question, an
+* **novelty** — each turn of a new page (its speaker aside: a question, an
   answer, a remark) is weighed against the scope's pages most like the page
   (the host's keyword matches, the conversation's own pages aside): the share
   of its terms' weight (idf in the scope) that none of them holds. A page
@@ -55,7 +55,7 @@ class MemoryIntake(msgspec.Struct, frozen=True):
     # the questions bring less than a fifth, 1.8% of the dialogue pages and none of those that hold an answer);
     # one new name in a turn of a few words brings more.
     novel: float = 0.2
-    # Weighted overlap (both ways) at which a new page is one the scope holds, said again.
+    # Weighted overlap (both ways) at which a new page is one the scope holds, repeated.
     repeat: float = 0.85
 
 

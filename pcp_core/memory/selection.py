@@ -5,7 +5,7 @@ index (BM25 over the pages' keywords and summaries, with the scope's
 statistics), its vector index and the times the intent names each bring
 candidates (``Candidate``), with what they scored. Here they are put on one
 scale as the session Router puts a conversation's pages (z-scores, added),
-lifted when said in a period the intent names, faded by age and by how
+lifted when dated in a period the intent names, faded by age and by how
 seldom they were recalled, and lifted by a neighbour of their conversation
 that scored well; then, with a router model, the best are read by their
 summaries against the intent. What is chosen joins the request's pages, where
@@ -27,7 +27,7 @@ from ..effects import CallRouter, LoadPages
 from ..pages.blocks import around_handle
 from ..pages.logical import ConsolidatedPage, Page
 from ..ranking.bm25 import stem
-from ..ranking.router import ROUTER_CANDIDATES, Intent, anchor_intent, precision_selection, router_prompt, said_in
+from ..ranking.router import ROUTER_CANDIDATES, Intent, anchor_intent, dated_in, precision_selection, router_prompt
 from ..request import Policy, query_line
 from ..text.timeline import moment
 from ..text.tokens import CountText
@@ -47,7 +47,7 @@ class MemoryPolicy(msgspec.Struct, frozen=True):
     containers: int = 4
     lexical_weight: float = 0.5  # the keyword share of a score when vectors score too (as the session Router)
     neighbour_share: float = 0.3  # of the better neighbour's score, in its own conversation
-    time_weight: float = 1.0  # standard deviations for a page said in a period the intent names
+    time_weight: float = 1.0  # standard deviations for a page dated in a period the intent names
     # Fade by age and disuse, rise by Consults (``metabolism``): what keeps being asked for stays.
     metabolism: Metabolism = Metabolism()
     router: bool = False  # a router model reads the best candidates' summaries (x-pcp-role: memory-router)
@@ -92,7 +92,7 @@ def ranked(intent: Intent, candidates: Sequence[Candidate], now: datetime | None
     dense = np.array([c.dense for c in candidates], dtype=np.float64)
     if np.isfinite(dense).any():
         score = policy.lexical_weight * score + (1 - policy.lexical_weight) * _z(dense)
-    timely = said_in([c.page.timestamp for c in candidates], intent.periods) if intent.periods else None
+    timely = dated_in([c.page.timestamp for c in candidates], intent.periods) if intent.periods else None
     if timely is not None:
         score = score + policy.time_weight * timely
     ages = [_age_days(c.page.timestamp, now) if now is not None else 0.0 for c in candidates]

@@ -133,7 +133,7 @@ def block_handle(turn: Turn) -> str:
 
 
 def handle_line(handle: str, tokens: int, text: str, policy: ScanPolicy = ScanPolicy()) -> str:
-    """What is said in place of the block ``text``: its start and end, and its handle between them.
+    """What stands in place of the block ``text``: its start and end, and its handle between them.
 
     The start and end are the first and last paragraphs when they are short
     (where a question or an instruction around a pasted file usually is), else

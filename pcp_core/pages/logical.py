@@ -112,7 +112,7 @@ _TURN_MARKER = re.compile(r"^\[[a-z_]+\] ", re.M)
 
 
 def without_turn_markers(content: str) -> str:
-    """The content with the "[role] " marker of each turn removed: only what was said."""
+    """The content with the "[role] " marker of each turn removed: only the turns' own text."""
     return _TURN_MARKER.sub("", content)
 
 

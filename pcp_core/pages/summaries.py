@@ -25,7 +25,7 @@ _SENTENCE = re.compile(r"(?<=[.!?])(?<!\b[A-Z]\.)\s+|\n+")
 def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     """The sentences carrying the most weight, in their original order, within ``max_chars``.
 
-    Each sentence keeps its speaker ("Caroline: …"): who said it is an anchor too.
+    Each sentence keeps its speaker ("Caroline: …"): its speaker is an anchor too.
     """
     sentences = _attributed_sentences(text)
     if not sentences:
@@ -35,16 +35,16 @@ def extractive_summary(text: str, weights: TermWeights, max_chars: int) -> str:
     if not fitting:  # even the best sentence is too long: cut it at a word boundary
         return _clip(sentences[_best_first(sentences, range(len(sentences)), weights)[0]], max_chars)
     chosen: list[int] = []
-    said: set[str] = set()
+    kept: set[str] = set()
     used = 0
     for i in _best_first(sentences, fitting, weights):
         if used + len(sentences[i]) + 1 > max_chars:
             continue
-        same = _said(sentences[i])
-        if same in said:  # a sentence said twice (two pages alike, "Thanks!" and "Thanks.") is summarised once
+        same = _gist(sentences[i])
+        if same in kept:  # a sentence twice (two pages alike, "Thanks!" and "Thanks.") is summarised once
             continue
         chosen.append(i)
-        said.add(same)
+        kept.add(same)
         used += len(sentences[i]) + 1
     return " ".join(sentences[i] for i in sorted(chosen))
 
@@ -61,7 +61,7 @@ def _best_first(sentences: Sequence[str], among: Sequence[int], weights: TermWei
 _NONE = repeat(0.0)  # the weight of a term that has none
 
 
-def _said(sentence: str) -> str:
+def _gist(sentence: str) -> str:
     """What a sentence says, whatever its case and closing punctuation."""
     return sentence.rstrip(".!?").lower()
 

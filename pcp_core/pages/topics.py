@@ -40,7 +40,7 @@ class MetabolismPolicy(msgspec.Struct, frozen=True):
     # A group is compared with the latest groups holding each of its terms, at most this many
     # a term: a term most groups share (a name, a greeting) would otherwise make every group
     # meet every earlier one, and paging a long history cost the square of its length.
-    # A rare term still reaches back to the first group that said it.
+    # A rare term still reaches back to the first group that used it.
     term_reach: int = 128
     near_field: int = 6  # the latest topic groups, never merged: their topic may go on
     merge_max: int = 10  # most pages in a horizontally merged group: an Unpacked view must stay affordable

@@ -284,23 +284,25 @@ def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy
 
     A page starts a new group when it opens with a dated header, or when the
     group has ``min_fanout`` pages and little of what the page says (weighted by
-    idf) was said in the group before. Decided left to right, so the groups of a
+    idf) was in the group before. Decided left to right, so the groups of a
     conversation stay the same as it grows, except the last. ``df`` counts terms
     over ``documents`` pages (by default, ``pages``).
     """
     stats = TermStats.from_counts(documents or len(pages), df)
     groups: list[list[Page]] = []
     current: list[Page] = []
-    said: set[str] = set()
+    group_words: set[str] = set()
     for page in pages:
         words = set(terms(page.content))
         if current and (
-            len(current) >= policy.max_fanout or _dated(page) or (len(current) >= policy.min_fanout and _overlap(words, said, stats) < policy.pivot_overlap)
+            len(current) >= policy.max_fanout
+            or _dated(page)
+            or (len(current) >= policy.min_fanout and _overlap(words, group_words, stats) < policy.pivot_overlap)
         ):
             groups.append(current)
-            current, said = [], set()
+            current, group_words = [], set()
         current.append(page)
-        said |= words
+        group_words |= words
     return [*groups, current] if current else groups
 
 
@@ -308,11 +310,11 @@ def _dated(page: Page) -> bool:
     return opens_with_date(without_turn_markers(page.content))  # a header starts a page (_dated_parts)
 
 
-def _overlap(words: set[str], said: set[str], stats: TermStats) -> float:
-    """The idf-weighted share of ``words`` already in ``said``."""
+def _overlap(words: set[str], seen: set[str], stats: TermStats) -> float:
+    """The idf-weighted share of ``words`` already in ``seen``."""
     idf = stats.idfs.__getitem__
     total = sum(map(idf, words))
-    return sum(map(idf, words & said)) / total if total else 1.0
+    return sum(map(idf, words & seen)) / total if total else 1.0
 
 
 def _unique(page: AnyPage, used: set[str]) -> AnyPage:

@@ -51,8 +51,8 @@ class Flow:
         line = f"{USER_LINE} {FINAL_ROUND_INSTRUCTION}" if self.request.final else USER_LINE
         if self.request.ask_last:  # at most an eighth of the budget: the query shows whole in the document
             line = clip_tokens(self.request.query, self.request.budget // 8, self.count)
-        said = f"{text}\n\n{self.request.appendix}\n\n{line}" if self.request.appendix else f"{text}\n\n{line}"
-        user = {"role": "user", "content": attached(said, parts)}
+        content = f"{text}\n\n{self.request.appendix}\n\n{line}" if self.request.appendix else f"{text}\n\n{line}"
+        user = {"role": "user", "content": attached(content, parts)}
         return [{"role": "system", "content": head}, user] if head and self.request.context_role == "system" else [user]
 
     def document(self, head: str, opening: str, query: str, shown: dict[str, View], unfolded: set[str]) -> str:

@@ -11,7 +11,7 @@ frame, like a log kept by compaction:
   (the roots by their Summary) and the latest closed pages verbatim — as they
   were rendered when the frame was made;
 * a follow-up that continues the conversation replays it byte for byte and
-  appends the pages said since at its end (``extended``); after it comes only
+  appends the pages since at its end (``extended``); after it comes only
   what is new with the request: the pages ranked for its query, within a share
   of the budget, the trace, the Query and the time;
 * the pages ranked for the previous request that this one ranks again keep
@@ -26,7 +26,7 @@ frame, like a log kept by compaction:
 
 Pages are shown in it as they were; a Consult on one shows it again, after it.
 The conversation's tree moves on meanwhile: a container that takes the turns
-said since gets a new id (ids hash what a page holds). The frame keeps the
+since gets a new id (ids hash what a page holds). The frame keeps the
 turns each page it shows covers, so a Consult on one the tree has replaced
 opens the page that holds those turns now (``stand_in``), where it would
 otherwise fault and cost the request its rounds.
@@ -76,7 +76,7 @@ def continues(frame: Frame, links: Sequence[str]) -> bool:
 
 def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, at: int, kept: Sequence[Shown] = ()) -> Frame:
     """``frame`` with ``kept`` (the opening run of what came after it that still ranks) and ``pages`` (closed pages
-    of turns said since, in order, in Detail) after it, for the query at ``at``."""
+    of the turns since, in order, in Detail) after it, for the query at ``at``."""
     new = [page for page in pages if page.id not in frame.shown and page.id not in {s.id for s in kept}]
     text = "".join(s.text for s in kept) + "".join(node_lines(page, View.DETAIL) for page in new)
     turns = max([frame.turns, *(page.last_turn + 1 for page in new)])

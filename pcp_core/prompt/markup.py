@@ -136,7 +136,7 @@ def node_view(node: etree._Element) -> str:
 def shown_time(timestamp: str) -> str:
     """A timestamp to the minute, or to the day when it states no time of day: seconds tell the worker nothing.
 
-    Its own offset, if it has one, is kept: the worker reads times as they were said.
+    Its own offset, if it has one, is kept: the worker reads times as they were written.
     A message's own timestamp in another form is shown in ISO 8601, in UTC.
     """
     when: datetime | None

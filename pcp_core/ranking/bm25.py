@@ -300,7 +300,7 @@ def _held_bytes(text: str, found: _DocTerms) -> int:
 def _doc_terms(text: str, keywords: tuple[str, ...] = ()) -> _DocTerms:
     """The stemmed terms of a page or a turn (``Bm25Cache`` keeps them: a session's pages are indexed on every request).
 
-    The "[assistant]" markers of the page layout are not words anyone said.
+    The "[assistant]" markers of the page layout are not words anyone wrote.
     """
     counts = Counter(map(stem, terms(without_turn_markers(text))))
     if keywords:

@@ -33,7 +33,7 @@ __all__ = [
     "page_ranking",
     "precision_selection",
     "router_prompt",
-    "said_in",
+    "dated_in",
     "text_memos",
     "unit_texts",
 ]
@@ -45,8 +45,8 @@ HEAD_WEIGHT = 0.25
 NEIGHBOUR_SHARE = 0.3
 # The lexical share of a page's score when dense scores are there too.
 LEXICAL_WEIGHT = 0.5
-# A page said in a period the query names gains this much (in standard deviations of
-# the pages' scores); so does one said up to REPORT_GRACE after, as events are told of later.
+# A page dated in a period the query names gains this much (in standard deviations of
+# the pages' scores); so does one dated up to REPORT_GRACE after, as events are reported later.
 TIME_WEIGHT = 1.0
 REPORT_GRACE = timedelta(days=14)
 
@@ -93,14 +93,14 @@ def anchor_intent(head: str, tail: str, previous: str = "", now: datetime | None
 
 def unit_texts(pages: Sequence[Page]) -> list[str]:
     """What broad match scores, one per page: its text without the "[role]" turn markers."""
-    return list(map(_said, map(_CONTENT, pages)))  # in C: a million tokens' history is some 12,000 pages
+    return list(map(_unit_text, map(_CONTENT, pages)))  # in C: a million tokens' history is some 12,000 pages
 
 
 _CONTENT = attrgetter("content")
 
 
 @lru_cache(maxsize=65536)
-def _said(content: str) -> str:
+def _unit_text(content: str) -> str:
     """Cached: a session's pages come back on every request."""
     return without_turn_markers(content)
 
@@ -108,7 +108,7 @@ def _said(content: str) -> str:
 def text_memos() -> dict[str, Any]:
     """The caches keyed by pages' texts (each an ``lru_cache``, process-wide: a session's pages come back on every
     request), by what they hold: a host that bounds its memory forgets them (``cache_clear``) as its sessions leave it."""
-    return {"units": _said, "readings": _read_with, "terms": terms}
+    return {"units": _unit_text, "readings": _read_with, "terms": terms}
 
 
 def dense_texts(units: Sequence[str]) -> list[str]:
@@ -145,16 +145,16 @@ def broad_match(intent: Intent, pages: Sequence[Page], lexical: Any, dense: Any 
     """``pages`` ranked for ``intent``, best first (``lexical``: their ``lexical_scores``).
 
     Each page scores by BM25 with feedback, plus ``dense`` scores when the
-    host embeds, plus the lift of being said when the intent asks about.
+    host embeds, plus the lift of being dated when the intent asks about.
     """
-    timely = said_in([page.timestamp for page in pages], intent.periods) if intent.periods else None
+    timely = dated_in([page.timestamp for page in pages], intent.periods) if intent.periods else None
     return page_ranking([page.id for page in pages], lexical, dense, timely)
 
 
-def said_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:
-    """For each page (by its timestamp), whether it was said in one of ``periods``, or within ``grace`` after.
+def dated_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:
+    """For each page (by its timestamp), whether it is dated in one of ``periods``, or within ``grace`` after.
 
-    None when the query names no period, or no page was said in one: then time
+    None when the query names no period, or no page is dated in one: then time
     tells the pages nothing apart.
     """
     if not periods:
@@ -178,7 +178,7 @@ def page_ranking(
 ) -> list[str]:
     """The pages ``ids`` (in conversation order, page ``i`` scored ``lexical[i]``) best first.
 
-    ``timely`` (from ``said_in``) marks the pages said when the query asks
+    ``timely`` (from ``dated_in``) marks the pages dated when the query asks
     about; they gain ``TIME_WEIGHT``. Without dense scores, only pages that
     share a term with the query, or are timely, or stand beside one, are
     ranked: the others carry no signal at all. Ties keep conversation order.

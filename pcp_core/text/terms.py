@@ -106,7 +106,7 @@ class TermStats:
 
 
 class _Tf(dict[int, float]):
-    """``1 + log(count)``, the weight of a term said ``count`` times, worked out once a count."""
+    """``1 + log(count)``, the weight of a term found ``count`` times, worked out once a count."""
 
     def __missing__(self, count: int) -> float:
         self[count] = value = 1 + math.log(count)

@@ -11,7 +11,7 @@ first saw the message.
 The other way round, a query can name a time ("on 13 October, 2023", "on
 5.3.2024", "in July 2023", "in June", "yesterday", "last Tuesday"):
 ``mentioned_periods`` reads those periods, so the Router can address pages by
-when they were said.
+when they were written.
 
 Dates are read in the forms people write them, whatever the locale's order
 would be: names of months in either order, the year first with any
