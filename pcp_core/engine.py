@@ -82,11 +82,11 @@ class _Loop:
         # recalled (a Consult opens one, and brings in the best of its pages the worker has not read).
         history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
         self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
-        history = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
+        history_pages = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         # The latest closed pages go in the frame the request makes; the last page, which the next
         # request's turns reopen, after it.
-        opened = history[-1:] if context.last_page_open else []
-        closed = history[: len(history) - len(opened)]
+        opened = history_pages[-1:] if context.last_page_open else []
+        closed = history_pages[: len(history_pages) - len(opened)]
         latest = closed[-policy.recent_pages :] if policy.recent_pages else []
         self.frame_pages = [page.id for page in latest]
         self.recent = [page.id for page in [*latest, *opened]][::-1]
