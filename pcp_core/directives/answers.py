@@ -57,6 +57,7 @@ class AnswerGate:
         return out if self.spoke or not self.committed else out + NO_ANSWER
 
     def _take(self, events: list, end: bool) -> str:
+        """The text of ``events`` that reaches the client now: held back until the reply shows it is an answer, not directives."""
         out: list[str] = []
         texts = [self.scaffolding.feed(event.text) if isinstance(event, Text) else event for event in events]
         if end:
@@ -78,4 +79,5 @@ class AnswerGate:
 
     @property
     def raw_text(self) -> str:
+        """The reply as the model wrote it so far, directives and all."""
         return "".join(self.raw)

@@ -98,6 +98,7 @@ class DirectiveParser:
         return True
 
     def _step_name(self, ch: str) -> bool:
+        """Read a character that may go on a directive's name; False when the name is broken off as text."""
         if self._held + ch not in _PREFIXES:
             self._release_held()
             return False
@@ -107,6 +108,7 @@ class DirectiveParser:
         return True
 
     def _step_gap(self, ch: str) -> bool:
+        """Read a character between a directive's name and its opening parenthesis."""
         if ch == "(":
             self._reset_directive(self._held.rstrip(_GAP_CHARS))
             self._raw = [self._held, ch]
@@ -120,6 +122,7 @@ class DirectiveParser:
         return False
 
     def _step_tag(self, ch: str) -> bool:
+        """Read a character that may go on a tag of the document's markup."""
         if self._held in _TAG_NAMES and (ch.isspace() or ch in "/>"):
             self._state = _IN_TAG  # "<Node" and a space: the document's tag, whatever its attributes
             return self._step_in_tag(ch)
@@ -130,6 +133,7 @@ class DirectiveParser:
         return True
 
     def _step_in_tag(self, ch: str) -> bool:
+        """Read a character inside a tag, up to its closing ``>``."""
         self._held += ch
         if ch == ">":
             self._end_tag()
@@ -138,11 +142,13 @@ class DirectiveParser:
         return True
 
     def _end_tag(self) -> None:
+        """The tag held is whole: hand it out as ``Markup``."""
         self._emit(Markup(self._held))
         self._before = self._held[-1]
         self._held, self._state = "", _TEXT
 
     def _release_held(self) -> None:
+        """What was held as a possible name or tag is text after all: release it."""
         self._emit_text(self._held)
         self._held = ""
         self._state = _TEXT
@@ -150,6 +156,7 @@ class DirectiveParser:
     # -- inside "( … )" ---------------------------------------------------------------
 
     def _reset_directive(self, name: str) -> None:
+        """Start reading the directive ``name``: no arguments yet."""
         self._name = name
         self._raw = []
         self._raw_len = 0
@@ -164,6 +171,7 @@ class DirectiveParser:
         self._error = ""  # a syntax problem seen on the way, reported at the end
 
     def _step_directive(self, ch: str) -> None:
+        """Read one character inside a directive's parentheses; fault it when it runs on too long."""
         self._raw.append(ch)
         self._raw_len += 1
         if self._handlers[self._state](ch):
@@ -174,6 +182,7 @@ class DirectiveParser:
     # Each handler returns True when ch closed the directive.
 
     def _on_arg(self, ch: str) -> bool:
+        """Read a character where an argument may start; True when the directive ends."""
         if ch.isspace():
             return False
         if ch in "\"'":
@@ -193,6 +202,7 @@ class DirectiveParser:
         return self._on_bare(ch)
 
     def _on_bare(self, ch: str) -> bool:
+        """Read a character of an unquoted argument; True when the directive ends."""
         if self._depth == 0 and ch in ",)":
             return self._end_value(ch)
         if ch == "]" and self._items is not None:
@@ -207,6 +217,7 @@ class DirectiveParser:
         return False
 
     def _on_quoted(self, ch: str) -> bool:
+        """Read a character inside a quoted argument."""
         if ch == "\\":
             self._state = _ESCAPE
         elif ch == self._quote:
@@ -216,11 +227,13 @@ class DirectiveParser:
         return False
 
     def _on_escape(self, ch: str) -> bool:
+        """Read the character after a backslash in a quoted argument."""
         self._chars.append(ch if ch in _ESCAPABLE else "\\" + ch)  # other escapes stay as written
         self._state = _QUOTED
         return False
 
     def _on_after(self, ch: str) -> bool:
+        """Read a character after a quoted argument or a list; True when the directive ends."""
         if ch.isspace():
             return False
         if ch in ",)":
@@ -247,6 +260,7 @@ class DirectiveParser:
         return ch == ")"
 
     def _close_list(self) -> None:
+        """A ``[list]`` argument closes: its items become the argument's value."""
         assert self._items is not None
         if self._chars or self._quoted:
             self._items.append(self._value())
@@ -262,6 +276,7 @@ class DirectiveParser:
     # -- results ---------------------------------------------------------------------
 
     def _finish(self) -> None:
+        """The directive's closing parenthesis: bind its arguments, or fault it."""
         raw = "".join(self._raw)
         result = self._error or bind(self._name, self._args)
         if isinstance(result, str):
@@ -271,16 +286,19 @@ class DirectiveParser:
         self._end_directive(raw)
 
     def _fault(self, problem: str) -> None:
+        """Fault the directive being read with ``problem``, and go back to text."""
         raw = "".join(self._raw)
         self._emit(BusFault(raw, f"{problem}: {_preview(raw)}"))
         self._end_directive(raw)
 
     def _end_directive(self, raw: str) -> None:
+        """Go back to text after the directive ``raw``."""
         self._before = raw[-1]
         self._reset_directive("")
         self._state = _TEXT
 
     def _unfinished_reason(self) -> str:
+        """Why the directive being read is unfinished when the reply ends."""
         if self._state in (_QUOTED, _ESCAPE):
             return f"{self._name} has an unterminated quote (no closing {self._quote}) and the reply ended"
         if self._items is not None and self._state != _AFTER:
@@ -288,20 +306,24 @@ class DirectiveParser:
         return f"{self._name} is missing its closing ) and the reply ended"
 
     def _emit_text(self, text: str) -> None:
+        """Hold ``text`` to be handed out as one ``Text`` event."""
         if text:
             self._text.append(text)
             self._before = text[-1]
 
     def _emit(self, event: Event) -> None:
+        """Hand out ``event``, after the text before it."""
         self._flush_text()
         self._events.append(event)
 
     def _flush_text(self) -> None:
+        """Hand out the text held so far as one ``Text`` event."""
         if self._text:
             self._events.append(Text("".join(self._text)))
             self._text = []
 
     def _take(self) -> list[Event]:
+        """The events read so far, handed over once."""
         self._flush_text()
         events, self._events = self._events, []
         return events
@@ -321,8 +343,10 @@ def parse_directives(text: str) -> tuple[str, list[Directive], list[BusFault]]:
 
 
 def _is_word(ch: str) -> bool:
+    """Whether ``ch`` may be part of a word (so a directive's name right after it is no directive)."""
     return ch.isalnum() or ch == "_"
 
 
 def _preview(raw: str, limit: int = 160) -> str:
+    """``raw`` cut to ``limit`` characters, for a fault's reason."""
     return raw if len(raw) <= limit else raw[: limit - 1] + "…"

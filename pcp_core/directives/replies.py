@@ -43,6 +43,7 @@ class WorkerReply(msgspec.Struct, frozen=True):
 
 
 def _tool_name(tool_or_call: dict[str, Any]) -> str | None:
+    """The function name of a tool or a tool call (None for a tool of another type)."""
     function = tool_or_call.get("function")  # a client's tool of another type has none
     return function.get("name") if isinstance(function, dict) else None
 

@@ -102,6 +102,7 @@ def bind(name: str, args: list[tuple[str | None, Value]]) -> Directive | str:
 
 
 def _make(name: str, values: dict[str, Value]) -> Directive | str:
+    """The directive of the bound ``values``, or what is wrong with them."""
     for field in FIELDS[name]:
         if field != "keywords" and not isinstance(values[field], str):
             return f"{name} needs {field} as text, not a [list]"
@@ -120,4 +121,5 @@ def _make(name: str, values: dict[str, Value]) -> Directive | str:
 
 
 def _as_items(value: Value) -> tuple[str, ...]:
+    """An argument as a tuple of texts, whether it was one text or a list."""
     return (value,) if isinstance(value, str) else value

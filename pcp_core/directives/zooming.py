@@ -70,6 +70,7 @@ def diffuse(directive: Directive, ranked: list[str], index: PageIndex, views: Vi
 
 
 def _subtree(index: PageIndex, handle: str) -> set[str]:
+    """The ids of the leaves under ``handle`` (the page itself when it has none)."""
     page = index.get(handle)
     if not isinstance(page, ConsolidatedPage):
         return {page.id}
@@ -77,5 +78,6 @@ def _subtree(index: PageIndex, handle: str) -> set[str]:
 
 
 def _step(action: str, target: str, reason: str, changes: Sequence[Any]) -> Step:
+    """The trace's step for a directive, with the view changes it made."""
     result = "; ".join(f"{c.page_id} {c.before}→{c.after}" for c in changes) or "no change"
     return Step(action, target, reason, result)

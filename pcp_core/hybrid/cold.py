@@ -79,6 +79,7 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
 
 
 def _over(text: str, max_tokens: int, count: Callable[[str], int]) -> bool:
+    """Whether ``text`` takes more than ``max_tokens``."""
     # A token is at least a byte: a text of fewer bytes than the room fits without being counted.
     return len(text.encode()) > max_tokens and count(text) > max_tokens
 

@@ -80,6 +80,7 @@ def horizontal_merges(
 
 
 def _container(children: Sequence[Page], stats: TermStats, policy: PagingPolicy) -> ConsolidatedPage:
+    """A memory container over ``children``, in time order."""
     ordered = sorted(children, key=lambda page: page.timestamp)
     page = consolidate(ordered, stats, policy.keywords, policy.container_summary_chars)
     ids = tuple(child.id for child in ordered)
@@ -87,4 +88,5 @@ def _container(children: Sequence[Page], stats: TermStats, policy: PagingPolicy)
 
 
 def _kind(page: Page) -> bool:
+    """Whether ``page`` is a container (the consolidator groups pages by kind)."""
     return isinstance(page, ConsolidatedPage)

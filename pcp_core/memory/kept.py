@@ -48,10 +48,12 @@ _TURN = re.compile(r"^\[[a-z_]+\] ", re.M)
 
 
 def original_id(content: str) -> str:
+    """The memory id of an Original page, from its content."""
     return short_hash("Memory", content, length=MEMORY_ID_LENGTH)
 
 
 def container_id(source_ids: Sequence[str]) -> str:
+    """The memory id of a container, from its children's ids."""
     return short_hash("MemoryContainer", *source_ids, length=MEMORY_ID_LENGTH)
 
 
@@ -155,11 +157,13 @@ def rebuilt(container: Page, children: Sequence[Page], stats: TermStats, policy:
 
 
 def _keep(out: dict[str, Page], page: Page) -> str:
+    """Keep ``page`` in ``out`` once, and give its id."""
     out.setdefault(page.id, page)
     return page.id
 
 
 def _stored(page: Page, page_id: str, source_ids: Sequence[str] | None = None) -> Page:
+    """``page`` as memory keeps it: under ``page_id``, from storage, no longer a draft."""
     if source_ids is not None:
         return msgspec.structs.replace(page, id=page_id, origin=Origin.STORAGE, source_ids=tuple(source_ids), draft=False)
     return msgspec.structs.replace(page, id=page_id, origin=Origin.STORAGE, draft=False)

@@ -112,5 +112,6 @@ def asks(page: Page) -> bool:
 
 
 def _questions(text: str) -> bool:
+    """Whether every sentence of ``text`` is a question."""
     sentences = [s.strip() for s in _SENTENCE.findall(text) if s.strip(" \n\t.!?。！？؟")]
     return bool(sentences) and all(s.endswith(_ASKED) for s in sentences)

@@ -167,11 +167,13 @@ def _neighbours(candidates: Sequence[Candidate], score: Any) -> Any:
 
 
 def _age_days(timestamp: str, now: datetime) -> float:
+    """Days from ``timestamp`` to ``now`` (0 when the timestamp cannot be read)."""
     when = moment(timestamp)
     return (now - when).total_seconds() / 86400 if when is not None else 0.0
 
 
 def _z(values: Any) -> Any:
+    """``values`` as z-scores over the finite ones (zeros when they do not spread)."""
     values = np.asarray(values, dtype=np.float64)
     known = values[np.isfinite(values)]
     spread = known.std() if len(known) else 0.0

@@ -75,6 +75,7 @@ def _quoted(text: str) -> str:
 
 
 def _three_fields(text: str, what: str) -> list[str]:
+    """The three comma-separated fields of coordinates or selectors, parentheses optional."""
     inner = text.strip()
     if inner.startswith("(") and inner.endswith(")"):
         inner = inner[1:-1]
@@ -119,6 +120,7 @@ class Selector(msgspec.Struct, frozen=True):
     tag: str | None = None
 
     def matches(self, component: Placed) -> bool:
+        """Whether ``component`` is one this selector picks."""
         if self.key is not None or self.tag is not None:
             return component.key == self.key if self.key is not None else self.tag in component.tags
         at = (component.depth, component.position, component.offset)
@@ -139,6 +141,7 @@ def parse_selector(text: str) -> Selector:
 
 
 def _range(text: str, name: str, field: str) -> Range | None:
+    """One field of a selector as a range (None for ``*``)."""
     if field == "*":
         return None
     match = _RANGE.match(field)

@@ -43,6 +43,7 @@ class Placement(msgspec.Struct, frozen=True):
 
     @property
     def count(self) -> int:
+        """How many components are placed."""
         return len(self.system) + sum(map(len, self.messages.values()))
 
 

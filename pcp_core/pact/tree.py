@@ -116,6 +116,7 @@ class Tree(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def coordinates(component: Component) -> Coordinates:
+    """Where ``component`` is pinned."""
     return Coordinates(component.depth, component.position, component.offset)
 
 

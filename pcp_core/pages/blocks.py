@@ -102,6 +102,7 @@ def scan(turn: Turn, count: CountText, policy: ScanPolicy = ScanPolicy(), checkp
     drafts: list[Page] = []
 
     def contain(children: Sequence[Page], title: str = "") -> ConsolidatedPage:
+        """A Draft container over ``children``, titled ``title``."""
         page = consolidate(children, stats, policy.keywords, policy.summary_chars)
         page = msgspec.structs.replace(
             page, id=short_hash("Draft", handle, *page.source_ids), summary=f"{title}: {page.summary}" if title else page.summary, draft=True
@@ -251,6 +252,7 @@ def _fanned(pages: list[Page], fanout: int, contain: Callable[[Sequence[Page]], 
 
 
 def _draft(handle: str, place: str, turn: int, text: str, timestamp: str, stats: TermStats, policy: ScanPolicy) -> OriginalPage:
+    """A Draft page of a block's section: its text, summary and keywords."""
     weights = stats.weights(text)
     return OriginalPage(
         id=short_hash("Draft", handle, place, text),
@@ -267,4 +269,5 @@ def _draft(handle: str, place: str, turn: int, text: str, timestamp: str, stats:
 
 
 def _clip(text: str, limit: int) -> str:
+    """``text`` cut at its last ``; `` before ``limit`` characters."""
     return text if len(text) <= limit else text[: limit - 1].rsplit("; ", 1)[0] + "; …"

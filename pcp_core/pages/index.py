@@ -129,6 +129,7 @@ class PageIndex:
         return page
 
     def _unique_id(self, page: Page) -> str:
+        """A longer id for ``page``, which no page of the index holds yet."""
         length = len(page.id)
         while True:
             length += 2
@@ -138,6 +139,7 @@ class PageIndex:
 
     # -- reading -------------------------------------------------------------
     def get(self, page_id: str) -> Page:
+        """The page ``page_id``; ``UnknownPage`` if the index has none."""
         try:
             return self.pages[page_id]
         except KeyError:
@@ -149,11 +151,13 @@ class PageIndex:
         return self.topics.get(page_id, "")
 
     def children(self, page_id: str) -> list[Page]:
+        """The children of ``page_id`` the index holds, in order."""
         page = self.get(page_id)
         # A memory container's children join the index when it is opened (a page fault): those not in yet are not shown.
         return [self.pages[c] for c in page.source_ids if c in self.pages] if isinstance(page, ConsolidatedPage) else []
 
     def parent(self, page_id: str) -> str | None:
+        """The id of the container ``page_id`` is in (None for a root)."""
         self.get(page_id)
         return self.parents.get(page_id)
 
@@ -179,6 +183,7 @@ class PageIndex:
         return sorted(found, key=self._order)
 
     def _collect(self, page_ids: Iterable[str], into: list[Page]) -> None:
+        """Append the leaves under ``page_ids`` to ``into``, depth first."""
         for page_id in page_ids:
             page = self.pages.get(page_id)
             if page is None:  # a memory page not faulted in
@@ -190,6 +195,7 @@ class PageIndex:
 
     # -- heat and staleness ----------------------------------------------------
     def touch(self, page_id: str, heat: float = 1.0) -> None:
+        """Warm ``page_id`` by ``heat``, and mark it used now."""
         self.get(page_id)
         self.heat[page_id] = self.heat.get(page_id, 0.0) + heat
         self.touched[page_id] = self.clock
@@ -200,14 +206,17 @@ class PageIndex:
         self.heat = {page_id: heat * HEAT_DECAY for page_id, heat in self.heat.items()}
 
     def staleness(self, page_id: str) -> int:
+        """How many rounds since ``page_id`` was last used."""
         self.get(page_id)
         return self.clock - self.touched.get(page_id, 0)
 
     def activation(self, page_id: str) -> Activation:
+        """How ``page_id`` is active: Indexed unless it was made Hot or Shelved."""
         self.get(page_id)
         return self.activations.get(page_id, Activation.INDEXED)
 
     def activate(self, page_id: str, activation: Activation) -> None:
+        """Set how ``page_id`` is active."""
         self.get(page_id)
         self.activations[page_id] = activation
 
@@ -217,4 +226,5 @@ class PageIndex:
 
 
 def _same(a: Page, b: Page) -> bool:
+    """Whether two pages are the same, their depth aside."""
     return type(a) is type(b) and msgspec.structs.replace(a, depth=b.depth) == b

@@ -81,6 +81,7 @@ AnyPage = TypeVar("AnyPage", bound=Page)
 
 
 def short_hash(*parts: str, length: int = ID_LENGTH) -> str:
+    """A short hex id hashed from ``parts``."""
     digest = hashlib.blake2b(digest_size=16)
     for part in parts:
         digest.update(part.encode())
@@ -104,6 +105,7 @@ class Turn(msgspec.Struct, frozen=True):
     timestamp: str
 
     def line(self) -> str:
+        """The turn as a page's content holds it: its role marker, then its text."""
         return f"[{self.role}] {self.text}"
 
 
@@ -132,4 +134,5 @@ def tree_depths(pages: Sequence[Page]) -> dict[str, int]:
 
 
 def at_depth(page: AnyPage, depth: int) -> AnyPage:
+    """``page`` at ``depth`` in its tree."""
     return page if page.depth == depth else msgspec.structs.replace(page, depth=depth)

@@ -117,6 +117,7 @@ def consolidate(children: Sequence[Page], stats: TermStats, keywords: int, summa
 
 
 def _clip(text: str, max_chars: int) -> str:
+    """``text`` cut at a word to at most ``max_chars``."""
     if len(text) <= max_chars:
         return text
     cut = text[: max_chars - 1].rsplit(" ", 1)[0]

@@ -74,6 +74,7 @@ def assign_topics(
     norms: dict[int, float] = {}
 
     def norm(i: int) -> float:
+        """The norm of group ``i``'s signature, worked out once."""
         if i not in norms:
             norms[i] = space.norm(signatures[i])
         return norms[i]
@@ -105,9 +106,11 @@ class SignatureSpace:
         self.weight = _IdfSquared(stats)
 
     def norm(self, signature: Sequence[str]) -> float:
+        """The length of ``signature`` in the idf-weighted space."""
         return math.sqrt(sum(map(self.weight.__getitem__, signature)))
 
     def similarity(self, a: Sequence[str], b: Sequence[str]) -> float:
+        """The cosine of two signatures, their terms weighted by idf squared."""
         shared = set(a) & set(b)
         norm = self.norm(a) * self.norm(b) if shared else 0.0
         return sum(map(self.weight.__getitem__, shared)) / norm if norm else 0.0

@@ -63,6 +63,7 @@ class ViewState:
         self.unpacked_in: dict[str, int] = {}  # container id -> round it was unpacked
 
     def view(self, page_id: str) -> View:
+        """The view ``page_id`` is shown at (Summary unless raised)."""
         return self.views.get(page_id, S)
 
     def raised(self) -> dict[str, View]:
@@ -76,6 +77,7 @@ class ViewState:
         return [c for c in changes if c.before != c.after]
 
     def shelve(self, page_id: str, round_no: int = 0) -> list[Transition]:
+        """Fold ``page_id`` one level, and its container too when none of its children stays raised."""
         changes = [self._apply(Action.SHELVE, page_id, round_no)]
         if self.view(page_id) == S:
             self._hide_subtree(page_id)
@@ -104,13 +106,16 @@ class ViewState:
 
     # -- internals -------------------------------------------------------------
     def _unfold_path(self, page_id: str, round_no: int) -> list[Transition]:
+        """Unpack every ancestor of ``page_id`` that is not yet."""
         return [self._set(a, U, round_no) for a in reversed(self.index.ancestors(page_id)) if self.view(a) != U]
 
     def _apply(self, action: Action, page_id: str, round_no: int) -> Transition:
+        """Apply ``action`` to ``page_id`` by the view-state machine's transitions."""
         before = self.view(page_id)
         return self._set(page_id, TRANSITIONS[(action, self._is_container(page_id), before)], round_no)
 
     def _set(self, page_id: str, view: View, round_no: int) -> Transition:
+        """Show ``page_id`` at ``view``, and record the transition."""
         before = self.view(page_id)
         if view != before:
             self.views.pop(page_id, None)  # a page that changes goes to the end of the order
@@ -123,12 +128,15 @@ class ViewState:
         return Transition(page_id, before, view)
 
     def _is_container(self, page_id: str) -> bool:
+        """Whether ``page_id`` is a Consolidated page."""
         return isinstance(self.index.get(page_id), ConsolidatedPage)
 
     def _any_child_raised(self, page_id: str) -> bool:
+        """Whether any child of ``page_id`` is shown above Summary."""
         return any(self.view(child.id) != S for child in self.index.children(page_id))
 
     def _hide_subtree(self, page_id: str) -> None:
+        """Fold every page under ``page_id`` back to Summary."""
         for child in self.index.children(page_id):
             self._set(child.id, S, 0)
             self._hide_subtree(child.id)

@@ -69,6 +69,7 @@ class PagedHistory(msgspec.Struct, frozen=True, kw_only=True):
         )
 
     def index(self) -> PageIndex:
+        """The page index of the history: its pages, its blocks' drafts, and their tree."""
         index = PageIndex.of_tree([*self.leaves, *self.containers], self.topics)  # children before their container
         solid = {page.id: page for page in self.storage}
         for block in self.blocks:  # a solidified draft stands in its place in the block's tree
@@ -78,6 +79,7 @@ class PagedHistory(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _summarised(page: Page, summaries: Mapping[str, str]) -> Any:
+    """``page`` with the summary a model wrote for it, if any."""
     summary = summaries.get(page.id)
     return page if summary is None or summary == page.summary else msgspec.structs.replace(page, summary=summary)
 
@@ -156,6 +158,7 @@ def _before(leaves: Sequence[OriginalPage], turn: int) -> int:
 
 
 def _count_terms(df: dict[str, int], content: str, step: int) -> None:
+    """Count ``content``'s terms in or out of the document frequencies ``df`` (``step`` 1 or -1)."""
     for term in set(terms(content)):
         left = df.get(term, 0) + step
         if left > 0:
@@ -180,6 +183,7 @@ def _consolidate_levels(
     signatures: dict[tuple[str, ...], tuple[str, ...]] = {}  # by the ids of a group's pages
 
     def signed(key: tuple[str, ...], group: Sequence[Page]) -> tuple[str, ...]:
+        """The signature of ``group``, reused from the known history where it can be."""
         if key not in signatures:
             checkpoint()
             mine = reusable.get(key)
@@ -187,6 +191,7 @@ def _consolidate_levels(
         return signatures[key]
 
     def container(key: tuple[str, ...], group: Sequence[Page]) -> ConsolidatedPage:
+        """The container over ``group``, reused from the known history where it can be."""
         checkpoint()
         return reusable.get(key) or _unique(consolidate(group, stats, policy.keywords, policy.container_summary_chars), used)
 
@@ -204,6 +209,7 @@ def _consolidate_levels(
     above: dict[str, ConsolidatedPage] = {}  # the containers over the topic groups, bottom up
 
     def up(groups: Sequence[list[Page]]) -> list[Page]:
+        """One level up: a container over each group (a group of one goes up as it is)."""
         # A group of one page goes up as it is: no container stands over a single page.
         pages = [group[0] if len(group) == 1 else container(_ids(group), group) for group in groups]
         above.update((p.id, p) for p in pages if isinstance(p, ConsolidatedPage) and p.id not in by_id)
@@ -252,6 +258,7 @@ def _new_depths(roots: Sequence[Page], containers: Mapping[str, ConsolidatedPage
 
 
 def _ids(group: Sequence[Page]) -> tuple[str, ...]:
+    """The ids of a group's pages."""
     return tuple(map(_ID, group))
 
 
@@ -307,6 +314,7 @@ def topic_groups(pages: Sequence[Page], df: dict[str, int], policy: PagingPolicy
 
 
 def _dated(page: Page) -> bool:
+    """Whether ``page`` opens with a date header."""
     return opens_with_date(without_turn_markers(page.content))  # a header starts a page (_dated_parts)
 
 
@@ -332,6 +340,7 @@ def _unique(page: AnyPage, used: set[str]) -> AnyPage:
 
 
 def _original(group: list[Turn], content: str, stats: TermStats, policy: PagingPolicy) -> OriginalPage:
+    """The Original page over a group of turns."""
     weights = stats.weights(content)
     first, last = group[0], group[-1]
     return OriginalPage(

@@ -57,6 +57,7 @@ def _dated_parts(turns: list[Turn]) -> list[list[Turn]]:
 
 
 def _bounded(turns: list[Turn], count: CountText, page_tokens: int, page_turns: int) -> list[list[Turn]]:
+    """``turns`` cut into runs of at most ``page_tokens`` tokens and ``page_turns`` turns."""
     ranges = segment_turns([count(t.line()) for t in turns], page_tokens, page_turns)
     return [turns[r.start : r.stop] for r in ranges]
 

@@ -33,6 +33,7 @@ class Flow:
         self.index, self.wanted, self.request, self.count, self.overview = index, wanted, request, count, overview
 
     def detached(self, page_id: str, shown: dict[str, View]) -> bool:
+        """Whether ``page_id`` stands alone in the flow: its container is not shown Unpacked."""
         parent = self.index.parent(page_id)
         return parent is not None and shown.get(parent) != U
 
@@ -71,9 +72,11 @@ class Flow:
         return lead + document.registry(bool(self.request.parts))
 
     def background(self, unfolded: set[str]) -> str:
+        """The Background_Context: a line for each listed root that is not unfolded."""
         return document.background([self.index.get(r) for r in self.listed() if r not in unfolded])
 
     def nodes(self, layout: Sequence[str], shown: dict[str, View]) -> str:
+        """The text of the top-level nodes of ``layout``."""
         return "".join(document.element_text(self.subtree(page_id, shown, nested=False)) for page_id in layout)
 
     def layout(self, shown: dict[str, View], unfolded: set[str]) -> list[str]:
@@ -108,6 +111,7 @@ class Flow:
         return 3, page.first_turn
 
     def latest_change(self, page_id: str, shown: dict[str, View], changed: dict[str, int]) -> int:
+        """The latest change among ``page_id`` and what is shown under it (-1: none)."""
         latest = changed.get(page_id, -1)
         if shown.get(page_id) == U:
             for child in self.index.children(page_id):
@@ -115,6 +119,7 @@ class Flow:
         return latest
 
     def subtree(self, page_id: str, shown: dict[str, View], nested: bool) -> etree._Element:
+        """The element of ``page_id`` at its view, with its children when it is Unpacked."""
         view = shown.get(page_id, S)
         element = node(self.index.get(page_id), view, nested)
         if view == U:

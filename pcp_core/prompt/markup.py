@@ -52,6 +52,7 @@ _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
 def xml_safe(text: str) -> str:
+    """``text`` without the characters XML cannot hold."""
     return _INVALID_XML.sub("", text)
 
 
@@ -74,6 +75,7 @@ class Unescaping:
         self.held = ""
 
     def feed(self, chunk: str) -> str:
+        """Unescape ``chunk``, holding back a trailing ``&`` that may start an entity."""
         text = self.held + chunk
         self.held = ""
         tail = text.rfind("&")
@@ -82,6 +84,7 @@ class Unescaping:
         return _ENTITY.sub(lambda found: _ENTITIES[found.group()], text)
 
     def flush(self) -> str:
+        """Release what was held back: the text has ended."""
         held, self.held = self.held, ""
         return held
 
@@ -168,6 +171,7 @@ def node_lines(page: Page, view: View, nested: bool = False) -> str:
 
 
 def background_line(page: Page) -> str:
+    """A root's line in Background_Context: its time, its id, its keywords."""
     keywords = ", ".join(page.keywords[:5])
     return xml_safe(f"{shown_time(page.timestamp)} [{page.id}] {keywords}")
 

@@ -33,6 +33,7 @@ _DIRECTIVE = re.compile(r"\b(?:Consult|Shelve|Explore)\([^)]*\)")
 
 
 def _clauses(*texts: str) -> tuple[str, ...]:
+    """The lines and clauses of the proxy's own texts that an answer may echo."""
     # A line whole, and as it is once the directive parser has taken the directives and tags it names out of it.
     texts = (*texts, *(_TAG.sub("", text) for text in texts))
     lines = {line.strip() for text in texts for line in (*text.splitlines(), *_DIRECTIVE.sub("", text).splitlines())}
@@ -74,6 +75,7 @@ class Scaffolding:
         self.line_start = True  # the text released so far ends a line (or none was)
 
     def feed(self, chunk: str) -> str:
+        """Release what of ``chunk`` is not the proxy's own words, holding back what may still become them."""
         # A text that does not open a line starts with a mark, so that no line pattern takes its first line.
         text = ("" if self.line_start else _MID_LINE) + self.held + chunk
         for sentence in SENTENCES:
@@ -107,5 +109,6 @@ _MID_LINE = "\x00"
 
 
 def without_scaffolding(text: str) -> str:
+    """``text`` without the proxy's own words."""
     scaffolding = Scaffolding()
     return scaffolding.feed(text) + scaffolding.flush()

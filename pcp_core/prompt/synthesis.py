@@ -50,6 +50,7 @@ S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
 
 def synthesize(index: PageIndex, views: dict[str, View], request: SynthesisRequest, count: CountText) -> Synthesis:
+    """The ``<PagedContext>`` messages for ``request``: the views admitted under its budget, laid out."""
     return _Builder(index, views, request, count).build()
 
 
@@ -64,6 +65,7 @@ class _Builder:
 
     # -- the plan ---------------------------------------------------------------
     def build(self) -> Synthesis:
+        """Admit pages greedily under the budget, then undo the last admissions while the exact count is over."""
         request, frame = self.request, self.request.frame
         head, opening, query = self._fit_fixed()
         used = self._exact(self.flow.document(head, opening, query, {}, set()), head)  # every root folded; with a frame, the frame alone
@@ -78,6 +80,7 @@ class _Builder:
         self.overview.clear()
 
         def admit(views: dict[str, View], roots: set[str]) -> bool:
+            """Show ``views`` and ``roots`` if they fit the budget and their share of it."""
             nonlocal used, fresh_left, zone_left
             delta = self._delta(shown, unfolded, views, roots)
             fresh = not self._frame_zone(views, roots)
@@ -209,6 +212,7 @@ class _Builder:
         return [self.request.parts[h] for h in dict.fromkeys(handles) if h in self.request.parts]
 
     def _attached(self, shown: dict[str, View]) -> list[Any]:
+        """The parts the user message carries: the query's, then those of the pages shown in Detail."""
         pages = [part for page_id, view in shown.items() if view == D for part in self._page_parts(page_id)]
         return [*self.query_parts, *{placeholder(p): p for p in pages if p not in self.query_parts}.values()]
 
@@ -227,6 +231,7 @@ class _Builder:
         return self.count(background_line(page)) + 1 if page.origin == Origin.HISTORY and self.request.frame is None else 0
 
     def _exact(self, document: str, head: str) -> int:
+        """The exact prompt tokens of ``document`` with ``head``."""
         return prompt_tokens(self.flow.messages(document, head, self.query_parts), self.count) + self.request.reserved_tokens
 
     def _fit_fixed(self) -> tuple[str, str, str]:

@@ -52,6 +52,7 @@ class Bm25Cache:
         self._indexes: deque[Bm25] = deque(maxlen=indexes)
 
     def terms(self, text: str) -> _DocTerms:
+        """The terms of ``text``, kept for the next request."""
         found = self._terms.get(text)
         if found is None:
             found = _doc_terms(text)
@@ -63,11 +64,13 @@ class Bm25Cache:
         return found
 
     def _drop_older_half(self) -> None:
+        """Forget the older half of the texts' terms."""
         held = list(self._terms.items())  # one call: atomic under the interpreter lock
         self._terms = dict(held[len(held) // 2 :])
         self.terms_bytes = sum(_held_bytes(text, found) for text, found in held[len(held) // 2 :])
 
     def recent(self) -> list[Bm25]:
+        """The indexes kept, oldest first."""
         return list(self._indexes)
 
     def keep(self, index: Bm25, replacing: Bm25 | None = None) -> None:
@@ -162,6 +165,7 @@ class Bm25:
         return self.hashes.nbytes + self.tf.nbytes + self.doc_of.nbytes + self.lengths.nbytes + self.norm.nbytes + 120 * self.n
 
     def _build(self, ids: list[str], docs: list[_DocTerms]) -> None:
+        """Index ``docs`` under ``ids``: their term hashes sorted, for lookups by term."""
         self.ids, self.docs = ids, docs
         hashes = np.concatenate([d.hashes for d in docs]) if docs else np.zeros(0, dtype=np.int64)
         order = np.argsort(hashes, kind="stable")
@@ -199,6 +203,7 @@ class Bm25:
         self._lengths(np.concatenate([prefix.lengths, np.array([d.length for d in docs], dtype=np.float64)]))
 
     def _lengths(self, lengths: Any) -> None:
+        """Set the documents' lengths and BM25's length normalisation."""
         self.n = len(lengths)
         self.lengths = lengths
         average = lengths.mean() if self.n else 1.0
@@ -231,6 +236,7 @@ class Bm25:
         return self._positive(self._scores(_stemmed(weights)))
 
     def rank(self, weights: Mapping[str, float], limit: int | None = None) -> list[tuple[str, float]]:
+        """The documents best first for ``weights``, at most ``limit`` of them."""
         return _ranked(self.scores(weights), limit)
 
     def rank_with_feedback(self, weights: Mapping[str, float], pages: int = FEEDBACK_PAGES, terms: int = FEEDBACK_TERMS) -> list[tuple[str, float]]:
@@ -276,6 +282,7 @@ class _DocTerms(NamedTuple):
 
 
 def _stemmed(weights: Mapping[str, float]) -> dict[str, float]:
+    """``weights`` by stemmed term, the highest weight of each stem."""
     out: dict[str, float] = {}
     for term, weight in weights.items():
         key = stem(term)
@@ -284,6 +291,7 @@ def _stemmed(weights: Mapping[str, float]) -> dict[str, float]:
 
 
 def _ranked(scores: dict[str, float], limit: int | None) -> list[tuple[str, float]]:
+    """``scores`` best first, at most ``limit`` of them."""
     ranked = sorted(scores.items(), key=lambda kv: -kv[1])
     return ranked[:limit] if limit else ranked
 

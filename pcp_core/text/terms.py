@@ -94,6 +94,7 @@ class TermStats:
         return stats
 
     def idf(self, term: str) -> float:
+        """The inverse document frequency of ``term``."""
         return self.idfs[term]
 
     def weights(self, text: str) -> TermWeights:
@@ -134,6 +135,7 @@ _CLOCK = re.compile(r"^\d{1,2}:\d{2}$")
 
 
 def top_keywords(weights: TermWeights, k: int) -> tuple[str, ...]:
+    """The ``k`` terms of highest weight (a time of day never among them)."""
     # A time of day says when, not what: it addresses nothing on its own (and opens with a digit).
     ranked = heapq.nsmallest(k, [(-w, t) for t, w in weights.items() if not (t[:1].isdigit() and _CLOCK.match(t))])
     return tuple(t for _, t in ranked)

@@ -86,6 +86,7 @@ def time_in(line: str) -> str | None:
 
 
 def _iso(date: tuple[int, int, int, str], clock: re.Match[str] | None) -> str | None:
+    """``date`` at the time of ``clock`` in ISO 8601 (None when no such day or time)."""
     try:
         moment = datetime(date[0], date[1], date[2], *_hour_minute_second(clock))
     except ValueError:  # "31 February", "25:00"
@@ -126,6 +127,7 @@ def _first_date(line: str) -> tuple[tuple[int, int, int, str], int, int] | None:
 
 
 def _hour_minute_second(clock: re.Match[str] | None) -> tuple[int, int, int]:
+    """The hour, minute and second ``clock`` states, on a 24-hour clock (midnight when none)."""
     if clock is None:
         return 0, 0, 0
     hour = int(clock.group("hour")) % 24
@@ -147,6 +149,7 @@ class Period(msgspec.Struct, frozen=True):
     end: datetime
 
     def holds(self, when: datetime, grace: timedelta = timedelta(0)) -> bool:
+        """Whether ``when`` falls in the period, or within ``grace`` after it."""
         return self.start <= when < self.end + grace
 
 
@@ -205,6 +208,7 @@ def _counted_back(text: str, today: datetime) -> list[Period]:
     periods: list[Period] = []
 
     def days(back: int, length: int = 1) -> Period:
+        """The ``length`` days that start ``back`` days before today."""
         return Period(today - timedelta(days=back), today - timedelta(days=back - length))
 
     for _ in _DAY_BEFORE_YESTERDAY.finditer(text):
@@ -260,6 +264,7 @@ def moment(timestamp: str) -> datetime | None:
 
 
 def _other_moment(timestamp: str) -> datetime | None:
+    """A timestamp in another form than ISO 8601: epoch seconds or milliseconds, an email date, or a time stated in it."""
     epoch = _EPOCH.fullmatch(timestamp)
     if epoch is not None:
         seconds = int(epoch.group("seconds")) if epoch.group("seconds") else int(epoch.group("milliseconds")) / 1000
@@ -272,6 +277,7 @@ def _other_moment(timestamp: str) -> datetime | None:
 
 
 def _month_number(name: str) -> int:
+    """A month's number from its number or name."""
     return int(name) if name.isdigit() else [m[:3] for m in _MONTHS].index(name[:3].lower()) + 1
 
 
@@ -286,6 +292,7 @@ def _year_month_day(found: re.Match[str]) -> tuple[int, int, int]:
 
 
 def _day(found: re.Match[str]) -> datetime | None:
+    """The day a date match names (None when there is no such day)."""
     try:
         return datetime(*_year_month_day(found))
     except ValueError:  # "31 February"
@@ -293,8 +300,10 @@ def _day(found: re.Match[str]) -> datetime | None:
 
 
 def _month(year: int, number: int) -> Period:
+    """The period of month ``number`` of ``year``."""
     return Period(datetime(year, number, 1), datetime(year + number // 12, number % 12 + 1, 1))
 
 
 def _year(year: int) -> Period:
+    """The period of ``year``."""
     return Period(datetime(year, 1, 1), datetime(year + 1, 1, 1))

@@ -70,6 +70,7 @@ def part_tokens(part: Any) -> int:
 
 
 def message_tokens(message: Mapping[str, Any], count: CountText) -> int:
+    """The prompt tokens of one chat message: its role, its content and parts, its tool calls."""
     tokens = PER_MESSAGE + count(str(message.get("role", "")))
     content = message.get("content")
     if isinstance(content, str):
@@ -99,6 +100,7 @@ def function_calls(message: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def prompt_tokens(messages: Iterable[Mapping[str, Any]], count: CountText) -> int:
+    """The prompt tokens of chat ``messages``, the reply's priming included."""
     return REPLY_PRIMING + sum(message_tokens(m, count) for m in messages)
 
 
