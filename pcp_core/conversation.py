@@ -54,7 +54,7 @@ class Conversation(msgspec.Struct, frozen=True):
     head: list[Message]
     history: list[Message]
     query: Message | None  # the last message, None when the request holds only a head
-    query_is_block: bool = False  # the query is paged apart as a File block (``pblock``)
+    query_is_block: bool = False  # the query is paged apart as a File block (``pcp_core.pages.blocks``)
     # The messages the query was sent as, when it is not one of them (a turn of calls and their results):
     # a follow-up sends them back as they came.
     query_sent: list[Message] = []

@@ -273,7 +273,7 @@ def settle(prepared: Prepared, outcome: Outcome) -> Session:
 
 
 def with_components(prepared: Prepared, conversation: Conversation, tree: Tree) -> Prepared:
-    """``prepared`` with the live components of ``tree`` where they render (``pact_render``).
+    """``prepared`` with the live components of ``tree`` where they render (``pcp_core.pact.placement``).
 
     A history message's components ride in its page (the pages the rounds
     read; the session keeps its own, unchanged), the current message's join

@@ -1,8 +1,8 @@
 """P-Mem: memory that outlives the conversation, as rules (no I/O).
 
 Memory holds the same pages as a conversation's context (``pcp_core.pages.logical``),
-with ``origin`` Storage: ``pages`` says how a conversation's pages are kept,
-``router`` how they are chosen for a request, ``consolidator`` how they are
+with ``origin`` Storage: ``kept`` says how a conversation's pages are kept,
+``selection`` how they are chosen for a request, ``consolidator`` how they are
 tidied in the background. The host keeps them, indexes them, and runs both.
 """
 

@@ -9,7 +9,7 @@ The host runs it in the background over a scope. What it decides here:
   become the children of a new Consolidated page: the same consensus
   keywords and chosen sentences a conversation's container gets. Its
   ``source_ids`` keep the way down to the verbatim turns;
-* **fade** is read where pages are ranked (``router.fade``): by age, and by
+* **fade** is read where pages are ranked (``fading.fade``): by age, and by
   how seldom the Router recalls a page;
 * **forgetting** — a forgotten page takes its subtree with it; the containers
   above it are consolidated again from what is left (their summaries

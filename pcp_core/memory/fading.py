@@ -2,7 +2,7 @@
 
 A scope counts the requests it served (its clock). Each page keeps how many
 it was given to, shown in, and opened by a Consult, and the clock when it
-was written or last consulted. Where the Memory Router ranks (``router``):
+was written or last consulted. Where the Memory Router ranks (``selection``):
 
 * **fade by age** — a page loses weight as its timestamp ages (half-life
   ``half_life_days``), more slowly the more requests it was given to;

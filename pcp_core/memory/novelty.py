@@ -16,7 +16,7 @@ turns that hold their answers. Three rules keep what informs, by content:
   judged on its own, so one new fact among small talk keeps its page;
 * **only asking** — a page all of whose turns are the user's, every sentence
   ending in a question mark, states nothing: the Memory Router ranks it after
-  every page that states (``router.ranked``), whatever its novelty;
+  every page that states (``selection.ranked``), whatever its novelty;
 * **repeats** — a page whose terms are those of a page the scope holds (a
   question asked again in other words, a conversation sent again with a
   typo mended) is that page: the conversation claims it rather than writing N

@@ -48,7 +48,7 @@ class MemoryPolicy(msgspec.Struct, frozen=True):
     lexical_weight: float = 0.5  # the keyword share of a score when vectors score too (as the session Router)
     neighbour_share: float = 0.3  # of the better neighbour's score, in its own conversation
     time_weight: float = 1.0  # standard deviations for a page dated in a period the intent names
-    # Fade by age and disuse, rise by Consults (``metabolism``): what keeps being asked for stays.
+    # Fade by age and disuse, rise by Consults (``fading``): what keeps being asked for stays.
     metabolism: Metabolism = Metabolism()
     router: bool = False  # a router model reads the best candidates' summaries (x-pcp-role: memory-router)
     router_budget: int = 2048

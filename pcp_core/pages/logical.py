@@ -2,7 +2,7 @@
 
 Pages are immutable values. Their ids are short content hashes, so the same turns
 always page to the same id and a page can be cached and found again by content;
-the index (``index.py``) makes ids unique within one address space.
+the index (``pcp_core.pages.index``) makes ids unique within one address space.
 """
 
 from __future__ import annotations

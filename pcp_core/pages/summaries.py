@@ -2,7 +2,7 @@
 
 §2.4 forbids literary summaries: a summary must keep the anchors — names,
 numbers, dates, identifiers. So summaries here are *chosen sentences*, ranked by
-how many distinctive terms they carry (``terms.TermStats``). A container's
+how many distinctive terms they carry (``pcp_core.text.terms.TermStats``). A container's
 summary is chosen from its children's, around their consensus keywords.
 """
 

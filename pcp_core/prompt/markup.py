@@ -30,7 +30,7 @@ __all__ = [
 
 S, D, U = View.SUMMARY, View.DETAIL, View.UNPACKED
 
-# Every tag the document uses: a worker that echoes one is never heard by the client (``directives``).
+# Every tag the document uses: a worker that echoes one is never heard by the client (``pcp_core.directives``).
 TAGS = (
     "PagedContext",
     "Static_Registry",

@@ -46,7 +46,7 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     overview_budget: int | None = None
     # Parts that are not text: the query's go to the worker with the user message (while they fit);
     # the history's, by handle, with it too in the rounds where a page the worker asked for
-    # (``consulted``) shows their placeholders in Detail. Each counts ``tokens.part_tokens``.
+    # (``consulted``) shows their placeholders in Detail. Each counts ``pcp_core.text.tokens.part_tokens``.
     query_parts: Sequence[Any] = ()
     parts: Mapping[str, Any] = {}
     consulted: Sequence[str] = ()
