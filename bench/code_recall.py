@@ -8,7 +8,7 @@ worker). Counted: the questions whose function's ``def`` line is in the
 ``<Content>`` of the prompt, and those whose every line is.
 
 Two ways of sectioning the block are compared on the same questions: by its
-top-level definitions (the default, ``pcp_core.pblock``), and by Markdown
+top-level definitions (the default, ``pcp_core.pages.blocks``), and by Markdown
 headings only (what a source file's ``#`` comments then look like).
 
     .venv/bin/python bench/code_recall.py [--budgets 2048 4096]
@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from pcp_core import pblock  # noqa: E402
 from pcp_core.engine import run_rounds  # noqa: E402
-from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
+from pcp_core.pages import blocks as pblock  # noqa: E402
+from pcp_core.paging.history import page_history, turns_from_messages  # noqa: E402
 from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
 from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402

@@ -5,7 +5,7 @@ setting at its default) or uses ``--url``, sends each of the first ``--conversat
 dev conversations (13k-26k tokens, over the embedded slot's window) with ``--questions``
 of its questions, and prints per request: the mode, seconds to the whole answer,
 finish_reason, completion tokens, x-pcp-rounds, and whether the answer names any of the
-protocol's scaffolding (``pcp_core.scaffolding.VOCABULARY``, ``<Node``, a directive call).
+protocol's scaffolding (``pcp_core.prompt.scaffolding.VOCABULARY``, ``<Node``, a directive call).
 
     .venv/bin/python bench/embedded_paging.py [--url http://127.0.0.1:8000] [--conversations 2] [--questions 3]
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from pcp_core.scaffolding import VOCABULARY
+from pcp_core.prompt.scaffolding import VOCABULARY
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "locomo-dev"
 SCAFFOLDING = re.compile("|".join([*map(re.escape, VOCABULARY), r"<\s*/?\s*Node\b", r"\b(?:Consult|Explore|Shelve)\s*\("]))

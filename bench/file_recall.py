@@ -60,7 +60,7 @@ def as_file(messages: Sequence[Message]) -> list[Message]:
 
 def file_needles(originals: dict[str, list[Message]]):
     """The lines each question's evidence turns show as in the file."""
-    from pcp_core.markup import xml_safe
+    from pcp_core.prompt.markup import xml_safe
 
     def needles(question: Question, _sent: Sequence[Message]) -> list[str]:
         turns = originals[question.conv_id]

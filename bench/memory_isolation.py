@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
 from bench.memory_recall import remember, sessions_of  # noqa: E402
 from bench.recall import DEFAULT_DATA, load_data, running_proxy  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
-from pcp_core.markup import xml_safe  # noqa: E402
+from pcp_core.prompt.markup import xml_safe  # noqa: E402
 from proxy.testing.apis import worker_document  # noqa: E402
 
 A, B = {"authorization": "Bearer sk-key-a"}, {"authorization": "Bearer sk-key-b"}

@@ -57,7 +57,7 @@ from bench.recall import (  # noqa: E402
     running_proxy,
 )
 from bench.simulated_worker import simulated_worker  # noqa: E402
-from pcp_core.pages import OriginalPage  # noqa: E402
+from pcp_core.pages.logical import OriginalPage  # noqa: E402
 from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
 
 from pcp_core import Conversation, OriginalPage, Policy  # noqa: E402
 from pcp_core.memory import container_id  # noqa: E402
-from pcp_core.pages import ConsolidatedPage, Origin  # noqa: E402
+from pcp_core.pages.logical import ConsolidatedPage, Origin  # noqa: E402
 from proxy.memory import Memory, SqliteMemoryStore  # noqa: E402
 
 SCOPE = "bench/scale"

@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 from bench.recall import DEFAULT_DATA, ENCODING, PROXY_ROWS, Message, ask_proxy, evidence_texts, load_data, proxy_outcomes, recall, running_proxy, user  # noqa: E402
 from bench.simulated_worker import simulated_worker  # noqa: E402
 from pcp_core.billing import billed, cached  # noqa: E402
-from pcp_core.tokens import prompt_tokens  # noqa: E402
+from pcp_core.text.tokens import prompt_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 CACHE_FLOOR = 1024

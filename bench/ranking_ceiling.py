@@ -6,11 +6,11 @@ unit's tokens, the question is recalled at T tokens when all its evidence turns
 are in before T tokens are spent. No structure, overview or instructions are
 paid for, so this is an upper bound for any prompt built on that ranking:
 
-* turns cost what they cost as chat messages (``pcp_core.tokens.message_tokens``);
-* pages are the proxy's own Original pages (``pcp_core.paging.page_history``),
+* turns cost what they cost as chat messages (``pcp_core.text.tokens.message_tokens``);
+* pages are the proxy's own Original pages (``pcp_core.paging.history.page_history``),
   costing their content plus the XML of a Detail node in the ``<PagedContext>``.
 
-Rankers: the proxy's Router itself (``pcp_core.router.broad_match``: pages
+Rankers: the proxy's Router itself (``pcp_core.ranking.router.broad_match``: pages
 scored by BM25 with feedback, alone or with MiniLM — each page alone and read
 with the one before —, plus a lift for pages said in a period the question
 names, and a share of the better neighbour's score); BM25 with
@@ -36,12 +36,12 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.recall import CATEGORY_NAMES, DEFAULT_DATA, ENCODING, DenseRanker, Question, load_data  # noqa: E402
-from pcp_core.bm25 import Bm25  # noqa: E402
-from pcp_core.markup import node_lines  # noqa: E402
-from pcp_core.pages import Origin, OriginalPage, View  # noqa: E402
-from pcp_core.paging import page_history, turns_from_messages  # noqa: E402
-from pcp_core.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
-from pcp_core.tokens import message_tokens  # noqa: E402
+from pcp_core.pages.logical import Origin, OriginalPage, View  # noqa: E402
+from pcp_core.paging.history import page_history, turns_from_messages  # noqa: E402
+from pcp_core.prompt.markup import node_lines  # noqa: E402
+from pcp_core.ranking.bm25 import Bm25  # noqa: E402
+from pcp_core.ranking.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
+from pcp_core.text.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 RRF_K = 30
@@ -102,7 +102,7 @@ class Conversation:
         contents = [m["content"] for m in messages]
         self.alone = dense.embed(contents)
         self.paired = dense.embed([f"{contents[i - 1]}\n{text}" if i else text for i, text in enumerate(contents)])
-        # What the proxy's dense recall embeds (pcp_core.router.dense_texts): each page, alone and after the one before it.
+        # What the proxy's dense recall embeds (pcp_core.ranking.router.dense_texts): each page, alone and after the one before it.
         self.units = unit_texts(self.pages)
         self.unit_vectors = dense.embed(dense_texts(self.units))
 
@@ -129,7 +129,7 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     alone = list((-(conv.alone @ question_vector)).argsort())
     paired = list((-(conv.paired @ question_vector)).argsort())
     fused = with_neighbours(rank_fusion(bm25_turns, paired))
-    # The proxy's own Router (pcp_core.router): pages scored by BM25 and MiniLM z-scores.
+    # The proxy's own Router (pcp_core.ranking.router): pages scored by BM25 and MiniLM z-scores.
     by_id = {p.id: i for i, p in enumerate(conv.pages)}
     lexical = lexical_scores(intent, conv.units)
     router = [by_id[p] for p in broad_match(intent, conv.pages, lexical)]

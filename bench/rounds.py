@@ -35,14 +35,14 @@ if str(REPO) not in sys.path:
 from bench.prefix_cache import CACHE_FLOOR, Shares, shared_prefix  # noqa: E402
 from bench.recall import DEFAULT_DATA, ENCODING, LEGEND, PROXY_ROWS, Row, category_counts, evidence_texts, load_data, markdown_table, proxy_outcomes, recall  # noqa: E402
 from bench.simulated_worker import worker_reply  # noqa: E402
-from pcp_core.bm25 import Bm25Cache  # noqa: E402
+from pcp_core.directives.replies import WorkerReply  # noqa: E402
 from pcp_core.effects import CallRouter, CallWorker, Similarity  # noqa: E402
 from pcp_core.engine import run_rounds  # noqa: E402
-from pcp_core.index import PageIndex  # noqa: E402
-from pcp_core.replies import WorkerReply  # noqa: E402
+from pcp_core.pages.index import PageIndex  # noqa: E402
+from pcp_core.ranking.bm25 import Bm25Cache  # noqa: E402
+from pcp_core.ranking.router import dense_texts, unit_texts  # noqa: E402
 from pcp_core.round_policy import RoundContext, RoundPolicy  # noqa: E402
-from pcp_core.router import dense_texts, unit_texts  # noqa: E402
-from pcp_core.tokens import prompt_tokens  # noqa: E402
+from pcp_core.text.tokens import prompt_tokens  # noqa: E402
 from proxy.testing.apis import document_of  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
@@ -55,7 +55,7 @@ def worker_calls(index: PageIndex, question: str, budget: int, count: Any, embed
     """The worker calls of one request, as bodies with their ``messages``, and the frame its session keeps.
 
     Each question is asked of the same history, as ``bench/recall.py`` asks it: a sibling of the
-    question before, which makes its frame again (``pcp_core.frame``). ``policy``: RoundPolicy fields to try.
+    question before, which makes its frame again (``pcp_core.prompt.frame``). ``policy``: RoundPolicy fields to try.
     """
     rules = RoundPolicy(budget=budget, max_rounds=4, **policy)
     loop = run_rounds(RoundContext(query=question, current_time=NOW, policy=rules, dense=embedder is not None), index, count, CACHE)

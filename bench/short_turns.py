@@ -59,7 +59,7 @@ from bench.recall import (  # noqa: E402
     proxy_outcomes,
 )
 from bench.rounds import steady_state, worker_calls  # noqa: E402
-from pcp_core.synthesis import xml_safe  # noqa: E402
+from pcp_core.prompt.markup import xml_safe  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from lxml import etree
 
-from pcp_core.markup import node_type, node_view
+from pcp_core.prompt.markup import node_type, node_view
 from proxy.testing.apis import answer, api_of, worker_document
 from proxy.testing.upstream import Recorded, Reply
 

@@ -11,18 +11,20 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 ``with_components`` in protocol mode, ``onto_messages`` below the threshold.
 """
 
-from .answers import NO_ANSWER, AnswerGate, spoken
-from .bm25 import Bm25Cache
 from .context_edits import Compaction, Edited, EditError, after_compaction, apply_edits, edits_of, stored_pages
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
+from .directives.answers import NO_ANSWER, AnswerGate, spoken
+from .directives.replies import WorkerReply, calls_client_tool
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
 from .exchanges import MARK, Call, Part, Result, Said, anthropic_messages, chat_messages, responses_messages, text_part, unmarked
-from .pact import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
-from .pact_render import onto_messages, placement
-from .pages import ConsolidatedPage, OriginalPage, Page, View, short_hash
-from .paging import PagedHistory, PagingPolicy
-from .pblock import ScanPolicy
-from .replies import WorkerReply, calls_client_tool
+from .pact.placement import onto_messages, placement
+from .pact.tree import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
+from .pages.blocks import ScanPolicy
+from .pages.logical import ConsolidatedPage, OriginalPage, Page, View, short_hash
+from .pages.summaries import model_summary, summary_prompt
+from .paging.history import PagedHistory, PagingPolicy
+from .prompt.synthesis_types import Step, Synthesis
+from .ranking.bm25 import Bm25Cache
 from .request import (
     Facts,
     Paged,
@@ -61,9 +63,7 @@ from .session import (
     reconciled,
     transcript,
 )
-from .summaries import model_summary, summary_prompt
-from .synthesis import Step, Synthesis
-from .tokens import Checkpoint, CountText, part_text, prompt_tokens
+from .text.tokens import Checkpoint, CountText, part_text, prompt_tokens
 
 __all__ = [
     "MARK",

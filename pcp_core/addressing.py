@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .bm25 import Bm25Cache
 from .conversation import fold_system
 from .effects import CallRouter, Effect, Similarity
-from .index import PageIndex
-from .pages import Origin, Page
-from .pblock import around_handle
-from .router import (
+from .pages.blocks import around_handle
+from .pages.index import PageIndex
+from .pages.logical import Origin, Page
+from .ranking.bm25 import Bm25Cache
+from .ranking.router import (
     ROUTER_CANDIDATES,
     Intent,
     anchor_intent,
@@ -30,8 +30,8 @@ from .router import (
     router_prompt,
     unit_texts,
 )
-from .timeline import moment
-from .tokens import CountText
+from .text.timeline import moment
+from .text.tokens import CountText
 
 if TYPE_CHECKING:
     from .round_policy import RoundContext
@@ -52,12 +52,12 @@ class Addressed(msgspec.Struct, frozen=True):
 def address(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None) -> Generator[Effect, Any, Addressed]:
     """Anchor the intent (head + tail) and rank the pages by it: BM25, dense recall when the host embeds, the router model's pick."""
     leaves = list(index.leaves())
-    last_said = next((page for page in reversed(leaves) if page.origin == Origin.HISTORY), None)
+    last_history = next((page for page in reversed(leaves) if page.origin == Origin.HISTORY), None)
     now = moment(context.current_time)
     # A query that is a File block (``RoundContext.query``) is asked by what follows the file;
     # what precedes it weighs as the head does.
     before, asked = around_handle(context.query)
-    intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, last_said.summary if last_said is not None else "", now)
+    intent = anchor_intent(f"{context.head}\n{before}".strip(), asked, last_history.summary if last_history is not None else "", now)
     texts = unit_texts(leaves)
     lexical = lexical_scores(intent, texts, cache)  # before the dense reading: the host encodes the query meanwhile
     dense = None

@@ -34,9 +34,9 @@ from typing import Any
 
 import msgspec
 
-from .pages import Origin, Page
-from .paging import PagedHistory
-from .tokens import CountText
+from .pages.logical import Origin, Page
+from .paging.history import PagedHistory
+from .text.tokens import CountText
 
 __all__ = [
     "CLEARED",

@@ -26,9 +26,9 @@ from typing import Any
 
 import msgspec
 
-from .pages import short_hash
-from .pblock import ScanPolicy
-from .tokens import CountText, function_calls, part_text
+from .pages.blocks import ScanPolicy
+from .pages.logical import short_hash
+from .text.tokens import CountText, function_calls, part_text
 
 __all__ = [
     "HEAD_ROLES",
@@ -54,7 +54,7 @@ class Conversation(msgspec.Struct, frozen=True):
     head: list[Message]
     history: list[Message]
     query: Message | None  # the last message, None when the request holds only a head
-    query_is_block: bool = False  # the query is paged apart as a File block (``pblock``)
+    query_is_block: bool = False  # the query is paged apart as a File block (``pcp_core.pages.blocks``)
     # The messages the query was sent as, when it is not one of them (a turn of calls and their results):
     # a follow-up sends them back as they came.
     query_sent: list[Message] = []
@@ -85,8 +85,8 @@ class Conversation(msgspec.Struct, frozen=True):
         """How many of the history's messages a client resending the conversation sent before this request: those
         before its latest answer, where the request before it ended. A query that is an answer itself (tool calls
         and their results, as one turn) comes after the whole history."""
-        said = [*self.history, *filter(None, [self.query])]
-        last = next((i for i in range(len(said) - 1, -1, -1) if said[i].get("role") == "assistant"), 0)
+        messages = [*self.history, *filter(None, [self.query])]
+        last = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == "assistant"), 0)
         return min(last, len(self.history))
 
     @property
@@ -149,8 +149,8 @@ def exchange_turn(messages: Sequence[Mapping[str, Any]]) -> Message:
     content: list[Any] = [{"type": "text", "text": message_text(calls).strip()}]
     for result in messages[1:]:
         name = names.get(result.get("tool_call_id")) or result.get("name") or "a tool"
-        said = message_text({**result, "name": None})
-        content += [{"type": "text", "text": f"({name} returned: {said})"}, *parts_of(result)]
+        returned = message_text({**result, "name": None})
+        content += [{"type": "text", "text": f"({name} returned: {returned})"}, *parts_of(result)]
     return {"role": "assistant", "content": content}
 
 
@@ -211,8 +211,8 @@ def fold_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     start = conversation_start(messages)
     if not start or start == len(messages) or messages[start].get("role") != "user":
         return messages
-    said = "\n\n".join(message_text(m) for m in messages[:start])
+    system_text = "\n\n".join(message_text(m) for m in messages[:start])
     first = messages[start]
     content = first.get("content")
-    folded = f"{said}\n\n{content}" if isinstance(content, str) else [{"type": "text", "text": said}, *(content or [])]
+    folded = f"{system_text}\n\n{content}" if isinstance(content, str) else [{"type": "text", "text": system_text}, *(content or [])]
     return [{**first, "content": folded}, *messages[start + 1 :]]

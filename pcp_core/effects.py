@@ -11,11 +11,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frame import Frame
-from .index import PageState
-from .pages import Page
-from .router import Intent
-from .synthesis import Step, Synthesis
+from .pages.index import PageState
+from .pages.logical import Page
+from .prompt.frame import Frame
+from .prompt.synthesis_types import Step, Synthesis
+from .ranking.router import Intent
 
 __all__ = ["CallRouter", "CallWorker", "Effect", "LoadPages", "Outcome", "Similarity"]
 
@@ -61,7 +61,7 @@ class CallWorker(msgspec.Struct, frozen=True):
     cuts: list[int] = []
     # Of ``cuts``, those worth a mark (a cache entry), the most valuable first.
     marks: list[int] = []
-    # The frame this request made or replayed (``pcp_core.frame``): what its session keeps for the next request.
+    # The frame this request made or replayed (``pcp_core.prompt.frame``): what its session keeps for the next request.
     frame: Frame | None = None
     # Tokens of its prompt's opening it shares with the call before it (the previous round's, or the
     # previous request's frame): what a provider's cache may serve, as the host can tell.

@@ -19,7 +19,7 @@ among the best; those become Hot, the latest turns stay in Detail), synthesize, 
 worker, parse its directives, apply them to the view state, and loop — at most
 ``max_rounds`` calls, the last of which forbids directives and must answer.
 
-The Draft pages of the history's PBlocks (large messages, ``pcp_core.pblock``)
+The Draft pages of the history's PBlocks (large messages, ``pcp_core.pages.blocks``)
 are addressed with the history's pages; the drafts a round shows above Summary
 are solidified (§VI.5), and the ``Outcome`` carries them for the host to keep.
 """
@@ -32,22 +32,23 @@ from typing import Any, Literal
 import msgspec
 
 from .addressing import Addressed, address
-from .answers import NO_ANSWER
-from .bm25 import Bm25Cache
-from .directives import Consult, Directive, Explore
+from .directives.answers import NO_ANSWER
+from .directives.replies import WorkerReply, calls_client_tool, read_reply
+from .directives.vocabulary import Consult, Directive, Explore
+from .directives.zooming import carry_out, diffuse, still_raised
 from .effects import CallWorker, Effect, LoadPages, Outcome
-from .frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
-from .index import Activation, PageIndex
-from .markup import node_lines
-from .pages import ConsolidatedPage, Origin, Page, View
-from .pblock import solidify
-from .replies import WorkerReply, calls_client_tool, read_reply
+from .pages.blocks import solidify
+from .pages.index import Activation, PageIndex
+from .pages.logical import ConsolidatedPage, Origin, Page, View
+from .pages.views import ViewState
+from .prompt.frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
+from .prompt.markup import node_lines
+from .prompt.synthesis import synthesize
+from .prompt.synthesis_types import Step, Synthesis, SynthesisRequest
+from .ranking.bm25 import Bm25Cache
+from .ranking.router import anchor_intent, broad_match, lexical_scores
 from .round_policy import RoundContext, RoundPolicy
-from .router import anchor_intent, broad_match, lexical_scores
-from .synthesis import Step, Synthesis, SynthesisRequest, synthesize
-from .tokens import CountText
-from .views import ViewState
-from .zooming import carry_out, diffuse, still_raised
+from .text.tokens import CountText
 
 __all__ = ["kept_nodes", "run_rounds"]
 
@@ -81,11 +82,11 @@ class _Loop:
         # recalled (a Consult opens one, and brings in the best of its pages the worker has not read).
         history = [root for root in reversed(index.roots) if index.get(root).origin == Origin.HISTORY]
         self.overview = [*history, *(root for root in index.roots if root not in history and isinstance(index.get(root), ConsolidatedPage))]
-        said = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
+        history_pages = [page for page in addressed.leaves if page.origin == Origin.HISTORY]
         # The latest closed pages go in the frame the request makes; the last page, which the next
         # request's turns reopen, after it.
-        opened = said[-1:] if context.last_page_open else []
-        closed = said[: len(said) - len(opened)]
+        opened = history_pages[-1:] if context.last_page_open else []
+        closed = history_pages[: len(history_pages) - len(opened)]
         latest = closed[-policy.recent_pages :] if policy.recent_pages else []
         self.frame_pages = [page.id for page in latest]
         self.recent = [page.id for page in [*latest, *opened]][::-1]
@@ -112,7 +113,7 @@ class _Loop:
         self.changed: list[str] = []  # what the last round's directives brought in
 
     def _extended(self, frame: Frame | None, closed: Sequence[Page]) -> Frame | None:
-        """``frame`` with the closed pages of turns said since it was made or extended."""
+        """``frame`` with the closed pages of the turns since it was made or extended."""
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
@@ -180,7 +181,7 @@ class _Loop:
 
     def _fresh(self) -> int:
         """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
-        pages of the turns said since the frame was stored, the pages ranked for it that kept their place, the
+        pages of the turns since the frame was stored, the pages ranked for it that kept their place, the
         query, a frame made again; not the pages kept beside those, which the cache serves), and never less than
         the last page."""
         policy, stored, frame = self.policy, self.context.frame, self.frame

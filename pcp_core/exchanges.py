@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 
-from .tokens import part_text
+from .text.tokens import part_text
 
 __all__ = ["MARK", "Call", "Part", "Result", "Said", "anthropic_messages", "chat_messages", "responses_messages", "text_part", "unmarked"]
 

@@ -25,21 +25,21 @@ from typing import Any
 
 import msgspec
 
-from . import document
-from .bm25 import Bm25Cache
 from .conversation import Conversation, message_text
+from .directives.replies import DIRECTIVE_TOOLS
 from .effects import CallWorker, Effect, Outcome
 from .engine import run_rounds
-from .frame import Frame, continues
-from .pact import Tree
-from .pact_render import Placement, around, onto_messages, onto_pages, placement
-from .pages import Origin, Page, Turn, iso_timestamp
-from .paging import PagedHistory, PagingPolicy, reopened_from
-from .pblock import around_handle, block_handle, handle_line, scan
-from .replies import DIRECTIVE_TOOLS
+from .pact.placement import Placement, around, onto_messages, onto_pages, placement
+from .pact.tree import Tree
+from .pages.blocks import around_handle, block_handle, handle_line, scan
+from .pages.logical import Origin, Page, Turn, iso_timestamp
+from .paging.history import PagedHistory, PagingPolicy, reopened_from
+from .prompt import document
+from .prompt.frame import Frame, continues
+from .ranking.bm25 import Bm25Cache
 from .round_policy import RoundContext, RoundPolicy
 from .session import Continuation, Session, branch_id, chain_links, continuation, departs, hold, new_session_id, page_on, resume, solidified
-from .tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
+from .text.tokens import Checkpoint, CountText, leading_tokens, part_tokens, prompt_tokens, unchecked
 
 __all__ = [
     "Facts",
@@ -225,8 +225,8 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
     # A session it starts is named by where it leaves the one it found (``branch_id``): the same branch, the same id.
     parent = resolution.found.id if resolution.found is not None else None
     fresh = branch_id(facts.namespace, parent, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
-    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, said=said)
-    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, said=said)
+    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, request_links=said)
+    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, request_links=said)
     found = msgspec.structs.replace(found, asked=resolution.asked)
     session = page_on(found, history, resolution.reused, count, policy.paging, checkpoint)
     paged = _paged(how, found.pages, session.pages, resolution.reused)
@@ -273,7 +273,7 @@ def settle(prepared: Prepared, outcome: Outcome) -> Session:
 
 
 def with_components(prepared: Prepared, conversation: Conversation, tree: Tree) -> Prepared:
-    """``prepared`` with the live components of ``tree`` where they render (``pact_render``).
+    """``prepared`` with the live components of ``tree`` where they render (``pcp_core.pact.placement``).
 
     A history message's components ride in its page (the pages the rounds
     read; the session keeps its own, unchanged), the current message's join

@@ -7,8 +7,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frame import Frame
-from .replies import DIRECTIVE_TOOLS
+from .directives.replies import DIRECTIVE_TOOLS
+from .prompt.frame import Frame
 
 __all__ = ["RoundContext", "RoundPolicy"]
 
@@ -42,14 +42,14 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     keep_share: float = 0.7
     fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
     # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
-    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.frame``) its follow-ups replay.
+    # a tenth). Below 1, a conversation keeps a frame (``pcp_core.prompt.frame``) its follow-ups replay.
     cached_price: float = 0.1
     # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
-    # in full: the pages of the turns said since, the query, the pages ranked for it. The frame is made
+    # in full: the pages of the turns since, the query, the pages ranked for it. The frame is made
     # again when it leaves less room. What a follow-up is billed grows with it, on any conversation; round 0
     # shows fewer pages ranked for a new question, and the Consults make most of that up (bench/README).
     fresh_share: float = 0.15
-    # The most of the budget a frame takes when it is made: it grows by the turns said since.
+    # The most of the budget a frame takes when it is made: it grows by the turns since.
     frame_share: float = 0.25
 
 
@@ -76,7 +76,7 @@ class RoundContext(msgspec.Struct, frozen=True, kw_only=True):
     # Text the host adds to the system message after the PagedContext (Hybrid mode's rules and
     # snapshot), within the budget: after the document, so the document's prefix stays cacheable.
     appendix: str = ""
-    # The frame the request goes on from (``pcp_core.frame``); None: it makes one.
+    # The frame the request goes on from (``pcp_core.prompt.frame``); None: it makes one.
     frame: Frame | None = None
     # The query's chain link and place in the conversation: the next request goes on from here.
     query_link: str = ""

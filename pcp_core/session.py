@@ -31,12 +31,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from .frame import Frame
-from .pages import Page, Turn, short_hash
-from .paging import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
-from .pblock import PBlock
-from .timeline import stated_time
-from .tokens import Checkpoint, CountText, unchecked
+from .pages.blocks import PBlock
+from .pages.logical import Page, Turn, short_hash
+from .paging.history import PagedHistory, PagingPolicy, page_history, reopened_from, turns_from_messages
+from .prompt.frame import Frame
+from .text.timeline import stated_time
+from .text.tokens import Checkpoint, CountText, unchecked
 
 __all__ = [
     "SESSION_ID",
@@ -80,7 +80,7 @@ class Session(msgspec.Struct, frozen=True, kw_only=True):
     # carry, so a follow-up reads only its new messages, not the whole history.
     # None: not known (a session saved before dates were kept).
     dates: dict[int, str] | None = None
-    # The head of its document as the last request rendered it (``pcp_core.frame``): the next
+    # The head of its document as the last request rendered it (``pcp_core.prompt.frame``): the next
     # request that goes on from it replays it byte for byte, a prefix a provider's cache reuses.
     frame: Frame | None = None
     # The links of the messages that followed the chain in the request that kept it last: the
@@ -153,32 +153,32 @@ def identity(session: Session) -> list[str]:
     return [*session.chain, *session.asked] if session.asked else session.chain
 
 
-def departs(found: Session, said: Sequence[str]) -> int | None:
-    """Where a request whose links are ``said`` (its chain's, then its question's) leaves ``found``:
+def departs(found: Session, request_links: Sequence[str]) -> int | None:
+    """Where a request of links ``request_links`` (its chain's, then its question's) leaves ``found``:
     the first of its links ``found`` does not hold; None when it goes on from ``found`` (holds all of it)."""
     held = identity(found)
-    shared = common_prefix(held, said)
+    shared = common_prefix(held, request_links)
     return None if shared == len(held) else shared
 
 
-def branch_id(namespace: str, parent: str | None, said: Sequence[str], at: int) -> str:
-    """The id of the session a request whose links are ``said`` starts by leaving ``parent`` at ``at`` (None,
-    ``len(said)``: it found none), as a rule: named by its parent and its first link of its own (its last, when
+def branch_id(namespace: str, parent: str | None, request_links: Sequence[str], at: int) -> str:
+    """The id of the session a request of links ``request_links`` starts by leaving ``parent`` at ``at`` (None,
+    ``len(request_links)``: it found none), as a rule: named by its parent and its first link of its own (its last, when
     all of them are the parent's), so that requests that take the same branch name the same session."""
-    return "s-" + short_hash(namespace, *([parent] if parent is not None else []), said[min(at, len(said) - 1)], length=16)
+    return "s-" + short_hash(namespace, *([parent] if parent is not None else []), request_links[min(at, len(request_links) - 1)], length=16)
 
 
-def branch_probes(said: Sequence[str], at: int) -> list[int]:
-    """Where the branch a request whose links are ``said`` goes on in may have started, for a request that
+def branch_probes(request_links: Sequence[str], at: int) -> list[int]:
+    """Where the branch a request of links ``request_links`` goes on in may have started, for a request that
     leaves the session it found at ``at``: a question asked at ``at`` (a branch of it there), or one that ends
     just before it (a question asked again at an earlier point)."""
-    return sorted({min(at, len(said) - 1), *([at - 1] if at > 0 else [])}, reverse=True)
+    return sorted({min(at, len(request_links) - 1), *([at - 1] if at > 0 else [])}, reverse=True)
 
 
 def parted_id(namespace: str, mine: Session, winner: Session) -> str:
     """The id ``mine`` goes on under when ``winner`` was kept first under its id and they went apart (``reconciled``)."""
-    said = identity(mine)
-    return branch_id(namespace, winner.id, said, common_prefix(said, identity(winner)))
+    mine_links = identity(mine)
+    return branch_id(namespace, winner.id, mine_links, common_prefix(mine_links, identity(winner)))
 
 
 def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Session | None:
@@ -194,11 +194,11 @@ def longest_extended(chain: Sequence[str], sessions: Iterable[Session]) -> Sessi
 Continuation = Literal["pinned", "resumed", "forked", "new"]
 
 
-def continuation(found: Session | None, reused: int, *, pinned: bool = False, said: Sequence[str] | None = None) -> Continuation:
+def continuation(found: Session | None, reused: int, *, pinned: bool = False, request_links: Sequence[str] | None = None) -> Continuation:
     """How a request goes on from ``found``, which holds its first ``reused`` messages.
 
     ``pinned``: the client named the session; ``resumed``: the request extends
-    it; ``forked``: it shares only a prefix, or (``said``: the request's links,
+    it; ``forked``: it shares only a prefix, or (``request_links``: the request's links,
     its question's last) it asks another question after the same history;
     ``new``: nothing was found.
     """
@@ -206,24 +206,24 @@ def continuation(found: Session | None, reused: int, *, pinned: bool = False, sa
         return "pinned"
     if found is None:
         return "new"
-    goes_on = reused == len(found.chain) if said is None else departs(found, said) is None
+    goes_on = reused == len(found.chain) if request_links is None else departs(found, request_links) is None
     return "resumed" if goes_on else "forked"
 
 
 def resume(
-    found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False, said: Sequence[str] | None = None
+    found: Session | None, reused: int, chain: list[str], now: str, fresh_id: str, *, pinned: bool = False, request_links: Sequence[str] | None = None
 ) -> Session:
     """The session this request continues, with its chain and first-seen times (pages not yet extended).
 
     ``found`` shares the first ``reused`` messages with the request. It goes on
     when the request extends it or the client pinned it; otherwise the request
     forks a session of its own (``fresh_id``) that starts from the shared pages.
-    ``said``: the request's links, its question's last (``continuation``).
+    ``request_links``: the request's links, its question's last (``continuation``).
     """
     if found is None:
         return Session(id=fresh_id, chain=chain, seen_at=[now] * len(chain), dates={})
     seen_at = [*found.seen_at[:reused], *[now] * (len(chain) - reused)]
-    extends = continuation(found, reused, pinned=pinned, said=said) in ("pinned", "resumed")
+    extends = continuation(found, reused, pinned=pinned, request_links=request_links) in ("pinned", "resumed")
     dates = None if found.dates is None else {i: time for i, time in found.dates.items() if i < reused}
     return Session(id=found.id if extends else fresh_id, chain=chain, seen_at=seen_at, pages=found.pages, dates=dates, frame=found.frame)
 
@@ -290,9 +290,9 @@ def reconciled(mine: Session, winner: Session, fresh_id: str, *, pinned: bool = 
       unless the client pinned the id: a pinned session follows the client,
       and ``mine`` replaces it.
     """
-    said, held = identity(mine), identity(winner)
-    shared = common_prefix(said, held)
-    if shared == len(said):
+    mine_links, held = identity(mine), identity(winner)
+    shared = common_prefix(mine_links, held)
+    if shared == len(mine_links):
         merged = solidified(winner, mine.pages.storage)
         return None if merged is winner else merged
     if shared == len(held) or pinned:

@@ -22,7 +22,7 @@ from operator import attrgetter
 from typing import Any
 
 from pcp_core import Session
-from pcp_core.router import text_memos
+from pcp_core.ranking.router import text_memos
 
 __all__ = ["SHARES", "TextMemos", "close_least_used", "give_back", "indexes_bytes", "scope_index_bytes", "session_bytes", "share", "used_last"]
 
@@ -67,7 +67,7 @@ MEMO_ENTRY = {"counts": 300, "lines": 340, "units": 900, "readings": 900, "terms
 
 class TextMemos:
     """What the tokenizer and the protocol keep by text, whatever session it came from: each message's count and
-    the memos of pages' texts (``pcp_core.router.text_memos``), each bounded by count alone (65,536 to 200,000
+    the memos of pages' texts (``pcp_core.ranking.router.text_memos``), each bounded by count alone (65,536 to 200,000
     texts: ~100 MB with 80 conversations of 25k tokens live, more with more).
 
     Past ``max_bytes`` (estimated), they are all forgotten when a session leaves memory: a conversation that

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from pcp_core.pact import MAX_COMPONENTS
+from pcp_core.pact.tree import MAX_COMPONENTS
 
 from .storage.sealing import data_key
 

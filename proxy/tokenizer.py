@@ -36,7 +36,7 @@ _PROBES = [
 ]
 
 
-# A history's turn as paging lays it out: "[role] text" (``pcp_core.pages.Turn.line``), its text one the request counted.
+# A history's turn as paging lays it out: "[role] text" (``pcp_core.pages.logical.Turn.line``), its text one the request counted.
 _TAGGED = re.compile(r"\[[a-z_]+\] ")
 TAGS_KEPT = 64  # tags whose tokens are kept, the latest used (a role is one of a few; a client may make up more)
 

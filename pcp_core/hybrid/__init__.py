@@ -3,7 +3,7 @@
 The rules only: the snapshot's shape and how a model's snapshot is read
 (``snapshot``), where the answer ends and the snapshot begins (``separator``),
 how the snapshot lives between rounds (``lifecycle``, ``cold``), which session a request
-continues when it names none (``continuity``), and what the model is told
+continues when it names none (``continuity``), and what the model is given
 (``prompt``).
 """
 

@@ -15,8 +15,8 @@ from collections.abc import Callable, Collection
 
 import msgspec
 
-from ..pages import short_hash
-from ..terms import terms
+from ..pages.logical import short_hash
+from ..text.terms import terms
 from .snapshot import Block, Snapshot, render, render_block
 
 __all__ = ["Cold", "Shelved", "fit", "kept_cold", "rehydrate"]
@@ -79,6 +79,7 @@ def fit(snapshot: Snapshot, max_tokens: int, count: Callable[[str], int], keep: 
 
 
 def _over(text: str, max_tokens: int, count: Callable[[str], int]) -> bool:
+    """Whether ``text`` takes more than ``max_tokens``."""
     # A token is at least a byte: a text of fewer bytes than the room fits without being counted.
     return len(text.encode()) > max_tokens and count(text) > max_tokens
 

@@ -155,6 +155,7 @@ def age(snapshot: Snapshot, current: int, aging: AgingPolicy = AgingPolicy(), li
 
 
 def _rounded(value: float) -> float:
+    """``value`` to four decimals, as the snapshot shows it."""
     return float(f"{value:.4f}")
 
 

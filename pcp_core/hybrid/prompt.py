@@ -1,4 +1,4 @@
-"""What the model is told in Hybrid mode: the protocol's rules, and the snapshot it works from.
+"""What the model is given in Hybrid mode: the protocol's rules, and the snapshot it works from.
 
 It goes into the system prompt of every upstream call, passthrough or
 protocol mode, where the client's own system text is kept before it.

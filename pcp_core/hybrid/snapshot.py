@@ -73,9 +73,11 @@ class Memory(msgspec.Struct, frozen=True, kw_only=True):
     longterm: tuple[Block, ...] = ()
 
     def tier(self, name: str) -> tuple[Block, ...]:
+        """The blocks of the tier ``name``."""
         return getattr(self, name)
 
     def blocks(self) -> Iterable[tuple[str, Block]]:
+        """Every block with its tier, tier by tier."""
         return ((tier, block) for tier in TIERS for block in self.tier(tier))
 
 
@@ -173,6 +175,7 @@ def parse_context(text: str | None, separators: int = 1) -> tuple[Any, list[Viol
 
 
 def _no_constant(name: str) -> Any:
+    """Refuse NaN and Infinity in a snapshot's JSON."""
     raise ValueError(f"{name} is not JSON")  # JSON.parse refuses NaN and Infinity; so does the system
 
 
@@ -236,6 +239,7 @@ def block_problems(block: Block, limits: LimitsPolicy = LimitsPolicy()) -> list[
 
 
 def _block_problems(block: Block, limits: LimitsPolicy, current: int) -> list[str]:
+    """What is wrong with ``block`` under ``limits``, by the protocol's rules."""
     problems = []
     for name in ("decay", "confidence"):
         value = getattr(block, name)
@@ -251,6 +255,7 @@ def _block_problems(block: Block, limits: LimitsPolicy, current: int) -> list[st
 
 
 def _todo(previous: Todo, system: Todo) -> Todo:
+    """The model's todo list, keeping the previous cursor where the model gave none."""
     return msgspec.structs.replace(system, cursor=previous.cursor if system.cursor is None else system.cursor)
 
 
@@ -266,6 +271,7 @@ def _system_fields_changed(raw: dict[str, Any], system: Snapshot) -> list[Violat
 
 
 def _memory(raw: Any, previous: Memory, limits: LimitsPolicy, current: int) -> tuple[Memory, list[Violation]]:
+    """The memory tiers the model wrote, checked against the previous ones, and what it broke."""
     if raw is None:
         return previous, []
     if not isinstance(raw, dict):
@@ -346,6 +352,7 @@ def _merge(tiers: dict[str, list[Block]], tier: str, block: Block, keep: bool = 
 
 
 def _cursor(raw: Any) -> tuple[Cursor | None, list[Violation]]:
+    """The cursor the model wrote, or None and why it was dropped."""
     if raw is None:
         return None, []
     try:
@@ -361,6 +368,7 @@ def _cursor(raw: Any) -> tuple[Cursor | None, list[Violation]]:
 
 
 def _capabilities(raw: dict[str, Any], kept: Snapshot) -> tuple[dict[str, Any], ...]:
+    """The capabilities the model wrote, or the kept ones when it wrote none that read."""
     written = raw.get("capabilities")
     if isinstance(written, list) and all(isinstance(c, dict) for c in written):
         return tuple(written)

@@ -1,15 +1,14 @@
 """P-Mem: memory that outlives the conversation, as rules (no I/O).
 
-Memory holds the same pages as a conversation's context (``pcp_core.pages``),
-with ``origin`` Storage: ``pages`` says how a conversation's pages are kept,
-``router`` how they are chosen for a request, ``consolidator`` how they are
+Memory holds the same pages as a conversation's context (``pcp_core.pages.logical``),
+with ``origin`` Storage: ``kept`` says how a conversation's pages are kept,
+``selection`` how they are chosen for a request, ``consolidator`` how they are
 tidied in the background. The host keeps them, indexes them, and runs both.
 """
 
 from .consolidator import ConsolidatorPolicy, Root, horizontal_merges
-from .metabolism import MemoryUse, Metabolism, decay, fade, memory_use, rise, vitality
-from .novelty import MemoryIntake, asks, content_terms, novelty, repeats
-from .pages import (
+from .fading import MemoryUse, Metabolism, decay, fade, memory_use, rise, vitality
+from .kept import (
     MEMORY_ID_LENGTH,
     container_id,
     conversation_pages,
@@ -22,7 +21,8 @@ from .pages import (
     vector_text,
     without_turns,
 )
-from .router import Candidate, MemoryPolicy, index_weights, memory_intent, ranked, recalled_order, selection
+from .novelty import MemoryIntake, asks, content_terms, novelty, repeats
+from .selection import Candidate, MemoryPolicy, index_weights, memory_intent, ranked, recalled_order, selection
 
 __all__ = [
     "MEMORY_ID_LENGTH",

@@ -9,7 +9,7 @@ The host runs it in the background over a scope. What it decides here:
   become the children of a new Consolidated page: the same consensus
   keywords and chosen sentences a conversation's container gets. Its
   ``source_ids`` keep the way down to the verbatim turns;
-* **fade** is read where pages are ranked (``router.fade``): by age, and by
+* **fade** is read where pages are ranked (``fading.fade``): by age, and by
   how seldom the Router recalls a page;
 * **forgetting** — a forgotten page takes its subtree with it; the containers
   above it are consolidated again from what is left (their summaries
@@ -22,12 +22,12 @@ from collections.abc import Sequence
 
 import msgspec
 
-from ..metabolism import SignatureSpace, signature
-from ..pages import ConsolidatedPage, Origin, Page
-from ..paging import PagingPolicy
-from ..summaries import consolidate
-from ..terms import TermStats
-from .pages import container_id
+from ..pages.logical import ConsolidatedPage, Origin, Page
+from ..pages.summaries import consolidate
+from ..pages.topics import SignatureSpace, signature
+from ..paging.history import PagingPolicy
+from ..text.terms import TermStats
+from .kept import container_id
 
 __all__ = ["ConsolidatorPolicy", "Root", "horizontal_merges"]
 
@@ -80,6 +80,7 @@ def horizontal_merges(
 
 
 def _container(children: Sequence[Page], stats: TermStats, policy: PagingPolicy) -> ConsolidatedPage:
+    """A memory container over ``children``, in time order."""
     ordered = sorted(children, key=lambda page: page.timestamp)
     page = consolidate(ordered, stats, policy.keywords, policy.container_summary_chars)
     ids = tuple(child.id for child in ordered)
@@ -87,4 +88,5 @@ def _container(children: Sequence[Page], stats: TermStats, policy: PagingPolicy)
 
 
 def _kind(page: Page) -> bool:
+    """Whether ``page`` is a container (the consolidator groups pages by kind)."""
     return isinstance(page, ConsolidatedPage)

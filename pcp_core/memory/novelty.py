@@ -5,7 +5,7 @@ conversation becomes a page of its own (its answer never comes back). Such a
 page shares the words of the questions asked after it, and would outrank the
 turns that hold their answers. Three rules keep what informs, by content:
 
-* **novelty** — each turn of a new page (who said it aside: a question, an
+* **novelty** — each turn of a new page (its speaker aside: a question, an
   answer, a remark) is weighed against the scope's pages most like the page
   (the host's keyword matches, the conversation's own pages aside): the share
   of its terms' weight (idf in the scope) that none of them holds. A page
@@ -16,7 +16,7 @@ turns that hold their answers. Three rules keep what informs, by content:
   judged on its own, so one new fact among small talk keeps its page;
 * **only asking** — a page all of whose turns are the user's, every sentence
   ending in a question mark, states nothing: the Memory Router ranks it after
-  every page that states (``router.ranked``), whatever its novelty;
+  every page that states (``selection.ranked``), whatever its novelty;
 * **repeats** — a page whose terms are those of a page the scope holds (a
   question asked again in other words, a conversation sent again with a
   typo mended) is that page: the conversation claims it rather than writing N
@@ -31,10 +31,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import msgspec
 
-from ..bm25 import stem
-from ..pages import ConsolidatedPage, Page, without_turn_markers
-from ..terms import terms
-from .pages import page_turns
+from ..pages.logical import ConsolidatedPage, Page, without_turn_markers
+from ..ranking.bm25 import stem
+from ..text.terms import terms
+from .kept import page_turns
 
 __all__ = ["MemoryIntake", "asks", "content_terms", "idf", "novelty", "repeats", "turn_terms"]
 
@@ -55,7 +55,7 @@ class MemoryIntake(msgspec.Struct, frozen=True):
     # the questions bring less than a fifth, 1.8% of the dialogue pages and none of those that hold an answer);
     # one new name in a turn of a few words brings more.
     novel: float = 0.2
-    # Weighted overlap (both ways) at which a new page is one the scope holds, said again.
+    # Weighted overlap (both ways) at which a new page is one the scope holds, repeated.
     repeat: float = 0.85
 
 
@@ -112,5 +112,6 @@ def asks(page: Page) -> bool:
 
 
 def _questions(text: str) -> bool:
+    """Whether every sentence of ``text`` is a question."""
     sentences = [s.strip() for s in _SENTENCE.findall(text) if s.strip(" \n\t.!?。！？؟")]
     return bool(sentences) and all(s.endswith(_ASKED) for s in sentences)

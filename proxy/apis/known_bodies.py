@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from pcp_core import CountText, prompt_tokens
-from pcp_core.tokens import REPLY_PRIMING
+from pcp_core.text.tokens import REPLY_PRIMING
 
 from ..errors import ClientError
 from .codec import Reading

@@ -89,7 +89,7 @@ async def list_pages(
 
 
 def _used(memory: Memory, stored: Stored, clock: int) -> dict[str, Any]:
-    """A page as listed: with what requests did with it, and how far disuse has decayed it (``pcp_core.memory.metabolism``)."""
+    """A page as listed: with what requests did with it, and how far disuse has decayed it (``pcp_core.memory.fading``)."""
     idle = max(clock - stored.used, 0)
     decayed = round(decay(idle, memory.memory.metabolism), 4)
     return _shown(stored.page, record=stored.record, recalls=stored.recalls, shown=stored.shown, consulted=stored.consulted, idle=idle, decay=decayed)

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from pcp_core import ConsolidatedPage, OriginalPage, Page, PagingPolicy
-from pcp_core.bm25 import stem
 from pcp_core.memory import page_turns, rebuilt, turn_hash, turn_hashes, without_turns
-from pcp_core.pages import without_turn_markers
-from pcp_core.terms import TermStats, terms
+from pcp_core.pages.logical import without_turn_markers
+from pcp_core.ranking.bm25 import stem
+from pcp_core.text.terms import TermStats, terms
 
 from .store import MemoryStore
 

@@ -14,7 +14,7 @@ import msgspec
 from pcp_core import SESSION_ID, ConsolidatedPage, OriginalPage, Page
 from pcp_core.hybrid import Block, LimitsPolicy, block_problems
 from pcp_core.hybrid.snapshot import render_block
-from pcp_core.pages import Origin
+from pcp_core.pages.logical import Origin
 
 from ..decoding import decode_stored
 from ..errors import ClientError

@@ -7,7 +7,7 @@ Keys, under ``pcp:m:`` and the scope (the caller's namespace, ``/``, the
 scope's name; ``|`` is in no scope's name)::
 
     r:<row>                 hash: scope, id, container, conversation, timestamp, body, vector, recalls,
-                            record, shown, consulted, used (the metabolism's: ``pcp_core.memory.metabolism``)
+                            record, shown, consulted, used (the metabolism's: ``pcp_core.memory.fading``)
     <scope>|ids             hash: page id -> row
     <scope>|rows            sorted set of the scope's rows (by row)
     <scope>|time            sorted set "timestamp|row" (by text: the periods a question names)

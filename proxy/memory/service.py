@@ -39,10 +39,10 @@ from pcp_core.memory import (
     memory_pages,
     selection,
 )
-from pcp_core.pages import iso_timestamp
-from pcp_core.router import Intent
-from pcp_core.terms import TermStats
-from pcp_core.tokens import CountText
+from pcp_core.pages.logical import iso_timestamp
+from pcp_core.ranking.router import Intent
+from pcp_core.text.terms import TermStats
+from pcp_core.text.tokens import CountText
 
 from ..resident import close_least_used, indexes_bytes, used_last
 from ..storage.base import StoreUnavailable
@@ -380,7 +380,7 @@ class Memory:
 
 
 def _stems(keywords: Sequence[str]) -> list[str]:
-    from pcp_core.bm25 import stem
-    from pcp_core.terms import terms
+    from pcp_core.ranking.bm25 import stem
+    from pcp_core.text.terms import terms
 
     return [stem(t) for keyword in keywords for t in terms(keyword)]

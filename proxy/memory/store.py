@@ -102,7 +102,7 @@ CREATE TABLE IF NOT EXISTS removed(seq INTEGER PRIMARY KEY AUTOINCREMENT, scope 
 CREATE INDEX IF NOT EXISTS removed_scope ON removed(scope, seq);
 CREATE TABLE IF NOT EXISTS clocks(scope TEXT PRIMARY KEY, requests INTEGER NOT NULL) WITHOUT ROWID;
 """
-# Columns added since the first schema (the metabolism's, ``pcp_core.memory.metabolism``, and records).
+# Columns added since the first schema (the metabolism's, ``pcp_core.memory.fading``, and records).
 _ADDED = {name: "INTEGER NOT NULL DEFAULT 0" for name in ("record", "shown", "consulted", "used")}
 _READ = "row, body, conversation, recalls, vector, record, shown, consulted, used"  # what ``_stored`` reads, in order
 _CHUNK = 500  # ids per IN (...) query: SQLite's variable limit is far above it

@@ -1,4 +1,4 @@
-"""The proxy's own API for PACT components (``pcp_core.pact``), under ``/v1/pcp/sessions/{id}``.
+"""The proxy's own API for PACT components (``pcp_core.pact.tree``), under ``/v1/pcp/sessions/{id}``.
 
 * ``POST …/components`` attaches one (``{"at": "d0,1,0", "content": …, "ttl", "cadence", "key", "tags"}``)
   and answers its node; a key already in the session is replaced;

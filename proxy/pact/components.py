@@ -43,7 +43,7 @@ from pcp_core import (
     with_components,
 )
 from pcp_core.conversation import conversation_start
-from pcp_core.pact import MAX_COMPONENTS
+from pcp_core.pact.tree import MAX_COMPONENTS
 
 from .. import headers as pcp
 from ..apis.codec import Reading

@@ -18,8 +18,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pcp_core.document import paged_context
-from pcp_core.frame import prompt_text
+from pcp_core.prompt.document import paged_context
+from pcp_core.prompt.frame import prompt_text
 
 from ..headers import ROLE
 from .replies import Recorded, Reply, completion, stream_reply

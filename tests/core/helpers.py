@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pcp_core.index import PageIndex
-from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, short_hash
+from pcp_core.pages.index import PageIndex
+from pcp_core.pages.logical import ConsolidatedPage, Origin, OriginalPage, short_hash
 
 
 def op(text: str, turn: int, keywords: tuple[str, ...] = ()) -> OriginalPage:
@@ -35,7 +35,7 @@ def two_level_tree() -> tuple[PageIndex, dict[str, str]]:
 
 def paged(messages) -> str:
     """The ``<PagedContext>`` of a worker prompt."""
-    from pcp_core.document import paged_context
-    from pcp_core.frame import prompt_text
+    from pcp_core.prompt.document import paged_context
+    from pcp_core.prompt.frame import prompt_text
 
     return paged_context(prompt_text(messages))

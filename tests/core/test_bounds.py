@@ -6,7 +6,7 @@ import pytest
 
 from pcp_core import SESSION_ID
 from pcp_core.hybrid import Block, LimitsPolicy, block_problems, within_room
-from pcp_core.pact import PactError, parse_coordinates, parse_selector
+from pcp_core.pact.tree import PactError, parse_coordinates, parse_selector
 from tests.core.counting import COUNT
 
 

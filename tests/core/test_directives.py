@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.answers import AnswerGate
-from pcp_core.directive_parser import DirectiveParser, parse_directives
-from pcp_core.directives import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text
+from pcp_core.directives.answers import AnswerGate
+from pcp_core.directives.parser import DirectiveParser, parse_directives
+from pcp_core.directives.vocabulary import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text
 
 REPLIES = [
     'I need the date. Consult("the date is missing", "a1b2c3d4")',

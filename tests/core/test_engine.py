@@ -8,16 +8,16 @@ import re
 import pytest
 from lxml import etree
 
-from pcp_core.answers import NO_ANSWER
-from pcp_core.directives import Consult
+from pcp_core.directives.answers import NO_ANSWER
+from pcp_core.directives.replies import DIRECTIVE_TOOLS, WorkerReply
+from pcp_core.directives.vocabulary import Consult
+from pcp_core.directives.zooming import diffuse as _diffuse
 from pcp_core.engine import _priorities, run_rounds
-from pcp_core.markup import node_type, node_view
-from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.replies import DIRECTIVE_TOOLS, WorkerReply
+from pcp_core.pages.views import ViewState
+from pcp_core.paging.history import retroactive_paging, turns_from_messages
+from pcp_core.prompt.markup import node_type, node_view
 from pcp_core.round_policy import RoundContext, RoundPolicy
-from pcp_core.tokens import prompt_tokens
-from pcp_core.views import ViewState
-from pcp_core.zooming import diffuse as _diffuse
+from pcp_core.text.tokens import prompt_tokens
 
 from .counting import COUNT
 from .helpers import paged, two_level_tree
@@ -305,7 +305,7 @@ def test_a_worker_that_asks_for_more_is_shown_pages_it_has_not_read():
 
 def test_a_router_model_picks_among_the_best_ranked_pages():
     from pcp_core.effects import CallRouter
-    from pcp_core.router import ROUTER_CANDIDATES
+    from pcp_core.ranking.router import ROUTER_CANDIDATES
 
     index = retroactive_paging(turns_from_messages(history(), "2026-11-22T09:00:00"), COUNT)
     routed = context(query="Small talk about the garden and the weather", budget=900, router=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-from pcp_core.frame import continues
-from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.replies import WorkerReply
+from pcp_core.directives.replies import WorkerReply
+from pcp_core.paging.history import retroactive_paging, turns_from_messages
+from pcp_core.prompt.frame import continues
 from pcp_core.round_policy import RoundPolicy
 from pcp_core.session import chain_links
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 from pcp_core.conversation import Conversation
+from pcp_core.prompt.synthesis import synthesize
+from pcp_core.prompt.synthesis_types import SynthesisRequest
 from pcp_core.request import Policy, engaged, head_tokens, pageable
 from pcp_core.round_policy import RoundPolicy
-from pcp_core.synthesis import SynthesisRequest, synthesize
 
 from .counting import COUNT
 from .helpers import two_level_tree

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import datetime
 
 from pcp_core.effects import Outcome
-from pcp_core.index import Activation, PageState
 from pcp_core.memory import (
     Candidate,
     MemoryIntake,
@@ -22,9 +21,10 @@ from pcp_core.memory import (
     selection,
     vitality,
 )
-from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, short_hash
-from pcp_core.router import Intent, anchor_intent
-from pcp_core.synthesis import Step
+from pcp_core.pages.index import Activation, PageState
+from pcp_core.pages.logical import ConsolidatedPage, Origin, OriginalPage, short_hash
+from pcp_core.prompt.synthesis_types import Step
+from pcp_core.ranking.router import Intent, anchor_intent
 
 from .counting import COUNT
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pcp_core.metabolism import MetabolismPolicy, assign_topics, branches, horizontal_merge
-from pcp_core.pages import ConsolidatedPage, tree_depths
-from pcp_core.paging import PagedHistory, PagingPolicy, page_history, turns_from_messages
-from pcp_core.terms import TermStats
+from pcp_core.pages.logical import ConsolidatedPage, tree_depths
+from pcp_core.pages.topics import MetabolismPolicy, assign_topics, branches, horizontal_merge
+from pcp_core.paging.history import PagedHistory, PagingPolicy, page_history, turns_from_messages
+from pcp_core.text.terms import TermStats
 
 from .counting import COUNT
 from .helpers import op

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pcp_core.pact import ComponentSpec, PactError, Tree, delete, insert, on_request, parse_coordinates, parse_selector, select, snapshot
-from pcp_core.pact_render import onto_messages, onto_pages, placement
-from pcp_core.paging import page_history, turns_from_messages
+from pcp_core.pact.placement import onto_messages, onto_pages, placement
+from pcp_core.pact.tree import ComponentSpec, PactError, Tree, delete, insert, on_request, parse_coordinates, parse_selector, select, snapshot
+from pcp_core.paging.history import page_history, turns_from_messages
 from pcp_core.session import chain_links
 
 from .counting import COUNT

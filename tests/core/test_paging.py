@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from pcp_core.conversation import message_text, part_handle
-from pcp_core.pages import ConsolidatedPage, OriginalPage
-from pcp_core.paging import PagingPolicy, page_history, retroactive_paging, segment_turns, topic_groups, turns_from_messages
+from pcp_core.pages.logical import ConsolidatedPage, OriginalPage
+from pcp_core.pages.summaries import extractive_summary
+from pcp_core.paging.history import PagingPolicy, page_history, retroactive_paging, segment_turns, topic_groups, turns_from_messages
 from pcp_core.request import Policy, engaged
-from pcp_core.summaries import extractive_summary
-from pcp_core.terms import terms, top_keywords
+from pcp_core.text.terms import terms, top_keywords
 
 from .counting import COUNT
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pcp_core.bm25 import Bm25, Bm25Cache
-from pcp_core.router import anchor_intent, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, said_in, unit_texts
-from pcp_core.tokens import prompt_tokens
+from pcp_core.ranking.bm25 import Bm25, Bm25Cache
+from pcp_core.ranking.router import anchor_intent, dated_in, dense_scores, dense_texts, page_ranking, precision_selection, router_prompt, unit_texts
+from pcp_core.text.tokens import prompt_tokens
 
 from .counting import COUNT
 from .helpers import op
@@ -183,12 +183,12 @@ def test_the_intent_holds_the_times_the_query_names_once_it_knows_now():
     assert anchor_intent("On 8 May, 2023 we met", "Where did we camp?", now=NOW).periods == ()  # the tail names times, not the head
 
 
-def test_pages_said_in_the_period_or_told_of_soon_after_are_timely():
+def test_pages_dated_in_the_period_or_told_of_soon_after_are_timely():
     (july,) = anchor_intent("", "Where did we camp in July 2023?", now=NOW).periods
     stamps = ["2023-06-30T23:59:00", "2023-07-01T00:00:00", "2023-07-31T12:00:00Z", "2023-08-10T09:00:00", "2023-08-20T09:00:00", "not a time"]
-    assert said_in(stamps, [july]).tolist() == [False, True, True, True, False, False]
-    assert said_in(stamps, []) is None
-    assert said_in(["2022-01-01T00:00:00"], [july]) is None  # nothing was said then: time tells nothing apart
+    assert dated_in(stamps, [july]).tolist() == [False, True, True, True, False, False]
+    assert dated_in(stamps, []) is None
+    assert dated_in(["2022-01-01T00:00:00"], [july]) is None  # nothing was said then: time tells nothing apart
 
 
 def test_a_timely_page_leads_among_equals_and_ranks_without_a_shared_word():

@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.answers import AnswerGate
-from pcp_core.document import SYSTEM_INSTRUCTIONS, USER_LINE
-from pcp_core.scaffolding import SENTENCES, VOCABULARY, Scaffolding, without_scaffolding
+from pcp_core.directives.answers import AnswerGate
+from pcp_core.prompt.document import SYSTEM_INSTRUCTIONS, USER_LINE
+from pcp_core.prompt.scaffolding import SENTENCES, VOCABULARY, Scaffolding, without_scaffolding
 
 ECHO = f'<PageContext version="0.1.0-alpha"> {SYSTEM_INSTRUCTIONS}\n2026-11-26T21:11 [d02fdaee] turn, allotment\nYour code is 5521.\n{USER_LINE}'
 WORDS = st.text(alphabet=st.sampled_from(list("abcdefghij .;:\n-[]0123456789TYoueLinar_F")), max_size=60)

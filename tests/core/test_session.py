@@ -53,7 +53,7 @@ def test_the_same_history_with_another_question_is_a_branch_and_the_same_questio
     follow_up = chain_links([*history, {"role": "user", "content": "Q1?"}, *_said(2, start=7)])
     assert departs(found, same) is None and departs(found, follow_up) is None  # asked again, or gone on from its answer
     assert departs(found, other) == 6
-    assert [continuation(found, 6, said=same), continuation(found, 6, said=other)] == ["resumed", "forked"]
+    assert [continuation(found, 6, request_links=same), continuation(found, 6, request_links=other)] == ["resumed", "forked"]
     assert continuation(found, 6) == "resumed"  # by its messages alone, as before a session kept its question
     assert departs(Session(id="old", chain=found.chain), other) is None  # a session kept without its question: goes on
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.summaries import extractive_summary
-from pcp_core.terms import TermStats
+from pcp_core.pages.summaries import extractive_summary
+from pcp_core.text.terms import TermStats
 
 DEV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "locomo-dev" / "conversations.jsonl"
 SPEAKER = re.compile(r"^[A-Z]\w+: ")
@@ -103,7 +103,7 @@ def test_a_sentence_said_twice_with_other_punctuation_is_summarised_once():
 
 
 _TIE = """
-from pcp_core.summaries import extractive_summary
+from pcp_core.pages.summaries import extractive_summary
 # 0.1 + 0.2 + 0.3 is 0.6 or 0.6000000000000001 as the sum runs: a near tie with 0.6, the same length.
 weights = {"kiwi": 0.1, "mango": 0.2, "plums": 0.3, "lemon": 0.6}
 print(extractive_summary("Lemon grapefruit. Kiwi mango plums.", weights, 21))

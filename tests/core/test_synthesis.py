@@ -7,13 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from pcp_core.index import PageIndex
-from pcp_core.markup import node_type, node_view, shown_time
-from pcp_core.pages import Origin, View
-from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.synthesis import Step, SynthesisRequest, synthesize
-from pcp_core.tokens import prompt_tokens
-from pcp_core.views import ViewState
+from pcp_core.pages.index import PageIndex
+from pcp_core.pages.logical import Origin, View
+from pcp_core.pages.views import ViewState
+from pcp_core.paging.history import retroactive_paging, turns_from_messages
+from pcp_core.prompt.markup import node_type, node_view, shown_time
+from pcp_core.prompt.synthesis import synthesize
+from pcp_core.prompt.synthesis_types import Step, SynthesisRequest
+from pcp_core.text.tokens import prompt_tokens
 
 from .counting import COUNT
 from .helpers import cp, op, paged, two_level_tree
@@ -319,7 +320,7 @@ def test_times_are_shown_to_the_minute_or_the_day():
 
 
 def test_every_tag_the_document_uses_is_one_the_directive_parser_takes_out():
-    from pcp_core.markup import TAGS
+    from pcp_core.prompt.markup import TAGS
 
     index = retroactive_paging(
         turns_from_messages([{"role": "user", "content": f"Turn {i}: about the garden."} for i in range(80)], "2026-01-01T00:00:00"), COUNT

@@ -9,7 +9,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.terms import MONTHS, STOPWORDS, TermStats, words_of
+from pcp_core.text.terms import MONTHS, STOPWORDS, TermStats, words_of
 
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_'.\-/:]*[A-Za-z0-9]|[A-Za-z0-9]")
 

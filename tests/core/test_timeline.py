@@ -6,8 +6,8 @@ from datetime import datetime
 
 import pytest
 
-from pcp_core.paging import page_history, turns_from_messages
-from pcp_core.timeline import mentioned_periods, moment, opens_with_date, stated_time
+from pcp_core.paging.history import page_history, turns_from_messages
+from pcp_core.text.timeline import mentioned_periods, moment, opens_with_date, stated_time
 
 from .counting import COUNT
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pcp_core.tokens import leading_tokens
+from pcp_core.text.tokens import leading_tokens
 from tests.core.counting import COUNT
 
 PIECES = st.lists(st.sampled_from(["a", "bc", " ", "  ", "\n", "ü", "ok. ", "x" * 20, "Fix the parser. "]), max_size=60).map("".join)

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from pcp_core.index import Activation, PageIndex, UnknownPage
-from pcp_core.pages import View
-from pcp_core.views import TRANSITIONS, Action, ViewState
+from pcp_core.pages.index import Activation, PageIndex, UnknownPage
+from pcp_core.pages.logical import View
+from pcp_core.pages.views import TRANSITIONS, Action, ViewState
 
 from .helpers import cp, op, two_level_tree
 

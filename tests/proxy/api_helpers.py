@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 from lxml import etree
 
-from pcp_core.markup import node_view
+from pcp_core.prompt.markup import node_view
 from proxy.testing.apis import answer, api_of, worker_document
 from proxy.testing.upstream import Recorded, Reply
 

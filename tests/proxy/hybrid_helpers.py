@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
-from pcp_core.document import USER_LINE
 from pcp_core.hybrid import SEPARATOR, Snapshot, check
+from pcp_core.prompt.document import USER_LINE
 from proxy.testing.upstream import Recorded, Reply, completion, metric_value, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import ask

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from lxml import etree
 
-from pcp_core.markup import node_view
+from pcp_core.prompt.markup import node_view
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pcp_core.tokens import prompt_tokens
+from pcp_core.text.tokens import prompt_tokens
 from proxy.settings import ModelSettings, SettingsError, load_settings
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import completion

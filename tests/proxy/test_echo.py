@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from pcp_core.markup import TAGS
-from pcp_core.scaffolding import SENTENCES
+from pcp_core.prompt.markup import TAGS
+from pcp_core.prompt.scaffolding import SENTENCES
 from proxy.testing.apis import api_of, message, messages_stream, response, responses_stream
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 

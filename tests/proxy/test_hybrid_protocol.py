@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from lxml import etree
 
 from pcp_core import prompt_tokens
-from pcp_core.document import USER_LINE
 from pcp_core.hybrid import SEPARATOR
+from pcp_core.prompt.document import USER_LINE
 from proxy.testing.apis import worker_document, worker_text
 from proxy.testing.upstream import Recorded, Reply, completion, stream_reply
 from tests.proxy.helpers import BUDGET, long_history

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from pcp_core.tokens import prompt_tokens
+from pcp_core.text.tokens import prompt_tokens
 from proxy.embedded import local_missing
 from proxy.settings import Settings
 from proxy.tokenizer import Tokenizer

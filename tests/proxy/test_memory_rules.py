@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from pcp_core import Conversation, LoadPages, Policy, Resolution, prepare, rounds
+from pcp_core.directives.replies import WorkerReply
 from pcp_core.effects import CallWorker
-from pcp_core.index import PageIndex
 from pcp_core.memory import (
     Candidate,
     MemoryPolicy,
@@ -20,11 +20,11 @@ from pcp_core.memory import (
     selection,
     turn_hash,
 )
-from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage
-from pcp_core.replies import WorkerReply
+from pcp_core.pages.index import PageIndex
+from pcp_core.pages.logical import ConsolidatedPage, Origin, OriginalPage
+from pcp_core.ranking.router import anchor_intent
 from pcp_core.request import Facts
-from pcp_core.router import anchor_intent
-from pcp_core.terms import TermStats
+from pcp_core.text.terms import TermStats
 from proxy.testing.upstream import paged_session
 from proxy.tokenizer import Tokenizer
 

@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from pcp_core.pages import short_hash
-from pcp_core.paging import page_history, turns_from_messages
-from pcp_core.summaries import model_summary, summary_prompt
+from pcp_core.pages.logical import short_hash
+from pcp_core.pages.summaries import model_summary, summary_prompt
+from pcp_core.paging.history import page_history, turns_from_messages
 from proxy.protocol.summary_writer import closed_pages
 from proxy.testing.upstream import SUMMARY_DONE, Recorded, Reply, by_role, completion, metric_value
 from proxy.tokenizer import Tokenizer

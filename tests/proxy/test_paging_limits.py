@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 
-from pcp_core.metabolism import MetabolismPolicy, assign_topics
-from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
-from pcp_core.pblock import ScanPolicy
-from pcp_core.terms import TermStats
+from pcp_core.pages.blocks import ScanPolicy
+from pcp_core.pages.topics import MetabolismPolicy, assign_topics
+from pcp_core.paging.history import PagingPolicy, page_history, turns_from_messages
+from pcp_core.text.terms import TermStats
 from proxy.testing.upstream import completion, metric_value
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import eventually

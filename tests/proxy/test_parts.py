@@ -9,8 +9,8 @@ import pytest
 from lxml import etree
 
 from pcp_core.conversation import part_handle
-from pcp_core.document import paged_context
-from pcp_core.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
+from pcp_core.prompt.document import paged_context
+from pcp_core.text.tokens import LOW_DETAIL_TOKENS, PART_TOKENS, prompt_tokens
 from proxy.testing.upstream import Recorded, Reply, completion
 from tests.proxy.helpers import long_history
 

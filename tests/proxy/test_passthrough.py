@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from pcp_core.tokens import prompt_tokens
+from pcp_core.text.tokens import prompt_tokens
 from proxy.testing.upstream import Reply, completion, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
 from tests.proxy.helpers import eventually

@@ -10,11 +10,11 @@ import pytest
 from lxml import etree
 
 from pcp_core.conversation import Conversation
+from pcp_core.directives.replies import WorkerReply
 from pcp_core.engine import run_rounds
-from pcp_core.pages import ConsolidatedPage, Origin, OriginalPage, Turn, View
-from pcp_core.paging import PagingPolicy, page_history, turns_from_messages
-from pcp_core.pblock import ScanPolicy, around_handle, handle_line, scan, solidify
-from pcp_core.replies import WorkerReply
+from pcp_core.pages.blocks import ScanPolicy, around_handle, handle_line, scan, solidify
+from pcp_core.pages.logical import ConsolidatedPage, Origin, OriginalPage, Turn, View
+from pcp_core.paging.history import PagingPolicy, page_history, turns_from_messages
 from pcp_core.round_policy import RoundContext, RoundPolicy
 from proxy.settings import SettingsError, load_settings
 from proxy.storage.sessions import SessionStore

@@ -8,8 +8,8 @@ import re
 import httpx
 import pytest
 
+from pcp_core.directives.replies import WorkerReply
 from pcp_core.engine import kept_nodes
-from pcp_core.replies import WorkerReply
 from proxy.settings import ModelSettings
 from proxy.testing.apis import document_of, worker_document
 from proxy.testing.upstream import completion

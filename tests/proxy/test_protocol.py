@@ -10,11 +10,11 @@ import httpx
 import pytest
 from lxml import etree
 
-from pcp_core.answers import NO_ANSWER
-from pcp_core.markup import node_view
-from pcp_core.paging import page_history, turns_from_messages
-from pcp_core.router import dense_texts, unit_texts
-from pcp_core.tokens import prompt_tokens
+from pcp_core.directives.answers import NO_ANSWER
+from pcp_core.paging.history import page_history, turns_from_messages
+from pcp_core.prompt.markup import node_view
+from pcp_core.ranking.router import dense_texts, unit_texts
+from pcp_core.text.tokens import prompt_tokens
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer

@@ -6,7 +6,7 @@ import re
 
 from lxml import etree
 
-from pcp_core.markup import node_view
+from pcp_core.prompt.markup import node_view
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import Recorded, Reply, by_role, completion
 from tests.proxy.helpers import ask

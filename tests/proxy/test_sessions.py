@@ -12,11 +12,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pcp_core.conversation import Conversation
-from pcp_core.frame import Frame
-from pcp_core.pages import View
-from pcp_core.paging import page_history, reopened_from, retroactive_paging, turns_from_messages
+from pcp_core.pages.logical import View
+from pcp_core.paging.history import page_history, reopened_from, retroactive_paging, turns_from_messages
+from pcp_core.prompt.frame import Frame
 from pcp_core.session import Session, begins_with, chain_links, common_prefix, continuation, page_on, resume, transcript, turns_to_page
-from pcp_core.tokens import prompt_tokens
+from pcp_core.text.tokens import prompt_tokens
 from proxy.storage.base import Commit
 from proxy.storage.datadir import Namespaces, install_secret
 from proxy.storage.embedded import EmbeddedStore

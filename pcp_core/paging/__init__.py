@@ -1,0 +1,1 @@
+"""Retroactive paging (§X): a conversation's messages become turns, and its history becomes pages."""
