@@ -2,8 +2,8 @@
 
 Memory has one writer thread (SQLite takes one writer at a time, and a
 scope's index follows its writes in order). Its jobs once formed one queue in
-the order they came: while one key imported 20,000 pages, another key's
-``forget`` waited 362 s. Now each tenant (the caller's namespace, what a scope
+the order they came: while one key imported many pages, another key's
+``forget`` waited for all of them (``bench/own_api_limits.py``). Now each tenant (the caller's namespace, what a scope
 key opens with) has its own queue, and the writer takes one job from each
 tenant with work in turn: another tenant's job waits for at most one job of
 each, and an import is written in batches (``proxy.memory.imports``), each a

@@ -202,7 +202,7 @@ class ProtocolRequest:
             return 0
         new = [*conversation.history[sent_before:], *filter(None, [conversation.query])]
         if self.telemetry.said:  # what the request's messages take, less the new ones: a million-token
-            # history is not counted again, message by message (~15-40 ms)
+            # history is not counted again, message by message
             return self.telemetry.said - prompt_tokens(new, count) + prompt_tokens([], count)
         return prompt_tokens([*conversation.head, *conversation.history[:sent_before]], count)
 

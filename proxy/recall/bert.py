@@ -1,9 +1,8 @@
 """all-MiniLM-L6-v2 on torch alone: a BERT encoder, mean-pooled and scaled to length 1, as sentence-transformers runs it.
 
 Why not sentence-transformers itself: importing it brings transformers,
-scikit-learn and scipy (for similarity functions the proxy never calls), some
-170 MB that stay resident beside torch's own ~200 MB, and two seconds of
-start. This needs torch, ``tokenizers`` and ``safetensors`` only (all three
+scikit-learn and scipy (for similarity functions the proxy never calls),
+which stay resident beside torch and slow the start. This needs torch, ``tokenizers`` and ``safetensors`` only (all three
 come with sentence-transformers). It reads the model's own files (its
 ``config.json``, ``tokenizer.json``, ``model.safetensors``), and its vectors
 are the library's (``tests/proxy/test_bert.py`` compares them on the float
@@ -13,8 +12,8 @@ As before, the linear layers run in int8 (torch's dynamic quantization), each
 on its own scale as the library's are: the vectors are the ones the library's
 int8 model gives (most within 1e-6, the rest within a cosine of 0.99, as a
 batch's neighbours move them), so those stored before are still good.
-(The word-piece table stays in float32: in float16, 23 MB less, the int8
-model's vectors moved by a cosine of 0.02.) A query (one text, no padding) runs through a TorchScript
+(The word-piece table stays in float32: in float16, a little smaller, the
+int8 model's vectors moved too far from the library's.) A query (one text, no padding) runs through a TorchScript
 trace, which computes without the interpreter while a request pages its
 history; a batch runs the module, its texts sorted by length and cut into
 batches of at most ``BATCH_TOKENS`` word pieces, so that no batch's attention
@@ -39,8 +38,8 @@ from tokenizers import Tokenizer
 __all__ = ["BATCH_TOKENS", "BertEncoder"]
 
 # Word pieces in one batch (padding included): 16 texts of 64. What a batch holds while it runs (its attention,
-# the layers' outputs) is freed after it: encoding 2,048 LoCoMo texts took ~310 MB more at the peak with 8192,
-# ~165 with 1024, ~50 with 1024 and what each batch freed given back before the next (``between``), in no more time.
+# the layers' outputs) is freed after it: smaller batches, and what each freed given back before the next
+# (``between``), keep the peak low in no more time (``bench/resident.py``).
 BATCH_TOKENS = 1024
 MAX_TEXTS = 64  # texts in one batch at most
 _QUIET = threading.Lock()  # around quantizing or tracing, whose warnings are silenced (the filters are global)

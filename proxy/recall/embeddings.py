@@ -2,15 +2,15 @@
 
 The model ships inside a package (``proxy.encoders``), so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
-query encodes in about half the time (~7 ms on one core, against ~15), and on
-LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and in the store
+query encodes in about half the time, and on LoCoMo recall is the same within
+a point (``bench/recall.py``). A text is encoded once: vectors are kept in memory and in the store
 (``proxy.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
 text), so neither a follow-up nor a restart — nor, with Redis, another
 replica — encodes a history again.
 
 Nothing of the model is loaded, nor torch imported, until a request wants
-dense recall: a proxy that forwards stays small (~130 MB, against ~500 with
-torch in). One instance of the model serves both the requests (a query, by a
+dense recall: a proxy that forwards stays small (``bench/lean.py`` measures
+its memory idle). One instance of the model serves both the requests (a query, by a
 TorchScript trace that computes without the interpreter, while the request
 pages its history) and the background (batches, one at a time): the trace
 and a batch may run at once, on the same weights.
@@ -66,7 +66,7 @@ BATCHES_BETWEEN_YIELDS = 4
 YIELD_SECONDS = 0.25
 # Once this many texts were taken in a row (a history, not a follow-up's new turns) the background gives back what
 # its batches freed (``proxy.resident.give_back``), after each step: a follow-up would fault those pages in again
-# (at 200k tokens, +6 ms a follow-up when it was done after every encoding).
+# if it were done after every encoding, a follow-up's few texts too.
 GIVE_BACK_TEXTS = 256
 # What a queued text costs beyond its own object: its slot in the queue and its entry in the set of those queued.
 QUEUED_TEXT = 40
@@ -78,7 +78,7 @@ def prepare_process() -> None:
     Nothing is fetched from a hub; encoding takes one thread (TORCH_THREADS),
     leaving the other core to requests; and what torch brings (~100,000s of
     objects, alive as long as the process) is left out of every later garbage
-    collection: a full collection walked them all, ~270 ms at some request's expense.
+    collection: a full collection walked them all, at some request's expense.
     """
     import gc
 
@@ -134,7 +134,7 @@ class Embedder:
         self._draining = False  # the background is at the queue, or is to be
         self._closed = False
         self._loading: Future[None] | None = None
-        self._weights = 0  # the loaded model's bytes, measured once: unpacking its int8 layers took ~50 ms of a /metrics scrape
+        self._weights = 0  # the loaded model's bytes, counted once: unpacking its int8 layers is too slow for every /metrics scrape
 
     def close(self) -> None:
         self._closed = True  # the background stops after its step
@@ -157,8 +157,8 @@ class Embedder:
         until it is loaded, pages are ranked by BM25 alone. It loads once the
         requests being served are answered (or ``yield_seconds`` have passed),
         as the background encodes: importing torch is seconds of work under the
-        interpreter lock, which took ~0.25 s from the million-token history whose
-        first request asked for the model (and cannot use it: none of its texts is encoded yet).
+        interpreter lock, taken from the request that asked for the model (which
+        cannot use it: none of its texts is encoded yet).
         """
         with self._queue_lock:
             if self._loading is None:
@@ -281,7 +281,7 @@ class Embedder:
             vectors = np.asarray(model.one(texts[0]), dtype=np.float32)[np.newaxis]
         else:
             # In the background, what each batch freed is given back before the next: glibc kept it, and the
-            # next batch's blocks of other sizes came from more of the heap (~165 MB at the peak against ~50, bert.py).
+            # next batch's blocks of other sizes came from more of the heap (bert.py's BATCH_TOKENS).
             between = give_back if role == "background" else None
             with self._batch_lock:
                 vectors = np.asarray(model.batch(texts, between), dtype=np.float32)

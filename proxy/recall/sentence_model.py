@@ -1,7 +1,7 @@
 """An encoder run by sentence-transformers (all-mpnet-base-v2), its linear layers in int8, a query by a trace.
 
-MiniLM, the default, runs on torch alone (``proxy.recall.bert``), without the
-~170 MB this library's import keeps resident; mpnet's architecture is left to
+MiniLM, the default, runs on torch alone (``proxy.recall.bert``), without
+what this library's import keeps resident; mpnet's architecture is left to
 the library.
 """
 
@@ -71,9 +71,9 @@ class OneText:
     A query is encoded while the request pages its history on the other
     thread. ``SentenceTransformer.encode`` runs module by module in Python and
     needs the interpreter between operations; the paging holds it in 5 ms
-    slices, so the two took as long together as one after the other (~38 ms
-    against 17 and 19). The trace runs the same operations in C++, without the
-    interpreter: ~10 ms alone, ~26 together. For one text the vector is the
+    slices, so the two took as long together as one after the other. The
+    trace runs the same operations in C++, without the interpreter, and
+    overlaps the paging. For one text the vector is the
     model's (within 1e-6); a batch is left to ``encode``, as its padding is
     what the trace does not follow. If the trace disagrees with the model on
     ``TRACE_TEXTS``, ``of`` gives None and queries are encoded as before.

@@ -14,9 +14,10 @@ __all__ = ["ENCODED_CHARS", "VectorCache", "bounded", "text_key", "torch_widened
 
 GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 # What of a text an encoder is given: its head. The bundled models read their first 256 (MiniLM) or 384
-# (mpnet) word pieces and drop the rest, but their tokeniser reads the whole text first: a 10 MB page
-# took 15 s and 1.8 GB to encode into the vector of its first thousand words. Prose spends 3-6
-# characters a word piece, so the head holds more than the models read.
+# (mpnet) word pieces and drop the rest, but their tokeniser reads the whole text first: a page of
+# megabytes took seconds and gigabytes to encode into the vector of its first words
+# (bench/own_api_limits.py). Prose spends 3-6 characters a word piece, so the head holds more than
+# the models read.
 ENCODED_CHARS = 8192
 
 
@@ -38,7 +39,7 @@ def unit_rows(vectors: Any) -> Any:
 
 
 # Rows are held in half precision: a unit vector's cosines move by ~1e-4, which leaves the ranking
-# as it was (bench/README.md: recall on the dev split), in half the memory (768 bytes a MiniLM row).
+# as it was (bench/rounds.py: recall on the dev split), in half the memory (768 bytes a MiniLM row).
 ROW_TYPE = np.float16
 ROW_NAME = 100  # a row's entry in the dict that names it (its text is the request's, or the session's)
 
@@ -51,7 +52,7 @@ def widened(matrix: Any, rows: Any) -> Any:
 def torch_widened(matrix: Any, rows: Any) -> Any:
     """``widened``, by torch: for a process that has it loaded (the bundled encoder), the same float32 rows
     (widening is exact) gathered and widened by vector instructions, where numpy widens half precision one
-    value at a time (at a million tokens, ~19 ms of a follow-up's ~23 for the history's cosines, against ~2)."""
+    value at a time: at a million tokens, most of a follow-up's time on the history's cosines (bench/lean.py)."""
     import torch
 
     return torch.from_numpy(matrix).index_select(0, torch.from_numpy(rows)).float().numpy()
