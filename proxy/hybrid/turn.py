@@ -10,10 +10,10 @@ The rules are ``pcp_core.hybrid``; this is where a request meets them:
   in protocol mode ``ContextTurn.protocol`` does so after the PagedContext,
   within the budget;
 * ``ContextTurn.sections`` cuts each answer at the separator
-  (``proxy.hybrid_relay``), and ``finish`` reads what the model wrote, by the
+  (``proxy.hybrid.relay``), and ``finish`` reads what the model wrote, by the
   rules, and keeps it on the session.
 
-The store is ``proxy.hybrid_store``; the API ``proxy.hybrid_api``.
+The store is ``proxy.hybrid.store``; the API ``proxy.hybrid.api``.
 """
 
 from __future__ import annotations

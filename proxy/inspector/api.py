@@ -2,7 +2,7 @@
 
 * ``GET /v1/pcp/sessions`` — the caller's sessions, latest first;
 * ``GET /v1/pcp/sessions/{id}`` — one session: its summary, its page tree,
-  and the traces of its latest protocol-mode requests (``proxy.telemetry``);
+  and the traces of its latest protocol-mode requests (``proxy.protocol.telemetry``);
 * ``GET /v1/pcp/requests/{trace}`` — one request's trace, by its ``x-pcp-trace``.
 
 Everything is the caller's: named under its namespace (a keyed hash of its

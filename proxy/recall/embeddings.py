@@ -1,10 +1,10 @@
 """Sentence embeddings for the Router's dense recall: MiniLM (or mpnet), offline, cached by text.
 
-The model ships inside a package (``proxy.encoders``), so nothing is
+The model ships inside a package (``proxy.recall.encoders``), so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
 query encodes in about half the time, and on LoCoMo recall is the same within
 a point (``bench/recall.py``). A text is encoded once: vectors are kept in memory and in the store
-(``proxy.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
+(``proxy.recall.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
 text), so neither a follow-up nor a restart — nor, with Redis, another
 replica — encodes a history again.
 
@@ -90,7 +90,7 @@ def prepare_process() -> None:
 
 
 def embeddings_available(encoder: str = "minilm") -> bool:
-    """Whether sentence-transformers and ``encoder``'s weights (``proxy.encoders.ENCODERS``) are installed."""
+    """Whether sentence-transformers and ``encoder``'s weights (``proxy.recall.encoders.ENCODERS``) are installed."""
     import importlib.util
 
     return importlib.util.find_spec("sentence_transformers") is not None and ENCODERS[encoder].available()
@@ -111,7 +111,7 @@ class Embedder:
         max_queue_bytes: int = 0,
     ):
         self.encoder = ENCODERS[encoder]
-        # Where a model that comes in parts is joined (``proxy.encoders``).
+        # Where a model that comes in parts is joined (``proxy.recall.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
         self.cache = VectorCache(cache_size, self.encoder.variant, max_bytes)
         self.stored = stored_vectors(self.cache, store, directory)

@@ -1,4 +1,4 @@
-"""Vectors in the store, by a digest of the text and the encoder (``proxy.vectors.text_key``).
+"""Vectors in the store, by a digest of the text and the encoder (``proxy.recall.vectors.text_key``).
 
 The vectors of another encoder are never read, and the store holds no
 text. With Redis, every process shares them: a process that
