@@ -70,7 +70,7 @@ MODES = ("enabled", "disabled")
 
 
 class CoreMemory(Protocol):
-    """Where ``memory.core`` outlives a session: a memory scope's (``proxy.memory.core``).
+    """Where ``memory.core`` outlives a session: a memory scope's (``proxy.memory.scope_cores``).
 
     Blocking (it may read the disk); called where the session's context is
     loaded and kept. ``scope``: the store's key of the request's memory scope.

@@ -28,7 +28,7 @@ IMPORT_BATCH = 128
 
 
 class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
-    """The scope's Hybrid-mode core blocks (``proxy.memory.core``), the export's last line when it has any."""
+    """The scope's Hybrid-mode core blocks (``proxy.memory.scope_cores``), the export's last line when it has any."""
 
     blocks: tuple[Block, ...]
 

@@ -46,10 +46,10 @@ from pcp_core.tokens import CountText
 
 from ..resident import close_least_used, indexes_bytes, used_last
 from ..storage.base import StoreUnavailable
-from .core import ScopeCores
 from .encoding import cosine, encode_pages, encode_query
 from .forgetting import forget_ids, forget_query
 from .intake import judged
+from .scope_cores import ScopeCores
 from .search import ScopeIndex
 from .store import MemoryStore, Written
 from .writer import FairQueue, Job, patiently, tenant_of
