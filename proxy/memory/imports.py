@@ -82,6 +82,7 @@ def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block
 
 
 def _line(line: bytes, n: int) -> OriginalPage | ConsolidatedPage | CoreLine:
+    """One line of an import decoded, or a 400 that names the line."""
     try:
         return decode_stored(line, _LINE.decode, f"page or core blocks on line {n}", code="invalid_import")
     except ClientError as error:
