@@ -47,6 +47,7 @@ _QUIET = threading.Lock()  # around quantizing or tracing, whose warnings are si
 
 class _Layer(torch.nn.Module):
     def __init__(self, hidden: int, intermediate: int, heads: int, eps: float):
+        """One BERT layer: self-attention, then the feed-forward, each with its residual and norm."""
         super().__init__()
         self.heads = heads
         # Three layers, not one of three times the width: each is quantized on its own scale, as the library's are.
@@ -58,6 +59,7 @@ class _Layer(torch.nn.Module):
         self.norm2 = torch.nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        """The layer over ``x``, attending where ``attend`` allows."""
         b, t, h = x.shape
         q, k, v = (part(x).view(b, t, self.heads, h // self.heads).transpose(1, 2) for part in (self.q, self.k, self.v))
         mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=attend).transpose(1, 2).reshape(b, t, h)
@@ -69,6 +71,7 @@ class _Bert(torch.nn.Module):
     """BERT's encoder and sentence-transformers' mean pooling and normalisation, for ``(ids, mask)`` of a batch."""
 
     def __init__(self, config: dict[str, Any]):
+        """The encoder as ``config`` describes it, its weights empty until loaded."""
         super().__init__()
         hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
         self.words = torch.nn.Parameter(torch.empty(config["vocab_size"], hidden), requires_grad=False)
@@ -80,6 +83,7 @@ class _Bert(torch.nn.Module):
         )
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled, length-1 vectors of the texts ``ids`` holds (``mask``: their real word pieces)."""
         x = self.norm(self.words[ids] + self.positions[: ids.shape[1]] + self.segment)
         attend = mask[:, None, None, :].bool()
         for layer in self.layers:
@@ -113,6 +117,7 @@ class BertEncoder:
     """Unit vectors of texts from a BERT sentence model's directory (all-MiniLM-L6-v2's layout)."""
 
     def __init__(self, directory: Path, int8: bool = True):
+        """The model in ``directory``, its linear layers in int8 unless ``int8`` is False."""
         config = json.loads((directory / "config.json").read_text())
         sentence = directory / "sentence_bert_config.json"
         self.max_tokens = json.loads(sentence.read_text()).get("max_seq_length", 256) if sentence.is_file() else 256
@@ -133,12 +138,14 @@ class BertEncoder:
             self._traced = torch.jit.trace(model, (ids, mask), check_trace=False)
 
     def _tokenizer(self, directory: Path) -> Tokenizer:
+        """The model's tokenizer, truncating at its length and padding nothing."""
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         tokenizer.enable_truncation(max_length=self.max_tokens)
         tokenizer.no_padding()  # a batch is padded here, to its longest text
         return tokenizer
 
     def _features(self, tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The word pieces of ``texts``, padded to the longest, and their mask."""
         return _padded([e.ids for e in tokenizer.encode_batch([t.strip() for t in texts])])  # stripped, as sentence-transformers does
 
     def one(self, text: str) -> Any:

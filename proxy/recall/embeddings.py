@@ -110,6 +110,7 @@ class Embedder:
         max_bytes: int = 0,
         max_queue_bytes: int = 0,
     ):
+        """An embedder of ``encoder``'s model, its vectors cached in memory and stored beside ``directory``."""
         self.encoder = ENCODERS[encoder]
         # Where a model that comes in parts is joined (``proxy.recall.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
@@ -137,6 +138,7 @@ class Embedder:
         self._weights = 0  # the loaded model's bytes, counted once: unpacking its int8 layers is too slow for every /metrics scrape
 
     def close(self) -> None:
+        """Stop the background and close the store."""
         self._closed = True  # the background stops after its step
         self._background.shutdown(wait=True, cancel_futures=True)
         if self.stored is not None:
@@ -148,6 +150,7 @@ class Embedder:
 
     @property
     def ready(self) -> bool:
+        """Whether the model is loaded."""
         return self._loaded is not None
 
     def warm_up(self) -> None:
@@ -165,6 +168,7 @@ class Embedder:
                 self._loading = self._background.submit(self._load_quietly)
 
     def _load_quietly(self) -> None:
+        """Load the model once the requests are served; a failure is logged, and ranking goes on with BM25 alone."""
         try:
             self._wait_for_quiet()  # (see ``warm_up``)
             self.load()
@@ -172,6 +176,7 @@ class Embedder:
             log.exception("the embedding model did not load: pages are ranked by BM25 alone")
 
     def _model(self) -> Any:
+        """The model, loaded once (the bundled encoder, or sentence-transformers for the others)."""
         with self._load_lock:
             if self._loaded is None:
                 prepare_process()
@@ -244,6 +249,7 @@ class Embedder:
             log.debug("a query's vector was not prefetched: %s", error)
 
     def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
+        """The vectors of ``texts``: from memory, from the store, or encoded now."""
         texts = [bounded(t) for t in texts]  # memory bounded whatever a text's size: the model reads its head alone
         found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
@@ -260,6 +266,7 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        """The query's cosines with ``texts`` (NaN where a text is not encoded yet, queued), or None while none is."""
         if texts and max(map(len, texts)) > ENCODED_CHARS:  # (a history's texts are short: most often none is cut)
             texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
@@ -276,6 +283,7 @@ class Embedder:
         return self.stored.get(texts) if self.stored is not None else {}
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
+        """``texts`` encoded and kept in memory."""
         model = self._model()
         if role == "request" and len(texts) == 1:
             vectors = np.asarray(model.one(texts[0]), dtype=np.float32)[np.newaxis]
@@ -323,6 +331,7 @@ class Embedder:
             raise
 
     def _drain_steps(self) -> None:
+        """Encode what is queued, a few batches at a time, giving way to the requests between."""
         step = self.batch_size * BATCHES_BETWEEN_YIELDS
         run = 0  # texts taken since the queue was last empty
         while True:
@@ -343,6 +352,7 @@ class Embedder:
                 give_back()  # what a history's batches freed: kept, it is hundreds of MB nothing uses
 
     def _load_or_encode(self, texts: list[str]) -> None:
+        """``texts`` read from the store, the rest encoded and stored."""
         done = 0
         try:
             loaded = self._from_disk(texts)
@@ -369,6 +379,7 @@ class Embedder:
 
 
 def _queued_size(text: str) -> int:
+    """What a queued text costs in memory."""
     return sys.getsizeof(text) + QUEUED_TEXT
 
 

@@ -68,6 +68,7 @@ class VectorCache:
     """
 
     def __init__(self, capacity: int, variant: bytes = b"", max_bytes: int = 0, gather_block: int = GATHER_BLOCK):
+        """A cache of at most ``capacity`` rows (and ``max_bytes``), for the encoder ``variant`` names."""
         self.capacity = capacity
         self.max_bytes = max_bytes  # also at most as many rows as fit in this (0: rows alone), once their size is known
         self.gather_block = gather_block  # rows gathered and multiplied at once by ``cosines``
@@ -80,6 +81,7 @@ class VectorCache:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
+        """How many rows the cache holds."""
         return len(self._rows) + len(self._digested)
 
     @property
@@ -120,6 +122,7 @@ class VectorCache:
         return out
 
     def add(self, vectors: dict[str, Any]) -> None:
+        """``vectors`` kept by text, those held already left as they are."""
         with self._lock:
             self._add({t: v for t, v in vectors.items() if self._row(t) < 0}, self._rows)
 
@@ -129,6 +132,7 @@ class VectorCache:
             self._add({d: v for d, v in vectors.items() if d not in self._digested}, self._digested)
 
     def _add(self, new: dict[Any, Any], into: dict[Any, int]) -> None:
+        """New rows written into the matrix and named in ``into``."""
         if not new:
             return
         if len(self) + len(new) > self.capacity:
@@ -139,6 +143,7 @@ class VectorCache:
         into.update(zip(new, range(start, start + len(new))))
 
     def _make_room(self, rows: int, dim: int) -> None:
+        """A matrix of room for ``rows`` rows of ``dim``, grown by doubling up to the capacity."""
         if self._matrix is None:
             if self.max_bytes:
                 self.capacity = max(1, min(self.capacity, self.max_bytes // (dim * np.dtype(ROW_TYPE).itemsize + ROW_NAME)))
@@ -149,6 +154,7 @@ class VectorCache:
             self._matrix = grown
 
     def _drop_older_half(self) -> None:
+        """The older half of the rows dropped, the newer moved down."""
         used = len(self)
         keep = used // 2
         cut = used - keep
