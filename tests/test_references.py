@@ -85,3 +85,27 @@ def test_a_stale_reference_is_found() -> None:
     assert names == ["proxy.no_such_module", "pcp_core.request.no_such_function"]
     assert not any(resolves(name) for name in names)
     assert resolves("proxy.web.routes") and resolves("pcp_core.request")
+
+
+def _anchor(heading: str) -> str:
+    """A Markdown heading's anchor, as GitHub makes it."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_doc_link_resolves() -> None:
+    """A relative link in the README, docs/ or bench/ names a file that exists, and a heading of it if it names one."""
+    pages = (*DOCS, *sorted((ROOT / "bench").glob("*.md")))
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            linked = (page.parent / path).resolve() if path else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and linked.suffix == ".md":
+                headings = {_anchor(line.lstrip("#")) for line in linked.read_text().splitlines() if re.match(r"#+ ", line)}
+                if anchor not in headings:
+                    broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "links to nothing:\n" + "\n".join(broken)
