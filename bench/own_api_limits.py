@@ -4,7 +4,7 @@ A real proxy process (``python -m proxy serve``, dense recall on: the bundled
 encoder loaded before anything is measured) in front of the fake upstream in
 another process. Resident memory is the proxy's (``/proc/PID/status``),
 sampled every 20 ms while a request runs: "RSS up" is the peak less what it
-was before. Prints the table kept in bench/README.md (issue 36's done-when).
+was before. Prints the table kept in bench/results-2026-11-26.md.
 
     .venv/bin/python bench/own_api_limits.py [--pages 4000]
 """

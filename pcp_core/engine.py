@@ -328,11 +328,9 @@ def _named_page(directive: Directive) -> str:
 def kept_nodes(synthesis: Synthesis, policy: RoundPolicy) -> list[str]:
     """The top-level nodes of ``synthesis`` that start within ``keep_share`` of the budget, leaving ``fresh_room``: what the next call keeps in place.
 
-    Measured on LoCoMo (BM25, 2,048 / 4,096 tokens): keeping 70% of the budget, later
-    rounds share 45% / 72% of their prompt with the round before (0% / 51% keeping
-    none), the answering prompt holds the evidence more often (0.71 against 0.65 at
-    2,048), and ≤ 3 Consults less (0.79 against 0.82): a round that keeps most of
-    its prompt has little room for what a Consult brings. Hence ``fresh_room``.
+    The more a later round keeps, the more of its prompt a provider's cache serves and the more often the
+    answering prompt holds the evidence; but a round that keeps most of its prompt has little room for what a
+    Consult brings, and ≤ 3 Consults recalls less. Hence ``fresh_room`` (``bench/rounds.py`` measures the trade).
     """
     limit = min(policy.keep_share * policy.budget, policy.budget - policy.fresh_room)
     return [page_id for page_id, start in zip(synthesis.layout, synthesis.starts) if start < limit]

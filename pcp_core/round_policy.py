@@ -26,7 +26,7 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # every round after: the worker answers from one prompt, whichever round it is.
     focus: int = 4
     # Of the budget, for roots shown by their Summary; the rest fold into Background_Context.
-    # Evidence first: on LoCoMo a smaller overview recalled more (0.25 → 0.10: +1 point).
+    # Evidence first: on LoCoMo a smaller overview leaves more room for pages, and recalled more (bench/rounds.py).
     overview_share: float = 0.10
     indexed_pages: int = 6  # the next-ranked pages, shown by summary as Consult targets
     recent_pages: int = 2  # the latest Original pages, kept verbatim while they fit
@@ -47,7 +47,7 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
     # in full: the pages of the turns since, the query, the pages ranked for it. The frame is made
     # again when it leaves less room. What a follow-up is billed grows with it, on any conversation; round 0
-    # shows fewer pages ranked for a new question, and the Consults make most of that up (bench/README).
+    # shows fewer pages ranked for a new question, and the Consults make most of that up (bench/prefix_cache.py).
     fresh_share: float = 0.15
     # The most of the budget a frame takes when it is made: it grows by the turns since.
     frame_share: float = 0.25

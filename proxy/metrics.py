@@ -30,7 +30,7 @@ HELP = {
     "pcp_memory_merged_total": "Consolidated pages the Memory Consolidator made over alike pages of different conversations.",
 }
 
-# Seconds: a loopback passthrough takes ~1 ms, a protocol-mode request with a real model minutes.
+# Seconds: from a loopback passthrough (milliseconds) to a protocol-mode request with a real model (minutes).
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "pcp_request_seconds": ("Seconds from a request's arrival until its response starts (a whole answer, or a stream's first event), by mode.", _SECONDS),

@@ -48,7 +48,7 @@ def share(cache_mb: int, part: str) -> int:
 def session_bytes(session: Session) -> int:
     """About what ``session`` holds in memory, decoded (within a third: tests/proxy/test_resident.py).
 
-    One pass in C over its pages' texts: ~1 ms for a session of a million tokens.
+    One pass in C over its pages' texts: cheap beside the request even at a million tokens.
     """
     pages = session.pages
     every = list(chain(pages.leaves, pages.containers, pages.storage, *(block.drafts for block in pages.blocks)))
@@ -68,7 +68,7 @@ MEMO_ENTRY = {"counts": 300, "lines": 340, "units": 900, "readings": 900, "terms
 class TextMemos:
     """What the tokenizer and the protocol keep by text, whatever session it came from: each message's count and
     the memos of pages' texts (``pcp_core.ranking.router.text_memos``), each bounded by count alone (65,536 to 200,000
-    texts: ~100 MB with 80 conversations of 25k tokens live, more with more).
+    texts: a large share of resident memory with many conversations live, ``bench/resident.py``).
 
     Past ``max_bytes`` (estimated), they are all forgotten when a session leaves memory: a conversation that
     stays (one of a million tokens and its follow-ups) keeps its own, and one beside many that come and go
@@ -143,8 +143,8 @@ def give_back() -> None:
     glibc keeps what a large allocation freed for the next one, and past a
     few such frees serves mid-sized ones from its heaps, where one live block
     pins the pages around it: encoding a history's texts in batches left
-    ~300 MB resident that nothing used (bench/README.md, the proxy at a
-    million tokens). A few milliseconds, the interpreter's lock released.
+    hundreds of MB resident that nothing used (``bench/lean.py``). A few
+    milliseconds, the interpreter's lock released.
     """
     if _TRIM is not None:
         _TRIM(0)

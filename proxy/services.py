@@ -26,7 +26,7 @@ from .apis.known_bodies import KnownBodies
 from .embedded import LocalModel
 from .hybrid import Hybrid, HybridStore
 from .memory import Memory, open_memory_store
-from .memory.core import ScopeCores
+from .memory.scope_cores import ScopeCores
 from .metrics import Metrics
 from .pact import Components
 from .protocol.control import Controls
@@ -137,7 +137,7 @@ async def open_services(
         _closing(stack, sessions.close)
         components = Components(stores.area("components"), sealer, settings.component_max_kb * 2**10, settings.components_per_session)
         _closing(stack, components.close)
-        # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.core``).
+        # Hybrid mode's core blocks outlive a session in its memory scope (``proxy.memory.scope_cores``).
         cores = ScopeCores(stores.area("memory/core"), sealer)
         hybrid = Hybrid(settings, HybridStore(stores.area("context"), sealer), tokenizer.count, metrics, memory=cores)
         _closing(stack, hybrid.close)

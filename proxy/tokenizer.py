@@ -77,8 +77,8 @@ class Tokenizer:
         """The tokens of "[role] text" from those of its text, or None where they are not worked out so.
 
         Paging counts every turn of a history as such a line, and the request
-        counted its text: encoding the line again took ~0.3 s at a million
-        tokens. The pre-tokenizer cuts a piece after the tag (the check is
+        counted its text: encoding the line again was a large part of a cold
+        request at a million tokens (``bench/lean.py --cold-only``). The pre-tokenizer cuts a piece after the tag (the check is
         the tag's, once), and it cuts the text the same whether a space
         stands before it or not, but for its first piece, which takes the
         space: the line is the tag, that piece with its space, and the rest

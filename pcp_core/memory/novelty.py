@@ -51,9 +51,8 @@ class MemoryIntake(msgspec.Struct, frozen=True):
     # as many as a question is usually answered from. More would hold, between them, the words of any turn.
     neighbours: int = 4
     # Share of a turn's term weight that must be new for the turn to inform. A question about what a scope
-    # holds brings only the words of its asking (on LoCoMo's dev split, against the conversations alone, 65% of
-    # the questions bring less than a fifth, 1.8% of the dialogue pages and none of those that hold an answer);
-    # one new name in a turn of a few words brings more.
+    # holds brings only the words of its asking (on LoCoMo's dev split most questions fall under it, and almost
+    # no dialogue page: bench/memory_grown.py); one new name in a turn of a few words brings more.
     novel: float = 0.2
     # Weighted overlap (both ways) at which a new page is one the scope holds, repeated.
     repeat: float = 0.85

@@ -85,10 +85,9 @@ def anchor_intent(head: str, tail: str, previous: str = "", now: datetime | None
 # gains a share of its better neighbour's score, since evidence comes in
 # exchanges that a page boundary can cut (a question and its answer, a story
 # and its date). Scoring each turn and ranking a page by its best turn recalled
-# less: on the LoCoMo dev split, round 0 at 2,048 tokens held all the evidence
-# of 0.73 of questions that way against 0.76 by pages (BM25), 0.77 against
-# 0.79 with MiniLM (bench/recall.py) — a page of a few turns is a passage, and
-# its turns tell together what one turn alone does not.
+# less on the LoCoMo dev split, with BM25 and with MiniLM (bench/recall.py):
+# a page of a few turns is a passage, and its turns tell together what one
+# turn alone does not.
 
 
 def unit_texts(pages: Sequence[Page]) -> list[str]:

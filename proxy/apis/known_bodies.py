@@ -69,7 +69,7 @@ class KnownBodies:
         self.entries = entries
         self.smallest = smallest
         self.resident_bytes = 0
-        # By a number of their own: a head of megabytes is not hashed as a key (~3 ms at a million tokens).
+        # By a number of their own: a head of megabytes is not hashed as a key, on every follow-up.
         self._known: OrderedDict[int, _Known] = OrderedDict()
         self._next = 0
         self._lock = threading.Lock()  # bodies are read in threads

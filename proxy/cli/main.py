@@ -14,6 +14,7 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The command line: ``serve`` and the sessions' commands."""
     parser = argparse.ArgumentParser(prog="pcp-proxy", description="OpenAI-compatible proxy that pages long conversations.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the proxy")
@@ -39,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` names; its exit status."""
     args = _parser().parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if k in ("host", "port", "upstream_base_url", "workers")}
     try:

@@ -17,8 +17,8 @@ def tune_process(settings: Settings) -> None:
     Files it makes are private to its user (umask 077). The young generation is collected once 20,000 more objects live than at
     the last collection, not 700: a follow-up on a long history makes and
     drops tens of thousands of objects, which reference counting frees; at
-    700 the collector ran ~8 times a request (~1.8 ms at 200k tokens) and
-    found nothing to collect. The encoder of dense recall and torch are not
+    700 the collector ran several times a request and found nothing to
+    collect. The encoder of dense recall and torch are not
     imported here: they load when a request first wants them
     (``embeddings.prepare_process``), so a proxy that forwards stays small.
     """
@@ -35,9 +35,9 @@ def one_blas_thread() -> None:
 
     OpenBLAS splits a history's matrix-vector product over every core and its
     threads spin while they wait for each other: on two cores shared with the
-    requests, the cosines of 26,000 rows took 13-90 ms with its threads
-    against ~3.5 ms on one (the results are the same to the bit: each row's
-    sum is one thread's either way). Without threadpoolctl installed,
+    requests, a million-token history's cosines took many times longer with its
+    threads than on one (``bench/lean.py``; the results are the same to the bit:
+    each row's sum is one thread's either way). Without threadpoolctl installed,
     numpy keeps its default.
     """
     try:

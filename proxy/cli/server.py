@@ -52,6 +52,7 @@ class _Guard(_Mixed):
 
     # asyncio's stubs take any BaseTransport here; uvicorn's protocol, as its own override says, a Transport.
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """A connection opened: the clock for its first request starts."""
         super().connection_made(transport)
         self._head = 0  # bytes of the head read so far; -1 once it is whole
         self._tail = b""  # the last bytes of the head so far, where its end may have begun
@@ -59,6 +60,7 @@ class _Guard(_Mixed):
         self._arriving: asyncio.TimerHandle | None = self.loop.call_later(self.client_timeout, self._too_slow)
 
     def data_received(self, data: bytes) -> None:
+        """Bytes arrived: the head counted against its bound, the clock started on a request's first byte."""
         if self._arriving is None:  # a request's first byte
             self._arriving = self.loop.call_later(self.client_timeout, self._too_slow)
         if self._head >= 0:
@@ -78,24 +80,29 @@ class _Guard(_Mixed):
         super().data_received(data)
 
     def on_headers_complete(self) -> None:
+        """The head is whole: no more counting."""
         self._head = -1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        """A request arrived whole: the next one starts its own count and clock."""
         self._head, self._tail = 0, b""  # the next request on this connection starts its own count and clock
         self._stop_clock()
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """The connection closed: its clock stopped."""
         self._stop_clock()
         super().connection_lost(exc)
 
     def _stop_clock(self) -> None:
+        """Stop the clock of the request arriving."""
         if self._arriving is not None:
             self._arriving.cancel()
             self._arriving = None
 
     def _too_slow(self) -> None:
+        """A request not whole in time: a 408, or the connection closed if nothing was asked or it was answered."""
         self._arriving = None
         if self._head == 0 or self.cycle is not None and self.cycle.response_started:  # nothing asked, or answered already
             self.transport.close()

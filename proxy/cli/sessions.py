@@ -29,11 +29,13 @@ class Progress:
     """A bar on ``stream`` for a walk of ``total`` items, redrawn at most ten times a second (``live``: a terminal)."""
 
     def __init__(self, what: str, total: int, stream: IO[str], live: bool | None = None, width: int = 30):
+        """A progress bar for ``total`` items on ``stream``, drawn only on a terminal unless ``live`` says."""
         self.what, self.total, self.stream, self.width = what, total, stream, width
         self.live = stream.isatty() if live is None else live
         self.done, self.drawn, self.started = 0, 0.0, time.monotonic()
 
     def step(self, n: int = 1) -> None:
+        """``n`` more done, the bar drawn again at most ten times a second."""
         self.done += n
         now = time.monotonic()
         if self.live and (now - self.drawn >= 0.1 or self.done >= self.total):
@@ -43,12 +45,14 @@ class Progress:
             self.stream.flush()
 
     def close(self) -> None:
+        """The bar replaced by how many were done, and in how long."""
         if self.live:
             self.stream.write(f"\r{self.what}: {self.done:,} in {time.monotonic() - self.started:.1f} s{' ' * self.width}\n")
             self.stream.flush()
 
 
 def _store(settings: Settings) -> SessionStore:
+    """The session store the settings name."""
     from ..storage import Stores
 
     stores = Stores(settings.store, settings.data_path)
@@ -69,6 +73,7 @@ def _walk(store: SessionStore, keys: list[tuple[str, str]], err: IO[str], live: 
 
 
 def list_sessions(settings: Settings, namespace: str = "", out: IO[str] = sys.stdout, err: IO[str] = sys.stderr, live: bool | None = None) -> int:
+    """``pcp-proxy sessions list``: the stored sessions, one a line; the exit status."""
     store = _store(settings)
     try:
         keys = [key for key in store.stored() if key[0].startswith(namespace)]
@@ -88,6 +93,7 @@ def list_sessions(settings: Settings, namespace: str = "", out: IO[str] = sys.st
 def show_session(
     settings: Settings, session_id: str, namespace: str = "", out: IO[str] = sys.stdout, err: IO[str] = sys.stderr, live: bool | None = None
 ) -> int:
+    """``pcp-proxy sessions show``: one stored session; the exit status."""
     store = _store(settings)
     try:
         keys = [key for key in store.stored() if key[1] == session_id and key[0].startswith(namespace)]
@@ -132,4 +138,5 @@ def tree_lines(roots: list[str], pages: dict[str, TreePage], summary_chars: int 
 
 
 def _when(stamp: str) -> str:
+    """An ISO time to the minute, as the listing shows it."""
     return stamp.replace("T", " ")[:16]

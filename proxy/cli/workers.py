@@ -31,6 +31,7 @@ STARTUP_GRACE = 5.0  # a worker that fails this soon after start does not come b
 
 
 def _listening(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` that other workers may bind too (``SO_REUSEPORT``)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -65,6 +66,7 @@ def serve_workers(settings: Settings) -> int:
     stopping = False
 
     def stop(*_: Any) -> None:
+        """On SIGTERM or SIGINT: the workers are to stop."""
         nonlocal stopping
         stopping = True
 

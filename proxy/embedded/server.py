@@ -9,7 +9,7 @@ Launched so that it protects itself and the machine:
   rather than filling its slot's context; a client's own ``max_tokens`` wins.
 * ``--cache-ram``: the host-memory prompt cache is capped (llama.cpp's default is 8 GiB).
 * ``-t``: half the cores, so the proxy keeps the rest (with every core, its
-  threads spin-wait and a request took 3 to 23 s on 2 busy cores).
+  threads spin-wait, and on busy cores a request took many times as long).
 * ``--api-key``: a random key per start, which only the proxy sends, keeps other
   local processes off the port.
 

@@ -4,7 +4,7 @@ llama-server notices that the client of a streamed answer has left at its next
 token (the write fails). For an answer asked whole it has only a check once a
 second, which any other result resets: while another slot streams, or anyone
 polls it, a client that left a long whole answer kept its slot generating to
-the end (measured: 9 s and more after the close). So a chat completion asked
+the end (``bench/first_run.py`` has a client leave a whole answer). So a chat completion asked
 whole goes to it streamed, and the proxy puts the answer together: the client
 gets the same ``chat.completion``, and one that leaves closes the stream.
 """

@@ -56,6 +56,7 @@ _TODO = msgspec.json.Decoder(_TodoList)
 async def session_context(
     services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
+    """``GET …/context``: the session's latest Hybrid-mode snapshot."""
     session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
@@ -73,11 +74,13 @@ async def session_context(
 async def set_todo(
     request: Request[Any, Any, Any], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
+    """``PUT …/todo``: the session's todo list, as the client gives it."""
     session_id = _checked(hybrid, session_id)
     body = await limited_body(request, request.app.state.settings.api_max_body_kb * 2**10, "api_max_body_kb")
     items = tuple(TodoItem(item.id, item.title, item.done) for item in _todo_list(body))
 
     def step(state: HybridState | None) -> HybridState:
+        """The session's state with the new todo list."""
         return msgspec.structs.replace(state or HybridState(), todo=items)
 
     await asyncio.to_thread(hybrid.store.change, namespace, session_id, step)
@@ -88,6 +91,7 @@ async def set_todo(
 async def get_todo(
     services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
+    """``GET …/todo``: the session's todo list and its summary."""
     session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     return json_response(_todo(session_id, state.todo if state is not None else ()))
@@ -102,6 +106,7 @@ def _checked(hybrid: Hybrid, session_id: str) -> str:
 
 
 def _todo_list(body: bytes) -> list[_Item]:
+    """A todo list's items decoded, or a 400 (an id given twice among them)."""
     items = decode_stored(body, _TODO.decode, "todo list", code="invalid_todo").items
     ids = [item.id for item in items]
     if len(set(ids)) != len(ids):
@@ -111,6 +116,7 @@ def _todo_list(body: bytes) -> list[_Item]:
 
 
 def _todo(session_id: str, items: tuple[TodoItem, ...]) -> dict[str, Any]:
+    """The todo list as the API shows it: its items and their summary."""
     projection = todo_projection(items)
     return {
         "object": "pcp.todo",

@@ -29,6 +29,7 @@ class Sections:
     """The gates of one upstream answer, by choice index."""
 
     def __init__(self, note: Note):
+        """A stream's sections cut as they come; ``note`` gets what they held."""
         self.note = note
         self.gates: dict[int, SeparatorGate] = {}
         self.meta: dict[str, Any] = {}  # the last event's id, model, created: for an event of the proxy's own
@@ -101,6 +102,7 @@ class Sections:
             yield _data(last)
 
     def _line(self, line: bytes) -> bytes:
+        """One line of the stream, its choices' text with the model's context section cut out."""
         crlf = line.endswith(b"\r")
         data = line.rstrip(b"\r")
         if not data.startswith(b"data:"):
@@ -119,9 +121,11 @@ class Sections:
 
 
 def _choices(data: Any) -> list[dict[str, Any]]:
+    """The choices of a chat-completion chunk, those that are objects."""
     choices = data.get("choices") if isinstance(data, dict) else None
     return [c for c in choices if isinstance(c, dict)] if isinstance(choices, list) else []
 
 
 def _data(event: dict[str, Any]) -> bytes:
+    """An event as a server-sent ``data:`` line."""
     return b"data: " + msgspec.json.encode(event) + b"\n\n"

@@ -40,6 +40,7 @@ class HybridState(msgspec.Struct, frozen=True, kw_only=True):
 
 class HybridStore(KeyedStore[HybridState]):
     def __init__(self, store: Store | Path, sealer: Sealer | None = None):
+        """Sessions' Hybrid-mode state kept in ``store``, sealed with ``sealer``."""
         super().__init__(store, HybridState, "the context of a session", sealer)
         self.links: OrderedDict[str, str] = OrderedDict()  # link key -> session id, the recent ones
 

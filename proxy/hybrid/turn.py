@@ -10,10 +10,10 @@ The rules are ``pcp_core.hybrid``; this is where a request meets them:
   in protocol mode ``ContextTurn.protocol`` does so after the PagedContext,
   within the budget;
 * ``ContextTurn.sections`` cuts each answer at the separator
-  (``proxy.hybrid_relay``), and ``finish`` reads what the model wrote, by the
+  (``proxy.hybrid.relay``), and ``finish`` reads what the model wrote, by the
   rules, and keeps it on the session.
 
-The store is ``proxy.hybrid_store``; the API ``proxy.hybrid_api``.
+The store is ``proxy.hybrid.store``; the API ``proxy.hybrid.api``.
 """
 
 from __future__ import annotations
@@ -70,20 +70,24 @@ MODES = ("enabled", "disabled")
 
 
 class CoreMemory(Protocol):
-    """Where ``memory.core`` outlives a session: a memory scope's (``proxy.memory.core``).
+    """Where ``memory.core`` outlives a session: a memory scope's (``proxy.memory.scope_cores``).
 
     Blocking (it may read the disk); called where the session's context is
     loaded and kept. ``scope``: the store's key of the request's memory scope.
     """
 
-    def recall(self, scope: str) -> Sequence[Block]: ...
-    def keep(self, scope: str, blocks: Sequence[Block], seen: Collection[str]) -> None: ...
+    def recall(self, scope: str) -> Sequence[Block]:
+        """The core blocks the scope keeps."""
+
+    def keep(self, scope: str, blocks: Sequence[Block], seen: Collection[str]) -> None:
+        """``blocks`` merged into what the scope keeps; ``seen``: the ids of the scope's blocks the session was shown."""
 
 
 class Hybrid:
     """Hybrid mode for the app: the switch, the store, and the rules as the settings tune them."""
 
     def __init__(self, settings: Settings, store: HybridStore, count: CountText, metrics: Metrics, memory: CoreMemory | None = None):
+        """Hybrid mode as the settings have it, its state kept in ``store``."""
         self.default = settings.hybrid
         self.store = store
         self.count = count
@@ -110,6 +114,7 @@ class Hybrid:
         return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled", scope=scope)
 
     def close(self) -> None:
+        """Close the store."""
         self.store.close()
 
 
@@ -122,6 +127,7 @@ class ContextTurn:
     """
 
     def __init__(self, hybrid: Hybrid, headers: Mapping[str, str], namespace: str, enabled: bool, scope: str | None = None):
+        """A request's turn in Hybrid mode, ``enabled`` or not, with its headers and the caller's namespace."""
         self.hybrid = hybrid
         self.namespace = namespace
         self.enabled = enabled
@@ -141,9 +147,11 @@ class ContextTurn:
 
     @property
     def prompt(self) -> str:
+        """The snapshot to show the model, as the system prompt's section."""
         return context_prompt(self.shown)
 
     def response_headers(self) -> dict[str, str]:
+        """The headers the answer carries: the round, once a snapshot was shown."""
         return {pcp.CONTEXT_ROUND: str(self.round)} if self.shown is not None else {}
 
     # -- loading the session's snapshot -------------------------------------------------------
@@ -165,6 +173,7 @@ class ContextTurn:
         self._show(state or HybridState(), message_text(messages[-1]) if messages else "")
 
     def _show(self, state: HybridState, query: str) -> None:
+        """The snapshot this round shows, from the session's state and the query."""
         now = datetime.now(UTC)
         self.round = state.round + 1
         self.startup_at = state.startup_at or int(now.timestamp() * 1000)
@@ -179,6 +188,7 @@ class ContextTurn:
         self._count_cold(state.cold)
 
     def _count_cold(self, before: Cold) -> None:
+        """Count the cold payloads sent and the blocks rehydrated this round."""
         assert self.shown is not None
         metrics, stamp = self.hybrid.metrics, self.shown.runtime.datetime
         metrics.inc("pcp_context_cold_total", len(self.cold.payloads.keys() - before.payloads.keys()), event="sent")
@@ -236,6 +246,7 @@ class ContextTurn:
         return Sections(self._note)
 
     def _note(self, context: str | None, separators: int, tool_calls: bool) -> None:
+        """What a round's answer wrote: its context section, separators and whether it called tools."""
         if context is not None or self.written[0] is None:  # a later round without a section keeps an earlier one's
             self.written = (context, separators)
         self.tool_calls = tool_calls  # the last round's: the answer's
@@ -264,7 +275,10 @@ class ContextTurn:
         self._keep(snapshot)
 
     def _keep(self, snapshot: Snapshot) -> None:
+        """``snapshot`` kept as the session's state (and the scope's core blocks with it)."""
+
         def step(current: HybridState | None) -> HybridState:
+            """The session's new state: this snapshot, with what the API set meanwhile."""
             todo = current.todo if current is not None else ()  # set by the API meanwhile: the client's
             link = self.link or (current.link if current is not None else "")
             rounds = max(self.round, current.round if current is not None else 0)
@@ -278,6 +292,7 @@ class ContextTurn:
             self.hybrid.memory.keep(self.scope, snapshot.memory.core, self.seen)
 
     def _violated(self, rule: str, text: str) -> None:
+        """Count a broken rule, and log what broke it."""
         self.hybrid.metrics.inc("pcp_context_violations_total", rule=rule)
         log.debug("session %s round %d: %s", self.session_id, self.round, text)
 

@@ -32,16 +32,19 @@ SECURITY = {
 
 @lru_cache(maxsize=len(ASSETS) + 1)
 def _asset(name: str) -> bytes:
+    """A file of the inspector's static assets."""
     return files(__package__).joinpath("static", name).read_bytes()
 
 
 @get("/inspect")
 async def inspector_page() -> Response[bytes]:
+    """``GET /inspect``: the inspector's page."""
     return Response(_asset("index.html"), media_type="text/html", headers=SECURITY)
 
 
 @get("/inspect/{name:str}")
 async def inspector_asset(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """``GET /inspect/{name}``: one of the inspector's assets, only those named."""
     name = request.path_params["name"]
     media_type = ASSETS.get(name)
     if media_type is None:  # only the files named above: no path reaches the disk

@@ -2,7 +2,7 @@
 
 * ``GET /v1/pcp/sessions`` — the caller's sessions, latest first;
 * ``GET /v1/pcp/sessions/{id}`` — one session: its summary, its page tree,
-  and the traces of its latest protocol-mode requests (``proxy.telemetry``);
+  and the traces of its latest protocol-mode requests (``proxy.protocol.telemetry``);
 * ``GET /v1/pcp/requests/{trace}`` — one request's trace, by its ``x-pcp-trace``.
 
 Everything is the caller's: named under its namespace (a keyed hash of its
@@ -34,6 +34,7 @@ MAX_LISTED = 500
 
 @get("/sessions")  # under /v1/pcp
 async def list_sessions(sessions: NamedDependency[SessionStore], traces: NamedDependency[Traces], namespace: NamedDependency[str]) -> Response[bytes]:
+    """``GET /v1/pcp/sessions``: the caller's sessions, the latest first."""
     return _json(await asyncio.to_thread(_listed, sessions, traces, namespace))
 
 
@@ -45,6 +46,7 @@ async def show_session(
     namespace: NamedDependency[str],
     session_id: FromPath[str],
 ) -> Response[bytes]:
+    """``GET /v1/pcp/sessions/{session_id}``: one session's page tree and its traced requests."""
     session_id = checked_session(session_id)
     shown = await asyncio.to_thread(_shown, sessions, traces, tokenizer, namespace, session_id)
     if shown is None:
@@ -54,6 +56,7 @@ async def show_session(
 
 @get("/requests/{trace_id:str}")
 async def show_request(traces: NamedDependency[Traces], namespace: NamedDependency[str], trace_id: FromPath[str]) -> Response[bytes]:
+    """``GET /v1/pcp/requests/{trace_id}``: one traced request."""
     trace = traces.get(namespace, trace_id)
     if trace is None:
         raise ClientError(
@@ -66,6 +69,7 @@ async def show_request(traces: NamedDependency[Traces], namespace: NamedDependen
 
 
 def _listed(store: SessionStore, traces: Traces, namespace: str) -> dict[str, Any]:
+    """The caller's stored sessions, summarised, the latest first."""
     store.flush()  # a session saved a moment ago is on its way to the disk
     traced = traces.sessions_of(namespace)
     ids = [sid for owner, sid in store.stored() if owner == namespace]
@@ -76,6 +80,7 @@ def _listed(store: SessionStore, traces: Traces, namespace: str) -> dict[str, An
 
 
 def _shown(store: SessionStore, traces: Traces, tokenizer: Tokenizer, namespace: str, session_id: str) -> dict[str, Any] | None:
+    """One session as the inspector shows it, or None if it is not stored."""
     store.flush()
     session = store.read(namespace, session_id)
     if session is None:
@@ -86,6 +91,7 @@ def _shown(store: SessionStore, traces: Traces, tokenizer: Tokenizer, namespace:
 
 
 def _json(content: Any) -> Response[bytes]:
+    """A JSON response no one caches."""
     return json_response(content, headers={"cache-control": "no-store"})
 
 

@@ -38,6 +38,7 @@ EXPORT_BATCH = 1000
 
 
 def _settings(request: Request[Any, Any, Any]) -> Settings:
+    """The settings the app was started with."""
     settings: Settings = request.app.state.settings
     return settings
 
@@ -50,6 +51,7 @@ def _scope(memory: Memory | None, namespace: str, name: str) -> tuple[Memory, st
 
 
 def _shown(page: Page, **more: Any) -> dict[str, Any]:
+    """A page as the API shows it, with ``more`` fields beside its own."""
     return {**msgspec.to_builtins(page), **more}
 
 
@@ -57,6 +59,7 @@ def _shown(page: Page, **more: Any) -> dict[str, Any]:
 async def scope_status(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
+    """``GET /v1/pcp/memory/{name}``: the scope's counts, and the writes still pending."""
     memory, key = _scope(memory, namespace, name)
     pending = memory.pending[key]  # read before the counts: a 0 here vouches for every write the counts then show
     counts = await asyncio.to_thread(_status, memory, key)
@@ -96,6 +99,7 @@ def _used(memory: Memory, stored: Stored, clock: int) -> dict[str, Any]:
 
 
 def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> tuple[list[Page], bool]:
+    """A page of ``query``'s search results, as the Memory Router ranks them, and whether more follow."""
     conversation = Conversation.of([{"role": "user", "content": query}], memory.policy.paging.blocks, memory.count)
     intent = memory_intent(conversation, memory.policy, None, memory.count)
     candidates = memory.broad_match(key, intent, records=True)
@@ -107,6 +111,7 @@ def _searched(memory: Memory, key: str, query: str, limit: int, offset: int) -> 
 async def one_page(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
+    """``GET …/pages/{page_id}``: one page of the scope, with its parents."""
     memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     found = await asyncio.to_thread(memory.store.pages, key, [page_id])
@@ -120,6 +125,7 @@ async def one_page(
 async def delete_page(
     request: Request[Any, Any, Any], memory: NamedDependency[Memory | None], namespace: NamedDependency[str], name: FromPath[str]
 ) -> Response[bytes]:
+    """``DELETE …/pages/{page_id}``: forget one page of the scope."""
     memory, key = _scope(memory, namespace, name)
     page_id = request.path_params["page_id"]
     if not await asyncio.to_thread(memory.store.pages, key, [page_id]):
@@ -157,6 +163,7 @@ async def export(request: Request[Any, Any, Any], memory: NamedDependency[Memory
     memory, key = _scope(memory, namespace, name)
 
     async def lines() -> AsyncIterator[bytes]:
+        """The export's lines: every page in batches, then the scope's core blocks if it has any."""
         after = 0
         while batch := await asyncio.to_thread(memory.store.listing, key, after, EXPORT_BATCH):
             yield b"".join(_line(s) for s in batch)
@@ -232,6 +239,7 @@ async def drop_scope(
 
 
 def _number(raw: str, name: str, low: int, high: int) -> int:
+    """``raw`` as an integer within ``low``–``high``, or a 400 naming the parameter."""
     try:
         value = int(raw)
     except ValueError:

@@ -23,9 +23,11 @@ _decode = msgspec.msgpack.Decoder(Page).decode
 
 class PageBodies:
     def __init__(self, sealer: Sealer | None = None):
+        """Pages sealed with ``sealer`` (or kept plain without a key)."""
         self.sealer = sealer or Sealer()
 
     def encode(self, scope: str, page: Page) -> bytes:
+        """``page`` encoded and sealed for ``scope``."""
         return self.sealer.seal(_encode(page), _context(scope))
 
     def decode(self, scope: str, body: bytes) -> Page | None:
@@ -35,4 +37,5 @@ class PageBodies:
 
 
 def _context(scope: str) -> str:
+    """What a scope's pages are sealed to: a page of one scope never opens as another's."""
     return f"memory|{scope}"

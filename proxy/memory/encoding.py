@@ -60,8 +60,15 @@ def vector_bytes(vector: np.ndarray) -> bytes:
 
 
 @overload
-def vector_of(raw: bytes) -> np.ndarray: ...
+def vector_of(raw: bytes) -> np.ndarray:
+    """A stored vector (float16 bytes) as float32."""
+
+
 @overload
-def vector_of(raw: bytes | None) -> np.ndarray | None: ...
 def vector_of(raw: bytes | None) -> np.ndarray | None:
+    """A stored vector as float32, or None for none."""
+
+
+def vector_of(raw: bytes | None) -> np.ndarray | None:
+    """A stored vector (float16 bytes) as float32, or None for none."""
     return None if raw is None else np.frombuffer(raw, dtype=np.float16).astype(np.float32)

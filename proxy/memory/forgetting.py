@@ -90,4 +90,5 @@ def forget_query(store: MemoryStore, scope: str, query: str, paging: PagingPolic
 
 
 def holds_all(turn: str, wanted: set[str]) -> bool:
+    """Whether ``turn`` holds every one of the ``wanted`` stems."""
     return wanted <= {stem(t) for t in terms(without_turn_markers(turn))}

@@ -28,7 +28,7 @@ IMPORT_BATCH = 128
 
 
 class CoreLine(msgspec.Struct, frozen=True, tag="Core"):
-    """The scope's Hybrid-mode core blocks (``proxy.memory.core``), the export's last line when it has any."""
+    """The scope's Hybrid-mode core blocks (``proxy.memory.scope_cores``), the export's last line when it has any."""
 
     blocks: tuple[Block, ...]
 
@@ -82,6 +82,7 @@ def read_import(body: bytes, settings: Settings) -> tuple[list[Page], list[Block
 
 
 def _line(line: bytes, n: int) -> OriginalPage | ConsolidatedPage | CoreLine:
+    """One line of an import decoded, or a 400 that names the line."""
     try:
         return decode_stored(line, _LINE.decode, f"page or core blocks on line {n}", code="invalid_import")
     except ClientError as error:

@@ -31,6 +31,7 @@ class Intake(msgspec.Struct, frozen=True):
 
 
 def judged(store: MemoryStore, index: ScopeIndex, scope: str, conversation: str, pages: Sequence[Page], policy: MemoryIntake = MemoryIntake()) -> Intake:
+    """What of ``pages`` the scope does not hold yet, each judged a page or a record by what it adds."""
     new = store.missing(scope, [p.id for p in pages])
     if not new:
         return Intake(list(pages))

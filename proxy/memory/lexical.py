@@ -53,6 +53,7 @@ class _Segment(msgspec.Struct):
 
 class LexicalIndex:
     def __init__(self) -> None:
+        """An empty index."""
         self.vocab: dict[str, int] = {}
         self.df = np.zeros(0, dtype=np.int32)
         self.rows = np.zeros(0, dtype=np.int64)  # local number -> store row, ascending
@@ -109,6 +110,7 @@ class LexicalIndex:
                     self.df[tid] -= 1
 
     def _grow(self, size: int) -> None:
+        """Room for ``size`` documents, grown by doubling."""
         if size > len(self.rows):
             grown = max(size, 2 * len(self.rows), 1024)
             self.rows = np.resize(self.rows, grown)
@@ -128,6 +130,7 @@ class LexicalIndex:
             self._merge()
 
     def _segment(self, tids: Any, docs: Any, tfs: Any) -> _Segment:
+        """A posting segment of these terms and documents, each posting's BM25 impact precomputed."""
         average = self.total_length / self.live if self.live else 1.0
         impacts = tfs * (K1 + 1) / (tfs + K1 * (1 - B + B * self.lengths[docs] / (average or 1.0)))
         order = np.lexsort((-impacts, tids))

@@ -51,6 +51,7 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def guarded(self: RedisMemoryStore, *args: Any, **kwargs: Any) -> Any:
+        """The method, a Redis connection error raised as the store being unavailable."""
         try:
             return method(self, *args, **kwargs)
         except self._errors as error:
@@ -61,6 +62,7 @@ def _guarded(method: Callable[..., Any]) -> Callable[..., Any]:
 
 class RedisMemoryStore:
     def __init__(self, client: Any, prefix: str, bodies: PageBodies | None = None):
+        """A store on ``client``, its keys under ``prefix``."""
         import redis
 
         self.client = client
@@ -69,16 +71,20 @@ class RedisMemoryStore:
         self._errors = (redis.ConnectionError, redis.TimeoutError)
 
     def _k(self, scope: str, what: str) -> str:
+        """The key of ``what`` in ``scope``."""
         return f"{self.p}{scope}|{what}"
 
     def _row_key(self, row: int) -> str:
+        """The key of the page stored at ``row``."""
         return f"{self.p}r:{row}"
 
     def _lock(self, scope: str) -> Any:
+        """The scope's write lock."""
         return self.client.lock(self._k(scope, "lock"), timeout=LOCK_SECONDS, blocking_timeout=LOCK_SECONDS)
 
     # -- reading -------------------------------------------------------------------------
     def _rows_of(self, scope: str, ids: Sequence[str]) -> dict[str, int]:
+        """The rows of those of ``ids`` the scope holds."""
         found: dict[str, int] = {}
         for start in range(0, len(ids), _BATCH):
             chunk = list(ids[start : start + _BATCH])
@@ -87,15 +93,18 @@ class RedisMemoryStore:
 
     @_guarded
     def missing(self, scope: str, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` the scope does not hold."""
         return set(ids) - set(self._rows_of(scope, ids))
 
     @_guarded
     def pages(self, scope: str, ids: Sequence[str]) -> list[Page]:
+        """The pages of ``ids`` the scope holds, in that order."""
         rows = self._rows_of(scope, ids)
         bodies = self._fields([rows[pid] for pid in ids if pid in rows], ["b"])
         return [page for (body,) in bodies if body is not None and (page := self.bodies.decode(scope, body)) is not None]
 
     def _fields(self, rows: Sequence[int], names: list[str]) -> list[list[Any]]:
+        """The named fields of each row, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for row in rows:
             pipe.hmget(self._row_key(row), names)
@@ -103,6 +112,7 @@ class RedisMemoryStore:
 
     @_guarded
     def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
+        """The stored pages at ``rows`` that belong to ``scope``, with what the store keeps beside them."""
         found = []
         for row, (held, body, conv, recalls, vector, *use) in zip(rows, self._fields(rows, _READ)):
             if held is not None and held.decode() == scope and (page := self.bodies.decode(scope, body)) is not None:
@@ -112,6 +122,7 @@ class RedisMemoryStore:
 
     @_guarded
     def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        """The containers each of ``ids`` is a page of."""
         pipe = self.client.pipeline(transaction=False)
         for pid in ids:
             pipe.smembers(self._k(scope, f"parents:{pid}"))
@@ -119,16 +130,19 @@ class RedisMemoryStore:
 
     @_guarded
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
+        """Up to ``limit`` stored pages after row ``after``, in row order, without their vectors."""
         rows = [int(r) for r in self.client.zrangebyscore(self._k(scope, "rows"), f"({after}", "+inf", start=0, num=limit)]
         return [msgspec.structs.replace(s, vector=None) for s in self.stored(scope, rows)]
 
     @_guarded
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
+        """The rows of pages said from ``start`` to before ``end``, at most ``limit``."""
         said = self.client.zrangebylex(self._k(scope, "time"), f"[{start}", f"({end}", start=0, num=limit)
         return [int(member.rsplit(b"|", 1)[1]) for member in said]
 
     @_guarded
     def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
+        """The scope's counts of pages, records, conversations and forgotten turns."""
         originals, consolidated, records, consulted = self.client.hmget(self._k(scope, "counts"), ["originals", "consolidated", "records", "consulted"])
         return {
             "originals": int(originals or 0),
@@ -143,6 +157,7 @@ class RedisMemoryStore:
 
     @_guarded
     def clock(self, scope: str) -> int:
+        """The requests the scope served (each request the Memory Router gave pages to)."""
         return int(self.client.get(self._k(scope, "clock")) or 0)
 
     @_guarded
@@ -168,27 +183,33 @@ class RedisMemoryStore:
 
     @_guarded
     def holds(self, scope: str) -> bool:
+        """Whether the scope holds any page."""
         return bool(self.client.exists(self._k(scope, "ids")))
 
     @_guarded
     def rows_after(self, scope: str, row: int) -> int:
+        """How many of the scope's pages were written after ``row``."""
         return int(self.client.zcount(self._k(scope, "rows"), f"({row}", "+inf"))
 
     @_guarded
     def has_vectors(self, scope: str) -> bool:
+        """Whether any of the scope's pages has a vector."""
         return int(self.client.hget(self._k(scope, "counts"), "vectors") or 0) > 0
 
     @_guarded
     def forgotten(self, scope: str) -> set[str]:
+        """The hashes of the scope's forgotten turns."""
         return {h.decode() for h in self.client.smembers(self._k(scope, "forgotten"))}
 
     @_guarded
     def watermark(self) -> tuple[int, int]:
+        """The last row written and the last removal's number, store-wide."""
         row, seq = self.client.mget([self.p + "row", self.p + "seq"])
         return int(row or 0), int(seq or 0)
 
     @_guarded
     def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]:
+        """What an index saved at (``after_row``, ``after_seq``) lacks: the pages added since, the rows removed since, and the last seq."""
         logged = self.client.zrangebyscore(self._k(scope, "removed"), f"({after_seq}", "+inf", withscores=True)
         removed = [int(member.split(b":")[1]) for member, _ in logged]
         last = int(logged[-1][1]) if logged else after_seq
@@ -196,6 +217,7 @@ class RedisMemoryStore:
         return self._batched(scope, rows), removed, last
 
     def _batched(self, scope: str, rows: list[int]) -> Iterator[Stored]:
+        """The stored pages at ``rows``, read in batches."""
         for start in range(0, len(rows), _BATCH):
             yield from self.stored(scope, rows[start : start + _BATCH])
 
@@ -222,6 +244,7 @@ class RedisMemoryStore:
 
     @_guarded
     def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written:
+        """Pages no conversation writes (the consolidator's, an import's), children before their containers."""
         with self._lock(scope):
             pipe = self.client.pipeline(transaction=True)
             added = self._insert(pipe, scope, owner, pages, vectors, records)
@@ -250,6 +273,7 @@ class RedisMemoryStore:
 
     @_guarded
     def drop(self, scope: str) -> int:
+        """Everything of the scope removed; how many pages went."""
         with self._lock(scope):
             rows = [int(r) for r in self.client.zrange(self._k(scope, "rows"), 0, -1)]
             keys = [k for k in self.client.scan_iter(match=f"{self.p}{scope}|*", count=1000) if not k.endswith((b"|removed", b"|lock"))]
@@ -263,6 +287,7 @@ class RedisMemoryStore:
         return len(rows)
 
     def close(self) -> None:
+        """Nothing to close: the client is the process's."""
         pass  # the client is the process's
 
     # -- the pieces of a write -------------------------------------------------------------
@@ -299,6 +324,7 @@ class RedisMemoryStore:
         return added
 
     def _own(self, pipe: Any, scope: str, conversation: str, ids: set[str]) -> None:
+        """Record ``conversation`` as an owner of ``ids``."""
         for pid in ids:
             pipe.sadd(self._k(scope, f"owned:{conversation}"), pid)
             pipe.sadd(self._k(scope, f"owners:{pid}"), conversation)
@@ -306,12 +332,14 @@ class RedisMemoryStore:
             pipe.sadd(self._k(scope, "convs"), conversation)
 
     def _owners(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        """The conversations that own each of ``ids``."""
         pipe = self.client.pipeline(transaction=False)
         for pid in ids:
             pipe.smembers(self._k(scope, f"owners:{pid}"))
         return {pid: [c.decode() for c in held] for pid, held in zip(ids, pipe.execute() if ids else [])}
 
     def _owner_counts(self, scope: str, ids: Sequence[str]) -> list[int]:
+        """How many conversations own each of ``ids``."""
         pipe = self.client.pipeline(transaction=False)
         for pid in ids:
             pipe.scard(self._k(scope, f"owners:{pid}"))
@@ -386,6 +414,7 @@ class RedisMemoryStore:
         return added, replaced, seq
 
     def _log_removed(self, pipe: Any, scope: str, rows: list[int]) -> int:
+        """Log ``rows`` as removed, numbered for those catching up; the last number."""
         if not rows:
             return 0
         last = int(self.client.incrby(self.p + "seq", len(rows)))

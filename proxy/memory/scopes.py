@@ -27,6 +27,7 @@ class _User(msgspec.Struct):
 
 
 def checked_scope(name: str, param: str = HEADER) -> str:
+    """``name`` if it is a valid scope name, else a 400 naming ``param``."""
     if not SESSION_ID.fullmatch(name):
         raise ClientError(f"{param} must be 1 to 128 letters, digits or . _ : -, got {name[:40]!r}", param=param, code="invalid_memory_scope")
     return name

@@ -43,6 +43,7 @@ _BATCH = 4096
 
 class ScopeIndex:
     def __init__(self, directory: Path, lexical: LexicalIndex, vectors: VectorIndex | None, sealer: Sealer | None = None, records: LexicalIndex | None = None):
+        """A scope's indexes kept in ``directory``: keywords, records apart, and vectors if any."""
         self.directory = directory
         self.sealer = sealer or Sealer()  # the store's: the keyword index's words are sealed as its pages are
         self.lexical = lexical
@@ -102,12 +103,14 @@ class ScopeIndex:
             self.seq = max(self.seq, written.seq)
 
     def _remove(self, rows: Sequence[int]) -> None:
+        """``rows`` out of every index."""
         self.lexical.remove(rows)
         self.records.remove(rows)
         if self.vectors is not None:
             self.vectors.remove(rows)
 
     def _add(self, batch: Sequence[Stored]) -> None:
+        """A batch of stored pages into the indexes: records apart, vectors where faiss is there."""
         for stored in batch:
             (self.records if stored.record else self.lexical).add(stored.row, index_terms(stored.page))
         with_vectors = [(s.row, s.vector) for s in batch if s.vector is not None and not s.record]
@@ -180,11 +183,13 @@ class ScopeIndex:
             return _Frequencies(self.lexical), self.lexical.live
 
     def containing(self, terms: list[str]) -> list[int]:
+        """The rows of pages (and records) that contain all of ``terms``."""
         with self.lock:
             return [int(row) for row in (*self.lexical.containing(terms), *self.records.containing(terms))]
 
     @property
     def size(self) -> int:
+        """How many pages the keyword index holds."""
         return self.lexical.live
 
 
@@ -192,20 +197,25 @@ class _Frequencies(Mapping[str, int]):
     """A keyword index's document frequencies, read by term (a live view: read it under the index's lock, or accept a write's drift)."""
 
     def __init__(self, lexical: LexicalIndex):
+        """Document frequencies read from ``lexical``."""
         self.lexical = lexical
 
     def __getitem__(self, term: str) -> int:
+        """How many pages hold ``term``."""
         tid = self.lexical.vocab[term]
         return int(self.lexical.df[tid])
 
     def __iter__(self) -> Iterator[str]:
+        """The indexed terms."""
         return iter(self.lexical.vocab)
 
     def __len__(self) -> int:
+        """How many terms are indexed."""
         return len(self.lexical.vocab)
 
 
 def _saved_dim(directory: Path) -> int:
+    """The vector dimension an index in ``directory`` was saved with, 0 if none."""
     import json
 
     try:
@@ -215,6 +225,7 @@ def _saved_dim(directory: Path) -> int:
 
 
 def _batches(items: Iterable[Stored]) -> Iterable[list[Stored]]:
+    """``items`` in lists of at most ``_BATCH``."""
     batch: list[Stored] = []
     for item in items:
         batch.append(item)

@@ -46,10 +46,10 @@ from pcp_core.text.tokens import CountText
 
 from ..resident import close_least_used, indexes_bytes, used_last
 from ..storage.base import StoreUnavailable
-from .core import ScopeCores
 from .encoding import cosine, encode_pages, encode_query
 from .forgetting import forget_ids, forget_query
 from .intake import judged
+from .scope_cores import ScopeCores
 from .search import ScopeIndex
 from .store import MemoryStore, Written
 from .writer import FairQueue, Job, patiently, tenant_of
@@ -79,6 +79,7 @@ class Memory:
         cores: ScopeCores | None = None,
         max_index_bytes: int = 0,
     ):
+        """Memory over ``store``, its indexes under ``directory``; its writer thread started."""
         self.directory, self.store, self.policy, self.count = directory, store, policy, count
         self.max_index_bytes = max_index_bytes  # what open indexes may hold (``proxy.resident``; 0: unbounded)
         # Other processes write the store too: what this one knows of a scope is read again, and its indexes catch up.
@@ -99,6 +100,7 @@ class Memory:
 
     # -- on a request's path ---------------------------------------------------------------
     def has_pages(self, scope: str) -> bool:
+        """Whether the scope holds any page (asked of the store again while it held none, or when shared)."""
         if not self.known.get(scope) and (self.shared or scope not in self.known):  # another process may write its first page
             self.known[scope] = self.store.holds(scope)
         return self.known[scope]
@@ -155,6 +157,7 @@ class Memory:
         """Keep what a protocol-mode request said (its session holds the history paged), and what it did with the pages it was given."""
 
         def job() -> None:
+            """Write the session back into the scope, and what the request used of it."""
             self._write_back(scope, session, conversation, now_ns)
             if use is not None and use.given:
                 self.store.metabolise(scope, use)
@@ -180,6 +183,7 @@ class Memory:
         return future
 
     def _run(self) -> None:
+        """The writer thread: jobs in turn, and tidying when idle, until closed and drained."""
         while True:
             job = self._jobs.take(timeout=1.0)
             if job is None:
@@ -214,6 +218,7 @@ class Memory:
             pass  # again once the store is back
 
     def _tidy(self, force: bool) -> None:
+        """Consolidate the scopes written to, and save the indexes that changed."""
         for scope in list(self.fresh):
             try:
                 self._consolidate(scope)
@@ -228,6 +233,7 @@ class Memory:
                 log.exception("saving a memory index failed")
 
     def _ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None) -> None:
+        """A conversation sent with a scope, paged as a session is, so memory can write it back."""
         if self.sessions is None or conversation.query is None:
             return
         resolution = self.sessions.resolve(namespace, conversation, pinned)
@@ -237,6 +243,7 @@ class Memory:
         self._write_back(scope, prepared.session, conversation, now_ns)
 
     def _write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int) -> None:
+        """A session's new pages written into the scope, each judged a page or a record."""
         history = conversation_pages(session, conversation, iso_timestamp(now_ns / 1e9), self.count, self.policy.paging)
         index = self.index(scope)
         if self.shared:  # judged against what every process wrote
@@ -274,6 +281,7 @@ class Memory:
         return written
 
     def _consolidate(self, scope: str) -> None:
+        """Containers over the scope's newly written pages."""
         fresh = self.fresh.pop(scope, [])
         held = {p.id for p in self.store.pages(scope, [r.page.id for r in fresh])}
         parents = self.store.parents(scope, [r.page.id for r in fresh])
@@ -296,6 +304,7 @@ class Memory:
 
     # -- indexes, vectors, forgetting ----------------------------------------------------------
     def index(self, scope: str) -> ScopeIndex:
+        """The scope's indexes, opened (and caught up with the store) once."""
         index = self.indexes.get(scope)
         if index is None:
             with self._open_lock:
@@ -309,6 +318,7 @@ class Memory:
 
     @property
     def resident_bytes(self) -> int:
+        """What the open indexes hold in memory."""
         return indexes_bytes(self.indexes)
 
     def indexing(self, scope: str) -> int:
@@ -319,9 +329,11 @@ class Memory:
         return self.store.rows_after(scope, index.row) if index is not None else 0
 
     def _index_directory(self, scope: str) -> Path:
+        """Where the scope's indexes are kept."""
         return self.directory / "index" / short_hash(scope, length=24)
 
     def forgotten(self, scope: str) -> set[str]:
+        """The hashes of the scope's forgotten turns (read again when shared)."""
         if scope not in self._forgotten or self.shared:  # another process may have forgotten turns since
             self._forgotten[scope] = self.store.forgotten(scope)
         return self._forgotten[scope]
@@ -330,6 +342,7 @@ class Memory:
         """Remove pages for good (by ids, or those holding every term of ``query``), on the writer thread."""
 
         def job() -> list[str]:
+            """Forget what the query or the ids name; the ids of the pages removed or rewritten."""
             plan = forget_query(self.store, scope, query, self.policy.paging) if query else forget_ids(self.store, scope, list(ids), self.policy.paging)
             self._write(scope, lambda _: self.store.remove(scope, plan.removed, plan.rewritten, plan.hashes), [])
             self.forgotten(scope).update(plan.hashes)
@@ -368,10 +381,12 @@ class Memory:
         return encode_pages(self.embedder, [p for p in pages if p.id in new and p.id not in records])
 
     def _inc(self, name: str, value: int = 1) -> None:
+        """Add ``value`` to the metric ``name``, when there are metrics."""
         if self.metrics is not None and value:
             self.metrics.inc(name, value)
 
     def close(self) -> None:
+        """Finish the queued writes, then close the store."""
         self._jobs.close()  # the writer finishes what is queued, then stops
         self._writer.join()
         self.store.close()
@@ -380,6 +395,7 @@ class Memory:
 
 
 def _stems(keywords: Sequence[str]) -> list[str]:
+    """The stems of the terms in ``keywords``."""
     from pcp_core.ranking.bm25 import stem
     from pcp_core.text.terms import terms
 

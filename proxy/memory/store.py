@@ -63,26 +63,65 @@ class MemoryStore(Protocol):
 
     bodies: PageBodies  # how its pages are kept as bytes (sealed with PCP_DATA_KEY)
 
-    def missing(self, scope: str, ids: Sequence[str]) -> set[str]: ...
-    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()) -> Written: ...
-    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written: ...
-    def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written: ...
-    def pages(self, scope: str, ids: Sequence[str]) -> list[Page]: ...
-    def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]: ...
-    def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]: ...
-    def listing(self, scope: str, after: int, limit: int) -> list[Stored]: ...
-    def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]: ...
-    def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]: ...
-    def holds(self, scope: str) -> bool: ...
-    def rows_after(self, scope: str, row: int) -> int: ...
-    def forgotten(self, scope: str) -> set[str]: ...
-    def has_vectors(self, scope: str) -> bool: ...
-    def metabolise(self, scope: str, use: MemoryUse) -> int: ...
-    def clock(self, scope: str) -> int: ...
-    def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]: ...
-    def watermark(self) -> tuple[int, int]: ...
-    def drop(self, scope: str) -> int: ...
-    def close(self) -> None: ...
+    def missing(self, scope: str, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` the scope does not hold."""
+
+    def write(self, scope: str, conversation: str, pages: Sequence[Page], vectors: dict[str, bytes], records: Collection[str] = ()) -> Written:
+        """The conversation's pages are now ``pages``: new ones added, those no conversation holds any more removed."""
+
+    def add(self, scope: str, pages: Sequence[Page], vectors: dict[str, bytes], owner: str = "", records: Collection[str] = ()) -> Written:
+        """Pages no conversation writes (the consolidator's, an import's), children before their containers."""
+
+    def remove(self, scope: str, ids: Sequence[str], rewritten: Sequence[Page] = (), hashes: Iterable[str] = ()) -> Written:
+        """``ids`` removed from the scope, ``rewritten`` put in their place, ``hashes`` remembered as forgotten."""
+
+    def pages(self, scope: str, ids: Sequence[str]) -> list[Page]:
+        """The pages of ``ids`` the scope holds, in that order."""
+
+    def stored(self, scope: str, rows: Sequence[int]) -> list[Stored]:
+        """The stored pages at ``rows`` that belong to ``scope``."""
+
+    def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        """The containers each of ``ids`` is a page of."""
+
+    def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
+        """Up to ``limit`` stored pages after row ``after``, without their vectors."""
+
+    def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
+        """The rows of pages said from ``start`` to before ``end``, at most ``limit``."""
+
+    def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
+        """The scope's counts of pages, records, conversations and forgotten turns."""
+
+    def holds(self, scope: str) -> bool:
+        """Whether the scope holds any page."""
+
+    def rows_after(self, scope: str, row: int) -> int:
+        """How many of the scope's pages were written after ``row``."""
+
+    def forgotten(self, scope: str) -> set[str]:
+        """The hashes of the scope's forgotten turns."""
+
+    def has_vectors(self, scope: str) -> bool:
+        """Whether any of the scope's pages has a vector."""
+
+    def metabolise(self, scope: str, use: MemoryUse) -> int:
+        """A request's use of the scope's pages: its clock ticks, the pages given, shown and consulted count it; the clock."""
+
+    def clock(self, scope: str) -> int:
+        """The requests the scope served (each request the Memory Router gave pages to)."""
+
+    def changes(self, scope: str, after_row: int, after_seq: int) -> tuple[Iterator[Stored], list[int], int]:
+        """What an index saved at (``after_row``, ``after_seq``) lacks: the pages added since, the rows removed since, and the last seq."""
+
+    def watermark(self) -> tuple[int, int]:
+        """The last row written and the last removal's number, store-wide."""
+
+    def drop(self, scope: str) -> int:
+        """Everything of the scope removed; how many pages went."""
+
+    def close(self) -> None:
+        """Release what the store holds open."""
 
 
 _SCHEMA = """
@@ -112,6 +151,7 @@ class SqliteMemoryStore:
     """Memory in one SQLite file; a connection per thread (WAL: readers never wait on the writer)."""
 
     def __init__(self, path: Path, bodies: PageBodies | None = None):
+        """A store in the SQLite file at ``path``."""
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.bodies = bodies or PageBodies()
@@ -126,6 +166,7 @@ class SqliteMemoryStore:
                 db.execute(f"ALTER TABLE pages ADD COLUMN {name} {kind}")
 
     def _db(self) -> sqlite3.Connection:
+        """This thread's connection, opened once (WAL)."""
         db = getattr(self._local, "db", None)
         if db is None:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
@@ -137,6 +178,7 @@ class SqliteMemoryStore:
         return db
 
     def close(self) -> None:
+        """Close every thread's connection."""
         with self._lock:
             for db in self._connections:
                 db.close()
@@ -149,6 +191,7 @@ class SqliteMemoryStore:
         return self._missing(self._db(), scope, ids)
 
     def _missing(self, db: sqlite3.Connection, scope: str, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` the scope does not hold, read on ``db``."""
         found = {pid for chunk in _chunks(ids) for (pid,) in db.execute(f"SELECT id FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))}
         return set(ids) - found
 
@@ -239,6 +282,7 @@ class SqliteMemoryStore:
         return sorted(added, key=lambda s: s.row)
 
     def _delete(self, db: sqlite3.Connection, scope: str, ids: Sequence[str]) -> list[int]:
+        """``ids`` deleted with their edges and logged as removed; their rows."""
         rows: list[int] = []
         for chunk in _chunks(list(ids)):
             rows += [row for (row,) in db.execute(f"SELECT row FROM pages WHERE scope=? AND id IN ({_marks(chunk)})", (scope, *chunk))]
@@ -263,10 +307,12 @@ class SqliteMemoryStore:
         return self._clock(self._db(), scope)
 
     def _clock(self, db: sqlite3.Connection, scope: str) -> int:
+        """The scope's request clock, read on ``db``."""
         found = db.execute("SELECT requests FROM clocks WHERE scope=?", (scope,)).fetchone()
         return int(found[0]) if found else 0
 
     def drop(self, scope: str) -> int:
+        """Everything of the scope removed; how many pages went."""
         db = self._db()
         with _transaction(db):
             rows = [row for (row,) in db.execute("SELECT row FROM pages WHERE scope=?", (scope,))]
@@ -296,6 +342,7 @@ class SqliteMemoryStore:
         return [found[row] for row in rows if row in found]
 
     def parents(self, scope: str, ids: Sequence[str]) -> dict[str, list[str]]:
+        """The containers each of ``ids`` is a page of."""
         out: dict[str, list[str]] = {}
         for chunk in _chunks(list(ids)):
             for child, parent in self._db().execute(f"SELECT child, parent FROM edges WHERE scope=? AND child IN ({_marks(chunk)})", (scope, *chunk)):
@@ -303,6 +350,7 @@ class SqliteMemoryStore:
         return out
 
     def listing(self, scope: str, after: int, limit: int) -> list[Stored]:
+        """Up to ``limit`` stored pages after row ``after``, in row order, without their vectors."""
         query = f"SELECT {_READ.replace('vector', 'NULL')} FROM pages WHERE scope=? AND row > ? ORDER BY row LIMIT ?"
         return [stored for values in self._db().execute(query, (scope, after, limit)) if (stored := self._stored(scope, *values)) is not None]
 
@@ -331,9 +379,11 @@ class SqliteMemoryStore:
         return int(self._db().execute("SELECT count(*) FROM pages WHERE row > ? AND scope=?", (row, scope)).fetchone()[0])
 
     def has_vectors(self, scope: str) -> bool:
+        """Whether any of the scope's pages has a vector."""
         return self._db().execute("SELECT 1 FROM pages WHERE scope=? AND vector IS NOT NULL LIMIT 1", (scope,)).fetchone() is not None
 
     def forgotten(self, scope: str) -> set[str]:
+        """The hashes of the scope's forgotten turns."""
         return {h for (h,) in self._db().execute("SELECT hash FROM forgotten WHERE scope=?", (scope,))}
 
     def watermark(self) -> tuple[int, int]:
@@ -362,6 +412,7 @@ class SqliteMemoryStore:
 
 
 def _last_seq(db: sqlite3.Connection, scope: str) -> int:
+    """The scope's last removal number."""
     return int(db.execute("SELECT coalesce(max(seq), 0) FROM removed WHERE scope=?", (scope,)).fetchone()[0])
 
 
@@ -369,20 +420,25 @@ class _transaction:
     """BEGIN IMMEDIATE … COMMIT, or ROLLBACK on an error: a write is whole or absent."""
 
     def __init__(self, db: sqlite3.Connection):
+        """A write transaction on ``db``."""
         self.db = db
 
     def __enter__(self) -> sqlite3.Connection:
+        """Begin, taking the write lock at once."""
         self.db.execute("BEGIN IMMEDIATE")
         return self.db
 
     def __exit__(self, kind: object, *_: object) -> None:
+        """Commit, or roll back on an error."""
         self.db.execute("ROLLBACK" if kind is not None else "COMMIT")
 
 
 def _chunks(items: Sequence[object]) -> Iterator[list[object]]:
+    """``items`` in lists of at most ``_CHUNK`` (SQLite's bound on parameters)."""
     for start in range(0, len(items), _CHUNK):
         yield list(items[start : start + _CHUNK])
 
 
 def _marks(chunk: Sequence[object]) -> str:
+    """As many placeholders as ``chunk`` has items."""
     return ",".join("?" * len(chunk))

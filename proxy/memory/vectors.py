@@ -38,6 +38,7 @@ def _faiss() -> Any:
 
 
 def faiss_available() -> bool:
+    """Whether faiss is installed."""
     try:
         import faiss  # noqa: F401
     except ImportError:
@@ -47,6 +48,7 @@ def faiss_available() -> bool:
 
 class VectorIndex:
     def __init__(self, dim: int):
+        """An exact inner-product index of ``dim``-dimensional vectors."""
         faiss = _faiss()
         self.dim = dim
         self.index: Any = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
@@ -56,6 +58,7 @@ class VectorIndex:
         self.pending: list[tuple[Any, Any]] = []  # (rows, vectors) not added yet
 
     def __len__(self) -> int:
+        """How many vectors the index holds, the pending ones added first."""
         self.flush()
         return int(self.index.ntotal)
 
@@ -69,15 +72,18 @@ class VectorIndex:
 
     @property
     def exact(self) -> bool:
+        """Whether the index is exact (not trained as IVF)."""
         return self.trained_on == 0
 
     def add(self, rows: Any, vectors: Any) -> None:
+        """Vectors queued for the index, added in batches."""
         if len(rows):
             self.pending.append((rows, vectors))
             if sum(len(r) for r, _ in self.pending) >= ADD_BATCH:
                 self.flush()
 
     def remove(self, rows: Any) -> None:
+        """``rows`` out of the index."""
         if len(rows):
             self.flush()
             self.index.remove_ids(_faiss().IDSelectorBatch(np.asarray(rows, dtype=np.int64)))
@@ -118,6 +124,7 @@ class VectorIndex:
 
     # -- on disk ---------------------------------------------------------------------------
     def save(self, directory: Path, row: int, seq: int) -> None:
+        """The index saved under ``directory``, stamped with the watermark it holds."""
         faiss = _faiss()
         self.flush()
         directory.mkdir(parents=True, exist_ok=True)

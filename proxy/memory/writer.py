@@ -2,8 +2,8 @@
 
 Memory has one writer thread (SQLite takes one writer at a time, and a
 scope's index follows its writes in order). Its jobs once formed one queue in
-the order they came: while one key imported 20,000 pages, another key's
-``forget`` waited 362 s. Now each tenant (the caller's namespace, what a scope
+the order they came: while one key imported many pages, another key's
+``forget`` waited for all of them (``bench/own_api_limits.py``). Now each tenant (the caller's namespace, what a scope
 key opens with) has its own queue, and the writer takes one job from each
 tenant with work in turn: another tenant's job waits for at most one job of
 each, and an import is written in batches (``proxy.memory.imports``), each a
@@ -43,6 +43,7 @@ class Job(NamedTuple):
 
 class FairQueue:
     def __init__(self) -> None:
+        """An empty queue."""
         self._queues: dict[str, deque[Job]] = {}
         self._turns: deque[str] = deque()  # tenants with jobs, in the order they are served
         self._ready = threading.Condition()
@@ -50,6 +51,7 @@ class FairQueue:
         self.closed = False
 
     def put(self, tenant: str, job: Job) -> None:
+        """``job`` queued for ``tenant``, served in turn with the other tenants'."""
         with self._ready:
             queue = self._queues.get(tenant)
             if queue is None:
@@ -83,6 +85,7 @@ class FairQueue:
             self._ready.notify_all()
 
     def empty(self) -> bool:
+        """Whether no tenant has a job queued."""
         return not self._turns
 
     def drained(self, timeout: float | None = None) -> bool:
@@ -91,6 +94,7 @@ class FairQueue:
             return self._ready.wait_for(lambda: self.outstanding == 0, timeout)
 
     def close(self) -> None:
+        """Take no more jobs; the writer finishes those queued."""
         with self._ready:
             self.closed = True
             self._ready.notify_all()

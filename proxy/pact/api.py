@@ -45,6 +45,7 @@ _BASE = "/sessions/{session_id:str}"  # under /v1/pcp
 async def add_component(
     request: Request[Any, Any, Any], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
+    """``POST …/components``: a component added to (or replacing one of) the session's."""
     session = checked_session(session_id)
     settings: Settings = request.app.state.settings
     spec = _spec(await limited_body(request, settings.api_max_body_kb * 2**10, "api_max_body_kb"))
@@ -52,6 +53,7 @@ async def add_component(
     added: list[Any] = []
 
     def step(tree: Tree) -> Tree:
+        """The tree with the component in it, within the session's bound."""
         held = sum(1 for c in tree.components if spec.key is None or c.key != spec.key)
         if held >= components.most:
             raise too_large("this session's components", f"{held}", f"{components.most}", "components_per_session")
@@ -74,6 +76,7 @@ async def list_components(
     namespace: NamedDependency[str],
     session_id: FromPath[str],
 ) -> Response[bytes]:
+    """``GET …/components``: the session's components, those ``select`` picks if given."""
     text = request.query_params.get("select")
     checked_session(session_id)  # what is wrong with the request before whether the session exists
     try:
@@ -89,10 +92,12 @@ async def list_components(
 async def delete_component(
     services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]
 ) -> Response[bytes]:
+    """``DELETE …/components/{ref}``: a component, by id or key, out of the session's."""
     session = await existing_session(services, namespace, session_id)
     removed: list[Any] = []
 
     def step(tree: Tree) -> Tree:
+        """The tree without the component, or a 404 if it has none such."""
         tree, component = detach(tree, ref)
         if component is None:
             raise ClientError(f"session {session!r} has no component whose id or key is {ref!r}", status=404, param="ref", code="component_not_found")
@@ -107,6 +112,7 @@ async def delete_component(
 async def component_tree(
     services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
+    """``GET …/tree``: the session's component tree."""
     session = await existing_session(services, namespace, session_id)
     return json_response(snapshot(await _tree(components, namespace, session), session))
 
@@ -117,6 +123,7 @@ async def _tree(components: NamedDependency[Components], namespace: NamedDepende
 
 
 def _spec(body: bytes) -> ComponentSpec:
+    """A component's spec decoded, or a 400 naming the field."""
     try:
         return decode_stored(body, _SPEC.decode, "component", code="invalid_component")
     except ClientError as error:

@@ -63,6 +63,7 @@ class ComponentStore(KeyedStore[Tree]):
     """Trees by (namespace, session id): in memory, and on disk written by one background thread, in order."""
 
     def __init__(self, store: Store | Path, sealer: Sealer | None = None, recent: int = RECENT):
+        """Sessions' component trees kept in ``store``, the most recent in memory."""
         super().__init__(store, Tree, "the components of a session", sealer, recent)
         # The last conversation of each recent session that has no components yet, as a function giving its
         # hash chain (computed only if asked): a component the API attaches to it then knows which message d0 is.
@@ -93,6 +94,7 @@ class ComponentStore(KeyedStore[Tree]):
         outcome: list[Tree] = []
 
         def kept(held: Tree | None) -> Tree | None:
+            """The tree ``step`` makes of what is kept, or None where nothing changes."""
             tree = self._get(store_key(namespace, base)) if base is not None else held
             if tree is None:
                 links = self.seen.get(key)
@@ -110,6 +112,7 @@ class Components:
     """The two places a request meets its session's components."""
 
     def __init__(self, store: Store | Path, sealer: Sealer | None = None, max_bytes: int = 32 * 2**10, most: int = MAX_COMPONENTS):
+        """Components kept in ``store``, each at most ``max_bytes``, at most ``most`` a session."""
         self.store = ComponentStore(store, sealer)
         # A session's components are rendered into each of its prompts, and its tree is encoded whole at each change.
         self.max_bytes, self.most = max_bytes, most
@@ -168,6 +171,7 @@ class Components:
         return with_components(prepared, conversation, tree)
 
     def close(self) -> None:
+        """Close the store."""
         self.store.close()
 
     def _step(self, links: list[str], inline: Sequence[ComponentSpec]) -> Callable[[Tree], Tree]:
@@ -177,6 +181,7 @@ class Components:
             self.check_size(spec, f"pcp_components[{i}]")
 
         def step(tree: Tree) -> Tree:
+            """The tree as the request's components change it, within the session's bound."""
             try:
                 changed = on_request(tree, links, inline, time.time_ns())
             except PactError as error:

@@ -83,7 +83,7 @@ async def serve_protocol(
     memory: Scope | None = None,
     behind: list[str] | None = None,
 ) -> Response[Any]:
-    """``policy``: the request's (``proxy.control``), else the settings'; ``telemetry`` follows it (``proxy.telemetry``);
+    """``policy``: the request's (``proxy.protocol.control``), else the settings'; ``telemetry`` follows it (``proxy.protocol.telemetry``);
     ``memory``: the request's memory scope (``proxy.memory``); ``behind``: sessions of the caller whose pages the
     request reads beside its own (those a compaction it carries stands for, ``web.context_management``)."""
     request = ProtocolRequest(services, codec, conversation, headers, namespace, pinned, policy, telemetry, memory, behind)
@@ -202,7 +202,7 @@ class ProtocolRequest:
             return 0
         new = [*conversation.history[sent_before:], *filter(None, [conversation.query])]
         if self.telemetry.said:  # what the request's messages take, less the new ones: a million-token
-            # history is not counted again, message by message (~15-40 ms)
+            # history is not counted again, message by message
             return self.telemetry.said - prompt_tokens(new, count) + prompt_tokens([], count)
         return prompt_tokens([*conversation.head, *conversation.history[:sent_before]], count)
 
@@ -235,7 +235,7 @@ class ProtocolRequest:
             memory=[*self.behind_pages, *self.recalled],
         )
         prepared = prepare(self.conversation, resolution, self.policy, facts, services.tokenizer.count, checkpoint)
-        # The session's PACT components, placed in its pages (``proxy.components``).
+        # The session's PACT components, placed in its pages (``proxy.pact.components``).
         prepared = services.components.attach(self.namespace, self.conversation, resolution, prepared, self.codec.components)
         # Hybrid mode: the rules and the session's snapshot after the PagedContext, within the budget.
         return self.context.protocol(self.conversation, resolution, prepared) if self.context is not None else prepared

@@ -1,9 +1,8 @@
 """all-MiniLM-L6-v2 on torch alone: a BERT encoder, mean-pooled and scaled to length 1, as sentence-transformers runs it.
 
 Why not sentence-transformers itself: importing it brings transformers,
-scikit-learn and scipy (for similarity functions the proxy never calls), some
-170 MB that stay resident beside torch's own ~200 MB, and two seconds of
-start. This needs torch, ``tokenizers`` and ``safetensors`` only (all three
+scikit-learn and scipy (for similarity functions the proxy never calls),
+which stay resident beside torch and slow the start. This needs torch, ``tokenizers`` and ``safetensors`` only (all three
 come with sentence-transformers). It reads the model's own files (its
 ``config.json``, ``tokenizer.json``, ``model.safetensors``), and its vectors
 are the library's (``tests/proxy/test_bert.py`` compares them on the float
@@ -13,8 +12,8 @@ As before, the linear layers run in int8 (torch's dynamic quantization), each
 on its own scale as the library's are: the vectors are the ones the library's
 int8 model gives (most within 1e-6, the rest within a cosine of 0.99, as a
 batch's neighbours move them), so those stored before are still good.
-(The word-piece table stays in float32: in float16, 23 MB less, the int8
-model's vectors moved by a cosine of 0.02.) A query (one text, no padding) runs through a TorchScript
+(The word-piece table stays in float32: in float16, a little smaller, the
+int8 model's vectors moved too far from the library's.) A query (one text, no padding) runs through a TorchScript
 trace, which computes without the interpreter while a request pages its
 history; a batch runs the module, its texts sorted by length and cut into
 batches of at most ``BATCH_TOKENS`` word pieces, so that no batch's attention
@@ -39,8 +38,8 @@ from tokenizers import Tokenizer
 __all__ = ["BATCH_TOKENS", "BertEncoder"]
 
 # Word pieces in one batch (padding included): 16 texts of 64. What a batch holds while it runs (its attention,
-# the layers' outputs) is freed after it: encoding 2,048 LoCoMo texts took ~310 MB more at the peak with 8192,
-# ~165 with 1024, ~50 with 1024 and what each batch freed given back before the next (``between``), in no more time.
+# the layers' outputs) is freed after it: smaller batches, and what each freed given back before the next
+# (``between``), keep the peak low in no more time (``bench/resident.py``).
 BATCH_TOKENS = 1024
 MAX_TEXTS = 64  # texts in one batch at most
 _QUIET = threading.Lock()  # around quantizing or tracing, whose warnings are silenced (the filters are global)
@@ -48,6 +47,7 @@ _QUIET = threading.Lock()  # around quantizing or tracing, whose warnings are si
 
 class _Layer(torch.nn.Module):
     def __init__(self, hidden: int, intermediate: int, heads: int, eps: float):
+        """One BERT layer: self-attention, then the feed-forward, each with its residual and norm."""
         super().__init__()
         self.heads = heads
         # Three layers, not one of three times the width: each is quantized on its own scale, as the library's are.
@@ -59,6 +59,7 @@ class _Layer(torch.nn.Module):
         self.norm2 = torch.nn.LayerNorm(hidden, eps=eps)
 
     def forward(self, x: torch.Tensor, attend: torch.Tensor) -> torch.Tensor:
+        """The layer over ``x``, attending where ``attend`` allows."""
         b, t, h = x.shape
         q, k, v = (part(x).view(b, t, self.heads, h // self.heads).transpose(1, 2) for part in (self.q, self.k, self.v))
         mixed = F.scaled_dot_product_attention(q, k, v, attn_mask=attend).transpose(1, 2).reshape(b, t, h)
@@ -70,6 +71,7 @@ class _Bert(torch.nn.Module):
     """BERT's encoder and sentence-transformers' mean pooling and normalisation, for ``(ids, mask)`` of a batch."""
 
     def __init__(self, config: dict[str, Any]):
+        """The encoder as ``config`` describes it, its weights empty until loaded."""
         super().__init__()
         hidden, eps = config["hidden_size"], config.get("layer_norm_eps", 1e-12)
         self.words = torch.nn.Parameter(torch.empty(config["vocab_size"], hidden), requires_grad=False)
@@ -81,6 +83,7 @@ class _Bert(torch.nn.Module):
         )
 
     def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean-pooled, length-1 vectors of the texts ``ids`` holds (``mask``: their real word pieces)."""
         x = self.norm(self.words[ids] + self.positions[: ids.shape[1]] + self.segment)
         attend = mask[:, None, None, :].bool()
         for layer in self.layers:
@@ -114,6 +117,7 @@ class BertEncoder:
     """Unit vectors of texts from a BERT sentence model's directory (all-MiniLM-L6-v2's layout)."""
 
     def __init__(self, directory: Path, int8: bool = True):
+        """The model in ``directory``, its linear layers in int8 unless ``int8`` is False."""
         config = json.loads((directory / "config.json").read_text())
         sentence = directory / "sentence_bert_config.json"
         self.max_tokens = json.loads(sentence.read_text()).get("max_seq_length", 256) if sentence.is_file() else 256
@@ -134,12 +138,14 @@ class BertEncoder:
             self._traced = torch.jit.trace(model, (ids, mask), check_trace=False)
 
     def _tokenizer(self, directory: Path) -> Tokenizer:
+        """The model's tokenizer, truncating at its length and padding nothing."""
         tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         tokenizer.enable_truncation(max_length=self.max_tokens)
         tokenizer.no_padding()  # a batch is padded here, to its longest text
         return tokenizer
 
     def _features(self, tokenizer: Tokenizer, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The word pieces of ``texts``, padded to the longest, and their mask."""
         return _padded([e.ids for e in tokenizer.encode_batch([t.strip() for t in texts])])  # stripped, as sentence-transformers does
 
     def one(self, text: str) -> Any:

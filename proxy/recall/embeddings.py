@@ -1,16 +1,16 @@
 """Sentence embeddings for the Router's dense recall: MiniLM (or mpnet), offline, cached by text.
 
-The model ships inside a package (``proxy.encoders``), so nothing is
+The model ships inside a package (``proxy.recall.encoders``), so nothing is
 downloaded. Its linear layers run in int8 (torch's dynamic quantization): a
-query encodes in about half the time (~7 ms on one core, against ~15), and on
-LoCoMo recall is the same within a point. A text is encoded once: vectors are kept in memory and in the store
-(``proxy.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
+query encodes in about half the time, and on LoCoMo recall is the same within
+a point (``bench/recall.py``). A text is encoded once: vectors are kept in memory and in the store
+(``proxy.recall.stored_vectors``: diskcache in a directory, or Redis, by a hash of the
 text), so neither a follow-up nor a restart — nor, with Redis, another
 replica — encodes a history again.
 
 Nothing of the model is loaded, nor torch imported, until a request wants
-dense recall: a proxy that forwards stays small (~130 MB, against ~500 with
-torch in). One instance of the model serves both the requests (a query, by a
+dense recall: a proxy that forwards stays small (``bench/lean.py`` measures
+its memory idle). One instance of the model serves both the requests (a query, by a
 TorchScript trace that computes without the interpreter, while the request
 pages its history) and the background (batches, one at a time): the trace
 and a batch may run at once, on the same weights.
@@ -66,7 +66,7 @@ BATCHES_BETWEEN_YIELDS = 4
 YIELD_SECONDS = 0.25
 # Once this many texts were taken in a row (a history, not a follow-up's new turns) the background gives back what
 # its batches freed (``proxy.resident.give_back``), after each step: a follow-up would fault those pages in again
-# (at 200k tokens, +6 ms a follow-up when it was done after every encoding).
+# if it were done after every encoding, a follow-up's few texts too.
 GIVE_BACK_TEXTS = 256
 # What a queued text costs beyond its own object: its slot in the queue and its entry in the set of those queued.
 QUEUED_TEXT = 40
@@ -78,7 +78,7 @@ def prepare_process() -> None:
     Nothing is fetched from a hub; encoding takes one thread (TORCH_THREADS),
     leaving the other core to requests; and what torch brings (~100,000s of
     objects, alive as long as the process) is left out of every later garbage
-    collection: a full collection walked them all, ~270 ms at some request's expense.
+    collection: a full collection walked them all, at some request's expense.
     """
     import gc
 
@@ -90,7 +90,7 @@ def prepare_process() -> None:
 
 
 def embeddings_available(encoder: str = "minilm") -> bool:
-    """Whether sentence-transformers and ``encoder``'s weights (``proxy.encoders.ENCODERS``) are installed."""
+    """Whether sentence-transformers and ``encoder``'s weights (``proxy.recall.encoders.ENCODERS``) are installed."""
     import importlib.util
 
     return importlib.util.find_spec("sentence_transformers") is not None and ENCODERS[encoder].available()
@@ -110,8 +110,9 @@ class Embedder:
         max_bytes: int = 0,
         max_queue_bytes: int = 0,
     ):
+        """An embedder of ``encoder``'s model, its vectors cached in memory and stored beside ``directory``."""
         self.encoder = ENCODERS[encoder]
-        # Where a model that comes in parts is joined (``proxy.encoders``).
+        # Where a model that comes in parts is joined (``proxy.recall.encoders``).
         self.models_dir = models_dir or (directory.parent / "models" if directory is not None else Path.home() / ".cache" / "pcp-proxy" / "models")
         self.cache = VectorCache(cache_size, self.encoder.variant, max_bytes)
         self.stored = stored_vectors(self.cache, store, directory)
@@ -134,9 +135,10 @@ class Embedder:
         self._draining = False  # the background is at the queue, or is to be
         self._closed = False
         self._loading: Future[None] | None = None
-        self._weights = 0  # the loaded model's bytes, measured once: unpacking its int8 layers took ~50 ms of a /metrics scrape
+        self._weights = 0  # the loaded model's bytes, counted once: unpacking its int8 layers is too slow for every /metrics scrape
 
     def close(self) -> None:
+        """Stop the background and close the store."""
         self._closed = True  # the background stops after its step
         self._background.shutdown(wait=True, cancel_futures=True)
         if self.stored is not None:
@@ -148,6 +150,7 @@ class Embedder:
 
     @property
     def ready(self) -> bool:
+        """Whether the model is loaded."""
         return self._loaded is not None
 
     def warm_up(self) -> None:
@@ -157,14 +160,15 @@ class Embedder:
         until it is loaded, pages are ranked by BM25 alone. It loads once the
         requests being served are answered (or ``yield_seconds`` have passed),
         as the background encodes: importing torch is seconds of work under the
-        interpreter lock, which took ~0.25 s from the million-token history whose
-        first request asked for the model (and cannot use it: none of its texts is encoded yet).
+        interpreter lock, taken from the request that asked for the model (which
+        cannot use it: none of its texts is encoded yet).
         """
         with self._queue_lock:
             if self._loading is None:
                 self._loading = self._background.submit(self._load_quietly)
 
     def _load_quietly(self) -> None:
+        """Load the model once the requests are served; a failure is logged, and ranking goes on with BM25 alone."""
         try:
             self._wait_for_quiet()  # (see ``warm_up``)
             self.load()
@@ -172,6 +176,7 @@ class Embedder:
             log.exception("the embedding model did not load: pages are ranked by BM25 alone")
 
     def _model(self) -> Any:
+        """The model, loaded once (the bundled encoder, or sentence-transformers for the others)."""
         with self._load_lock:
             if self._loaded is None:
                 prepare_process()
@@ -244,6 +249,7 @@ class Embedder:
             log.debug("a query's vector was not prefetched: %s", error)
 
     def embed_sync(self, texts: Sequence[str], role: str = "request") -> Any:
+        """The vectors of ``texts``: from memory, from the store, or encoded now."""
         texts = [bounded(t) for t in texts]  # memory bounded whatever a text's size: the model reads its head alone
         found = self.cache.found(texts)
         absent = [t for t in dict.fromkeys(texts) if t not in found]
@@ -260,6 +266,7 @@ class Embedder:
         return self.embed_sync(texts, role="background")
 
     def _similarities_sync(self, query: str, texts: Sequence[str]) -> Any | None:
+        """The query's cosines with ``texts`` (NaN where a text is not encoded yet, queued), or None while none is."""
         if texts and max(map(len, texts)) > ENCODED_CHARS:  # (a history's texts are short: most often none is cut)
             texts = [bounded(t) for t in texts]  # as embed_sync names them in the cache
         if not self.ready:
@@ -276,12 +283,13 @@ class Embedder:
         return self.stored.get(texts) if self.stored is not None else {}
 
     def _encode(self, texts: Sequence[str], role: str = "request") -> Any:
+        """``texts`` encoded and kept in memory."""
         model = self._model()
         if role == "request" and len(texts) == 1:
             vectors = np.asarray(model.one(texts[0]), dtype=np.float32)[np.newaxis]
         else:
             # In the background, what each batch freed is given back before the next: glibc kept it, and the
-            # next batch's blocks of other sizes came from more of the heap (~165 MB at the peak against ~50, bert.py).
+            # next batch's blocks of other sizes came from more of the heap (bert.py's BATCH_TOKENS).
             between = give_back if role == "background" else None
             with self._batch_lock:
                 vectors = np.asarray(model.batch(texts, between), dtype=np.float32)
@@ -323,6 +331,7 @@ class Embedder:
             raise
 
     def _drain_steps(self) -> None:
+        """Encode what is queued, a few batches at a time, giving way to the requests between."""
         step = self.batch_size * BATCHES_BETWEEN_YIELDS
         run = 0  # texts taken since the queue was last empty
         while True:
@@ -343,6 +352,7 @@ class Embedder:
                 give_back()  # what a history's batches freed: kept, it is hundreds of MB nothing uses
 
     def _load_or_encode(self, texts: list[str]) -> None:
+        """``texts`` read from the store, the rest encoded and stored."""
         done = 0
         try:
             loaded = self._from_disk(texts)
@@ -369,6 +379,7 @@ class Embedder:
 
 
 def _queued_size(text: str) -> int:
+    """What a queued text costs in memory."""
     return sys.getsizeof(text) + QUEUED_TEXT
 
 

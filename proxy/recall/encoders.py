@@ -46,6 +46,7 @@ class Encoder:
     runtime: str = "bert"
 
     def available(self) -> bool:
+        """Whether the encoder's weights are installed."""
         if self.package:
             return importlib.util.find_spec(self.package) is not None
         return all(_installed(part) for part in self.parts)
@@ -82,6 +83,7 @@ def model_path(encoder: Encoder, models_dir: Path) -> Path:
 
 
 def check_weights(path: Path, expected: str) -> None:
+    """``path``'s SHA-256 is ``expected``, else ``WeightsMismatch``."""
     digest = hashlib.sha256()
     with path.open("rb") as weights:
         while chunk := weights.read(1 << 22):
@@ -123,6 +125,7 @@ def _part_file(distribution: str) -> Path:
 
 
 def _installed(distribution: str) -> bool:
+    """Whether the distribution is installed."""
     try:
         importlib.metadata.distribution(distribution)
     except importlib.metadata.PackageNotFoundError:

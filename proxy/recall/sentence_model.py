@@ -1,7 +1,7 @@
 """An encoder run by sentence-transformers (all-mpnet-base-v2), its linear layers in int8, a query by a trace.
 
-MiniLM, the default, runs on torch alone (``proxy.recall.bert``), without the
-~170 MB this library's import keeps resident; mpnet's architecture is left to
+MiniLM, the default, runs on torch alone (``proxy.recall.bert``), without
+what this library's import keeps resident; mpnet's architecture is left to
 the library.
 """
 
@@ -29,6 +29,7 @@ class SentenceModel:
     """Unit vectors of texts by a sentence-transformers model (``one`` for a query, ``batch`` for many)."""
 
     def __init__(self, directory: Path, batch_size: int = 64):
+        """The model in ``directory`` on CPU, its linear layers in int8, a query traced."""
         import torch
         from sentence_transformers import SentenceTransformer
 
@@ -44,6 +45,7 @@ class SentenceModel:
         self._one_text = OneText.of(model)
 
     def one(self, text: str) -> Any:
+        """The vector of one text: by the trace where there is one."""
         return self._one_text(text) if self._one_text is not None else self.batch([text])[0]
 
     def batch(self, texts: Sequence[str], between: Callable[[], None] | None = None) -> Any:
@@ -71,15 +73,16 @@ class OneText:
     A query is encoded while the request pages its history on the other
     thread. ``SentenceTransformer.encode`` runs module by module in Python and
     needs the interpreter between operations; the paging holds it in 5 ms
-    slices, so the two took as long together as one after the other (~38 ms
-    against 17 and 19). The trace runs the same operations in C++, without the
-    interpreter: ~10 ms alone, ~26 together. For one text the vector is the
+    slices, so the two took as long together as one after the other. The
+    trace runs the same operations in C++, without the interpreter, and
+    overlaps the paging. For one text the vector is the
     model's (within 1e-6); a batch is left to ``encode``, as its padding is
     what the trace does not follow. If the trace disagrees with the model on
     ``TRACE_TEXTS``, ``of`` gives None and queries are encoded as before.
     """
 
     def __init__(self, model: Any):
+        """The trace of ``model``'s forward over one text."""
         import torch
 
         example = model.preprocess([TRACE_TEXTS[0]])
@@ -88,10 +91,12 @@ class OneText:
 
         class Positional(torch.nn.Module):  # a trace takes tensors by position, the model a dict of features
             def __init__(self) -> None:
+                """The model, its features given by position (what a trace takes)."""
                 super().__init__()
                 self.model = model
 
             def forward(self, *tensors: Any) -> Any:
+                """The sentence embedding of the features given."""
                 return self.model({**extras, **dict(zip(names, tensors))})["sentence_embedding"]
 
         self._model = model
@@ -107,6 +112,7 @@ class OneText:
 
     @classmethod
     def of(cls, model: Any) -> OneText | None:
+        """The trace, if it agrees with ``model`` on ``TRACE_TEXTS``; else None."""
         one = cls(model)
         expected = model.encode(list(TRACE_TEXTS), batch_size=1, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
         if all(np.allclose(one(text), vector, atol=1e-5) for text, vector in zip(TRACE_TEXTS, expected)):
@@ -115,6 +121,7 @@ class OneText:
         return None
 
     def __call__(self, text: str) -> Any:
+        """The vector of ``text``, by the trace."""
         import torch
 
         features = self._model.preprocess([text])

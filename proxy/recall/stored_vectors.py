@@ -1,4 +1,4 @@
-"""Vectors in the store, by a digest of the text and the encoder (``proxy.vectors.text_key``).
+"""Vectors in the store, by a digest of the text and the encoder (``proxy.recall.vectors.text_key``).
 
 The vectors of another encoder are never read, and the store holds no
 text. With Redis, every process shares them: a process that
@@ -38,6 +38,7 @@ class StoredVectors:
     """Vectors in a ``Store`` by ``text_key`` (with the cache's variant); with announcements (Redis), shared by every process as they are encoded."""
 
     def __init__(self, store: Store, cache: VectorCache):
+        """Vectors kept in ``store`` and taken into ``cache``."""
         self.store = store
         self.cache = cache
         # One stream per encoder: another encoder's vectors (of another size) are never taken in.
@@ -74,6 +75,7 @@ class StoredVectors:
         self._listener.start()
 
     def _listen(self, announcements: Announcements) -> None:
+        """Take in the vectors other processes announce, until stopped."""
         position = None
         while not self._stopped.is_set():
             try:
@@ -89,6 +91,7 @@ class StoredVectors:
                 self._stopped.wait(1.0)
 
     def _take(self, payloads: list[bytes]) -> None:
+        """The vectors the announced digests name, read from the store into the cache."""
         digests = list(dict.fromkeys(p[i : i + 16] for p in payloads for i in range(0, len(p), 16)))
         for start in range(0, len(digests), 1024):
             chunk = digests[start : start + 1024]
@@ -96,6 +99,7 @@ class StoredVectors:
             self.cache.add_digested({d: np.frombuffer(raw, dtype=np.float32) for d, raw in zip(chunk, raws) if raw is not None})
 
     def close(self) -> None:
+        """Stop listening, and close the store."""
         self._stopped.set()
         if self._listener is not None:
             self._listener.join(timeout=5)

@@ -100,6 +100,7 @@ class UpstreamVectors:
         clock: Callable[[], float] = time.monotonic,
         store: Store | None = None,
     ):
+        """Vectors from the upstream's ``/embeddings`` for ``model``, ``fallback`` while it fails."""
         self.upstream, self.model, self.fallback = upstream, model, fallback
         self.variant = hashlib.sha256(f"upstream|{upstream.shown_url}|{model}".encode()).digest()
         self.cache = VectorCache(200_000, self.variant)
@@ -146,12 +147,15 @@ class UpstreamVectors:
 
     @property
     def failing(self) -> bool:
+        """Whether the upstream failed within ``retry_seconds``."""
         return self.failed_at is not None and self.clock() - self.failed_at < self.retry_seconds
 
     def serving(self) -> Any:
+        """The fallback's context while a request is served, if there is one."""
         return self.fallback.serving() if self.fallback is not None else nullcontext()
 
     def close(self) -> None:
+        """Stop the background, and close the fallback and the store."""
         if self._task is not None:
             self._task.get_loop().call_soon_threadsafe(self._task.cancel)
         if self.fallback is not None:
@@ -161,6 +165,7 @@ class UpstreamVectors:
 
     # -- the calls -------------------------------------------------------------------
     async def _query_vector(self, text: str, headers: dict[str, str]) -> Any | None:
+        """The query's vector: cached, or asked of the upstream; None if it fails."""
         text = bounded(text)
         found = self.cache.found([text])
         if text in found:
@@ -193,11 +198,13 @@ class UpstreamVectors:
             return None
 
     async def _post(self, body: bytes, timeout: float, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+        """One ``POST /embeddings``: its status, content type and body."""
         response = await self.upstream.open("POST", "/embeddings", content=body, headers=headers, timeout=timeout)
         return response.status_code, response.headers.get("content-type"), await self.upstream.read(response)
 
     # -- the background --------------------------------------------------------------
     def _enqueue(self, texts: list[str], headers: dict[str, str]) -> None:
+        """``texts`` queued for the background to embed."""
         texts = [t for t in dict.fromkeys(texts) if t not in self._pending]
         if not texts:
             return
@@ -209,6 +216,7 @@ class UpstreamVectors:
         self._queue.put_nowait((texts, headers))
 
     async def _run(self) -> None:
+        """The background: embed what is queued, a failure lost for those texts alone."""
         assert self._queue is not None
         while True:
             texts, headers = await self._queue.get()
@@ -220,6 +228,7 @@ class UpstreamVectors:
                 self._pending.difference_update(texts)
 
     async def _fill(self, texts: list[str], headers: dict[str, str]) -> None:
+        """``texts`` read from the store, the rest asked of the upstream in batches."""
         loaded = await asyncio.to_thread(self._from_disk, texts)
         if loaded:
             self.on_encoded("loaded", len(loaded))
@@ -234,9 +243,11 @@ class UpstreamVectors:
             self.on_encoded("encoded", len(batch))
 
     def _from_disk(self, texts: Sequence[str]) -> dict[str, Any]:
+        """The vectors of ``texts`` the store holds."""
         return self.stored.get(texts) if self.stored is not None else {}
 
     def _keep(self, texts: Sequence[str], vectors: Any) -> None:
+        """Vectors kept in memory and in the store."""
         self.cache.add(dict(zip(texts, vectors)))
         if self.stored is not None:
             self.stored.put(texts, vectors)

@@ -14,9 +14,10 @@ __all__ = ["ENCODED_CHARS", "VectorCache", "bounded", "text_key", "torch_widened
 
 GATHER_BLOCK = 2048  # rows gathered at once when comparing a history with a query: stays in cache
 # What of a text an encoder is given: its head. The bundled models read their first 256 (MiniLM) or 384
-# (mpnet) word pieces and drop the rest, but their tokeniser reads the whole text first: a 10 MB page
-# took 15 s and 1.8 GB to encode into the vector of its first thousand words. Prose spends 3-6
-# characters a word piece, so the head holds more than the models read.
+# (mpnet) word pieces and drop the rest, but their tokeniser reads the whole text first: a page of
+# megabytes took seconds and gigabytes to encode into the vector of its first words
+# (bench/own_api_limits.py). Prose spends 3-6 characters a word piece, so the head holds more than
+# the models read.
 ENCODED_CHARS = 8192
 
 
@@ -38,7 +39,7 @@ def unit_rows(vectors: Any) -> Any:
 
 
 # Rows are held in half precision: a unit vector's cosines move by ~1e-4, which leaves the ranking
-# as it was (bench/README.md: recall on the dev split), in half the memory (768 bytes a MiniLM row).
+# as it was (bench/rounds.py: recall on the dev split), in half the memory (768 bytes a MiniLM row).
 ROW_TYPE = np.float16
 ROW_NAME = 100  # a row's entry in the dict that names it (its text is the request's, or the session's)
 
@@ -51,7 +52,7 @@ def widened(matrix: Any, rows: Any) -> Any:
 def torch_widened(matrix: Any, rows: Any) -> Any:
     """``widened``, by torch: for a process that has it loaded (the bundled encoder), the same float32 rows
     (widening is exact) gathered and widened by vector instructions, where numpy widens half precision one
-    value at a time (at a million tokens, ~19 ms of a follow-up's ~23 for the history's cosines, against ~2)."""
+    value at a time: at a million tokens, most of a follow-up's time on the history's cosines (bench/lean.py)."""
     import torch
 
     return torch.from_numpy(matrix).index_select(0, torch.from_numpy(rows)).float().numpy()
@@ -67,6 +68,7 @@ class VectorCache:
     """
 
     def __init__(self, capacity: int, variant: bytes = b"", max_bytes: int = 0, gather_block: int = GATHER_BLOCK):
+        """A cache of at most ``capacity`` rows (and ``max_bytes``), for the encoder ``variant`` names."""
         self.capacity = capacity
         self.max_bytes = max_bytes  # also at most as many rows as fit in this (0: rows alone), once their size is known
         self.gather_block = gather_block  # rows gathered and multiplied at once by ``cosines``
@@ -79,6 +81,7 @@ class VectorCache:
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
+        """How many rows the cache holds."""
         return len(self._rows) + len(self._digested)
 
     @property
@@ -119,6 +122,7 @@ class VectorCache:
         return out
 
     def add(self, vectors: dict[str, Any]) -> None:
+        """``vectors`` kept by text, those held already left as they are."""
         with self._lock:
             self._add({t: v for t, v in vectors.items() if self._row(t) < 0}, self._rows)
 
@@ -128,6 +132,7 @@ class VectorCache:
             self._add({d: v for d, v in vectors.items() if d not in self._digested}, self._digested)
 
     def _add(self, new: dict[Any, Any], into: dict[Any, int]) -> None:
+        """New rows written into the matrix and named in ``into``."""
         if not new:
             return
         if len(self) + len(new) > self.capacity:
@@ -138,6 +143,7 @@ class VectorCache:
         into.update(zip(new, range(start, start + len(new))))
 
     def _make_room(self, rows: int, dim: int) -> None:
+        """A matrix of room for ``rows`` rows of ``dim``, grown by doubling up to the capacity."""
         if self._matrix is None:
             if self.max_bytes:
                 self.capacity = max(1, min(self.capacity, self.max_bytes // (dim * np.dtype(ROW_TYPE).itemsize + ROW_NAME)))
@@ -148,6 +154,7 @@ class VectorCache:
             self._matrix = grown
 
     def _drop_older_half(self) -> None:
+        """The older half of the rows dropped, the newer moved down."""
         used = len(self)
         keep = used // 2
         cut = used - keep

@@ -36,8 +36,8 @@ _SEPARATOR = "\x1f"
 class _StringKeys(diskcache.Disk):
     """Keys (tuples of strings, and a part's number) kept as one string; files removed only once what replaced them is committed.
 
-    diskcache pickles a tuple key and optimises the pickle in Python: ~0.2 ms
-    a key, holding the interpreter while a request computes. A key of one
+    diskcache pickles a tuple key and optimises the pickle in Python, holding
+    the interpreter while a request computes. A key of one
     item is kept as that item, as the caches kept theirs before.
     """
 

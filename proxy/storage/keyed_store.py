@@ -1,7 +1,7 @@
 """A store of one msgspec value per (namespace, name), for what the proxy keeps on sessions beside their pages.
 
-PACT components (``proxy.components``) and Hybrid mode's state
-(``proxy.hybrid_store``) are kept so: in a ``Store`` (``PCP_DATA_DIR/<kind>``,
+PACT components (``proxy.pact.components``) and Hybrid mode's state
+(``proxy.hybrid.store``) are kept so: in a ``Store`` (``PCP_DATA_DIR/<kind>``,
 or Redis), under the caller's namespace, sealed with ``PCP_DATA_KEY`` when it
 is set (they hold the client's text). With a store of its own process, writes
 go through one background thread in order, so that a request never waits on

@@ -108,7 +108,7 @@ class RecentSessions:
 
     @staticmethod
     def _size(session: Session, was: Session | None, known: int) -> int:
-        """What ``session`` holds: counted when first kept (~2 ms at a million tokens, outside the lock); for the
+        """What ``session`` holds: counted when first kept (outside the lock); for the
         same session gone on (a follow-up), scaled from what it held by its messages, in O(1) on the event loop."""
         if was is None or not was.chain or not session.chain or was.chain[0] != session.chain[0]:
             return session_bytes(session)

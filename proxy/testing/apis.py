@@ -1,4 +1,4 @@
-"""Scripted answers of the Responses API and of Anthropic's Messages API, for ``proxy.testing.FakeUpstream``.
+"""Scripted answers of the Responses API and of Anthropic's Messages API, for ``proxy.testing.upstream.FakeUpstream``.
 
 As ``completion`` and ``stream_reply`` script a chat completion, these script
 the other two APIs, whole or as their event streams::

@@ -1,4 +1,4 @@
-"""Anthropic's prompt cache as its documentation states it, for a fake upstream (``proxy.testing.FakeUpstream``).
+"""Anthropic's prompt cache as its documentation states it, for a fake upstream (``proxy.testing.upstream.FakeUpstream``).
 
 A Messages request is read as blocks in the order Anthropic caches them:
 its tools, its ``system`` blocks, then each message's content blocks. A

@@ -165,7 +165,7 @@ def upstream_target(scope: Mapping[str, Any], prefix: bytes = b"/v1") -> str:
     return path + ("?" + query.decode("latin-1") if query else "")
 
 
-# Most answers come sooner: they never pay for a watcher (a task, ~15 us a request).
+# Most answers come sooner: they never pay for a watcher (a task a request).
 WATCH_AFTER = 0.05
 
 

@@ -47,7 +47,7 @@ T = TypeVar("T")
 log = logging.getLogger("pcp.proxy")
 
 # A body over this is read (decoded, counted, its conversation found) in a thread: at a million
-# tokens (~4.4 MB) that is ~20 ms of the event loop's that the requests it serves meanwhile would wait for.
+# tokens that is time of the event loop's that the requests it serves meanwhile would wait for (bench/mixed_load.py).
 LARGE_BODY = 256 * 1024
 # Every method a /v1 path may be called with; what the proxy does not page is forwarded.
 METHODS = [HttpMethod.GET, HttpMethod.HEAD, HttpMethod.POST, HttpMethod.PUT, HttpMethod.PATCH, HttpMethod.DELETE]

@@ -16,7 +16,8 @@ TOLD = [
 ]
 
 
-def remembered(proxy, headers=SCOPE, api_key="sk-client"):
+def scope_status(proxy, headers=SCOPE, api_key="sk-client"):
+    """The scope's status (its pages, Originals, …) once memory's writer has stored what it was handed."""
     proxy.services.memory.wait()
     auth = {"authorization": f"Bearer {api_key}"}
     return proxy.http.get(f"/v1/pcp/memory/{headers['x-pcp-memory']}", headers=auth).json()
@@ -45,7 +46,7 @@ def test_what_a_forwarded_conversation_said_reaches_a_new_one_as_storage_pages(s
     proxy = start_proxy()
     first = ask(proxy, TOLD, KEY, headers=SCOPE)
     assert first.headers["x-pcp-mode"] == "passthrough" and first.headers["x-pcp-memory"] == "alice"
-    status = remembered(proxy)
+    status = scope_status(proxy)
     assert status["pending"] == 0 and status["originals"] >= 1 and status["conversations"] == 1
     assert "x-pcp-memory" not in upstream.requests[-1].headers  # ours, never the upstream's
 
@@ -59,10 +60,10 @@ def test_what_a_forwarded_conversation_said_reaches_a_new_one_as_storage_pages(s
 def test_a_resent_conversation_adds_nothing_twice(start_proxy):
     proxy = start_proxy()
     ask(proxy, TOLD, KEY, headers=SCOPE)
-    once = remembered(proxy)
+    once = scope_status(proxy)
     ask(proxy, TOLD, KEY, headers=SCOPE)
     ask(proxy, [*TOLD, {"role": "assistant", "content": "A classic bike."}, {"role": "user", "content": "It has a new bell."}], KEY, headers=SCOPE)
-    again = remembered(proxy)
+    again = scope_status(proxy)
     assert again["conversations"] == once["conversations"] == 1
     texts = [p["content"] for p in proxy.http.get("/v1/pcp/memory/alice/pages?limit=200", headers={"authorization": "Bearer sk-client"}).json()["data"]]
     assert sum("Beatrix moved to Lisbon" in t for t in texts) == 1
@@ -71,8 +72,8 @@ def test_a_resent_conversation_adds_nothing_twice(start_proxy):
 def test_another_key_sees_nothing_of_a_scope_of_the_same_name(start_proxy, upstream):
     proxy = start_proxy()
     ask(proxy, TOLD, "sk-alice", headers=SCOPE)
-    assert remembered(proxy, api_key="sk-alice")["originals"] >= 1
-    assert remembered(proxy, api_key="sk-mallory")["pages"] == 0
+    assert scope_status(proxy, api_key="sk-alice")["originals"] >= 1
+    assert scope_status(proxy, api_key="sk-mallory")["pages"] == 0
     reply = ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], "sk-mallory", headers=SCOPE)
     assert reply.headers["x-pcp-mode"] == "passthrough"
     assert "Lisbon" not in json.dumps(upstream.requests[-1].json)
@@ -82,12 +83,12 @@ def test_a_forgotten_text_does_not_come_back_when_its_conversation_is_sent_again
     proxy = start_proxy()
     auth = {"authorization": "Bearer sk-client"}
     ask(proxy, TOLD, KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     forgotten = proxy.http.post("/v1/pcp/memory/alice/forget", json={"query": "Gazelle bicycle"}, headers=auth).json()["forgotten"]
     assert forgotten
     ask(proxy, TOLD, KEY, headers=SCOPE)
     ask(proxy, [*TOLD, {"role": "assistant", "content": "Nice."}, {"role": "user", "content": "Thanks."}], KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     exported = proxy.http.get("/v1/pcp/memory/alice/export", headers=auth).text
     assert "Gazelle" not in exported and "Beatrix" in exported
 
@@ -96,7 +97,7 @@ def test_forgetting_by_id_takes_the_page_out_of_search_and_of_its_containers(sta
     proxy = start_proxy()
     auth = {"authorization": "Bearer sk-client"}
     ask(proxy, TOLD, KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     found = proxy.http.get("/v1/pcp/memory/alice/pages", params={"query": "Lisbon cello"}, headers=auth).json()["data"]
     target = next(p for p in found if "Lisbon" in p.get("content", ""))
     assert proxy.http.delete(f"/v1/pcp/memory/alice/pages/{target['id']}", headers=auth).json()["deleted"] == [target["id"]]
@@ -113,7 +114,7 @@ def test_export_and_import_keep_the_tree(start_proxy):
         for i in range(60)
     ]
     ask(proxy, long_talk, KEY, headers=SCOPE)
-    status = remembered(proxy)
+    status = scope_status(proxy)
     assert status["consolidated"] >= 1
     exported = proxy.http.get("/v1/pcp/memory/alice/export", headers=auth).content
     lines = [json.loads(line) for line in exported.splitlines()]
@@ -133,7 +134,7 @@ def test_pages_are_listed_with_a_cursor_and_errors_use_the_envelope(start_proxy)
     auth = {"authorization": "Bearer sk-client"}
     ask(proxy, TOLD, KEY, headers=SCOPE)
     ask(proxy, [{"role": "user", "content": "The plumber comes on Tuesday at nine."}], KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     first = proxy.http.get("/v1/pcp/memory/alice/pages?limit=1", headers=auth).json()
     assert len(first["data"]) == 1 and first["next_cursor"]
     second = proxy.http.get(f"/v1/pcp/memory/alice/pages?limit=1&cursor={first['next_cursor']}", headers=auth).json()
@@ -158,7 +159,7 @@ def test_a_consult_on_a_memory_container_opens_its_pages(start_proxy, upstream):
         {"role": "user" if i % 2 == 0 else "assistant", "content": f"Orchard note {i}: the Bramley tree in row {i} needs grafting."} for i in range(40)
     ]
     ask(proxy, long_talk, KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     containers = [
         p for p in proxy.http.get("/v1/pcp/memory/alice/export", headers={"authorization": "Bearer sk-client"}).text.splitlines() if '"Consolidated"' in p
     ]
@@ -174,7 +175,7 @@ def test_a_consult_on_a_memory_container_opens_its_pages(start_proxy, upstream):
 def test_the_indexes_are_built_again_when_their_files_are_gone(start_proxy, tmp_path):
     proxy = start_proxy(embedder=StandInEmbedder())
     ask(proxy, TOLD, KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     proxy.stop()
     for saved in (tmp_path / "data" / "memory" / "index").rglob("*"):
         if saved.is_file():
@@ -193,7 +194,7 @@ def test_the_memory_api_wants_the_proxy_key_when_one_is_set(start_proxy):
 def test_a_router_model_reads_memory_candidates_as_the_memory_router(start_proxy, upstream):
     proxy = start_proxy(router_model="picker")
     ask(proxy, TOLD, KEY, headers=SCOPE)
-    remembered(proxy)
+    scope_status(proxy)
     ask(proxy, [{"role": "user", "content": "Where does my sister Beatrix teach cello?"}], KEY, headers=SCOPE)
     roles = [r.headers.get("x-pcp-role") for r in upstream.requests]
     assert "memory-router" in roles

@@ -13,7 +13,7 @@ from proxy.testing.upstream import StandInEmbedder, completion
 
 from . import helpers
 from .helpers import eventually
-from .test_memory import KEY, SCOPE, TOLD, remembered, worker_prompts
+from .test_memory import KEY, SCOPE, TOLD, scope_status, worker_prompts
 
 
 def ask(proxy, messages):
@@ -38,9 +38,9 @@ def question(proxy, text: str):
 def test_a_question_about_what_the_scope_holds_is_kept_as_a_record_never_given_to_a_request(start_proxy, upstream):
     proxy = start_proxy()
     ask(proxy, TOLD)
-    remembered(proxy)
+    scope_status(proxy)
     question(proxy, "Where does my sister Beatrix teach cello?")
-    status = remembered(proxy)
+    status = scope_status(proxy)
     assert status["records"] == 1 and status["pending"] == 0
     listed = {p["content"]: p for p in pages(proxy)}
     assert listed["[user] Where does my sister Beatrix teach cello?"]["record"] is True
@@ -66,12 +66,12 @@ def test_a_question_about_what_the_scope_holds_is_kept_as_a_record_never_given_t
 def test_a_scopes_repeated_questions_are_one_page(start_proxy):
     proxy = start_proxy()
     ask(proxy, TOLD)
-    remembered(proxy)
+    scope_status(proxy)
     question(proxy, "Where does my sister Beatrix teach cello?")
-    once = remembered(proxy)
+    once = scope_status(proxy)
     question(proxy, "where does my sister beatrix teach the cello?")
     question(proxy, "My sister Beatrix, where does she teach cello?")
-    again = remembered(proxy)
+    again = scope_status(proxy)
     assert again["pages"] == once["pages"]  # three conversations asked it: one page
     assert again["conversations"] == once["conversations"] + 2
     assert sum("teach" in p["content"] and p["content"].startswith("[user]") and "Lisbon" not in p["content"] for p in pages(proxy)) == 1
@@ -80,13 +80,13 @@ def test_a_scopes_repeated_questions_are_one_page(start_proxy):
 def test_a_question_the_scope_cannot_answer_stays_but_never_outranks_the_page_that_answers_it(start_proxy):
     proxy = start_proxy()
     ask(proxy, TOLD)
-    remembered(proxy)
+    scope_status(proxy)
     question(proxy, "What is the name of the harbour ferry in Valparaiso?")  # nothing of it in the scope: new words
-    remembered(proxy)
+    scope_status(proxy)
     listed = {p["content"]: p for p in pages(proxy)}
     assert listed["[user] What is the name of the harbour ferry in Valparaiso?"]["record"] is False
     ask(proxy, [{"role": "user", "content": "Last spring I rode the harbour ferry in Valparaiso, it is called the Esmeralda."}])
-    remembered(proxy)
+    scope_status(proxy)
     found = proxy.http.get(f"{P}/pages", params={"query": "name of the harbour ferry in Valparaiso"}, headers=AUTH).json()["data"]
     contents = [p["content"] for p in found]
     assert "Esmeralda" in contents[0]
@@ -101,14 +101,14 @@ def test_a_request_ticks_the_scope_pages_consulted_rise_and_the_rest_decay(start
     ]
     ask(proxy, long_talk)
     ask(proxy, TOLD)
-    before = remembered(proxy)
+    before = scope_status(proxy)
     assert before["requests"] == 0 and before["faded"] == 0 and before["consulted"] == 0
     container = next(p for p in pages(proxy) if p["type"] == "Consolidated")
     upstream.enqueue(completion(f'Consult("look", "{container["id"]}")'), completion("done"))
     question(proxy, "Which orchard trees need grafting?")
     for text in ("Anything about Lisbon?", "And the bicycle?", "Which conservatory?"):
         question(proxy, text)
-    status = remembered(proxy)
+    status = scope_status(proxy)
     assert status["requests"] == 4 and status["consulted"] == 1
     listed = {p["id"]: p for p in pages(proxy)}
     opened = listed[container["id"]]
@@ -178,15 +178,15 @@ def test_on_a_shared_store_another_process_sees_records_and_use_and_indexing_cou
     a = start_proxy(store=redis_server.url, data_dir=str(tmp_path / "a"))
     b = start_proxy(store=redis_server.url, data_dir=str(tmp_path / "b"))
     ask(a, TOLD)
-    remembered(a)
+    scope_status(a)
     question(a, "Where does my sister Beatrix teach cello?")  # a request: the scope's clock ticks, the question is a record
-    remembered(a)
+    scope_status(a)
     assert b.http.get(f"{P}/pages", params={"query": "Lisbon"}, headers=AUTH).status_code == 200  # b's index opens, reads all
     seen = b.http.get(P, headers=AUTH).json()
     assert seen["records"] == 1 and seen["requests"] == 1 and seen["indexing"] == 0
     assert any(p["record"] and p["content"] == "[user] Where does my sister Beatrix teach cello?" for p in pages(b))
     ask(a, [{"role": "user", "content": "My nephew Tomas started school in Porto this autumn."}])
-    remembered(a)
+    scope_status(a)
     assert b.http.get(P, headers=AUTH).json()["indexing"] >= 1  # written by a, not read by b yet
     found = b.http.get(f"{P}/pages", params={"query": "Tomas school Porto"}, headers=AUTH).json()["data"]
     assert "Tomas" in found[0]["content"] and b.http.get(P, headers=AUTH).json()["indexing"] == 0

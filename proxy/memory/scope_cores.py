@@ -33,6 +33,7 @@ class _Core(msgspec.Struct, frozen=True):
 
 class ScopeCores(KeyedStore[_Core]):
     def __init__(self, store: Store | Path, sealer: Sealer | None = None, limits: LimitsPolicy = LimitsPolicy()):
+        """Core blocks kept in ``store``, sealed with ``sealer``, merged under ``limits``."""
         super().__init__(store, _Core, "the core blocks of a memory scope", sealer)
         self.limits = limits
 
@@ -45,6 +46,7 @@ class ScopeCores(KeyedStore[_Core]):
         """What a round kept of the core, having been shown the scope's ``seen`` ids."""
 
         def merged(stored: _Core | None) -> _Core | None:
+            """The stored blocks merged with ``blocks``, or None where nothing changes."""
             kept = scope_core(stored.blocks if stored is not None else (), blocks, seen, self.limits)
             return None if kept == (stored.blocks if stored is not None else ()) else _Core(kept)
 
