@@ -11,6 +11,7 @@ components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 ``with_components`` in protocol mode, ``onto_messages`` below the threshold.
 """
 
+from .compaction import COMPACTION_PROMPTS, asks_to_compact, compaction_text, marked_handles
 from .context_edits import Compaction, Edited, EditError, after_compaction, apply_edits, edits_of, stored_pages
 from .conversation import Conversation, attached, fold_system, message_text, part_handle
 from .directives.answers import NO_ANSWER, AnswerGate, spoken
@@ -66,6 +67,10 @@ from .session import (
 from .text.tokens import Checkpoint, CountText, part_text, prompt_tokens
 
 __all__ = [
+    "COMPACTION_PROMPTS",
+    "asks_to_compact",
+    "compaction_text",
+    "marked_handles",
     "MARK",
     "NO_ANSWER",
     "SESSION_ID",

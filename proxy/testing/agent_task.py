@@ -34,6 +34,7 @@ __all__ = [
     "check_repo",
     "conversation_text",
     "decide",
+    "evidence",
     "find_cwd",
     "flavor",
     "make_repo",
@@ -226,6 +227,13 @@ TESTS_FAILED = re.compile(r"FAILED \((?:failures|errors)=\d+")
 GREP_SEEN = re.compile(r"ops\.py:\d+:\s*def add_totals")
 READ_SEEN = "CALC-17"
 Step = dict[str, Any]
+
+
+def evidence(text: str, parts: int = 0) -> tuple[str, ...]:
+    """Which steps' output ``text`` shows: what a request (or the proxy's prompt for it) still holds of the task."""
+    seen = {"read": READ_SEEN in text, "grep": bool(GREP_SEEN.search(text)), "edit": "first + second" in text, "tests": bool(TESTS_OK.search(text))}
+    notes = tuple(f"notes-{k}" for k in range(1, parts + 1) if part_marker(k, parts) in text)
+    return (*(name for name, shown in seen.items() if shown), *notes)
 
 
 def decide(text: str, big: bool, parts: int = 0) -> Step:

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from ..headers import ROLE
-from .agent_task import aider_reply, conversation_text, decide, find_cwd, flavor, side_reply, tool_call, tool_defs
+from .agent_task import aider_reply, conversation_text, decide, evidence, find_cwd, flavor, side_reply, tool_call, tool_defs
 from .apis import api_of, message, messages_stream, response, responses_stream
 from .replies import Recorded, Reply, completion, stream_reply
 
@@ -58,6 +58,7 @@ class Turn(msgspec.Struct):
     status: int = 200
     refused: str = ""  # the provider's rule the request broke
     compacting: bool = False  # the agent's own compaction: its prompt asks for a summary of the conversation
+    seen: tuple[str, ...] = ()  # which steps' output the request holds (``agent_task.evidence``)
 
 
 class AgentScript:
@@ -109,6 +110,7 @@ class AgentScript:
         turn.flavor, turn.stream = flavor(tools, text), bool(body.get("stream")) and not self.json_for_stream
         turn.paged, turn.prompt_tokens = "<PagedContext" in text, _tokens(text) + _tokens(json.dumps(body.get("tools") or []))
         turn.compacting = any(prompt in text for prompt in COMPACTING)
+        turn.seen = evidence(text, self.parts)
         if self.window and turn.prompt_tokens > self.window:
             turn.status, turn.refused = 400, f"{turn.prompt_tokens} tokens > {self.window}"
             return _too_long(turn.api, turn.prompt_tokens, self.window)

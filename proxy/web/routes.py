@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from time import perf_counter
@@ -19,7 +20,7 @@ import msgspec
 from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
-from pcp_core import Conversation, client_named, engaged, pageable, prompt_tokens, within_window
+from pcp_core import Conversation, asks_to_compact, client_named, engaged, pageable, prompt_tokens, within_window
 from pcp_core.conversation import conversation_start
 
 from .. import headers as pcp
@@ -35,6 +36,7 @@ from ..protocol.drive import serve_protocol
 from ..protocol.refusals import TooLong, refused_window
 from ..protocol.telemetry import RequestTelemetry
 from ..services import Services
+from .agent_compaction import COMPACTING, MARKED, answered, marked_behind
 from .context_management import COMPACT_PATH, Plan, compacted, plan, responses_plan, serves_context_management
 from .forward import forward, relayed, unless_client_leaves, upstream_target
 from .handlers import not_the_proxys, speaks_anthropic
@@ -121,6 +123,8 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         opened = await _read(body, lambda: responses_plan(services, namespace, body))
         if opened is not None:
             body, behind = opened
+    if not behind and MARKED in body:  # the markers of compactions answered here: their pages behind the request
+        behind = marked_behind(services, services.namespaces.of(request.headers), body) or None
     if managed is not None:
         body, (reading, said, tokens, carried) = managed.body, managed.read
     else:
@@ -130,6 +134,10 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
     if reading.untouched is None:
         scope = _scope(services, request, body)
         pcp_headers[pcp.PROMPT_TOKENS] = str(tokens)
+        if reading.messages and any(prompt in body for prompt in COMPACTING):
+            compaction = await _agent_compaction(request, services, api, body, reading, headers)
+            if compaction is not None:
+                return compaction
         control = _paged(services, headers, reading.model, (tokens, carried), scope, managed, bool(behind) or again) if reading.messages else None
         if control is not None:
             asked = control
@@ -180,6 +188,21 @@ async def paged_api(request: Request[Any, Any, Any], services: Services, api: Ap
         )
     services.metrics.observe("pcp_request_seconds", perf_counter() - started, mode="passthrough")
     return response
+
+
+async def _agent_compaction(
+    request: Request[Any, Any, Any], services: Services, api: Api, body: bytes, reading: Reading, headers: dict[str, str]
+) -> Response[Any] | None:
+    """An agent's compaction of its history, answered from the pages (``agent_compaction``); None: the request is not
+    one, or turns protocol mode off."""
+    control = services.controls.of(dict(headers), reading.model)  # a copy: the control headers stay for ``_paged``
+    if control.mode == "off":
+        return None
+    codec, conversation = await _read(body, lambda: _codec(api, body, reading, control, services))
+    if not asks_to_compact(conversation):
+        return None
+    namespace = services.namespaces.of(request.headers)
+    return await answered(services, api, codec, conversation, json.loads(body), headers, namespace, control.policy)
 
 
 def _asked_at(api: Api, request: Request[Any, Any, Any]) -> Api:

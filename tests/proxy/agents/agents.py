@@ -58,6 +58,12 @@ class AgentRun:
         return f"{self.agent}: exit {self.returncode} in {self.seconds:.1f} s, {self.outcome}; stdout …{self.stdout[-1500:]!r}; stderr …{self.stderr[-1500:]!r}"
 
 
+def agent_env(run: Path, env: dict[str, str]) -> dict[str, str]:
+    """The environment an agent runs in under ``run``: its own home, and ``env``."""
+    home = run / "home"
+    return {**BASE_ENV, "HOME": str(home), **{f"XDG_{k}_HOME": str(home / v) for k, v in XDG.items()}, **env}
+
+
 def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, timeout: float = 240, stdin: str | None = None, parts: int = 0) -> AgentRun:
     """``agent`` through the whole task in a fresh repo under ``run``, at ``base_url`` (``http://host:port``, no ``/v1``).
     ``force``: it sends ``x-pcp-mode-request: force`` on every call. ``stdin``: piped to it after the task (Claude
@@ -68,7 +74,7 @@ def run_agent(agent: str, base_url: str, run: Path, *, force: bool = False, time
     command, env = COMMANDS[agent](base_url, run, repo, home, force)
     if stdin is not None and agent == "codex":  # the prompt from stdin: the task, then what is piped
         command, stdin = [*command[:-1], "-"], f"{TASK_PROMPT}\n\n{stdin}"
-    env = {**BASE_ENV, "HOME": str(home), **{f"XDG_{k}_HOME": str(home / v) for k, v in XDG.items()}, **env}
+    env = agent_env(run, env)
     started = time.monotonic()
     try:
         piped: dict[str, Any] = {"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}
@@ -139,7 +145,9 @@ def _codex(base: str, run: Path, repo: Path, home: Path, force: bool) -> tuple[l
     codex_home.mkdir(exist_ok=True)
     headers = f'http_headers = {{ "{FORCE}" = "force" }}' if force else ""
     websockets = "true" if os.environ.get("PCP_TEST_CODEX_WEBSOCKETS") else "false"
-    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(base=base, headers=headers, websockets=websockets))
+    config = CODEX_CONFIG.format(base=base, headers=headers, websockets=websockets)
+    limit = os.environ.get("PCP_TEST_CODEX_COMPACT_AT")  # Codex compacts its history past this many tokens of its own count
+    (codex_home / "config.toml").write_text(f"model_auto_compact_token_limit = {limit}\n" + config if limit else config)
     command = [str(BINARIES["codex"]), "exec", "--json", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "-C", str(repo), TASK_PROMPT]
     return command, {"CODEX_HOME": str(codex_home), "PROXY_API_KEY": "sk-test"}
 

@@ -20,6 +20,7 @@ a run, aider's ~5 s; Claude Code and Codex finish in 1-3 s).
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ from proxy.settings import ModelSettings
 from proxy.testing.agent_task import notes_text
 from proxy.testing.agent_upstream import AgentScript
 
-from .agents import AGENTS, AgentRun, installed, missing, run_agent
+from .agents import AGENTS, COMMANDS, AgentRun, agent_env, installed, missing, run_agent
 from .recording import AgentProxy, Exchange, agent_proxy, seen_problems
 
 BUDGET = 40000  # of pages, on top of the agents' head (see the module's docstring)
@@ -182,3 +183,41 @@ def test_an_agent_finishes_a_longer_task_at_the_proxys_defaults_on_a_model_with_
     calls = task_calls(proxy.exchanges)
     assert max(int(e.response_headers["x-pcp-prompt-tokens"]) for e in calls) > SMALL_WINDOW  # untouched, the history would not fit
     assert [e.mode for e in calls][-1] == "protocol" and all(e.status == 200 for e in calls), [(e.mode, e.status) for e in calls]
+
+
+def test_claude_codes_manual_compact_is_answered_from_the_pages(tmp_path: Path):
+    """``/compact`` after the task, then a question on a detail only the first tool result held (the ticket in the file's
+    docstring). The proxy answers the compaction itself (no model call) with a summary that carries a handle to the
+    pages; the question, whose history is now that summary, is paged with the pages behind it: the detail reaches
+    the model."""
+    needs("claude")
+    with agent_proxy(tmp_path / "data", AgentScript(parts=3)) as proxy:
+        run = run_agent("claude", proxy.url, tmp_path / "run", parts=3)
+        assert_done(run, proxy)
+        command, env = COMMANDS["claude"](proxy.url, tmp_path / "run", run.repo, tmp_path / "run" / "home", False)
+        before, turns = len(proxy.exchanges), len(proxy.script.turns)
+        again = [command[0], "--continue", "--output-format", "stream-json", "--verbose", "--dangerously-skip-permissions", "-p"]
+        for prompt in ("/compact", "Which ticket does the docstring of calc/ops.py name?"):
+            done = subprocess.run([*again, prompt], cwd=run.repo, env=agent_env(tmp_path / "run", env), capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stdout[-1000:] + done.stderr[-1000:]
+        compaction, question = [e for e in proxy.exchanges[before:] if e.api]
+        asked = proxy.script.turns[turns:]
+    assert compaction.mode == "protocol" and b"[pcp-pages: " in compaction.body  # answered here: the upstream never saw it
+    assert not [turn for turn in asked if turn.compacting]
+    assert question.mode == "protocol" and question.status == 200
+    (worker,) = [turn for turn in asked if turn.role == "worker"]
+    assert worker.paged and "read" in worker.seen, worker.seen  # the file's docstring, from the pages behind the summary
+
+
+def test_codex_compacting_on_its_own_is_answered_from_the_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Codex set to compact past ~16k tokens of its own count, with no /responses/compact upstream: it compacts with
+    its own prompt, which the proxy answers from the pages, and the task goes on to its end from the summary and
+    the pages behind it (where the scripted model's one-line summary would have lost the task's state)."""
+    needs("codex")
+    monkeypatch.setenv("PCP_TEST_CODEX_COMPACT_AT", "16000")
+    with agent_proxy(tmp_path / "data", AgentScript(parts=6)) as proxy:
+        run = run_agent("codex", proxy.url, tmp_path / "run", parts=6)
+    assert run.done, run.summary()
+    assert seen_problems(proxy.exchanges) == []
+    compactions = [e for e in proxy.exchanges if e.api and b"[pcp-pages: " in e.body and e.mode == "protocol"]
+    assert compactions and not [turn for turn in proxy.script.turns if turn.compacting]
