@@ -673,6 +673,25 @@ def cost_table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def floor_line(sessions: Sequence[tuple[str, list[Message], Any]], head: tuple[str, list[dict[str, Any]]], count: Callable[[str], int]) -> str:
+    """What a proxy that showed the model nothing of the history would bill, against cached passthrough: each request's
+    head (system prompts and tools) from the cache, and the turns new since the request before it in full."""
+    fixed = count(head[0]) + count(json.dumps(head[1]))
+    floor = passthrough = 0.0
+    for _, messages, _ in sessions:
+        system = count(messages[0]["content"]) if messages and messages[0]["role"] == "system" else 0
+        sizes = [count(m["content"] if isinstance(m.get("content"), str) else json.dumps(m.get("content"))) + 4 for m in messages]
+        seen = 0
+        for i in user_turns(messages):
+            total, new = fixed + sum(sizes[: i + 1]), sum(sizes[seen : i + 1]) - (system if seen == 0 else 0)
+            passthrough += CACHED_RATE * (total - new) + new
+            floor += CACHED_RATE * (fixed + system) + new
+            seen = i + 1
+    return (
+        f"a proxy that showed nothing of the history would bill {floor / passthrough:.2f}× cached passthrough (the head cached, each step's new turns in full)"
+    )
+
+
 def quotes_line(replay: Replay) -> str:
     steps = replay.quotes
     if not steps:
@@ -810,6 +829,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(cost_table(agents.rows))
         print("\n" + calls_line(agents))
         print("\n" + quotes_line(agents))
+        if args.head != "none":
+            print("\n" + floor_line(agent_sessions(args.agent_data)[: args.sessions or None], claude_head(), count))
         print("\n" + saved_line(agents.rows))
         print("\nWhere a follow-up's worker prompt departs from the call before it:\n")
         print(divergence_report(agents.divergences, args.examples))
