@@ -19,7 +19,7 @@ from ..pages.logical import Page, without_turn_markers
 from ..session import common_prefix
 from ..text.terms import terms
 
-__all__ = ["Bm25", "Bm25Cache", "stem"]
+__all__ = ["Bm25", "Bm25Cache", "stem", "stems"]
 
 # Pseudo-relevance feedback: terms of the best pages join the query, lightly.
 FEEDBACK_PAGES = 3
@@ -115,6 +115,11 @@ def stem(term: str) -> str:
     if len(term) > 3 and term[-1] == term[-2] and term[-1] not in "lsz":
         term = term[:-1]  # "planned" -> "plann" -> "plan"
     return term.removesuffix("e") if len(term) > 4 else term
+
+
+def stems(texts: Sequence[str]) -> list[str]:
+    """The stems of the terms of ``texts``, in order: what an index is asked for them."""
+    return [stem(t) for text in texts for t in terms(text)]
 
 
 class Bm25:

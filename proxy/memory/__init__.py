@@ -5,7 +5,8 @@ from ..storage.sealing import Sealer
 from .bodies import PageBodies
 from .redis_store import RedisMemoryStore
 from .service import Memory
-from .store import MemoryStore, SqliteMemoryStore, scope_key
+from .sqlite_store import SqliteMemoryStore
+from .store import MemoryStore, scope_key
 
 __all__ = ["Memory", "MemoryStore", "SqliteMemoryStore", "open_memory_store", "scope_key"]
 

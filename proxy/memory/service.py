@@ -40,6 +40,7 @@ from pcp_core.memory import (
     selection,
 )
 from pcp_core.pages.logical import iso_timestamp
+from pcp_core.ranking.bm25 import stems
 from pcp_core.ranking.router import Intent
 from pcp_core.text.terms import TermStats
 from pcp_core.text.tokens import CountText
@@ -291,7 +292,7 @@ class Memory:
         index = self.index(scope)
         rows: dict[int, None] = {}
         for root in fresh:
-            rows.update(dict.fromkeys(index.broad_match({k: 1.0 for k in _stems(root.page.keywords)}, None, 8)))
+            rows.update(dict.fromkeys(index.broad_match({k: 1.0 for k in stems(root.page.keywords)}, None, 8)))
         seen = {r.page.id for r in fresh}
         known = [s for s in self.store.stored(scope, list(rows)) if s.page.id not in seen]
         rooted = self.store.parents(scope, [s.page.id for s in known])
@@ -392,11 +393,3 @@ class Memory:
         self.store.close()
         if self.cores is not None:
             self.cores.close()
-
-
-def _stems(keywords: Sequence[str]) -> list[str]:
-    """The stems of the terms in ``keywords``."""
-    from pcp_core.ranking.bm25 import stem
-    from pcp_core.text.terms import terms
-
-    return [stem(t) for keyword in keywords for t in terms(keyword)]

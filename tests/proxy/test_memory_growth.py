@@ -8,7 +8,7 @@ import sqlite3
 import threading
 
 from pcp_core.memory import MemoryPolicy, Metabolism
-from proxy.memory.store import SqliteMemoryStore
+from proxy.memory.sqlite_store import SqliteMemoryStore
 from proxy.testing.upstream import StandInEmbedder, completion
 
 from . import helpers
