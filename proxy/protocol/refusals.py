@@ -37,7 +37,7 @@ _UNNAMED = re.compile(r"context_length_exceeded|exceed_context_size|exceeds the 
 
 
 class Refusal(msgspec.Struct, frozen=True):
-    """A prompt refused as longer than the model's window: the window and the prompt as the upstream counted them (0: not said)."""
+    """A prompt refused as longer than the model's window: the window and the prompt as the upstream counted them (0: not named)."""
 
     window: int = 0
     counted: int = 0
