@@ -43,6 +43,7 @@ __all__ = [
     "part_handle",
     "parts_of",
     "placeholder",
+    "query_shown",
 ]
 
 HEAD_ROLES = ("system", "developer")
@@ -60,7 +61,13 @@ class Conversation(msgspec.Struct, frozen=True):
     query_sent: list[Message] = []
 
     @classmethod
-    def of(cls, messages: Sequence[Message], blocks: ScanPolicy, count: CountText) -> Conversation:
+    def of(cls, messages: Sequence[Message], blocks: ScanPolicy, count: CountText, shown: int = 0) -> Conversation:
+        """``messages`` read as a head, a history and a query. A query longer than ``blocks`` says is paged apart as a
+        File block, unless it is within ``shown`` tokens (``query_shown``): a prompt of that budget shows it whole."""
+
+        def apart(text: str) -> bool:
+            return blocks.is_block(text, count) and not (shown and count(text) <= shown)
+
         start = conversation_start(messages)
         end = conversation_end(messages, start)
         head, rest = [*messages[:start], *messages[end:]], list(messages[start:end])
@@ -69,10 +76,10 @@ class Conversation(msgspec.Struct, frozen=True):
             turn = exchange_turn(rest[exchange:])
             # A turn too large for a prompt stays as it came: the session holds a File-block query
             # as the one message it is, and the next request sends the same message back.
-            if not blocks.is_block(message_text(turn), count):
+            if not apart(message_text(turn)):
                 return cls(head=head, history=rest[:exchange], query=turn, query_sent=rest[exchange:])
         query = rest[-1] if rest else None
-        block = query is not None and blocks.is_block(message_text(query), count)
+        block = query is not None and apart(message_text(query))
         return cls(head=head, history=rest[:-1], query=query, query_is_block=block)
 
     @property
@@ -152,6 +159,17 @@ def exchange_turn(messages: Sequence[Mapping[str, Any]]) -> Message:
         returned = message_text({**result, "name": None})
         content += [{"type": "text", "text": f"({name} returned: {returned})"}, *parts_of(result)]
     return {"role": "assistant", "content": content}
+
+
+# Of a worker call's budget, the most a query may take and still be shown whole: the latest tool output an agent's
+# step answers, a pasted document with its question. Past it, or past what a page holds where the budget is small,
+# the query is paged apart (``pcp_core.pages.blocks``) and the model reads its start and end and Consults the rest.
+QUERY_SHARE = 2  # a half
+
+
+def query_shown(budget: int) -> int:
+    """The most tokens of a query that a worker call of ``budget`` shows whole."""
+    return budget // QUERY_SHARE
 
 
 def message_text(message: Mapping[str, Any]) -> str:

@@ -21,7 +21,7 @@ from litestar import HttpMethod, Request, Response, get, route
 from litestar.di import NamedDependency
 
 from pcp_core import Conversation, asks_to_compact, client_named, engaged, pageable, prompt_tokens, within_window
-from pcp_core.conversation import conversation_start
+from pcp_core.conversation import conversation_start, query_shown
 
 from .. import headers as pcp
 from ..apis.chat import CHAT
@@ -295,7 +295,7 @@ def _codec(api: Api, body: bytes, reading: Reading, control: Control, services: 
     # Its fields but the messages (decoded already) from what is left of it once the messages read before are known.
     codec = api.codec(whole_body(body if reading.rest is None else reading.rest, api.read_fields, reading.decoded))
     codec.api = api  # at the path the client asked for (``_asked_at``)
-    return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count)
+    return codec, Conversation.of(reading.messages, control.policy.paging.blocks, services.tokenizer.count, query_shown(control.policy.rounds.budget))
 
 
 def _widened(control: Control, conversation: Conversation, services: Services, most: int, carried: int) -> Control:

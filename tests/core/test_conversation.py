@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from pcp_core import Conversation, ScanPolicy, anthropic_messages, message_text
+from pcp_core.conversation import query_shown
 
 from .counting import COUNT
 
@@ -119,3 +120,13 @@ def test_what_a_client_sent_before_is_the_history_up_to_its_latest_answer():
     ]
     conversation = read(tools)
     assert conversation.sent_before == len(conversation.history) == 1  # the calls and results are this request's answer
+
+
+def test_a_long_query_is_shown_whole_where_the_budget_holds_it():
+    output = "Output of the command:\n" + "\n".join(f"line {i}: the ledger balance of account {i} is {i * 37}" for i in range(120))
+    messages = [{"role": "user", "content": "Run it."}, {"role": "assistant", "content": "Running."}, {"role": "user", "content": output}]
+    assert COUNT(output) > ScanPolicy().block_tokens  # longer than a page holds
+    assert Conversation.of(messages, ScanPolicy(), COUNT).query_is_block  # paged apart where nothing says more fits
+    shown = query_shown(16_384)
+    assert COUNT(output) <= shown and not Conversation.of(messages, ScanPolicy(), COUNT, shown).query_is_block
+    assert Conversation.of(messages, ScanPolicy(), COUNT, query_shown(2048)).query_is_block  # past half a small budget
