@@ -1,8 +1,8 @@
 """What every paged API gives the routes and the one loop of protocol mode: an ``Api``, a codec per request, a round stream per streamed call.
 
 Three APIs are paged: chat completions (``chat``), OpenAI's Responses
-(``responses``) and Anthropic's Messages (``messages``). Each is one module with
-the same names for the same jobs:
+(``responses``) and Anthropic's Messages (``messages``). Each is one package,
+with the same names for the same jobs:
 
 * ``read`` — a request's body as a ``Reading``: its conversation as chat messages
   (``pcp_core.chat_messages``) for the rules, or the 400 that says what is wrong;
@@ -11,7 +11,11 @@ the same names for the same jobs:
 * ``usage`` — an answer's usage added to the request's (``Usage``);
 * ``Rules`` — what makes the API's stream whole (``sse.StreamRules``);
 * ``Round`` — one streamed worker call: its events read, the client's written;
-* ``event`` — one server-sent event as the API writes it; ``failure``, an error as one.
+* ``failure`` — an error once a stream has started, as the API tells it.
+
+Responses and Messages also carry their translation to chat completions
+(``chat_request``, ``chat_answer``), which ``translation`` puts in front of an
+upstream that speaks only chat.
 
 A codec turns the rounds' worker calls (chat messages: the ``<PagedContext>`` as
 system text, a user line with its parts) into calls of its own API and writes
@@ -38,7 +42,6 @@ __all__ = [
     "Api",
     "Codec",
     "Reading",
-    "collect_tool_calls",
     "RoundStream",
     "ToolsCodec",
     "Usage",
@@ -83,7 +86,7 @@ class Api:
     # Its bodies and answers are chat's: PACT components and Hybrid mode edit them below the
     # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one said.
     chat_body: bool = False
-    # An answer that came whole where a stream was asked for, as the event stream the client asked for (``whole_streams``).
+    # An answer that came whole where a stream was asked for, as the event stream the client asked for (each API's ``as_stream``).
     as_stream: Callable[[bytes], bytes] | None = None
 
 
@@ -326,23 +329,6 @@ def count_of(counts: Any, name: str) -> int:
 def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """A tool call as the rounds read it (chat's shape)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def first_deltas(chunk: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """A chat chunk's deltas of its first choice, each with its finish reason: the one answer a translated stream relays."""
-    for choice in chunk.get("choices") or ():
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            yield choice.get("delta") or {}, choice.get("finish_reason")
-
-
-def collect_tool_calls(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
-    """A chat stream's ``tool_calls`` deltas added into ``calls`` (by index), as whole calls are put together."""
-    for delta in deltas:
-        call = calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-        call["id"] = delta.get("id") or call["id"]
-        function = delta.get("function") or {}
-        call["function"]["name"] += text_of(function.get("name"))
-        call["function"]["arguments"] += text_of(function.get("arguments"))
 
 
 def text_of(value: Any) -> str:

@@ -1,34 +1,24 @@
-"""Anthropic's Messages API over an upstream that speaks only chat completions: the request translated, the answer back.
+"""Anthropic's Messages API over an upstream that speaks only chat completions: the request translated.
 
 ``request`` writes a Messages request as a chat completion's body: ``system``
 as a system message, ``tool_use`` blocks as the assistant's tool calls, each
 ``tool_result`` as a ``tool`` message before the rest of its user turn, images
 and documents as chat parts, thinking left out; client tools as chat functions
-(server tools have no chat form). ``reply`` writes a chat completion as a
-message (``finish_reason`` as ``stop_reason``, usage with the cache reads the
-upstream names), ``Round`` a chat stream as Anthropic's events, and
-``failure`` an upstream's error in Anthropic's envelope.
+(server tools have no chat form). A field that has no chat form is a 400 that
+names it. The answer comes back through ``chat_answer``.
 """
 
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
-from pcp_core import short_hash
+from ...errors import ClientError
+from ..codec import text_of
 
-from ..decoding import strict_json
-from ..errors import ANTHROPIC_TYPES, ClientError
-from ..sse import named_event
-from .codec import first_deltas, text_of
-from .responses_chat import said_error
-from .stops import Stops
-
-__all__ = ["Round", "failure", "reply", "request", "stop_sequences", "usage"]
+__all__ = ["request", "stop_sequences"]
 
 Block = dict[str, Any]
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use", "content_filter": "refusal"}
 SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
 
 
@@ -228,197 +218,3 @@ def _tool_choice(choice: Block) -> Any:
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
     return {"any": "required", "none": "none"}.get(str(kind), "auto")
-
-
-# -- the answer ---------------------------------------------------------------------------
-
-
-def usage(said: Any, pieces: int = 0) -> dict[str, int]:
-    """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read.
-
-    A stream the proxy cut at a stop sequence has none: its output is counted as the text chunks it
-    relayed (a chat stream's chunk is a token), its input as unknown (0)."""
-    said = said if isinstance(said, dict) else {"completion_tokens": pieces}
-    details = said.get("prompt_tokens_details")
-    cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
-    prompt = int(said.get("prompt_tokens") or 0)
-    return {
-        "input_tokens": max(0, prompt - cached),
-        "output_tokens": int(said.get("completion_tokens") or 0),
-        "cache_creation_input_tokens": 0,
-        "cache_read_input_tokens": cached,
-    }
-
-
-def _id(prefix: str) -> str:
-    return f"{prefix}_{short_hash(f'{prefix}{time.time_ns()}')}"
-
-
-def _input(arguments: str) -> Any:
-    """A call's arguments as the tool's input (Anthropic's is an object); what does not parse, under ``input``."""
-    try:
-        said = strict_json(arguments or "{}")  # NaN, 1e999: not JSON the client reads; kept as text
-    except (ValueError, RecursionError):
-        return {"input": arguments}
-    return said if isinstance(said, dict) else {"input": said}
-
-
-def _stop_reason(finish_reason: Any, called: bool, stop_sequence: str | None = None) -> str:
-    if stop_sequence is not None:
-        return "stop_sequence"
-    return "tool_use" if called else STOP_REASONS.get(str(finish_reason), "end_turn")
-
-
-def _fired(choice: dict[str, Any], asked: dict[str, Any]) -> str | None:
-    """The stop sequence that ended the answer: the proxy's finding (``stop_sequence``), or the upstream's (vLLM's ``stop_reason``)."""
-    said = choice.get("stop_sequence", choice.get("stop_reason"))
-    return said if isinstance(said, str) and said in stop_sequences(asked) else None
-
-
-def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
-    """A chat completion as the message that answers ``asked``."""
-    choices = completion.get("choices") or [{}]
-    choice = choices[0] if isinstance(choices[0], dict) else {}
-    message = choice.get("message") or {}
-    content: list[Block] = [{"type": "text", "text": text_of(message["content"])}] if message.get("content") else []
-    for call in message.get("tool_calls") or ():
-        function = call.get("function") or {}
-        content.append(
-            {
-                "type": "tool_use",
-                "id": str(call.get("id") or _id("toolu")),
-                "name": str(function.get("name") or ""),
-                "input": _input(text_of(function.get("arguments"))),
-            }
-        )
-    called = any(block["type"] == "tool_use" for block in content)
-    fired = _fired(choice, asked)
-    return {
-        "id": _id("msg"), "type": "message", "role": "assistant", "model": completion.get("model") or asked.get("model") or "",
-        "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called, fired), "stop_sequence": fired,
-        "usage": usage(completion.get("usage"), int(completion.get("pieces") or 0)),
-    }  # fmt: skip
-
-
-def failure(status: int, body: bytes) -> bytes:
-    """An upstream's error in Anthropic's envelope: its kind by the status, its message kept."""
-    error = said_error(body)
-    kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return json.dumps({"type": "error", "error": {"type": kind, "message": str(error.get("message") or f"the upstream answered {status}")[:500]}}).encode()
-
-
-def event(kind: str, **fields: Any) -> bytes:
-    return named_event(kind, {"type": kind, **fields})
-
-
-# -- a stream ------------------------------------------------------------------------------
-
-
-class Round:
-    """A chat completion's chunks, read as they come, written as Anthropic's events: ``message_start``, a
-    text block and its deltas, a ``tool_use`` block per call and its JSON deltas, then ``message_delta``
-    with the stop reason and the usage, and ``message_stop``."""
-
-    def __init__(self, asked: dict[str, Any]):
-        self.model = asked.get("model") or ""
-        self.started = False
-        self.blocks = 0  # content blocks opened so far
-        self.open: tuple[str, Any] | None = None  # the block being written: ("text", None) or ("tool", the chunk's call index)
-        self.called = False
-        self.finish_reason: Any = None
-        self.usage: Any = None
-        sequences = stop_sequences(asked)
-        self.stops = Stops(sequences) if sequences else None
-        self.pieces = 0  # text chunks relayed
-
-    @property
-    def ended(self) -> bool:
-        """A stop sequence fired: the rest of the upstream's stream is not the client's."""
-        return self.stops is not None and self.stops.fired is not None
-
-    def _opening(self) -> bytes:
-        if self.started:
-            return b""
-        self.started = True
-        message: dict[str, Any] = {
-            "id": _id("msg"),
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-        }
-        return event("message_start", message={**message, "usage": {"input_tokens": 0, "output_tokens": 0}})
-
-    def read(self, chunk: dict[str, Any]) -> bytes:
-        """One chat chunk's events."""
-        if chunk.get("model"):
-            self.model = chunk["model"]
-        out = [self._opening()]
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for delta, finished in first_deltas(chunk):
-            if self.ended:
-                break
-            if delta.get("content"):
-                self.pieces += 1
-                out.append(self._said(text_of(delta["content"])))
-            if self.ended:
-                self.finish_reason = "stop"
-                break
-            if delta.get("tool_calls") and self.stops is not None:
-                out.append(self._said(self.stops.flush(), held=True))
-            for call in delta.get("tool_calls") or ():
-                out.append(self._called(call))
-            self.finish_reason = finished or self.finish_reason
-        return b"".join(out)
-
-    def _said(self, text: str, held: bool = False) -> bytes:
-        """Text the upstream said, less what a stop sequence holds back (``held``: what it held, released)."""
-        if self.stops is not None and not held:
-            text = self.stops.feed(text)
-        if not text:
-            return b""
-        opened = self._block(("text", None), {"type": "text", "text": ""})
-        return opened + event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text})
-
-    def _block(self, which: tuple[str, Any], start: Block) -> bytes:
-        """Open the block ``which`` unless it is the one open, closing that one."""
-        if self.open == which:
-            return b""
-        out = event("content_block_stop", index=self.blocks - 1) if self.open is not None else b""
-        self.open = which
-        self.blocks += 1
-        return out + event("content_block_start", index=self.blocks - 1, content_block=start)
-
-    def _called(self, delta: dict[str, Any]) -> bytes:
-        self.called = True
-        function = delta.get("function") or {}
-        which = ("tool", delta.get("index", 0))
-        out = b""
-        if self.open != which:
-            start = {"type": "tool_use", "id": str(delta.get("id") or _id("toolu")), "name": str(function.get("name") or ""), "input": {}}
-            out = self._block(which, start)
-        piece = text_of(function.get("arguments"))
-        if piece:
-            out += event("content_block_delta", index=self.blocks - 1, delta={"type": "input_json_delta", "partial_json": piece})
-        return out
-
-    def closing(self) -> bytes:
-        """The events that end the message, once the chat stream has."""
-        out = [self._opening()]
-        if self.stops is not None and not self.ended:
-            out.append(self._said(self.stops.flush(), held=True))
-        if self.open is not None:
-            out.append(event("content_block_stop", index=self.blocks - 1))
-            self.open = None
-        fired = self.stops.fired if self.stops is not None else None
-        delta = {"stop_reason": _stop_reason(self.finish_reason, self.called, fired), "stop_sequence": fired}
-        out.append(event("message_delta", delta=delta, usage=usage(self.usage, self.pieces)))
-        out.append(event("message_stop"))
-        return b"".join(out)
-
-    def failure(self, message: str, code: str = "upstream_error") -> bytes:
-        """An error midway, as Anthropic's stream tells it: an ``error`` event, and no ``message_stop``."""
-        return self._opening() + event("error", error={"type": "api_error", "message": f"{message} ({code})"})

@@ -18,11 +18,11 @@ import msgspec
 
 from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash, spoken
 
-from ..decoding import decode_json, finite_fields
-from ..errors import ClientError, PcpError
-from ..sse import DONE, data_event, said
-from .codec import Api, BodyCodec, Reading, Usage, checked, collect_tool_calls
-from .whole_streams import chat_chunks
+from ...decoding import decode_json, finite_fields
+from ...errors import ClientError, PcpError
+from ...sse import DONE, data_event, error_message
+from ..codec import Api, BodyCodec, Reading, Usage, checked
+from .chunks import chat_chunks, collect_tool_calls
 
 __all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
 
@@ -129,7 +129,7 @@ def usage(total: Usage, completion: dict[str, Any]) -> None:
 
 
 def whole(body: bytes) -> list[dict[str, Any]]:
-    """A completion that came whole where a stream was asked for, as its chunks (``whole_streams``)."""
+    """A completion that came whole where a stream was asked for, as its chunks (``chat_chunks``)."""
     return list(chat_chunks(check(body)))
 
 
@@ -152,7 +152,7 @@ class ChatRules:
 
     def failure(self, chunk: dict[str, Any]) -> str | None:
         if "error" in chunk and not chunk.get("choices"):
-            return said(chunk["error"])
+            return error_message(chunk["error"])
         for choice in chunk.get("choices") or ():
             self.choices = True
             self.finished = self.finished or bool(isinstance(choice, dict) and choice.get("finish_reason"))

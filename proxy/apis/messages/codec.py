@@ -1,15 +1,10 @@
-"""Anthropic's Messages API (``POST /v1/messages``): what the proxy reads of a request, and how it speaks to both sides.
+"""Anthropic's Messages API in protocol mode: a request's worker calls, and the answer the client gets.
 
-The conversation is ``system`` (the head) and ``messages`` of content blocks,
-read as chat messages (``pcp_core.chat_messages``): text as text, images and
-documents as attachments, a ``tool_use`` and the ``tool_result`` that answers
-it one turn, thinking blocks left out (opaque, and their turn stays whole).
 Worker calls go upstream as Messages calls (to ``PCP_ANTHROPIC_BASE_URL`` when
 set, with the client's ``x-api-key`` and ``anthropic-version``): the client's
 system prompt as ``system``; one user message, the client's first message,
-the ``<PagedContext>`` and the user line. The client
-gets one message, or its events (``messages_stream``); the proxy's own errors
-are in Anthropic's envelope.
+the ``<PagedContext>`` and the user line. The client gets one message, or its
+events (``MessagesRound``).
 
 Prompt caching: the client's ``cache_control`` marks are kept where the prompt
 still has what they mark (its tools, an image or document sent again). Its
@@ -21,62 +16,23 @@ while the request has marks to spare (Anthropic takes four).
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
-from pcp_core import MARK, Compaction, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
+from pcp_core import Compaction, Outcome, part_handle
 
-from ..decoding import decode_json, finite_fields
-from ..errors import ClientError, PcpError, anthropic_envelope
-from ..sse import named_event, said
-from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system
-from .whole_streams import message_events
+from ...sse import named_event, typed_event
+from ..codec import Api, ToolsCodec, Usage, function_call, split_system
+from .conversation import MARK, unmarked
+from .wire import MessagesRules, as_stream, check, failure, new_message_id, read, relayed_stop, reply, usage, usage_of
 
-__all__ = [
-    "MESSAGES",
-    "Managed",
-    "MessagesCodec",
-    "MessagesRound",
-    "MessagesRules",
-    "anthropic_messages",
-    "check",
-    "event",
-    "failure",
-    "read",
-    "reply",
-    "usage",
-    "usage_of",
-]
+__all__ = ["MESSAGES", "Managed", "MessagesCodec", "MessagesRound"]
 
 Block = dict[str, Any]
 MAX_MARKS = 4  # cache_control marks Anthropic takes in one request
 OWN_MARK = {"type": "ephemeral"}
-
-
-class MessagesRequest(msgspec.Struct):
-    """What the proxy reads of a request; messages and blocks stay plain dicts, so fields it does not model survive."""
-
-    messages: list[dict[str, Any]]
-    system: str | list[Block] | None = None
-    model: str | None = None
-    stream: bool = False
-    tools: list[Block] | None = None
-
-
-_DECODER = msgspec.json.Decoder(MessagesRequest)
-
-
-def read(body: bytes) -> Reading:
-    request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
-    finite_fields(body, ("messages",), "Messages request")
-    for i, message in enumerate(request.messages):
-        if not isinstance(message.get("role"), str):
-            raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
-    return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
 
 
 def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,124 +44,6 @@ def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:
             if isinstance(block, dict) and MARK in block and block.get("type") != "text":
                 marks[part_handle(unmarked(block))] = block[MARK]
     return marks
-
-
-# -- the upstream's answers --------------------------------------------------------------
-
-
-class _Block(msgspec.Struct):
-    type: str
-    text: str | None = None
-    id: str | None = None
-    name: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _Message(msgspec.Struct):
-    content: list[_Block]
-    usage: _Usage | None = None
-
-
-def check(body: bytes) -> dict[str, Any]:
-    return checked(body, _Message, "a message", "upstream_bad_response")
-
-
-def reply(message: dict[str, Any]) -> WorkerReply:
-    """A message's text and tool calls (``tool_use``; a server tool's call is the upstream's own), as the rounds read them."""
-    content = message.get("content") or []
-    text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
-    calls = [
-        function_call(block.get("id") or "", block.get("name") or "", json.dumps(block.get("input"))) for block in content if block.get("type") == "tool_use"
-    ]
-    return WorkerReply(text=text, tool_calls=calls)
-
-
-def usage(total: Usage, message: dict[str, Any]) -> None:
-    said = message.get("usage")
-    written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
-    # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
-    total.add_counts(
-        count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
-    )
-    if isinstance(said, dict) and "cache_read_input_tokens" in said:
-        total.read_from_cache(read)
-
-
-def usage_of(usage: Usage) -> dict[str, int]:
-    """The answering call's usage (``Usage.answer``), as a message's ``usage``."""
-    usage = usage.answer()
-    written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
-    return {
-        "input_tokens": usage.prompt_tokens - written - read,
-        "output_tokens": usage.completion_tokens,
-        "cache_creation_input_tokens": written,
-        "cache_read_input_tokens": read,
-    }
-
-
-def relayed_stop(stop_reason: str | None) -> str:
-    """The answering round's stop reason, but ``end_turn`` where its tool calls were directives, taken out of the answer."""
-    return "end_turn" if stop_reason in (None, "tool_use") else stop_reason
-
-
-def event(kind: str, **fields: Any) -> bytes:
-    return named_event(kind, {"type": kind, **fields})
-
-
-def failure(error: PcpError) -> bytes:
-    """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
-    return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"
-
-
-def whole(body: bytes) -> list[dict[str, Any]]:
-    """A message that came whole where a stream was asked for, as its events (``whole_streams``)."""
-    return list(message_events(check(body)))
-
-
-def as_stream(body: bytes) -> bytes:
-    """A message that came whole, as the event stream the client asked for."""
-    return b"".join(named_event(e["type"], e) for e in whole(body))
-
-
-class MessagesRules:
-    """A Messages stream is whole when it ends with ``message_stop``; an ``error`` event is the upstream's failure."""
-
-    whole = staticmethod(whole)
-
-    def __init__(self) -> None:
-        self.done = False
-        self.ended = False
-
-    @staticmethod
-    def check(data: bytes) -> dict[str, Any]:
-        return checked(data, _Event, "a Messages stream event", "upstream_bad_stream")
-
-    def failure(self, event: dict[str, Any]) -> str | None:
-        if event["type"] == "error":
-            return said(event.get("error"))
-        self.ended = self.ended or event["type"] == "message_stop"
-        return None
-
-    def missing(self) -> str | None:
-        return None if self.ended else "no message_stop (cut short?)"
-
-
-class _Event(msgspec.Struct):
-    type: str
-    index: int = 0
-    message: dict[str, Any] | None = None
-    content_block: dict[str, Any] | None = None
-    delta: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-
-
-# -- the codec ---------------------------------------------------------------------------
 
 
 class Managed(msgspec.Struct, frozen=True):
@@ -310,10 +148,6 @@ class MessagesCodec(ToolsCodec):
         return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
 
 
-def new_message_id() -> str:
-    return f"msg_pcp{short_hash(str(time.time_ns()))}"
-
-
 def _context(content: Any, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> Any:
     """A worker call's user message: the text that holds the ``<PagedContext>`` in blocks (``_blocks``), then its parts."""
     if isinstance(content, str):
@@ -407,27 +241,27 @@ class MessagesRound:
         # The answering call's usage as its message_start told it (its message_delta is not read yet).
         said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
         message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
-        opened = event("message_start", message=message) + self._compaction()
-        return opened if self.codec.paused else opened + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
+        opened = typed_event("message_start", message=message) + self._compaction()
+        return opened if self.codec.paused else opened + typed_event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
 
     def _compaction(self) -> bytes:
         """The compaction block, whole, first in the message, where the request's history was compacted."""
         block = self.codec.compaction
-        return b"" if block is None else event("content_block_start", index=0, content_block=block) + event("content_block_stop", index=0)
+        return b"" if block is None else typed_event("content_block_start", index=0, content_block=block) + typed_event("content_block_stop", index=0)
 
     def text(self, text: str) -> bytes:
         if self.codec.paused:  # the compaction block alone
             return b""
-        return event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
+        return typed_event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
 
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
         if not self.codec.paused:
-            yield event("content_block_stop", index=self.first)
+            yield typed_event("content_block_stop", index=self.first)
         delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
-        yield event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
-        yield event("message_stop")
+        yield typed_event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
+        yield typed_event("message_stop")
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         """The round as the upstream sent it, its message_delta with the answering call's usage (and a compaction
