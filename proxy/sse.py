@@ -84,7 +84,7 @@ class DataLines:
 class StreamRules(Protocol):
     """What makes one API's stream whole, and how it tells a failure."""
 
-    done: bool  # the stream said it is over: nothing after this is read
+    done: bool  # the stream has marked its own end: nothing after this is read
 
     def check(self, data: bytes) -> dict[str, Any]:
         """One event's data decoded, or the 502 that says where it differs from what the proxy reads."""

@@ -177,6 +177,7 @@ class Upstream:
         return httpx.Timeout(min(timeout or self.read_timeout, left), connect=min(self.connect_timeout, left))
 
     def _late(self) -> UpstreamError:
+        """The 504 for a call that did not finish its answer by its deadline."""
         return UpstreamError(
             f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)",
             status=504,
@@ -207,6 +208,7 @@ class Upstream:
             raise as_upstream_error(exc, self.shown_url, midway=True) from None
 
     async def read(self, response: httpx.Response) -> bytes:
+        """The whole body, until the call's deadline; the response closed after it."""
         try:
             return b"".join([chunk async for chunk in self._chunks(response)])
         finally:
@@ -269,10 +271,12 @@ class Upstream:
             await response.aclose()
 
     async def aclose(self) -> None:
+        """Close the client, its transport and their connections."""
         await self.client.aclose()
 
 
 async def _relayed(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``first``, then the rest of the stream."""
     if first:
         yield first
     async for chunk in rest:
@@ -286,12 +290,14 @@ class _RedactedUrls(logging.Filter):
     """httpx logs every call's URL at INFO: shown without credentials, and a query's values hidden."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Show the record's URLs redacted; every record is kept."""
         if isinstance(record.args, tuple) and any(isinstance(arg, httpx.URL) for arg in record.args):
             record.args = tuple(_redacted(arg) if isinstance(arg, httpx.URL) else arg for arg in record.args)
         return True
 
 
 def _redacted(url: httpx.URL) -> str:
+    """A URL as the log shows it: without credentials, its query's values hidden."""
     query = "&".join(f"{key}=…" for key in url.params)
     return str(url.copy_with(username=None, password=None, query=None)) + (f"?{query}" if query else "")
 

@@ -152,6 +152,7 @@ def check_repo(path: str) -> dict[str, Any]:
 
 
 def _strings(node: Any, out: list[str]) -> None:
+    """Every string in a JSON value, in order, added to ``out``."""
     if isinstance(node, str):
         out.append(node)
     elif isinstance(node, list):
@@ -268,6 +269,7 @@ PATCH = (
 
 
 def _props(schema: Any) -> dict[str, Any]:
+    """A JSON schema's properties (none where it has none)."""
     return (schema.get("properties") or {}) if isinstance(schema, dict) else {}
 
 
@@ -288,6 +290,7 @@ def _shell_call(tools: dict[str, Any], cmd: str, cwd: str | None) -> tuple[str, 
 
 
 def _path(cwd: str | None, rel: str) -> str:
+    """``rel`` below ``cwd``, where there is one."""
     return os.path.join(cwd, rel) if cwd else rel
 
 

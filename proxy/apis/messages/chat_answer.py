@@ -1,8 +1,8 @@
 """Anthropic's Messages API over an upstream that speaks only chat completions: the answer back.
 
-``reply`` writes a chat completion as a message (``finish_reason`` as
+``message_of`` writes a chat completion as a message (``finish_reason`` as
 ``stop_reason``, usage with the cache reads the upstream names), ``ChatEvents``
-a chat stream as Anthropic's events, and ``failure`` an upstream's error in
+a chat stream as Anthropic's events, and ``error_body`` an upstream's error in
 Anthropic's envelope.
 """
 
@@ -22,43 +22,45 @@ from ..codec import text_of
 from ..stops import Stops
 from .chat_request import stop_sequences
 
-__all__ = ["ChatEvents", "failure", "reply", "usage"]
+__all__ = ["ChatEvents", "error_body", "message_of", "message_usage"]
 
 Block = dict[str, Any]
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use", "content_filter": "refusal"}
 
 
-def usage(said: Any, pieces: int = 0) -> dict[str, int]:
+def message_usage(chat_usage: Any, pieces: int = 0) -> dict[str, int]:
     """A chat completion's usage as a message's: Anthropic's ``input_tokens`` leave out what the cache read.
 
     A stream the proxy cut at a stop sequence has none: its output is counted as the text chunks it
     relayed (a chat stream's chunk is a token), its input as unknown (0)."""
-    said = said if isinstance(said, dict) else {"completion_tokens": pieces}
-    details = said.get("prompt_tokens_details")
+    counts = chat_usage if isinstance(chat_usage, dict) else {"completion_tokens": pieces}
+    details = counts.get("prompt_tokens_details")
     cached = int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0)
-    prompt = int(said.get("prompt_tokens") or 0)
+    prompt = int(counts.get("prompt_tokens") or 0)
     return {
         "input_tokens": max(0, prompt - cached),
-        "output_tokens": int(said.get("completion_tokens") or 0),
+        "output_tokens": int(counts.get("completion_tokens") or 0),
         "cache_creation_input_tokens": 0,
         "cache_read_input_tokens": cached,
     }
 
 
 def _id(prefix: str) -> str:
+    """A new id with ``prefix``, as Anthropic's look."""
     return f"{prefix}_{short_hash(f'{prefix}{time.time_ns()}')}"
 
 
 def _input(arguments: str) -> Any:
     """A call's arguments as the tool's input (Anthropic's is an object); what does not parse, under ``input``."""
     try:
-        said = strict_json(arguments or "{}")  # NaN, 1e999: not JSON the client reads; kept as text
+        parsed = strict_json(arguments or "{}")  # NaN, 1e999: not JSON the client reads; kept as text
     except (ValueError, RecursionError):
         return {"input": arguments}
-    return said if isinstance(said, dict) else {"input": said}
+    return parsed if isinstance(parsed, dict) else {"input": parsed}
 
 
 def _stop_reason(finish_reason: Any, called: bool, stop_sequence: str | None = None) -> str:
+    """Chat's finish reason as a message's ``stop_reason``."""
     if stop_sequence is not None:
         return "stop_sequence"
     return "tool_use" if called else STOP_REASONS.get(str(finish_reason), "end_turn")
@@ -66,11 +68,11 @@ def _stop_reason(finish_reason: Any, called: bool, stop_sequence: str | None = N
 
 def _fired(choice: dict[str, Any], asked: dict[str, Any]) -> str | None:
     """The stop sequence that ended the answer: the proxy's finding (``stop_sequence``), or the upstream's (vLLM's ``stop_reason``)."""
-    said = choice.get("stop_sequence", choice.get("stop_reason"))
-    return said if isinstance(said, str) and said in stop_sequences(asked) else None
+    sequence = choice.get("stop_sequence", choice.get("stop_reason"))
+    return sequence if isinstance(sequence, str) and sequence in stop_sequences(asked) else None
 
 
-def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+def message_of(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
     """A chat completion as the message that answers ``asked``."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
@@ -91,11 +93,11 @@ def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": _id("msg"), "type": "message", "role": "assistant", "model": completion.get("model") or asked.get("model") or "",
         "content": content, "stop_reason": _stop_reason(choice.get("finish_reason"), called, fired), "stop_sequence": fired,
-        "usage": usage(completion.get("usage"), int(completion.get("pieces") or 0)),
+        "usage": message_usage(completion.get("usage"), int(completion.get("pieces") or 0)),
     }  # fmt: skip
 
 
-def failure(status: int, body: bytes) -> bytes:
+def error_body(status: int, body: bytes) -> bytes:
     """An upstream's error in Anthropic's envelope: its kind by the status, its message kept."""
     error = error_of(body)
     kind = ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
@@ -128,6 +130,7 @@ class ChatEvents:
         return self.stops is not None and self.stops.fired is not None
 
     def _opening(self) -> bytes:
+        """``message_start``, once: the first event of the stream."""
         if self.started:
             return b""
         self.started = True
@@ -154,19 +157,19 @@ class ChatEvents:
                 break
             if delta.get("content"):
                 self.pieces += 1
-                out.append(self._said(text_of(delta["content"])))
+                out.append(self._text(text_of(delta["content"])))
             if self.ended:
                 self.finish_reason = "stop"
                 break
             if delta.get("tool_calls") and self.stops is not None:
-                out.append(self._said(self.stops.flush(), held=True))
+                out.append(self._text(self.stops.flush(), held=True))
             for call in delta.get("tool_calls") or ():
                 out.append(self._called(call))
             self.finish_reason = finished or self.finish_reason
         return b"".join(out)
 
-    def _said(self, text: str, held: bool = False) -> bytes:
-        """Text the upstream said, less what a stop sequence holds back (``held``: what it held, released)."""
+    def _text(self, text: str, held: bool = False) -> bytes:
+        """Text from the upstream, less what a stop sequence holds back (``held``: what it held, released)."""
         if self.stops is not None and not held:
             text = self.stops.feed(text)
         if not text:
@@ -184,6 +187,7 @@ class ChatEvents:
         return out + typed_event("content_block_start", index=self.blocks - 1, content_block=start)
 
     def _called(self, delta: dict[str, Any]) -> bytes:
+        """The events of a tool call's delta: its ``tool_use`` block opened, then its arguments as JSON deltas."""
         self.called = True
         function = delta.get("function") or {}
         which = ("tool", delta.get("index", 0))
@@ -200,13 +204,13 @@ class ChatEvents:
         """The events that end the message, once the chat stream has."""
         out = [self._opening()]
         if self.stops is not None and not self.ended:
-            out.append(self._said(self.stops.flush(), held=True))
+            out.append(self._text(self.stops.flush(), held=True))
         if self.open is not None:
             out.append(typed_event("content_block_stop", index=self.blocks - 1))
             self.open = None
         fired = self.stops.fired if self.stops is not None else None
         delta = {"stop_reason": _stop_reason(self.finish_reason, self.called, fired), "stop_sequence": fired}
-        out.append(typed_event("message_delta", delta=delta, usage=usage(self.usage, self.pieces)))
+        out.append(typed_event("message_delta", delta=delta, usage=message_usage(self.usage, self.pieces)))
         out.append(typed_event("message_stop"))
         return b"".join(out)
 

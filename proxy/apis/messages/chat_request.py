@@ -1,6 +1,6 @@
 """Anthropic's Messages API over an upstream that speaks only chat completions: the request translated.
 
-``request`` writes a Messages request as a chat completion's body: ``system``
+``chat_body`` writes a Messages request as a chat completion's body: ``system``
 as a system message, ``tool_use`` blocks as the assistant's tool calls, each
 ``tool_result`` as a ``tool`` message before the rest of its user turn, images
 and documents as chat parts, thinking left out; client tools as chat functions
@@ -16,7 +16,7 @@ from typing import Any
 from ...errors import ClientError
 from ..codec import text_of
 
-__all__ = ["request", "stop_sequences"]
+__all__ = ["chat_body", "stop_sequences"]
 
 Block = dict[str, Any]
 SAME = ("model", "max_tokens", "temperature", "top_p", "top_k")
@@ -49,6 +49,7 @@ def refused(asked: dict[str, Any]) -> None:
 
 
 def _refuse(param: str, message: str) -> None:
+    """The 400 for ``param``, its name in the message (Anthropic's envelope has no ``param``)."""
     # Anthropic's envelope has no param: the message names it.
     raise ClientError(message if message.startswith(param) else f"{param}: {message}", param=param, code="unsupported_by_upstream")
 
@@ -67,7 +68,7 @@ def _effort(asked: dict[str, Any]) -> str | None:
     return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
 
 
-def request(asked: dict[str, Any]) -> dict[str, Any]:
+def chat_body(asked: dict[str, Any]) -> dict[str, Any]:
     """The chat completion's body that asks what ``asked`` (a Messages request) asks."""
     refused(asked)
     messages: list[dict[str, Any]] = []
@@ -104,12 +105,12 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
 
 def stop_sequences(asked: dict[str, Any]) -> list[str]:
     """The request's stop sequences, or the 400 that says they are not a list of strings."""
-    said = asked.get("stop_sequences")
-    if said is None:
+    sequences = asked.get("stop_sequences")
+    if sequences is None:
         return []
-    if not isinstance(said, list) or not all(isinstance(s, str) for s in said):
+    if not isinstance(sequences, list) or not all(isinstance(s, str) for s in sequences):
         raise ClientError("stop_sequences must be a list of strings", param="stop_sequences", code="invalid_value")
-    return [s for s in said if s]
+    return [s for s in sequences if s]
 
 
 def _response_format(asked: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,17 +128,18 @@ def _response_format(asked: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    """Add one Messages message to ``messages`` as chat messages: tool results first, as ``tool`` messages."""
     role, content = message.get("role"), message.get("content")
     if not isinstance(content, list):
         messages.append({"role": role, "content": text_of(content)})
         return
     blocks = [block for block in content if isinstance(block, dict)]
     if role == "assistant":
-        said: dict[str, Any] = {"role": "assistant", "content": "".join(text_of(b.get("text")) for b in blocks if b.get("type") == "text") or None}
+        turn: dict[str, Any] = {"role": "assistant", "content": "".join(text_of(b.get("text")) for b in blocks if b.get("type") == "text") or None}
         calls = [_call(block) for block in blocks if block.get("type") == "tool_use"]
         if calls:
-            said["tool_calls"] = calls
-        messages.append(said)
+            turn["tool_calls"] = calls
+        messages.append(turn)
         return
     # A turn's tool results answer the calls just before it: in chat they come first, as tool messages. A chat
     # tool message holds text alone: a result's images and documents follow in the user message after them.
@@ -157,6 +159,7 @@ def _add(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
 
 
 def _call(block: Block) -> dict[str, Any]:
+    """A ``tool_use`` block as a chat tool call."""
     return {
         "id": str(block.get("id") or ""),
         "type": "function",
@@ -165,6 +168,7 @@ def _call(block: Block) -> dict[str, Any]:
 
 
 def _result(block: Block) -> str:
+    """A ``tool_result``'s text, an error's marked as one."""
     text = _text(block.get("content"))
     return f"Error: {text}" if block.get("is_error") else text
 
@@ -177,6 +181,7 @@ def _text(value: Any) -> str:
 
 
 def _part(block: Block) -> dict[str, Any] | None:
+    """A content block as a chat part (None: a block chat has no part for)."""
     kind, source = block.get("type"), block.get("source")
     if not isinstance(source, dict):
         source = {}
@@ -199,12 +204,13 @@ def _part(block: Block) -> dict[str, Any] | None:
             f"{kind}.source", f"an {kind} block whose source is of type {source.get('type')!r} cannot be sent to a chat-completions upstream: send it as base64"
         )
     if kind == "search_result":
-        said = [text_of(block.get("title")), text_of(block.get("source")), _text(block.get("content"))]
-        return {"type": "text", "text": "\n".join(piece for piece in said if piece)}
+        pieces = [text_of(block.get("title")), text_of(block.get("source")), _text(block.get("content"))]
+        return {"type": "text", "text": "\n".join(piece for piece in pieces if piece)}
     return None  # thinking, a tool result (a message of its own), a server tool's call or result (refused with its tool)
 
 
 def _tool(tool: Block) -> dict[str, Any]:
+    """A client tool as a chat function."""
     function = {"name": tool["name"], "parameters": tool["input_schema"]}
     if tool.get("description"):
         function["description"] = tool["description"]
@@ -214,6 +220,7 @@ def _tool(tool: Block) -> dict[str, Any]:
 
 
 def _tool_choice(choice: Block) -> Any:
+    """A ``tool_choice`` as chat's."""
     kind = choice.get("type")
     if kind == "tool" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}

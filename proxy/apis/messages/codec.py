@@ -75,6 +75,7 @@ class MessagesCodec(ToolsCodec):
         self.compaction: Block | None = None
 
     def kept(self, session_id: str, behind: list[str]) -> None:
+        """Once the session is kept: the compaction block that hands it back, where the request compacts."""
         if self.managed is not None and self.managed.compaction is not None and session_id:
             handle = self.managed.handle([session_id, *behind])
             self.compaction = {"type": "compaction", "content": handle, "encrypted_content": handle}
@@ -90,6 +91,7 @@ class MessagesCodec(ToolsCodec):
         return {"context_management": {"applied_edits": self.managed.applied}} if self.managed is not None else {}
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        """A call of the router model as a Messages call: at temperature 0, ``max_tokens`` at most."""
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
     def cache_key(self, key: str) -> None:
@@ -99,10 +101,10 @@ class MessagesCodec(ToolsCodec):
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
-        said = [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]
-        if said:  # the last holds the document
-            said[-1]["content"] = _context(said[-1]["content"], room[0], cuts, marks)
-        prompt: dict[str, Any] = {"messages": said}
+        turns = [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]
+        if turns:  # the last holds the document
+            turns[-1]["content"] = _context(turns[-1]["content"], room[0], cuts, marks)
+        prompt: dict[str, Any] = {"messages": turns}
         if system:
             prompt["system"] = system
         return prompt
@@ -133,6 +135,7 @@ class MessagesCodec(ToolsCodec):
         return final
 
     def round(self, usage: Usage) -> MessagesRound:
+        """One streamed worker call, read and written as Anthropic's events."""
         return MessagesRound(self, usage)
 
     @staticmethod
@@ -145,6 +148,7 @@ class MessagesCodec(ToolsCodec):
 
     @staticmethod
     def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        """A directive's function as a Messages tool."""
         return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
 
 
@@ -193,17 +197,18 @@ class MessagesRound:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         # The upstream's message as message_start tells it, and how message_delta ends it.
         self.message: dict[str, Any] = {"id": new_message_id(), "type": "message", "role": "assistant", "model": codec.model}
-        self.said_usage: dict[str, Any] = {}
+        self.started_usage: dict[str, Any] = {}
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
 
     # -- reading the upstream's events -------------------------------------------------
     def read(self, event: dict[str, Any]) -> str:
+        """Take in one upstream event; the answer text it adds."""
         kind = event["type"]
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self.message = {k: v for k, v in event["message"].items() if k not in ("content", "usage", "stop_reason", "stop_sequence")}
             usage = event["message"].get("usage")
-            self.said_usage = dict(usage) if isinstance(usage, dict) else {}
+            self.started_usage = dict(usage) if isinstance(usage, dict) else {}
         elif kind == "content_block_start":
             return self._started(event.get("index", 0), event.get("content_block") or {})
         elif kind == "content_block_delta":
@@ -212,16 +217,18 @@ class MessagesRound:
             delta = event.get("delta") or {}
             self.stop_reason, self.stop_sequence = delta.get("stop_reason"), delta.get("stop_sequence")
             # message_delta's counts are the message's so far; it leaves out what it does not update.
-            said = {**self.said_usage, **{k: v for k, v in (event.get("usage") or {}).items() if v is not None}}
-            self.codec.usage(self.usage, {"usage": said})
+            counts = {**self.started_usage, **{k: v for k, v in (event.get("usage") or {}).items() if v is not None}}
+            self.codec.usage(self.usage, {"usage": counts})
         return ""
 
     def _started(self, index: int, block: dict[str, Any]) -> str:
+        """A block started: a tool call noted; its text, if it is a text block."""
         if block.get("type") == "tool_use":
             self.tool_calls[index] = function_call(str(block.get("id") or ""), str(block.get("name") or ""), "")
         return str(block.get("text") or "") if block.get("type") == "text" else ""
 
     def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        """A block's delta: its text, or a piece of a tool call's arguments."""
         if delta.get("type") == "text_delta":
             return str(delta.get("text") or "")
         if delta.get("type") == "input_json_delta" and index in self.tool_calls:
@@ -229,6 +236,7 @@ class MessagesRound:
         return ""
 
     def calls(self) -> list[dict[str, Any]]:
+        """The round's tool calls so far."""
         return list(self.tool_calls.values())
 
     # -- writing the client's ----------------------------------------------------------
@@ -238,9 +246,10 @@ class MessagesRound:
         return int(self.codec.compaction is not None)
 
     def opening(self) -> bytes:
+        """``message_start`` with the answering call's usage (and the compaction block), then the answer's text block opened."""
         # The answering call's usage as its message_start told it (its message_delta is not read yet).
-        said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
-        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
+        started = {k: v for k, v in self.started_usage.items() if isinstance(v, int)}
+        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **started}}
         opened = typed_event("message_start", message=message) + self._compaction()
         return opened if self.codec.paused else opened + typed_event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
 
@@ -250,6 +259,7 @@ class MessagesRound:
         return b"" if block is None else typed_event("content_block_start", index=0, content_block=block) + typed_event("content_block_stop", index=0)
 
     def text(self, text: str) -> bytes:
+        """A text delta of the answer's block (none when the answer is the compaction block alone)."""
         if self.codec.paused:  # the compaction block alone
             return b""
         return typed_event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
@@ -257,6 +267,7 @@ class MessagesRound:
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
+        """The answer's block stopped, then ``message_delta`` with the stop reason and usage, and ``message_stop``."""
         if not self.codec.paused:
             yield typed_event("content_block_stop", index=self.first)
         delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}

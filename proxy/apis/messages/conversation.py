@@ -28,6 +28,7 @@ def anthropic_messages(system: str | list[Block] | None, messages: list[dict[str
 
 
 def _pieces(content: Any) -> list[Any]:
+    """A message's content as pieces: text, tool calls, results and attachments; thinking left out."""
     if not isinstance(content, list):
         return [Part(text_part(_blocks_text(content)))]
     pieces: list[Any] = []

@@ -58,6 +58,7 @@ _DECODER = msgspec.json.Decoder(MessagesRequest)
 
 
 def read(body: bytes) -> Reading:
+    """A Messages request's body as a ``Reading``, or the 400 that says what is wrong with it."""
     request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
     finite_fields(body, ("messages",), "Messages request")
     for i, message in enumerate(request.messages):
@@ -89,6 +90,7 @@ class _Message(msgspec.Struct):
 
 
 def check(body: bytes) -> dict[str, Any]:
+    """A message decoded, once it has the shape the proxy reads (else the 502 that says where)."""
     return checked(body, _Message, "a message", "upstream_bad_response")
 
 
@@ -103,13 +105,14 @@ def reply(message: dict[str, Any]) -> WorkerReply:
 
 
 def usage(total: Usage, message: dict[str, Any]) -> None:
-    said = message.get("usage")
-    written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
+    """Add a message's usage to the request's: its prompt is what it read, and what the cache wrote and read."""
+    counts = message.get("usage")
+    written, read = count_of(counts, "cache_creation_input_tokens"), count_of(counts, "cache_read_input_tokens")
     # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
     total.add_counts(
-        count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
+        count_of(counts, "input_tokens") + written + read, count_of(counts, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
     )
-    if isinstance(said, dict) and "cache_read_input_tokens" in said:
+    if isinstance(counts, dict) and "cache_read_input_tokens" in counts:
         total.read_from_cache(read)
 
 
@@ -156,15 +159,18 @@ class MessagesRules:
 
     @staticmethod
     def check(data: bytes) -> dict[str, Any]:
+        """One event decoded, once it has the shape the proxy reads (else the 502 that says where)."""
         return checked(data, _Event, "a Messages stream event", "upstream_bad_stream")
 
     def failure(self, event: dict[str, Any]) -> str | None:
+        """The upstream's error, if ``event`` is one; else None, and ``message_stop`` noted."""
         if event["type"] == "error":
             return error_message(event.get("error"))
         self.ended = self.ended or event["type"] == "message_stop"
         return None
 
     def missing(self) -> str | None:
+        """What the stream lacks to be whole: its ``message_stop``."""
         return None if self.ended else "no message_stop (cut short?)"
 
 
@@ -178,13 +184,14 @@ class _Event(msgspec.Struct):
 
 
 def new_message_id() -> str:
+    """A new message id of the proxy's own."""
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
 def message_events(message: dict[str, Any]) -> Iterator[Event]:
     """A message as the events of its stream."""
-    said = message.get("usage")
-    usage: dict[str, Any] = said if isinstance(said, dict) else {}
+    counts = message.get("usage")
+    usage: dict[str, Any] = counts if isinstance(counts, dict) else {}
     started = {
         **message,
         "content": [],
@@ -201,14 +208,15 @@ def message_events(message: dict[str, Any]) -> Iterator[Event]:
 
 
 def _block_events(index: int, block: dict[str, Any]) -> Iterator[Event]:
+    """One content block as the events that stream it: started, its deltas, stopped."""
     kind = block.get("type")
     if kind == "text":
         opened, deltas = {**block, "text": ""}, [{"type": "text_delta", "text": block.get("text") or ""}]
     elif kind in ("tool_use", "server_tool_use", "mcp_tool_use"):
         opened, deltas = {**block, "input": {}}, [{"type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}]
     elif kind == "thinking":
-        said = [{"type": "thinking_delta", "thinking": block.get("thinking") or ""}, {"type": "signature_delta", "signature": block.get("signature") or ""}]
-        opened, deltas = {**block, "thinking": "", "signature": ""}, said
+        thinking = [{"type": "thinking_delta", "thinking": block.get("thinking") or ""}, {"type": "signature_delta", "signature": block.get("signature") or ""}]
+        opened, deltas = {**block, "thinking": "", "signature": ""}, thinking
     else:  # redacted thinking, a server tool's result: whole when started
         opened, deltas = block, []
     yield {"type": "content_block_start", "index": index, "content_block": opened}

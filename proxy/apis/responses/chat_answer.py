@@ -1,7 +1,7 @@
 """OpenAI's Responses API over an upstream that speaks only chat completions: the answer back.
 
-``reply`` writes a chat completion as a response object, ``ChatEvents`` a chat
-stream as the events of a response, ``failure`` an upstream's error in
+``response_of`` writes a chat completion as a response object, ``ChatEvents`` a chat
+stream as the events of a response, ``error_body`` an upstream's error in
 OpenAI's envelope.
 """
 
@@ -18,25 +18,26 @@ from ..chat.chunks import error_of, first_deltas
 from ..codec import text_of
 from .wire import Numbered, message_item, output_text
 
-__all__ = ["ChatEvents", "failure", "reply", "usage"]
+__all__ = ["ChatEvents", "error_body", "response_of", "response_usage"]
 
 Item = dict[str, Any]
 
 
-def usage(said: Any) -> dict[str, Any]:
+def response_usage(chat_usage: Any) -> dict[str, Any]:
     """A chat completion's usage as a response's."""
-    said = said if isinstance(said, dict) else {}
-    details = said.get("prompt_tokens_details")
+    counts = chat_usage if isinstance(chat_usage, dict) else {}
+    details = counts.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    prompt, completion = int(said.get("prompt_tokens") or 0), int(said.get("completion_tokens") or 0)
+    prompt, completion = int(counts.get("prompt_tokens") or 0), int(counts.get("completion_tokens") or 0)
     return {
         "input_tokens": prompt, "input_tokens_details": {"cached_tokens": int(cached or 0)},
         "output_tokens": completion, "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": int(said.get("total_tokens") or prompt + completion),
+        "total_tokens": int(counts.get("total_tokens") or prompt + completion),
     }  # fmt: skip
 
 
 def _id(prefix: str) -> str:
+    """A new id with ``prefix``, as OpenAI's look."""
     return f"{prefix}_{short_hash(f'{prefix}{time.time_ns()}')}"
 
 
@@ -46,13 +47,14 @@ def _custom(asked: dict[str, Any]) -> set[str]:
 
 
 def _call(item_id: str, call_id: str, name: str, arguments: str, custom: bool, status: str = "completed") -> Item:
+    """A chat tool call as a Responses output item: a function call, or a custom tool's call with its free-form input."""
     if not custom:
         return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id, "name": name, "arguments": arguments}
     try:
-        said = strict_json(arguments)
+        parsed = strict_json(arguments)
     except (ValueError, RecursionError):
-        said = None
-    free = said.get("input") if isinstance(said, dict) else None
+        parsed = None
+    free = parsed.get("input") if isinstance(parsed, dict) else None
     return {
         "id": item_id,
         "type": "custom_tool_call",
@@ -63,7 +65,8 @@ def _call(item_id: str, call_id: str, name: str, arguments: str, custom: bool, s
     }
 
 
-def _response(asked: dict[str, Any], meta: dict[str, Any], status: str, output: list[Item], said_usage: Any) -> dict[str, Any]:
+def _response(asked: dict[str, Any], meta: dict[str, Any], status: str, output: list[Item], usage: Any) -> dict[str, Any]:
+    """A response object that answers ``asked``, with its ``output`` and usage."""
     return {
         "id": meta["id"], "object": "response", "created_at": meta["created"], "status": status, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
@@ -72,15 +75,16 @@ def _response(asked: dict[str, Any], meta: dict[str, Any], status: str, output: 
         "reasoning": {"effort": None, "summary": None}, "store": bool(asked.get("store", False)), "temperature": asked.get("temperature", 1.0),
         "text": asked.get("text") or {"format": {"type": "text"}}, "tool_choice": asked.get("tool_choice", "auto"),
         "tools": asked.get("tools") or [], "top_p": asked.get("top_p", 1.0), "truncation": "disabled",
-        "usage": said_usage, "user": asked.get("user"), "metadata": asked.get("metadata") or {},
+        "usage": usage, "user": asked.get("user"), "metadata": asked.get("metadata") or {},
     }  # fmt: skip
 
 
 def _status(finish_reason: Any) -> str:
+    """Chat's finish reason as a response's status."""
     return "incomplete" if finish_reason in ("length", "content_filter") else "completed"
 
 
-def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
+def response_of(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
     """A chat completion as the response object that answers ``asked``."""
     choices = completion.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
@@ -94,10 +98,10 @@ def reply(completion: dict[str, Any], asked: dict[str, Any]) -> dict[str, Any]:
         name = str(function.get("name") or "")
         output.append(_call(_id("fc"), str(call.get("id") or _id("call")), name, text_of(function.get("arguments")), name in custom))
     meta = {"id": _id("resp"), "created": completion.get("created") or int(time.time()), "model": completion.get("model") or asked.get("model") or ""}
-    return _response(asked, meta, _status(choice.get("finish_reason")), output, usage(completion.get("usage")))
+    return _response(asked, meta, _status(choice.get("finish_reason")), output, response_usage(completion.get("usage")))
 
 
-def failure(status: int, body: bytes) -> bytes:
+def error_body(status: int, body: bytes) -> bytes:
     """An upstream's error as OpenAI's envelope (the Responses API's too), its message kept."""
     error = error_of(body)
     kind = error.get("type") if isinstance(error.get("type"), str) else "invalid_request_error" if status < 500 else "server_error"
@@ -107,6 +111,7 @@ def failure(status: int, body: bytes) -> bytes:
 
 
 def _message_of(error: dict[str, Any], status: int) -> str:
+    """An upstream error's message, or what its status says."""
     return str(error.get("message") or f"the upstream answered {status}")[:500]
 
 
@@ -128,6 +133,7 @@ class ChatEvents:
         self.usage: Any = None
 
     def _opening(self) -> bytes:
+        """``response.created`` and ``response.in_progress``, once: the first events of the stream."""
         if self.started:
             return b""
         self.started = True
@@ -149,6 +155,7 @@ class ChatEvents:
         return b"".join(out)
 
     def _text(self, text: str) -> bytes:
+        """The events of a piece of text: the message item added where it is the first, then its delta."""
         out = b""
         if self.text is None:
             self.text = {"index": self.outputs, "id": _id("msg"), "text": ""}
@@ -161,6 +168,7 @@ class ChatEvents:
         return out + self.event("response.output_text.delta", **place, delta=text, logprobs=[])
 
     def _called(self, delta: dict[str, Any]) -> bytes:
+        """The events of a tool call's delta: its item added where it is the first, then its arguments."""
         index = delta.get("index", 0)
         function = delta.get("function") or {}
         call = self.calls.get(index)
@@ -199,7 +207,7 @@ class ChatEvents:
             out.append(self.event("response.output_item.done", output_index=call["index"], item=item))
             output.append((call["index"], item))
         status = _status(self.finish_reason)
-        response = _response(self.asked, self.meta, status, [item for _, item in sorted(output, key=lambda pair: pair[0])], usage(self.usage))
+        response = _response(self.asked, self.meta, status, [item for _, item in sorted(output, key=lambda pair: pair[0])], response_usage(self.usage))
         out.append(self.event(f"response.{status}", response=response))
         return b"".join(out)
 

@@ -1,6 +1,6 @@
 """OpenAI's Responses API over an upstream that speaks only chat completions: the request translated.
 
-``request`` writes a Responses request as a chat completion's body: the
+``chat_body`` writes a Responses request as a chat completion's body: the
 ``instructions`` as a system message, the input items as messages (a function
 call joins the assistant turn it belongs to, its output is a ``tool`` message,
 reasoning items are left out), function and custom tools as chat functions.
@@ -19,7 +19,7 @@ from ...errors import ClientError
 from ..codec import text_of
 from .wire import STATEFUL
 
-__all__ = ["request"]
+__all__ = ["chat_body"]
 
 Item = dict[str, Any]
 # A custom tool (free-form input) is a chat function of one string argument.
@@ -56,10 +56,11 @@ def refused(asked: dict[str, Any]) -> None:
 
 
 def _refuse(param: str, message: str) -> None:
+    """The 400 for ``param``: it has no chat-completions form."""
     raise ClientError(message, param=param, code="unsupported_by_upstream")
 
 
-def request(asked: dict[str, Any]) -> dict[str, Any]:
+def chat_body(asked: dict[str, Any]) -> dict[str, Any]:
     """The chat completion's body that asks what ``asked`` (a Responses request) asks."""
     stateful = next((field for field in STATEFUL if asked.get(field)), None)
     items = asked.get("input")
@@ -113,6 +114,7 @@ def request(asked: dict[str, Any]) -> dict[str, Any]:
 
 
 def _add(messages: list[dict[str, Any]], item: Item) -> None:
+    """Add one input item to ``messages`` as chat messages: a call joins its turn, an output is a ``tool`` message."""
     kind = item.get("type")
     if kind in (None, "message") and isinstance(item.get("role"), str):
         role = "system" if item["role"] == "developer" else item["role"]
@@ -157,6 +159,7 @@ def _content(content: Any) -> Any:
 
 
 def _part(part: dict[str, Any]) -> dict[str, Any] | None:
+    """An input content part as a chat part (None: a part chat has no form for)."""
     kind = part.get("type")
     if kind in ("input_text", "output_text", "text", "summary_text"):
         return {"type": "text", "text": text_of(part.get("text"))}
@@ -173,6 +176,7 @@ def _part(part: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _text_content(output: Any) -> str:
+    """A function call's output as text, for a ``tool`` message."""
     if isinstance(output, list):
         return "".join(text_of(part.get("text")) for part in output if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"))
     return text_of(output)
@@ -204,6 +208,7 @@ def _allowed(choice: Any) -> set[str] | None:
 
 
 def _tool_choice(choice: Any) -> Any:
+    """A ``tool_choice`` as chat's."""
     if isinstance(choice, str):
         return choice
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom") and isinstance(choice.get("name"), str):
@@ -214,6 +219,7 @@ def _tool_choice(choice: Any) -> Any:
 
 
 def _response_format(format: Any) -> dict[str, Any] | None:
+    """``text.format`` as chat's ``response_format`` (None: plain text)."""
     if not isinstance(format, dict):
         return None
     if format.get("type") == "json_schema":

@@ -39,6 +39,7 @@ class ResponsesCodec(ToolsCodec):
         self.api = RESPONSES
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        """A call of the router model as a Responses call, not stored."""
         return msgspec.json.encode({"model": model, **self.prompt(messages), "max_output_tokens": max(16, max_tokens), "store": False})
 
     def shown(self, response: dict[str, Any]) -> dict[str, Any]:
@@ -58,6 +59,7 @@ class ResponsesCodec(ToolsCodec):
         return shown
 
     def round(self, usage: Usage) -> ResponsesRound:
+        """One streamed worker call, read and written as a response's events."""
         return ResponsesRound(self, usage)
 
     @staticmethod
@@ -79,7 +81,7 @@ class ResponsesCodec(ToolsCodec):
 
     @staticmethod
     def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
-        # Not strict: the directives' schemas leave additionalProperties open.
+        """A directive's function as a Responses function tool; not strict, as the directives' schemas leave additionalProperties open."""
         return {"type": "function", "name": function["name"], "description": function["description"], "parameters": function["parameters"], "strict": False}
 
 
@@ -109,6 +111,7 @@ class ResponsesRound:
 
     # -- reading the upstream's events -------------------------------------------------
     def read(self, event: dict[str, Any]) -> str:
+        """Take in one upstream event; the answer text it adds."""
         kind = event["type"]
         if isinstance(event.get("response"), dict):
             self.response = event["response"]
@@ -123,6 +126,7 @@ class ResponsesRound:
         return ""
 
     def _called(self, index: int, item: Any) -> None:
+        """An output item that calls a tool, noted (an item done holds its arguments whole)."""
         call = item_call(item) if isinstance(item, dict) else None
         if call is None:
             return
@@ -131,14 +135,17 @@ class ResponsesRound:
             known["function"]["arguments"] = call["function"]["arguments"]
 
     def calls(self) -> list[dict[str, Any]]:
+        """The round's tool calls so far."""
         return list(self.tool_calls.values())
 
     # -- writing the client's ----------------------------------------------------------
 
     def _response(self, status: str, output: list[Any], usage: Any = None) -> dict[str, Any]:
+        """The client's response object at ``status``, with ``output`` and ``usage``."""
         return {**self.codec.shown(self.response), "status": status, "output": output, "usage": usage}
 
     def opening(self) -> bytes:
+        """``response.created``, ``response.in_progress``, the message item and its text part added."""
         item = {**message_item(self.item_id, "", "in_progress"), "content": []}
         return b"".join(
             [
@@ -150,13 +157,16 @@ class ResponsesRound:
         )
 
     def text(self, text: str) -> bytes:
+        """A text delta of the answer's message."""
         self.released.append(text)
         return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=text, logprobs=[])
 
     def failure(self, error: PcpError) -> bytes:
+        """A failure midway: an ``error`` event, and no ``response.completed``."""
         return self.event("error", code=error.body.code, message=error.body.message, param=error.body.param)
 
     def closing(self) -> Iterator[bytes]:
+        """The ``…done`` events of the answer's message, then ``response.completed`` with the answering call's usage."""
         text = "".join(self.released)
         status = "incomplete" if self.response.get("status") == "incomplete" else "completed"
         item = message_item(self.item_id, text, status)

@@ -34,17 +34,17 @@ _ASSISTANT, _TOOL = "assistant", "tool"
 def _items_said(items: list[Item]) -> list[Said]:
     """The items as messages: the model's calls join its turn, outputs one another; a message starts
     a turn of its own (an assistant message joins only the reasoning that came before it)."""
-    said: list[Said] = []
+    conversation: list[Said] = []
     for item in items:
         role, pieces = _item(item)
         if role is None:
             continue
         message = item.get("type") in (None, "message")
-        if said and role in (_ASSISTANT, _TOOL) and said[-1].role == role and not (message and said[-1].pieces):
-            said[-1].pieces.extend(pieces)
+        if conversation and role in (_ASSISTANT, _TOOL) and conversation[-1].role == role and not (message and conversation[-1].pieces):
+            conversation[-1].pieces.extend(pieces)
         else:
-            said.append(Said(role, pieces))
-    return said
+            conversation.append(Said(role, pieces))
+    return conversation
 
 
 def _item(item: Item) -> tuple[str | None, list[Any]]:
@@ -79,6 +79,7 @@ def _item_parts(content: Any) -> list[Any]:
 
 
 def _item_part(part: Any) -> Any:
+    """A content part: text as chat's text part, anything else as it is."""
     if isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text"):
         return text_part(text_of(part.get("text")))
     return part

@@ -71,6 +71,7 @@ _DECODER = msgspec.json.Decoder(ResponsesRequest)
 
 
 def read(body: bytes) -> Reading:
+    """A Responses request's body as a ``Reading``, or the 400 that says what is wrong with it."""
     request: ResponsesRequest = decode_json(body, _DECODER.decode, "Responses request")
     finite_fields(body, ("input",), "Responses request")
     untouched = next((field for field in STATEFUL if getattr(request, field)), None)
@@ -105,6 +106,7 @@ class _Response(msgspec.Struct):
 
 
 def check(body: bytes) -> dict[str, Any]:
+    """A response decoded, once it has the shape the proxy reads (else the 502 that says where)."""
     return checked(body, _Response, "a response", "upstream_bad_response")
 
 
@@ -127,10 +129,11 @@ def item_call(item: Item) -> dict[str, Any] | None:
 
 
 def usage(total: Usage, response: dict[str, Any]) -> None:
-    said = response.get("usage")
-    details = said.get("input_tokens_details") if isinstance(said, dict) else None
-    reasoning = count_of(said.get("output_tokens_details") if isinstance(said, dict) else None, "reasoning_tokens")
-    total.add_counts(count_of(said, "input_tokens"), count_of(said, "output_tokens"), reasoning_tokens=reasoning)
+    """Add a response's usage to the request's: its input, output and reasoning tokens, and what its cache served."""
+    counts = response.get("usage")
+    details = counts.get("input_tokens_details") if isinstance(counts, dict) else None
+    reasoning = count_of(counts.get("output_tokens_details") if isinstance(counts, dict) else None, "reasoning_tokens")
+    total.add_counts(count_of(counts, "input_tokens"), count_of(counts, "output_tokens"), reasoning_tokens=reasoning)
     if isinstance(details, dict) and "cached_tokens" in details:
         total.read_from_cache(count_of(details, "cached_tokens"))
 
@@ -146,10 +149,12 @@ def usage_of(usage: Usage) -> dict[str, Any]:
 
 
 def message_item(item_id: str, text: str, status: str = "completed") -> Item:
+    """An assistant message item that says ``text``."""
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": [output_text(text)]}
 
 
 def output_text(text: str) -> dict[str, Any]:
+    """``text`` as an ``output_text`` part."""
     return {"type": "output_text", "text": text, "annotations": []}
 
 
@@ -202,9 +207,11 @@ class ResponsesRules:
 
     @staticmethod
     def check(data: bytes) -> dict[str, Any]:
+        """One event decoded, once it has the shape the proxy reads (else the 502 that says where)."""
         return checked(data, _Event, "a Responses stream event", "upstream_bad_stream")
 
     def failure(self, event: dict[str, Any]) -> str | None:
+        """The upstream's error, if ``event`` is one (or ``response.failed``); else None, and the response's end noted."""
         kind = event["type"]
         if kind == "error":
             return error_message(event)
@@ -215,10 +222,12 @@ class ResponsesRules:
         return None
 
     def missing(self) -> str | None:
+        """What the stream lacks to be whole: its ``response.completed``."""
         return None if self.ended else "no response.completed (cut short?)"
 
 
 def new_item_id() -> str:
+    """A new item id of the proxy's own."""
     return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
@@ -227,6 +236,7 @@ def response_events(response: dict[str, Any]) -> Iterator[Event]:
     sequence = iter(range(1 << 31))
 
     def event(kind: str, **fields: Any) -> Event:
+        """The stream's next event, numbered."""
         return {"type": kind, "sequence_number": next(sequence), **fields}
 
     opened = {**response, "status": "in_progress", "output": [], "usage": None}
@@ -239,6 +249,7 @@ def response_events(response: dict[str, Any]) -> Iterator[Event]:
 
 
 def _item_events(event: Any, index: int, item: dict[str, Any]) -> Iterator[Event]:
+    """One output item as the events that stream it: added, its content or arguments as one delta, done."""
     kind, at = item.get("type"), {"output_index": index, "item_id": item.get("id")}
     if kind == "message":
         yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", "content": []})
@@ -252,10 +263,10 @@ def _item_events(event: Any, index: int, item: dict[str, Any]) -> Iterator[Event
             yield event("response.content_part.done", **place, part=part)
     elif kind in ("function_call", "custom_tool_call"):
         field, name = ("arguments", "function_call_arguments") if kind == "function_call" else ("input", "custom_tool_call_input")
-        said = item.get(field) or ""
+        arguments = item.get(field) or ""
         yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress", field: ""})
-        yield event(f"response.{name}.delta", **at, delta=said)
-        yield event(f"response.{name}.done", **at, **{field: said})
+        yield event(f"response.{name}.delta", **at, delta=arguments)
+        yield event(f"response.{name}.done", **at, **{field: arguments})
     else:  # reasoning, a hosted tool's call: whole when added
         yield event("response.output_item.added", output_index=index, item=item)
     yield event("response.output_item.done", output_index=index, item=item)

@@ -45,7 +45,7 @@ async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.
     headers = {k: v for k, v in chat.headers.items() if k.lower() not in _REWRITTEN}
     if chat.status_code >= 400 or not asked.get("stream"):
         if chat.status_code < 400 and streamed and chat.headers.get("content-type", "").startswith("text/event-stream"):
-            content = json.dumps(translator.reply(await _collected(chat, Stops(translator.stops(asked))), asked)).encode()
+            content = json.dumps(translator.answer(await _collected(chat, Stops(translator.stops(asked))), asked)).encode()
             headers["content-type"] = "application/json"
             return httpx.Response(chat.status_code, headers=headers, stream=httpx.ByteStream(content), request=request, extensions=chat.extensions)
         try:
@@ -53,9 +53,9 @@ async def translated(translator: Translator, asked: dict[str, Any], chat: httpx.
         finally:
             await chat.aclose()
         if chat.status_code >= 400:
-            content = translator.failure(chat.status_code, body)
+            content = translator.error_body(chat.status_code, body)
         else:
-            content = json.dumps(translator.reply(_completion(body), asked)).encode()
+            content = json.dumps(translator.answer(_completion(body), asked)).encode()
         headers["content-type"] = "application/json"
         return httpx.Response(chat.status_code, headers=headers, stream=httpx.ByteStream(content), request=request, extensions=chat.extensions)
     if not chat.headers.get("content-type", "").startswith("text/event-stream"):

@@ -53,17 +53,22 @@ class Translator:
     """One API over chat completions: its request as chat's, chat's answer, stream and error as its own."""
 
     name: str
-    request: Callable[[dict[str, Any]], dict[str, Any]]
-    reply: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]
-    failure: Callable[[int, bytes], bytes]
+    chat_body: Callable[[dict[str, Any]], dict[str, Any]]  # the request as a chat completion's body
+    answer: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # a whole chat completion as the API's answer to the request
+    error_body: Callable[[int, bytes], bytes]  # an upstream's error status and body in the API's envelope
     events: Callable[[dict[str, Any]], Any]  # a chat stream written as the API's events, as it comes
     stops: Callable[[dict[str, Any]], list[str]] = lambda asked: []
 
 
 TRANSLATORS = {
-    "/responses": Translator("responses", responses_request.request, responses_answer.reply, responses_answer.failure, responses_answer.ChatEvents),
+    "/responses": Translator("responses", responses_request.chat_body, responses_answer.response_of, responses_answer.error_body, responses_answer.ChatEvents),
     "/messages": Translator(
-        "messages", messages_request.request, messages_answer.reply, messages_answer.failure, messages_answer.ChatEvents, messages_request.stop_sequences
+        "messages",
+        messages_request.chat_body,
+        messages_answer.message_of,
+        messages_answer.error_body,
+        messages_answer.ChatEvents,
+        messages_request.stop_sequences,
     ),
 }
 
@@ -135,7 +140,7 @@ class Translation(httpx.AsyncBaseTransport):
                 await self._midway(native.aread())  # a short error: kept, in case chat completions are missing too
                 await native.aclose()
         asked = _decoded(await request.aread())
-        body = translator.request(asked)
+        body = translator.chat_body(asked)
         chat = await self.inner.handle_async_request(self._chat_request(request, json.dumps(body).encode()))
         if native is not None:
             if chat.status_code in LACKING:  # neither: the upstream's first answer stands
