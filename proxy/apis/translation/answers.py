@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -15,16 +16,25 @@ from ..chat.chunks import collect_tool_calls, first_deltas
 from ..codec import text_of
 from ..stops import Stops
 
-if TYPE_CHECKING:
-    from .transport import Translator
-
-__all__ = ["CHAT_PATH", "chat_headers", "translated"]
+__all__ = ["CHAT_PATH", "Translator", "chat_headers", "translated"]
 
 CHAT_PATH = "/chat/completions"
 # What speaks to the API the client called, not to a chat upstream; x-api-key becomes its Bearer key.
 _DROPPED = frozenset({"anthropic-version", "anthropic-beta", "x-api-key", "openai-beta", "content-length", "content-type"})
 # What of the chat answer's headers no longer describes the translated one.
 _REWRITTEN = frozenset({"content-length", "content-type", "content-encoding", "transfer-encoding", "etag"})
+
+
+@dataclass(frozen=True)
+class Translator:
+    """One API over chat completions: its request as chat's, chat's answer, stream and error as its own."""
+
+    name: str
+    chat_body: Callable[[dict[str, Any]], dict[str, Any]]  # the request as a chat completion's body
+    answer: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # a whole chat completion as the API's answer to the request
+    error_body: Callable[[int, bytes], bytes]  # an upstream's error status and body in the API's envelope
+    events: Callable[[dict[str, Any]], Any]  # a chat stream written as the API's events, as it comes
+    stops: Callable[[dict[str, Any]], list[str]] = lambda asked: []
 
 
 def chat_headers(headers: Mapping[str, str]) -> dict[str, str]:

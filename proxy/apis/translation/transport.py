@@ -25,8 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 import httpx
@@ -39,25 +38,13 @@ from ..messages import chat_answer as messages_answer
 from ..messages import chat_request as messages_request
 from ..responses import chat_answer as responses_answer
 from ..responses import chat_request as responses_request
-from .answers import CHAT_PATH, chat_headers, translated
+from .answers import CHAT_PATH, Translator, chat_headers, translated
 
 __all__ = ["Translation", "Translator"]
 
 log = logging.getLogger("pcp.upstream")
 
 LACKING = (404, 405)
-
-
-@dataclass(frozen=True)
-class Translator:
-    """One API over chat completions: its request as chat's, chat's answer, stream and error as its own."""
-
-    name: str
-    chat_body: Callable[[dict[str, Any]], dict[str, Any]]  # the request as a chat completion's body
-    answer: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]]  # a whole chat completion as the API's answer to the request
-    error_body: Callable[[int, bytes], bytes]  # an upstream's error status and body in the API's envelope
-    events: Callable[[dict[str, Any]], Any]  # a chat stream written as the API's events, as it comes
-    stops: Callable[[dict[str, Any]], list[str]] = lambda asked: []
 
 
 TRANSLATORS = {
