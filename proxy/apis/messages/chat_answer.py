@@ -21,6 +21,7 @@ from ..chat.chunks import error_of, first_deltas
 from ..codec import text_of
 from ..stops import Stops
 from .chat_request import stop_sequences
+from .wire import block_start, block_stop, message_end, message_start, text_delta
 
 __all__ = ["ChatEvents", "error_body", "message_of", "message_usage"]
 
@@ -134,16 +135,8 @@ class ChatEvents:
         if self.started:
             return b""
         self.started = True
-        message: dict[str, Any] = {
-            "id": _id("msg"),
-            "type": "message",
-            "role": "assistant",
-            "model": self.model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-        }
-        return typed_event("message_start", message={**message, "usage": {"input_tokens": 0, "output_tokens": 0}})
+        message = {"id": _id("msg"), "type": "message", "role": "assistant", "model": self.model}
+        return message_start(message, {"input_tokens": 0, "output_tokens": 0})
 
     def read(self, chunk: dict[str, Any]) -> bytes:
         """One chat chunk's events."""
@@ -175,16 +168,16 @@ class ChatEvents:
         if not text:
             return b""
         opened = self._block(("text", None), {"type": "text", "text": ""})
-        return opened + typed_event("content_block_delta", index=self.blocks - 1, delta={"type": "text_delta", "text": text})
+        return opened + text_delta(self.blocks - 1, text)
 
     def _block(self, which: tuple[str, Any], start: Block) -> bytes:
         """Open the block ``which`` unless it is the one open, closing that one."""
         if self.open == which:
             return b""
-        out = typed_event("content_block_stop", index=self.blocks - 1) if self.open is not None else b""
+        out = block_stop(self.blocks - 1) if self.open is not None else b""
         self.open = which
         self.blocks += 1
-        return out + typed_event("content_block_start", index=self.blocks - 1, content_block=start)
+        return out + block_start(self.blocks - 1, start)
 
     def _called(self, delta: dict[str, Any]) -> bytes:
         """The events of a tool call's delta: its ``tool_use`` block opened, then its arguments as JSON deltas."""
@@ -206,12 +199,11 @@ class ChatEvents:
         if self.stops is not None and not self.ended:
             out.append(self._text(self.stops.flush(), held=True))
         if self.open is not None:
-            out.append(typed_event("content_block_stop", index=self.blocks - 1))
+            out.append(block_stop(self.blocks - 1))
             self.open = None
         fired = self.stops.fired if self.stops is not None else None
         delta = {"stop_reason": _stop_reason(self.finish_reason, self.called, fired), "stop_sequence": fired}
-        out.append(typed_event("message_delta", delta=delta, usage=message_usage(self.usage, self.pieces)))
-        out.append(typed_event("message_stop"))
+        out += message_end(delta, message_usage(self.usage, self.pieces))
         return b"".join(out)
 
     def failure(self, message: str, code: str = "upstream_error") -> bytes:

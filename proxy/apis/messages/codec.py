@@ -23,10 +23,26 @@ import msgspec
 
 from pcp_core import Compaction, Outcome, part_handle
 
-from ...sse import named_event, typed_event
+from ...sse import named_event
 from ..codec import Api, ToolsCodec, Usage, function_call, split_system
 from .conversation import MARK, unmarked
-from .wire import MessagesRules, as_stream, check, failure, new_message_id, read, relayed_stop, reply, usage, usage_of
+from .wire import (
+    MessagesRules,
+    as_stream,
+    block_start,
+    block_stop,
+    check,
+    failure,
+    message_end,
+    message_start,
+    new_message_id,
+    read,
+    relayed_stop,
+    reply,
+    text_delta,
+    usage,
+    usage_of,
+)
 
 __all__ = ["MESSAGES", "Managed", "MessagesCodec", "MessagesRound"]
 
@@ -191,6 +207,10 @@ def _blocks(text: str, room: int, cuts: Sequence[int] = (), marks: Sequence[int]
 
 
 class MessagesRound:
+    """The client's stream is the one a message of one text block would have: ``message_start`` (a compaction
+    block first, where the history was compacted), the block and its text as the answer is released, then
+    ``message_delta`` with the answering call's usage. A call of the client's own tools is replayed."""
+
     def __init__(self, codec: MessagesCodec, usage: Usage):
         self.codec = codec
         self.usage = usage
@@ -249,30 +269,28 @@ class MessagesRound:
         """``message_start`` with the answering call's usage (and the compaction block), then the answer's text block opened."""
         # The answering call's usage as its message_start told it (its message_delta is not read yet).
         started = {k: v for k, v in self.started_usage.items() if isinstance(v, int)}
-        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **started}}
-        opened = typed_event("message_start", message=message) + self._compaction()
-        return opened if self.codec.paused else opened + typed_event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
+        opened = message_start(self.message, {**usage_of(self.usage), **started}) + self._compaction()
+        return opened if self.codec.paused else opened + block_start(self.first, {"type": "text", "text": ""})
 
     def _compaction(self) -> bytes:
         """The compaction block, whole, first in the message, where the request's history was compacted."""
         block = self.codec.compaction
-        return b"" if block is None else typed_event("content_block_start", index=0, content_block=block) + typed_event("content_block_stop", index=0)
+        return b"" if block is None else block_start(0, block) + block_stop(0)
 
     def text(self, text: str) -> bytes:
         """A text delta of the answer's block (none when the answer is the compaction block alone)."""
         if self.codec.paused:  # the compaction block alone
             return b""
-        return typed_event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
+        return text_delta(self.first, text)
 
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
         """The answer's block stopped, then ``message_delta`` with the stop reason and usage, and ``message_stop``."""
         if not self.codec.paused:
-            yield typed_event("content_block_stop", index=self.first)
+            yield block_stop(self.first)
         delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
-        yield typed_event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
-        yield typed_event("message_stop")
+        yield from message_end(delta, usage_of(self.usage), **self.codec.managed_fields())
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         """The round as the upstream sent it, its message_delta with the answering call's usage (and a compaction

@@ -21,7 +21,7 @@ from pcp_core import WorkerReply, short_hash
 
 from ...decoding import decode_json, finite_fields
 from ...errors import ClientError, PcpError, anthropic_envelope
-from ...sse import error_message, named_event
+from ...sse import error_message, named_event, typed_event
 from ..codec import Reading, Usage, checked, count_of, function_call
 from .conversation import anthropic_messages
 
@@ -136,6 +136,34 @@ def relayed_stop(stop_reason: str | None) -> str:
 def failure(error: PcpError) -> bytes:
     """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
     return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"
+
+
+# -- a message's events, as the client's stream writes them (protocol mode's round, and a chat stream translated) --
+
+
+def message_start(message: dict[str, Any], usage: dict[str, Any]) -> bytes:
+    """``message_start``: the message before its content, with ``usage``."""
+    return typed_event("message_start", message={**message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": usage})
+
+
+def block_start(index: int, block: Block) -> bytes:
+    """A content block started at ``index``."""
+    return typed_event("content_block_start", index=index, content_block=block)
+
+
+def text_delta(index: int, text: str) -> bytes:
+    """A piece of the text block at ``index``."""
+    return typed_event("content_block_delta", index=index, delta={"type": "text_delta", "text": text})
+
+
+def block_stop(index: int) -> bytes:
+    """The content block at ``index`` stopped."""
+    return typed_event("content_block_stop", index=index)
+
+
+def message_end(delta: dict[str, Any], usage: dict[str, Any], **more: Any) -> list[bytes]:
+    """``message_delta`` with the stop reason and ``usage`` (and ``more``), then ``message_stop``."""
+    return [typed_event("message_delta", delta=delta, usage=usage, **more), typed_event("message_stop")]
 
 
 def whole(body: bytes) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ from pcp_core import short_hash
 from ...decoding import strict_json
 from ..chat.chunks import error_of, first_deltas
 from ..codec import text_of
-from .wire import Numbered, message_item, output_text
+from .wire import ResponseStream, message_item
 
 __all__ = ["ChatEvents", "error_body", "response_of", "response_usage"]
 
@@ -124,7 +124,7 @@ class ChatEvents:
         self.asked = asked
         self.custom = _custom(asked)
         self.meta: dict[str, Any] = {"id": _id("resp"), "created": int(time.time()), "model": asked.get("model") or ""}
-        self.event = Numbered()  # the client's events, numbered
+        self.event = ResponseStream()  # the client's events
         self.started = False
         self.text: dict[str, Any] | None = None  # the message item: its output index, id and text so far
         self.calls: dict[int, dict[str, Any]] = {}  # by the chunk's index: output index, item id, call id, name, arguments
@@ -137,8 +137,7 @@ class ChatEvents:
         if self.started:
             return b""
         self.started = True
-        response = _response(self.asked, self.meta, "in_progress", [], None)
-        return self.event("response.created", response=response) + self.event("response.in_progress", response=response)
+        return self.event.started(_response(self.asked, self.meta, "in_progress", [], None))
 
     def read(self, chunk: dict[str, Any]) -> bytes:
         """One chat chunk's events."""
@@ -160,12 +159,9 @@ class ChatEvents:
         if self.text is None:
             self.text = {"index": self.outputs, "id": _id("msg"), "text": ""}
             self.outputs += 1
-            item = {**message_item(self.text["id"], "", "in_progress"), "content": []}
-            out += self.event("response.output_item.added", output_index=self.text["index"], item=item)
-            out += self.event("response.content_part.added", item_id=self.text["id"], output_index=self.text["index"], content_index=0, part=output_text(""))
+            out = self.event.message_added(self.text["index"], self.text["id"])
         self.text["text"] += text
-        place = {"item_id": self.text["id"], "output_index": self.text["index"], "content_index": 0}
-        return out + self.event("response.output_text.delta", **place, delta=text, logprobs=[])
+        return out + self.event.text_delta(self.text["index"], self.text["id"], text)
 
     def _called(self, delta: dict[str, Any]) -> bytes:
         """The events of a tool call's delta: its item added where it is the first, then its arguments."""
@@ -192,13 +188,8 @@ class ChatEvents:
         out = [self._opening()]
         output: list[tuple[int, Item]] = []
         if self.text is not None:
-            text, place = self.text["text"], {"item_id": self.text["id"], "output_index": self.text["index"], "content_index": 0}
-            item = message_item(self.text["id"], text)
-            out += [
-                self.event("response.output_text.done", **place, text=text, logprobs=[]),
-                self.event("response.content_part.done", **place, part=output_text(text)),
-                self.event("response.output_item.done", output_index=self.text["index"], item=item),
-            ]
+            done, item = self.event.message_done(self.text["index"], self.text["id"], self.text["text"])
+            out += done
             output.append((self.text["index"], item))
         for call in self.calls.values():
             item = _call(call["id"], call["call_id"], call["name"], call["arguments"], call["name"] in self.custom)

@@ -18,7 +18,7 @@ from pcp_core import Outcome
 from ...errors import PcpError
 from ...sse import named_event
 from ..codec import Api, ToolsCodec, Usage, split_system
-from .wire import ENDED, Numbered, ResponsesRules, as_stream, check, failure, item_call, message_item, new_item_id, output_text, read, reply, usage, usage_of
+from .wire import ENDED, ResponsesRules, ResponseStream, as_stream, check, failure, item_call, message_item, new_item_id, read, reply, usage, usage_of
 
 __all__ = ["RESPONSES", "ResponsesCodec", "ResponsesRound"]
 
@@ -106,7 +106,7 @@ class ResponsesRound:
         self.tool_calls: dict[int, dict[str, Any]] = {}
         self.response: dict[str, Any] = {}  # the upstream's response object, as the latest event that carries it
         self.released: list[str] = []  # the answer's text, as the client got it
-        self.event = Numbered()  # the client's events, numbered
+        self.event = ResponseStream()  # the client's events
         self.item_id = new_item_id()
 
     # -- reading the upstream's events -------------------------------------------------
@@ -146,20 +146,12 @@ class ResponsesRound:
 
     def opening(self) -> bytes:
         """``response.created``, ``response.in_progress``, the message item and its text part added."""
-        item = {**message_item(self.item_id, "", "in_progress"), "content": []}
-        return b"".join(
-            [
-                self.event("response.created", response=self._response("in_progress", [])),
-                self.event("response.in_progress", response=self._response("in_progress", [])),
-                self.event("response.output_item.added", output_index=0, item=item),
-                self.event("response.content_part.added", item_id=self.item_id, output_index=0, content_index=0, part=output_text("")),
-            ]
-        )
+        return self.event.started(self._response("in_progress", [])) + self.event.message_added(0, self.item_id)
 
     def text(self, text: str) -> bytes:
         """A text delta of the answer's message."""
         self.released.append(text)
-        return self.event("response.output_text.delta", item_id=self.item_id, output_index=0, content_index=0, delta=text, logprobs=[])
+        return self.event.text_delta(0, self.item_id, text)
 
     def failure(self, error: PcpError) -> bytes:
         """A failure midway: an ``error`` event, and no ``response.completed``."""
@@ -169,11 +161,8 @@ class ResponsesRound:
         """The ``…done`` events of the answer's message, then ``response.completed`` with the answering call's usage."""
         text = "".join(self.released)
         status = "incomplete" if self.response.get("status") == "incomplete" else "completed"
-        item = message_item(self.item_id, text, status)
-        place = {"item_id": self.item_id, "output_index": 0, "content_index": 0}
-        yield self.event("response.output_text.done", **place, text=text, logprobs=[])
-        yield self.event("response.content_part.done", **place, part=output_text(text))
-        yield self.event("response.output_item.done", output_index=0, item=item)
+        done, item = self.event.message_done(0, self.item_id, text, status)
+        yield from done
         yield self.event(f"response.{status}", response=self._response(status, [item], usage_of(self.usage)))
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:

@@ -35,7 +35,7 @@ __all__ = [
     "check",
     "failure",
     "item_call",
-    "Numbered",
+    "ResponseStream",
     "message_item",
     "new_item_id",
     "output_text",
@@ -166,8 +166,9 @@ def failure(error: PcpError) -> bytes:
     return typed_event("error", code=error.body.code, message=error.body.message, param=error.body.param, sequence_number=0)
 
 
-class Numbered:
-    """The events of one response's stream as they are written, each numbered by its ``sequence_number``."""
+class ResponseStream:
+    """The events of one response's stream as they are written: each numbered by its ``sequence_number``, and a
+    message's written alike by protocol mode's round and by the translation of a chat stream."""
 
     def __init__(self) -> None:
         self.sequence = 0
@@ -176,6 +177,30 @@ class Numbered:
         """The stream's next event."""
         self.sequence += 1
         return typed_event(kind, sequence_number=self.sequence - 1, **fields)
+
+    def started(self, response: dict[str, Any]) -> bytes:
+        """``response.created`` and ``response.in_progress``: the first events of the stream."""
+        return self("response.created", response=response) + self("response.in_progress", response=response)
+
+    def message_added(self, index: int, item_id: str) -> bytes:
+        """A message item added at output ``index``, and its text part: what comes before its text."""
+        item = {**message_item(item_id, "", "in_progress"), "content": []}
+        added = self("response.output_item.added", output_index=index, item=item)
+        return added + self("response.content_part.added", item_id=item_id, output_index=index, content_index=0, part=output_text(""))
+
+    def text_delta(self, index: int, item_id: str, text: str) -> bytes:
+        """A piece of the message's text."""
+        return self("response.output_text.delta", item_id=item_id, output_index=index, content_index=0, delta=text, logprobs=[])
+
+    def message_done(self, index: int, item_id: str, text: str, status: str = "completed") -> tuple[list[bytes], Item]:
+        """The ``…done`` events of a message that says ``text``, and its item."""
+        item, place = message_item(item_id, text, status), {"item_id": item_id, "output_index": index, "content_index": 0}
+        done = [
+            self("response.output_text.done", **place, text=text, logprobs=[]),
+            self("response.content_part.done", **place, part=output_text(text)),
+            self("response.output_item.done", output_index=index, item=item),
+        ]
+        return done, item
 
 
 class _Event(msgspec.Struct):
