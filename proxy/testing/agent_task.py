@@ -108,6 +108,7 @@ PART_PARAGRAPHS = 36
 
 
 def part_path(k: int) -> str:
+    """The path of the notes' part ``k``."""
     return f"docs/NOTES-{k}.md"
 
 
@@ -117,6 +118,7 @@ def part_marker(k: int, parts: int) -> str:
 
 
 def notes_part(k: int, parts: int) -> str:
+    """The text of the notes' part ``k`` of ``parts``."""
     return notes_text(PART_PARAGRAPHS, (k - 1) * PART_PARAGRAPHS, f"# Notes on the calc package ({part_marker(k, parts)})")
 
 
