@@ -17,7 +17,7 @@ from .conversation import Conversation, attached, fold_system, message_text, par
 from .directives.answers import NO_ANSWER, AnswerGate, spoken
 from .directives.replies import WorkerReply, calls_client_tool
 from .effects import CallRouter, CallWorker, Effect, LoadPages, Outcome, Similarity
-from .exchanges import MARK, Call, Part, Result, Said, anthropic_messages, chat_messages, responses_messages, text_part, unmarked
+from .exchanges import Call, Part, Result, Said, chat_messages, text_part
 from .pact.placement import onto_messages, placement
 from .pact.tree import ComponentSpec, PactError, Tree, conversation_links, delete, insert, node, on_request, parse_selector, select, snapshot
 from .pages.blocks import ScanPolicy
@@ -71,7 +71,6 @@ __all__ = [
     "asks_to_compact",
     "compaction_text",
     "marked_handles",
-    "MARK",
     "NO_ANSWER",
     "SESSION_ID",
     "AnswerGate",
@@ -113,7 +112,6 @@ __all__ = [
     "View",
     "WorkerReply",
     "after_compaction",
-    "anthropic_messages",
     "apply_edits",
     "asked",
     "attached",
@@ -153,7 +151,6 @@ __all__ = [
     "question_links",
     "reconciled",
     "remembered",
-    "responses_messages",
     "rounds",
     "select",
     "settle",
@@ -164,7 +161,6 @@ __all__ = [
     "summary_prompt",
     "text_part",
     "transcript",
-    "unmarked",
     "with_appendix",
     "with_components",
     "within_window",

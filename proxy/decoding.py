@@ -82,6 +82,7 @@ def finite_fields(body: bytes, decoded: Collection[str], what: str) -> None:
 
 
 def _out_of_range(raw: bytes | msgspec.Raw) -> bool:
+    """Whether ``raw`` holds an integer past 64 bits."""
     try:
         _ANY.decode(raw)
     except msgspec.ValidationError as exc:
@@ -91,11 +92,11 @@ def _out_of_range(raw: bytes | msgspec.Raw) -> bool:
     return False
 
 
-def _number_error(body: bytes, what: str, field: str | None, said: str | None, code: str | None = None) -> ClientError:
+def _number_error(body: bytes, what: str, field: str | None, reported: str | None, code: str | None = None) -> ClientError:
     """The 400 for a number out of range in ``body`` (``field``, when it is one field of the request), naming where it is
-    (``said``: where msgspec said it is, when it cannot be found); ``code``: the caller's, for a body of the wrong shape."""
+    (``reported``: where msgspec found it, when it cannot be found); ``code``: the caller's, for a body of the wrong shape."""
     found = out_of_range_at(body)
-    where = _within(field, found[0] if found is not None else said)
+    where = _within(field, found[0] if found is not None else reported)
     place = f"`{where}`" if where else "the body"
     said_number = f"{place} is {_token(found[1])}" if found is not None else f"a number in {place} is"
     return ClientError(
@@ -130,6 +131,7 @@ def _first(body: bytes, bad: Callable[[bytes], bool], depth: int) -> tuple[str, 
 
 
 def _token(number: bytes) -> str:
+    """A number as an error names it: whole when short, else by its length."""
     text = number.decode(errors="replace")
     return f"{text}," if len(text) <= 32 else f"a number of {len(text):,} characters ({text[:12]}…),"
 
@@ -142,6 +144,7 @@ def _not_utf8_error(body: bytes, field: str | None) -> ClientError:
 
 
 def _is_utf8(body: bytes) -> bool:
+    """Whether ``body`` decodes as UTF-8."""
     try:
         body.decode()
     except UnicodeDecodeError:
@@ -150,6 +153,7 @@ def _is_utf8(body: bytes) -> bool:
 
 
 def _within(field: str | None, param: str | None) -> str | None:
+    """A parameter's path within ``field`` (None: neither names one)."""
     return ".".join(filter(None, (field, param))) or None
 
 
@@ -207,11 +211,13 @@ def out_of_range(value: Any, path: str = "") -> tuple[str, Any] | None:
 
 
 def _shown(number: Any) -> str:
+    """A number as an error shows it: whole, or by its digits when it is huge."""
     text = str(number) if not isinstance(number, int) or abs(number) < 10**30 else f"a {len(str(abs(number)))}-digit number"
     return text
 
 
 def _bad_utf8(body: bytes) -> str:
+    """Where ``body`` stops being UTF-8, as an error says it."""
     try:
         body.decode()
     except UnicodeDecodeError as exc:

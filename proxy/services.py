@@ -23,6 +23,7 @@ from pcp_core.memory import MemoryPolicy
 from .apis.chat import CHAT
 from .apis.codec import Api
 from .apis.known_bodies import KnownBodies
+from .apis.translation import Translation
 from .embedded import LocalModel
 from .hybrid import Hybrid, HybridStore
 from .memory import Memory, open_memory_store
@@ -41,7 +42,7 @@ from .storage.datadir import Namespaces, private_tree
 from .storage.sealing import Sealer, data_key
 from .storage.sessions import SessionStore
 from .tokenizer import Tokenizer
-from .upstream import Upstream, loopback
+from .upstream import Upstream, loopback, network
 
 __all__ = ["DenseRecall", "Services", "anthropic_url", "open_services", "policy_of"]
 
@@ -70,6 +71,8 @@ class Services:
     bm25: Bm25Cache
     upstream: Upstream
     anthropic: Upstream | None  # Anthropic's Messages API, when it is not at ``upstream``
+    translation: Translation  # which of ``upstream``'s calls go as chat completions (in front of it)
+    anthropic_translation: Translation | None  # ``anthropic``'s
     stores: Stores
     namespaces: Namespaces
     sessions: SessionStore
@@ -89,6 +92,10 @@ class Services:
     def upstream_of(self, api: Api) -> Upstream:
         """The upstream that serves ``api``: Anthropic's for Messages, when it has its own."""
         return self.anthropic if api.name == "messages" and self.anthropic is not None else self.upstream
+
+    def translation_of(self, api: Api) -> Translation:
+        """Which calls of the upstream that serves ``api`` (``upstream_of``) go as chat completions."""
+        return self.anthropic_translation if api.name == "messages" and self.anthropic_translation is not None else self.translation
 
 
 def policy_of(settings: Settings) -> Policy:
@@ -145,15 +152,16 @@ async def open_services(
         total = min(settings.upstream_total_timeout, settings.request_timeout)
         timeouts = {"connect_timeout": settings.upstream_connect_timeout, "read_timeout": settings.upstream_read_timeout, "total_timeout": total}
         if local_model is None:
-            upstream = Upstream(base_url, **timeouts, transport=transport, translate=settings.translate_apis)
+            translation = Translation(transport or network(), base_url, settings.translate_apis)
         else:  # its slots in front of it; Responses and Messages as chat completions, their errors and events the proxy's
-            upstream = Upstream(base_url, **timeouts, transport=local_model.slots.transport(transport or loopback()), translate="always")
+            translation = Translation(local_model.slots.transport(transport or loopback()), base_url, "always")
+        upstream = Upstream(base_url, **timeouts, transport=translation)
         stack.push_async_callback(upstream.aclose)
-        anthropic = (
-            Upstream(anthropic_url(settings.anthropic_base_url), **timeouts, transport=transport, translate=settings.translate_apis)
-            if settings.anthropic_base_url
-            else None
-        )
+        anthropic_translation = anthropic = None
+        if settings.anthropic_base_url:
+            anthropic_base = anthropic_url(settings.anthropic_base_url)
+            anthropic_translation = Translation(transport or network(), anthropic_base, settings.translate_apis)
+            anthropic = Upstream(anthropic_base, **timeouts, transport=anthropic_translation)
         if anthropic is not None:
             stack.push_async_callback(anthropic.aclose)
         dense = _embedder(settings, metrics, upstream, stores, embedder)
@@ -171,7 +179,7 @@ async def open_services(
         bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
         _resident_gauges(metrics, sessions, bm25, dense, memory, bodies, texts)
         log.info("pcp-proxy forwarding to %s; store: %s", upstream.shown_url, stores.where)
-        log.info("Responses and Messages there: %s", "; ".join(f"{api} {how}" for api, how in upstream.translation.fronts().items()))
+        log.info("Responses and Messages there: %s", "; ".join(f"{api} {how}" for api, how in translation.fronts().items()))
         if anthropic is not None:
             log.info("Anthropic's Messages API at %s", anthropic.shown_url)
         yield Services(
@@ -184,6 +192,8 @@ async def open_services(
             bm25=bm25,
             upstream=upstream,
             anthropic=anthropic,
+            translation=translation,
+            anthropic_translation=anthropic_translation,
             stores=stores,
             namespaces=Namespaces(stores.secret()),
             sessions=sessions,

@@ -15,7 +15,19 @@ import msgspec
 
 from .errors import UpstreamError
 
-__all__ = ["DONE", "StreamReader", "StreamRules", "data_event", "event_end", "is_event_stream", "named_event", "said"]
+__all__ = [
+    "DONE",
+    "DataLines",
+    "StreamReader",
+    "StreamRules",
+    "data_event",
+    "data_field",
+    "error_message",
+    "event_end",
+    "is_event_stream",
+    "named_event",
+    "typed_event",
+]
 
 DONE = b"[DONE]"  # the data of the event that ends a chat completion's stream
 
@@ -30,7 +42,13 @@ def named_event(kind: str, payload: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(payload)}\n\n".encode()
 
 
+def typed_event(kind: str, **fields: Any) -> bytes:
+    """One event of the Responses or Messages API: ``kind`` named, and first among its fields as ``type``."""
+    return named_event(kind, {"type": kind, **fields})
+
+
 def is_event_stream(content_type: str | None) -> bool:
+    """Whether a ``content-type`` is that of an event stream."""
     return (content_type or "").lstrip().lower().startswith("text/event-stream")
 
 
@@ -40,10 +58,33 @@ def event_end(buffer: bytes) -> int:
     return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
+def data_field(line: bytes) -> bytes | None:
+    """What one line of a stream carries as ``data:``, stripped; None for any other line (an ``event:`` line names it again)."""
+    line = line.rstrip(b"\r")
+    return line[5:].strip() if line.startswith(b"data:") else None
+
+
+class DataLines:
+    """The ``data:`` fields of an event stream, line by line, from its raw bytes as they come."""
+
+    def __init__(self) -> None:
+        self.pending = b""  # the start of a line whose end has not come yet
+
+    def feed(self, raw: bytes) -> list[bytes]:
+        """The data of each line that ``raw`` completes, in order."""
+        lines = (self.pending + raw).split(b"\n")
+        self.pending = lines.pop()
+        return [data for data in map(data_field, lines) if data is not None]
+
+    def rest(self) -> bytes | None:
+        """The data of a last line with no line break after it, once the stream has ended."""
+        return data_field(self.pending)
+
+
 class StreamRules(Protocol):
     """What makes one API's stream whole, and how it tells a failure."""
 
-    done: bool  # the stream said it is over: nothing after this is read
+    done: bool  # the stream has marked its own end: nothing after this is read
 
     def check(self, data: bytes) -> dict[str, Any]:
         """One event's data decoded, or the 502 that says where it differs from what the proxy reads."""
@@ -71,12 +112,11 @@ class StreamReader:
         self.upstream = upstream
 
     async def chunks(self, raw: AsyncIterator[bytes]) -> AsyncIterator[dict[str, Any]]:
-        rules, pending = self.rules, b""
-        async for data in raw:
-            lines = (pending + data).split(b"\n")
-            pending = lines.pop()
-            for line in lines:
-                chunk = self._event(line.rstrip(b"\r"))
+        """Each JSON event of the stream, checked; a 502 where it fails or ends short of whole."""
+        rules, lines = self.rules, DataLines()
+        async for piece in raw:
+            for data in lines.feed(piece):
+                chunk = self._event(data)
                 if chunk is not None:
                     yield chunk
                 if rules.done:
@@ -84,17 +124,16 @@ class StreamReader:
             if rules.done:
                 break
         else:
-            chunk = self._event(pending.rstrip(b"\r"))  # a last line with no line break
+            last = lines.rest()  # a last line with no line break
+            chunk = None if last is None else self._event(last)
             if chunk is not None:
                 yield chunk
         missing = rules.missing()
         if missing is not None:
             raise UpstreamError(f"the upstream at {self.upstream} ended its stream before its answer: {missing}", code="upstream_bad_stream")
 
-    def _event(self, line: bytes) -> dict[str, Any] | None:
-        if not line.startswith(b"data:"):  # an ``event:`` line names what its data says again
-            return None
-        data = line[5:].strip()
+    def _event(self, data: bytes) -> dict[str, Any] | None:
+        """One event's data decoded and checked (None: ``[DONE]``); an error event raises."""
         if data == DONE:
             self.rules.done = True
             return None
@@ -105,7 +144,7 @@ class StreamReader:
         return chunk
 
 
-def said(error: Any) -> str:
+def error_message(error: Any) -> str:
     """An error object's message, for the 502 that passes it on."""
     message = error.get("message") if isinstance(error, dict) else error
     return str(message)[:300] if message is not None else msgspec.json.encode(error).decode()[:300]

@@ -6,16 +6,15 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 
 from . import headers as pcp
-from .apis.translation import Translation
 from .errors import PcpError, UpstreamError
 from .sse import StreamReader, StreamRules, event_end, is_event_stream
 
-__all__ = ["HOP_BY_HOP", "Check", "Failure", "Upstream", "forwardable", "loopback", "outgoing", "passed_back"]
+__all__ = ["HOP_BY_HOP", "Check", "Failure", "Upstream", "as_upstream_error", "forwardable", "loopback", "network", "outgoing", "passed_back", "shown_url"]
 
 log = logging.getLogger("pcp.upstream")
 
@@ -44,6 +43,7 @@ Failure = Callable[[PcpError], bytes]  # how a relayed stream tells a failure mi
 
 
 def forwardable(headers: Mapping[str, str] | httpx.Headers) -> dict[str, str]:
+    """The headers that describe the message, not one connection (``HOP_BY_HOP``)."""
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
@@ -74,9 +74,34 @@ def loopback() -> httpx.AsyncBaseTransport:
     return httpx.AsyncHTTPTransport(limits=LIMITS)
 
 
+def network() -> httpx.AsyncBaseTransport:
+    """httpx's own transports, as a client without one of its own picks them for each URL: the proxy the environment names, or none."""
+    return _Network(httpx.AsyncClient(limits=LIMITS))
+
+
+class _Network(httpx.AsyncBaseTransport):
+    """A transport that sends by a plain client: its pick of transport for each URL (``network``)."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The request sent as it is, its answer's body not yet read."""
+        return await self.client.send(request, stream=True)
+
+    async def aclose(self) -> None:
+        """Close the client and its connections."""
+        await self.client.aclose()
+
+
+def shown_url(base_url: str) -> str:
+    """How the upstream at ``base_url`` is named to clients (errors, /healthz) and in the log: without credentials nor query."""
+    return str(httpx.URL(base_url).copy_with(username=None, password=None, query=None, fragment=None)).rstrip("/")
+
+
 class Upstream:
-    """``transport``: how requests reach the upstream (httpx's own by default; tests plug one in).
-    ``translate``: when Responses and Messages calls go as chat completions (``apis.translation``).
+    """``transport``: how requests reach the upstream (httpx's own by default; the composition root puts the
+    translation of the other APIs to chat in front of it, ``apis.translation``, and tests plug one in).
 
     ``total_timeout``: seconds an upstream call may take from its request to the
     last byte of its answer, however steadily the bytes trickle in (the read
@@ -91,14 +116,12 @@ class Upstream:
         read_timeout: float,
         total_timeout: float = math.inf,
         transport: httpx.AsyncBaseTransport | None = None,
-        translate: Literal["auto", "always", "never"] = "auto",
     ):
         url = httpx.URL(base_url)
         # Credentials in the URL become the client's auth and its query the params of every
         # call, so that neither is in the URL httpx logs, and the query stays after the path
         # (".../v1?api-version=1" + "/chat/completions" would put it inside the path).
-        base = url.copy_with(username=None, password=None, query=None, fragment=None)
-        self.base_url = str(base).rstrip("/")
+        self.base_url = shown_url(base_url)
         # How the upstream is named to clients (errors, /healthz) and in the log.
         self.shown_url = self.base_url
         self.read_timeout, self.connect_timeout, self.total_timeout = read_timeout, connect_timeout, total_timeout
@@ -113,7 +136,6 @@ class Upstream:
             transport=transport,
         )
         logging.getLogger("httpx").addFilter(REDACTED_URLS)
-        self.translation = Translation(translate)
 
     async def open(
         self, method: str, path: str, *, content: bytes | None, headers: Mapping[str, str], timeout: float | None = None, deadline: float | None = None
@@ -127,25 +149,19 @@ class Upstream:
         the call's own total timeout counts from now.
         """
         deadline = min(deadline or math.inf, time.monotonic() + self.total_timeout)
-        headers = outgoing(headers)
-        translator = self.translation.of(method, path)
-        if translator is None:
-            return await self._send(method, path, content, headers, timeout, deadline)
-        try:  # the translation reads some answers (an error, a stream's first event, a whole answer it translates)
-            return await self.translation.open(translator, path, content, headers, lambda to, body, said: self._send(method, to, body, said, timeout, deadline))
-        except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, self.shown_url, midway=True) from None
+        return await self._send(method, path, content, outgoing(headers), timeout, deadline)
 
     async def _send(self, method: str, path: str, content: bytes | None, headers: Mapping[str, str], timeout: float | None, deadline: float) -> httpx.Response:
+        """One call sent, tried once more where the upstream closed the connection before any answer."""
         for attempt in range(2):
             request = self.client.build_request(method, path, content=content, headers=headers, timeout=self._timeout(timeout, deadline))
             try:
                 response = await self.client.send(request, stream=True)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:  # before any response
                 if attempt:
-                    raise _as_upstream_error(exc, self.shown_url) from None
+                    raise as_upstream_error(exc, self.shown_url) from None
             except httpx.HTTPError as exc:
-                raise _as_upstream_error(exc, self.shown_url) from None
+                raise as_upstream_error(exc, self.shown_url) from None
             else:
                 response.extensions[_DEADLINE] = deadline
                 return response
@@ -161,6 +177,7 @@ class Upstream:
         return httpx.Timeout(min(timeout or self.read_timeout, left), connect=min(self.connect_timeout, left))
 
     def _late(self) -> UpstreamError:
+        """The 504 for a call that did not finish its answer by its deadline."""
         return UpstreamError(
             f"the upstream at {self.shown_url} did not finish its answer in time (upstream_total_timeout, request_timeout)",
             status=504,
@@ -188,9 +205,10 @@ class Upstream:
                     raise self._late()
                 yield chunk
         except httpx.HTTPError as exc:
-            raise _as_upstream_error(exc, self.shown_url, midway=True) from None
+            raise as_upstream_error(exc, self.shown_url, midway=True) from None
 
     async def read(self, response: httpx.Response) -> bytes:
+        """The whole body, until the call's deadline; the response closed after it."""
         try:
             return b"".join([chunk async for chunk in self._chunks(response)])
         finally:
@@ -253,10 +271,12 @@ class Upstream:
             await response.aclose()
 
     async def aclose(self) -> None:
+        """Close the client, its transport and their connections."""
         await self.client.aclose()
 
 
 async def _relayed(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``first``, then the rest of the stream."""
     if first:
         yield first
     async for chunk in rest:
@@ -270,12 +290,14 @@ class _RedactedUrls(logging.Filter):
     """httpx logs every call's URL at INFO: shown without credentials, and a query's values hidden."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Show the record's URLs redacted; every record is kept."""
         if isinstance(record.args, tuple) and any(isinstance(arg, httpx.URL) for arg in record.args):
             record.args = tuple(_redacted(arg) if isinstance(arg, httpx.URL) else arg for arg in record.args)
         return True
 
 
 def _redacted(url: httpx.URL) -> str:
+    """A URL as the log shows it: without credentials, its query's values hidden."""
     query = "&".join(f"{key}=…" for key in url.params)
     return str(url.copy_with(username=None, password=None, query=None)) + (f"?{query}" if query else "")
 
@@ -283,7 +305,8 @@ def _redacted(url: httpx.URL) -> str:
 REDACTED_URLS = _RedactedUrls()
 
 
-def _as_upstream_error(exc: httpx.HTTPError, base_url: str, midway: bool = False) -> UpstreamError:
+def as_upstream_error(exc: httpx.HTTPError, base_url: str, midway: bool = False) -> UpstreamError:
+    """What an HTTP failure means to a client: a timeout, an answer broken off (``midway``), or an upstream out of reach."""
     if isinstance(exc, httpx.TimeoutException):
         return UpstreamError(
             f"the upstream at {base_url} did not answer in time ({type(exc).__name__})", status=504, type="upstream_timeout", code="upstream_timeout"

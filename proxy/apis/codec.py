@@ -1,8 +1,8 @@
 """What every paged API gives the routes and the one loop of protocol mode: an ``Api``, a codec per request, a round stream per streamed call.
 
 Three APIs are paged: chat completions (``chat``), OpenAI's Responses
-(``responses``) and Anthropic's Messages (``messages``). Each is one module with
-the same names for the same jobs:
+(``responses``) and Anthropic's Messages (``messages``). Each is one package,
+with the same names for the same jobs:
 
 * ``read`` — a request's body as a ``Reading``: its conversation as chat messages
   (``pcp_core.chat_messages``) for the rules, or the 400 that says what is wrong;
@@ -11,7 +11,11 @@ the same names for the same jobs:
 * ``usage`` — an answer's usage added to the request's (``Usage``);
 * ``Rules`` — what makes the API's stream whole (``sse.StreamRules``);
 * ``Round`` — one streamed worker call: its events read, the client's written;
-* ``event`` — one server-sent event as the API writes it; ``failure``, an error as one.
+* ``failure`` — an error once a stream has started, as the API tells it.
+
+Responses and Messages also carry their translation to chat completions
+(``chat_request``, ``chat_answer``), which ``translation`` puts in front of an
+upstream that speaks only chat.
 
 A codec turns the rounds' worker calls (chat messages: the ``<PagedContext>`` as
 system text, a user line with its parts) into calls of its own API and writes
@@ -38,7 +42,6 @@ __all__ = [
     "Api",
     "Codec",
     "Reading",
-    "collect_tool_calls",
     "RoundStream",
     "ToolsCodec",
     "Usage",
@@ -81,9 +84,9 @@ class Api:
     codec: Callable[[dict[str, Any]], Codec]
     failure: Failure  # a failure midway through a stream, as the API tells it
     # Its bodies and answers are chat's: PACT components and Hybrid mode edit them below the
-    # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one said.
+    # threshold, Hybrid mode reads its answers, and memory keeps what a forwarded one answered.
     chat_body: bool = False
-    # An answer that came whole where a stream was asked for, as the event stream the client asked for (``whole_streams``).
+    # An answer that came whole where a stream was asked for, as the event stream the client asked for (each API's ``as_stream``).
     as_stream: Callable[[bytes], bytes] | None = None
 
 
@@ -141,7 +144,7 @@ class Usage(msgspec.Struct):
             self.more[name] = self.more.get(name, 0) + tokens
 
     def cache_read(self) -> int | None:
-        """The prompt tokens the upstream says its cache served, summed; None where it never said."""
+        """The prompt tokens the upstream says its cache served, summed; None where it never told its count."""
         return self.cached_tokens
 
     def read_from_cache(self, tokens: int) -> None:
@@ -166,10 +169,18 @@ class RoundStream(Protocol):
     def calls(self) -> list[dict[str, Any]]:
         """The round's tool calls so far, as chat tool calls (``{"id", "function": {"name", "arguments"}}``)."""
 
-    def opening(self) -> bytes: ...
-    def text(self, text: str) -> bytes: ...
-    def failure(self, error: PcpError) -> bytes: ...
-    def closing(self) -> Iterator[bytes]: ...
+    def opening(self) -> bytes:
+        """The client's first events, before the answer's text."""
+
+    def text(self, text: str) -> bytes:
+        """The events that carry ``text``, a piece of the answer the gate released."""
+
+    def failure(self, error: PcpError) -> bytes:
+        """A failure midway, as the API tells it in a stream."""
+
+    def closing(self) -> Iterator[bytes]:
+        """The events that end the client's stream."""
+
     def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         """The round as the upstream sent it (a call of the client's own tools), with the request's usage."""
 
@@ -183,20 +194,36 @@ class Codec(Protocol):
     components: Any  # PACT components the request carries inline (chat's ``pcp_components``)
 
     @property
-    def model(self) -> str: ...
-    def worker_body(self, call: CallWorker, stream: bool) -> bytes: ...
-    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes: ...
+    def model(self) -> str:
+        """The model the client asked for."""
+
+    def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        """A worker call as the API's request body (``stream``: asked as a stream)."""
+
+    def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        """A call of the router model in the API's shape."""
+
     def check(self, body: bytes) -> dict[str, Any]:
         """An answer decoded, once it has the shape the proxy reads (else the 502 that says where)."""
 
-    def rules(self) -> StreamRules: ...
-    def reply(self, data: dict[str, Any]) -> WorkerReply: ...
+    def rules(self) -> StreamRules:
+        """What makes the API's stream whole (a new one per stream)."""
+
+    def reply(self, data: dict[str, Any]) -> WorkerReply:
+        """An answer as the rounds read it."""
+
     def usage(self, usage: Usage, data: dict[str, Any]) -> None:
         """Add the usage of one answer to the request's."""
 
-    def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]: ...
-    def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]: ...
-    def round(self, usage: Usage) -> RoundStream: ...
+    def final(self, data: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
+        """The answer the client gets, from the answering call's ``data`` and the loop's ``outcome``."""
+
+    def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]:
+        """A whole answer as the stream that would have carried it (chat's ``n`` > 1)."""
+
+    def round(self, usage: Usage) -> RoundStream:
+        """One streamed worker call: its events read, the client's written."""
+
     def cache_key(self, key: str) -> None:
         """Ask the upstream to route the request's calls by ``key`` (OpenAI's ``prompt_cache_key``), unless the client names one."""
 
@@ -212,9 +239,11 @@ class BodyCodec:
 
     @property
     def model(self) -> str:
+        """The model the client asked for ("" where it named none)."""
         return str(self.body.get("model") or "")
 
     def cache_key(self, key: str) -> None:
+        """Route the request's calls by ``key`` (OpenAI's ``prompt_cache_key``), unless the client names one."""
         self.base.setdefault("prompt_cache_key", key)
 
     def kept(self, session_id: str, behind: list[str]) -> None:
@@ -239,6 +268,7 @@ class ToolsCodec(BodyCodec):
         self.base = {k: v for k, v in body.items() if k not in self.own_fields}
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        """A worker call in the API's shape: the client's fields, the call's prompt, its tools after the client's."""
         body = {**self.base, **self.prompt(call.messages, call.cuts, call.marks)}
         tools = [*self.tools, *directive_tools(call, self.client_tools, self.directive_tool)]
         if tools:
@@ -256,13 +286,16 @@ class ToolsCodec(BodyCodec):
 
     @staticmethod
     def chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+        """A client's tool as the rounds read it (chat's shape)."""
         raise NotImplementedError
 
     @staticmethod
     def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        """A directive's function as a tool of the API."""
         raise NotImplementedError
 
     def events(self, final: dict[str, Any]) -> AsyncIterator[bytes]:
+        """Refused: the API asks for one answer."""
         raise NotImplementedError("the API asks for one answer")  # ``choices`` is 1
 
 
@@ -326,23 +359,6 @@ def count_of(counts: Any, name: str) -> int:
 def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
     """A tool call as the rounds read it (chat's shape)."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-
-
-def first_deltas(chunk: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str | None]]:
-    """A chat chunk's deltas of its first choice, each with its finish reason: the one answer a translated stream relays."""
-    for choice in chunk.get("choices") or ():
-        if isinstance(choice, dict) and choice.get("index", 0) == 0:
-            yield choice.get("delta") or {}, choice.get("finish_reason")
-
-
-def collect_tool_calls(calls: dict[int, dict[str, Any]], deltas: Any) -> None:
-    """A chat stream's ``tool_calls`` deltas added into ``calls`` (by index), as whole calls are put together."""
-    for delta in deltas:
-        call = calls.setdefault(delta.get("index", 0), {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
-        call["id"] = delta.get("id") or call["id"]
-        function = delta.get("function") or {}
-        call["function"]["name"] += text_of(function.get("name"))
-        call["function"]["arguments"] += text_of(function.get("arguments"))
 
 
 def text_of(value: Any) -> str:

@@ -53,10 +53,11 @@ class _Known(NamedTuple):
     head: bytes  # the body up to its messages' closing bracket (not included)
     start: int  # where the messages' array opens (its "[")
     messages: list[dict[str, Any]]
-    said: int  # the messages' tokens (``prompt_tokens`` less the reply's priming)
+    tokens: int  # the messages' tokens (``prompt_tokens`` less the reply's priming)
 
     @property
     def size(self) -> int:
+        """Bytes this entry keeps resident: its head, and what was decoded of it."""
         return len(self.head) * (1 + DECODED_PER_BYTE)
 
 
@@ -85,10 +86,10 @@ class KnownBodies:
             if read is not None:
                 return read
         reading = self.read_whole(body)
-        said = prompt_tokens(reading.messages, count)
+        tokens = prompt_tokens(reading.messages, count)
         if reading.untouched is None:
-            self._remember(None, _located(body, reading.messages, said - REPLY_PRIMING))
-        return reading, said
+            self._remember(None, _located(body, reading.messages, tokens - REPLY_PRIMING))
+        return reading, tokens
 
     def _continued(self, body: bytes) -> tuple[int, _Known] | None:
         """The longest known body whose messages ``body`` opens with, and its number."""
@@ -114,14 +115,15 @@ class KnownBodies:
             return None
         new = reading.messages
         messages = [*known.messages, *new]
-        said = known.said + prompt_tokens(new, count)
+        tokens = known.tokens + prompt_tokens(new, count)
         # The array's closing bracket in ``body``: where it is in ``rest``, moved by what ``rest`` left out.
         close = known.start + len(array) - 1 - (known.start + 1) + cut
-        self._remember(number, _Known(body[:close].rstrip(_SPACE), known.start, messages, said - REPLY_PRIMING))
+        self._remember(number, _Known(body[:close].rstrip(_SPACE), known.start, messages, tokens - REPLY_PRIMING))
         decoded = {**reading.decoded, "messages": messages} if "messages" in reading.decoded else reading.decoded
-        return msgspec.structs.replace(reading, messages=messages, decoded=decoded, rest=rest), said
+        return msgspec.structs.replace(reading, messages=messages, decoded=decoded, rest=rest), tokens
 
     def _remember(self, replaced: int | None, known: _Known | None) -> None:
+        """Keep ``known`` (dropping ``replaced``), then drop the oldest entries past the byte and entry limits."""
         with self._lock:
             if replaced is not None and replaced in self._known:
                 self.resident_bytes -= self._known.pop(replaced).size
@@ -137,7 +139,7 @@ class KnownBodies:
                 self.resident_bytes -= self._known.popitem(last=False)[1].size
 
 
-def _located(body: bytes, messages: list[dict[str, Any]], said: int) -> _Known | None:
+def _located(body: bytes, messages: list[dict[str, Any]], tokens: int) -> _Known | None:
     """``body``'s messages as a follow-up may reuse them: where its array opens and closes; None when that is not found."""
     try:
         array = _ARRAY.decode(body).messages
@@ -156,7 +158,7 @@ def _located(body: bytes, messages: list[dict[str, Any]], said: int) -> _Known |
         if start >= 0 and body.startswith(raw, start):  # the array the decoder read
             if body.find(raw, start + 1) >= 0:  # there twice (a nested "messages" key first): which one was read is not known
                 return None
-            return _Known(body[: start + len(array) - 1].rstrip(_SPACE), start, messages, said)  # up to its last message's end
+            return _Known(body[: start + len(array) - 1].rstrip(_SPACE), start, messages, tokens)  # up to its last message's end
     return None
 
 
@@ -164,6 +166,7 @@ _SPACE = b" \t\n\r"  # JSON's whitespace
 
 
 def _skip_space(body: bytes, at: int) -> int:
+    """The index of the first byte at or after ``at`` that is not JSON whitespace."""
     while at < len(body) and body[at] in _SPACE:
         at += 1
     return at

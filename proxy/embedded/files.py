@@ -56,6 +56,6 @@ def model_alias(configured: str = "") -> str:
 
 
 def local_missing(server: str = "", model: str = "") -> str | None:
-    """What of the embedded model is not installed, said with how to install it; None: nothing."""
+    """What of the embedded model is not installed, with how to install it; None: nothing."""
     missing = [what for what, found in (("llama-server", server_binary(server)), ("the model", model_file(model))) if found is None]
     return f"{' and '.join(missing)} not found: {INSTALL_HINT}" if missing else None

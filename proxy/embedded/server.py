@@ -46,12 +46,14 @@ class LocalModelError(RuntimeError):
 
 
 def _free_port() -> int:
+    """A port on the loopback interface that nothing listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def default_threads() -> int:
+    """The threads the server generates with: half the machine's cores, at least one."""
     return max(1, (os.cpu_count() or 2) // 2)
 
 
@@ -81,9 +83,11 @@ class LocalModel:
 
     @property
     def base_url(self) -> str:
+        """The server's OpenAI-compatible base URL."""
         return f"http://127.0.0.1:{self.port}/v1"
 
     def command(self) -> list[str]:
+        """The server's command line, or the error that says what is not installed."""
         server, model = server_binary(self.server), model_file(self.model)
         if server is None or model is None:
             raise LocalModelError(local_missing(self.server, self.model) or "the embedded model is not installed")
@@ -96,6 +100,7 @@ class LocalModel:
         ]  # fmt: skip
 
     async def start(self) -> str:
+        """Start the server and wait until it is healthy; the model it serves."""
         command = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log_file:
@@ -105,6 +110,7 @@ class LocalModel:
         return self.base_url
 
     async def _wait_healthy(self) -> None:
+        """Wait until the server answers its health check, or raise with its log's tail once it died or took too long."""
         deadline = time.monotonic() + self.startup_timeout
         async with httpx.AsyncClient(timeout=2.0) as client:
             while time.monotonic() < deadline:
@@ -121,28 +127,31 @@ class LocalModel:
 
     async def health(self) -> dict[str, Any]:
         """What ``/healthz`` says of the model: ``ok``, ``busy`` (every slot generating, requests waiting) or ``down``."""
-        said: dict[str, Any] = {"model": self.alias, "slots": self.slots.count, "generating": self.slots.busy, "waiting": self.slots.waiting}
+        health: dict[str, Any] = {"model": self.alias, "slots": self.slots.count, "generating": self.slots.busy, "waiting": self.slots.waiting}
         if self.process is None or self.process.returncode is not None:
-            return {**said, "status": "down", "reason": f"the llama-server process exited ({self.process.returncode if self.process else 'not started'})"}
+            return {**health, "status": "down", "reason": f"the llama-server process exited ({self.process.returncode if self.process else 'not started'})"}
         try:
             async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT) as client:
                 answer = await client.get(f"http://127.0.0.1:{self.port}/health")
         except httpx.HTTPError as exc:
-            return {**said, "status": "down", "reason": f"llama-server did not answer /health ({type(exc).__name__})"}
+            return {**health, "status": "down", "reason": f"llama-server did not answer /health ({type(exc).__name__})"}
         if answer.status_code != 200:
-            return {**said, "status": "down", "reason": f"llama-server's /health answered {answer.status_code}"}
-        return {**said, "status": "busy" if self.slots.waiting else "ok"}
+            return {**health, "status": "down", "reason": f"llama-server's /health answered {answer.status_code}"}
+        return {**health, "status": "busy" if self.slots.waiting else "ok"}
 
     def pid(self) -> int | None:
+        """The server's process id while it runs."""
         return self.process.pid if self.process is not None else None
 
     def _log_tail(self, lines: int = 15) -> str:
+        """The last ``lines`` of the server's log, for an error that says why it failed."""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return ""
 
     async def stop(self) -> None:
+        """Stop the server: ask it to end, and kill it if it does not in time."""
         process, self.process = self.process, None
         if process is None or process.returncode is not None:
             return

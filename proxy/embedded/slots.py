@@ -49,6 +49,7 @@ class Slots:
         self._free = asyncio.Semaphore(count)
 
     def transport(self, inner: httpx.AsyncBaseTransport) -> httpx.AsyncBaseTransport:
+        """``inner`` with the slots in front of it."""
         return _SlotTransport(inner, self)
 
     async def acquire(self) -> bool:
@@ -65,6 +66,7 @@ class Slots:
         return True
 
     def release(self) -> None:
+        """Give a slot back."""
         self.busy -= 1
         self._free.release()
 
@@ -75,6 +77,7 @@ class _SlotTransport(httpx.AsyncBaseTransport):
         self.slots = slots
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The call sent once a slot is free, with the server's key; a whole answer streamed, errors in the proxy's envelope."""
         request.headers["authorization"] = f"Bearer {self.slots.key}"  # the client's key is not the server's
         if request.method != "POST":  # models, health: no generation
             return await self.inner.handle_async_request(request)
@@ -107,6 +110,7 @@ class _SlotTransport(httpx.AsyncBaseTransport):
         return response
 
     async def aclose(self) -> None:
+        """Close the transport that reaches the server."""
         await self.inner.aclose()
 
 
@@ -118,10 +122,12 @@ class _Released(httpx.AsyncByteStream):
         self._release: Callable[[], None] | None = release
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The body as it comes."""
         async for chunk in self.stream:
             yield chunk
 
     async def aclose(self) -> None:
+        """Close the body, and give its slot back (once)."""
         try:
             await self.stream.aclose()
         finally:
@@ -131,6 +137,7 @@ class _Released(httpx.AsyncByteStream):
 
 
 def _busy(slots: Slots, request: httpx.Request) -> httpx.Response:
+    """The 503 for a request that found no slot free in time, with when to retry."""
     message = (
         f"the embedded model is busy: its {slots.count} slots are generating and no slot came free within {slots.queue_timeout:g} s "
         "(settings local_slots, local_queue_timeout); retry later"
@@ -140,6 +147,7 @@ def _busy(slots: Slots, request: httpx.Request) -> httpx.Response:
 
 
 def _plain(headers: httpx.Headers) -> dict[str, str]:
+    """The server's headers for a body the proxy wrote: JSON, its length its own."""
     return {k: v for k, v in headers.items() if k.lower() not in ("content-length", "content-encoding", "transfer-encoding", "content-type")} | {
         "content-type": "application/json"
     }
@@ -148,10 +156,10 @@ def _plain(headers: httpx.Headers) -> dict[str, str]:
 def enveloped(body: bytes, status: int) -> bytes:
     """llama-server's error ``body`` in the proxy's envelope: its message and type, the field it names as ``param``."""
     try:
-        said = msgspec.json.decode(body)
+        parsed = msgspec.json.decode(body)
     except msgspec.DecodeError:
-        said = None
-    error = said.get("error") if isinstance(said, dict) else None
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
     error = error if isinstance(error, dict) else {"message": body.decode(errors="replace").strip() or f"the embedded model answered {status}"}
     message = str(error.get("message") or f"the embedded model answered {status}")[:MAX_MESSAGE]
     kind = str(error.get("type") or ("invalid_request_error" if status < 500 else "server_error"))

@@ -16,8 +16,9 @@ from typing import Any
 
 import httpx
 
-from ..apis.codec import collect_tool_calls
+from ..apis.chat.chunks import collect_tool_calls
 from ..decoding import strict_json
+from ..sse import DONE, DataLines
 
 __all__ = ["assembled", "streamed_request"]
 
@@ -44,25 +45,23 @@ async def assembled(response: httpx.Response) -> tuple[int, bytes]:
     calls: dict[int, dict[str, Any]] = {}
     choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": None}
     logprobs: list[Any] = []
-    pending = b""
-    async for data in response.aiter_raw():
-        lines = (pending + data).split(b"\n")
-        pending = lines.pop()
-        for line in lines:
-            chunk = _chunk(line)
+    lines = DataLines()
+    async for raw in response.aiter_raw():
+        for data in lines.feed(raw):
+            chunk = _chunk(data)
             if chunk is None:
                 continue
             if "error" in chunk and not chunk.get("choices"):
                 return 500, json.dumps({"error": chunk["error"]}).encode()
             completion.update({k: chunk[k] for k in ("id", "created", "model", "system_fingerprint", "usage") if chunk.get(k) is not None})
-            for said in chunk.get("choices") or ():
-                delta = said.get("delta") or {}
+            for choice_delta in chunk.get("choices") or ():
+                delta = choice_delta.get("delta") or {}
                 for field in ("content", "reasoning_content"):
                     if delta.get(field):
                         message[field] = (message.get(field) or "") + delta[field]
                 collect_tool_calls(calls, delta.get("tool_calls") or ())
-                logprobs += ((said.get("logprobs") or {}).get("content")) or []
-                choice["finish_reason"] = said.get("finish_reason") or choice["finish_reason"]
+                logprobs += ((choice_delta.get("logprobs") or {}).get("content")) or []
+                choice["finish_reason"] = choice_delta.get("finish_reason") or choice["finish_reason"]
     if choice["finish_reason"] is None:  # cut short: the server stopped, or went away
         return 502, json.dumps({"error": {"message": "the embedded model's answer stopped before its end", "type": "server_error"}}).encode()
     if calls:
@@ -73,12 +72,12 @@ async def assembled(response: httpx.Response) -> tuple[int, bytes]:
     return 200, json.dumps(completion).encode()
 
 
-def _chunk(line: bytes) -> dict[str, Any] | None:
-    line = line.strip()
-    if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+def _chunk(data: bytes) -> dict[str, Any] | None:
+    """One ``data:`` line's chunk (None: ``[DONE]``, or what is not a JSON object)."""
+    if data == DONE:
         return None
     try:
-        chunk = strict_json(line[5:])  # a number past a double's range is not read as Infinity, to be written back so
+        chunk = strict_json(data)  # a number past a double's range is not read as Infinity, to be written back so
     except (ValueError, RecursionError):
         return None
     return chunk if isinstance(chunk, dict) else None

@@ -108,6 +108,7 @@ PART_PARAGRAPHS = 36
 
 
 def part_path(k: int) -> str:
+    """The path of the notes' part ``k``."""
     return f"docs/NOTES-{k}.md"
 
 
@@ -117,6 +118,7 @@ def part_marker(k: int, parts: int) -> str:
 
 
 def notes_part(k: int, parts: int) -> str:
+    """The text of the notes' part ``k`` of ``parts``."""
     return notes_text(PART_PARAGRAPHS, (k - 1) * PART_PARAGRAPHS, f"# Notes on the calc package ({part_marker(k, parts)})")
 
 
@@ -152,6 +154,7 @@ def check_repo(path: str) -> dict[str, Any]:
 
 
 def _strings(node: Any, out: list[str]) -> None:
+    """Every string in a JSON value, in order, added to ``out``."""
     if isinstance(node, str):
         out.append(node)
     elif isinstance(node, list):
@@ -268,6 +271,7 @@ PATCH = (
 
 
 def _props(schema: Any) -> dict[str, Any]:
+    """A JSON schema's properties (none where it has none)."""
     return (schema.get("properties") or {}) if isinstance(schema, dict) else {}
 
 
@@ -288,6 +292,7 @@ def _shell_call(tools: dict[str, Any], cmd: str, cwd: str | None) -> tuple[str, 
 
 
 def _path(cwd: str | None, rel: str) -> str:
+    """``rel`` below ``cwd``, where there is one."""
     return os.path.join(cwd, rel) if cwd else rel
 
 

@@ -73,12 +73,14 @@ class AgentScript:
         self._lock = threading.Lock()
 
     def __call__(self, recorded: Recorded) -> Reply:
+        """The scripted reply to a recorded call, the turn noted."""
         turn, reply = self._answer(recorded)
         with self._lock:
             self.turns.append(turn)
         return reply
 
     def _answer(self, recorded: Recorded) -> tuple[Turn, Reply]:
+        """The turn a call is, and the reply the script gives it."""
         path = recorded.path
         below = path[path.find("/v1") + 3 :] if "/v1" in path else path
         turn = Turn(api="unknown", path=path, query=recorded.query, role=recorded.headers.get(ROLE, ""))
@@ -106,6 +108,7 @@ class AgentScript:
         return turn, self._complete(turn, body)
 
     def _complete(self, turn: Turn, body: dict[str, Any]) -> Reply:
+        """The scripted answer of a paged or plain call: a tool call of the task's next step, or its end."""
         text, tools = conversation_text(body), tool_defs(turn.api, body)
         turn.flavor, turn.stream = flavor(tools, text), bool(body.get("stream")) and not self.json_for_stream
         turn.paged, turn.prompt_tokens = "<PagedContext" in text, _tokens(text) + _tokens(json.dumps(body.get("tools") or []))
@@ -116,26 +119,27 @@ class AgentScript:
             return _too_long(turn.api, turn.prompt_tokens, self.window)
         call = None
         if turn.flavor == "aider":
-            turn.step, said = "aider", aider_reply(text, self.big, self.parts)
+            turn.step, answer = "aider", aider_reply(text, self.big, self.parts)
         elif turn.flavor == "notools":
-            turn.step, said = "side", side_reply(text)
+            turn.step, answer = "side", side_reply(text)
         else:
             step = decide(text, self.big, self.parts)
             turn.step = step["step"]
             call = tool_call(step, tools, find_cwd(text)) if turn.step != "answer" else None
-            said = "" if call else step.get("text") or f"Cannot carry out step {turn.step} with tools {sorted(tools)}."
+            answer = "" if call else step.get("text") or f"Cannot carry out step {turn.step} with tools {sorted(tools)}."
         turn.call = call[0] if call else None
         custom = call is not None and tools.get(call[0], {}).get("kind") == "custom"
-        return _reply(turn.api, turn.stream, str(body.get("model") or "scripted-model"), said, call, custom, turn.prompt_tokens)
+        return _reply(turn.api, turn.stream, str(body.get("model") or "scripted-model"), answer, call, custom, turn.prompt_tokens)
 
 
 def _tokens(text: str) -> int:
+    """A rough token count of ``text``: four characters a token."""
     return max(1, len(text) // 4)
 
 
 def _reply(api: str, stream: bool, model: str, text: str, call: tuple[str, Any] | None, custom: bool, prompt_tokens: int) -> Reply:
     """The answer in ``api``'s shape: ``text``, or one call of a tool."""
-    said = text or None
+    content = text or None
     counts: dict[str, Any] = {"input_tokens": prompt_tokens, "output_tokens": _tokens(text + json.dumps(call[1] if call else ""))}
     if api == "chat":
         calls = [{"id": "call_" + _id(), "type": "function", "function": {"name": call[0], "arguments": json.dumps(call[1])}}] if call else None
@@ -145,15 +149,18 @@ def _reply(api: str, stream: bool, model: str, text: str, call: tuple[str, Any] 
         return completion(text, model=model, tool_calls=calls, **usage)
     if api == "responses":
         kinds: dict[str, Any] = {"custom_calls": [call]} if call and custom else {"function_calls": [call]} if call else {}
-        return responses_stream([text] if text else None, model=model, **kinds, **counts) if stream else response(said, model=model, **kinds, **counts)
+        return responses_stream([text] if text else None, model=model, **kinds, **counts) if stream else response(content, model=model, **kinds, **counts)
     uses = [call] if call else []
-    return messages_stream([text] if text else None, tool_uses=uses, model=model, **counts) if stream else message(said, tool_uses=uses, model=model, **counts)
+    return (
+        messages_stream([text] if text else None, tool_uses=uses, model=model, **counts) if stream else message(content, tool_uses=uses, model=model, **counts)
+    )
 
 
 _ids = itertools.count(1)
 
 
 def _id() -> str:
+    """A new id for a scripted call."""
     return f"scripted{next(_ids)}"
 
 
@@ -171,6 +178,7 @@ def _too_long(api: str, tokens: int, window: int) -> Reply:
 
 
 def _error(status: int, kind: str, text: str, *, anthropic: bool) -> Reply:
+    """An error reply in the API's envelope: Anthropic's or OpenAI's."""
     body = {"type": "error", "error": {"type": kind, "message": text}} if anthropic else {"error": {"message": text, "type": kind, "code": None}}
     return Reply(status=status, body=json.dumps(body).encode())
 
@@ -188,6 +196,7 @@ def provider_violations(api: str, body: dict[str, Any]) -> list[str]:
 
 
 def _chat_violations(messages: list[Any]) -> list[str]:
+    """What breaks chat's rules in ``messages``: a tool message that answers no call."""
     out, called = [], set()
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
@@ -200,6 +209,7 @@ def _chat_violations(messages: list[Any]) -> list[str]:
 
 
 def _responses_violations(items: Any) -> list[str]:
+    """What breaks the Responses API's rules in the input items: an output that answers no call."""
     out, called = [], set()
     for i, item in enumerate(items if isinstance(items, list) else ()):
         kind = item.get("type") if isinstance(item, dict) else None
@@ -211,6 +221,7 @@ def _responses_violations(items: Any) -> list[str]:
 
 
 def _messages_violations(messages: list[Any]) -> list[str]:
+    """What breaks Anthropic's rules in ``messages``: a tool result that answers no call just before it."""
     out: list[str] = []
     previous: set[str] = set()
     for i, m in enumerate(messages):

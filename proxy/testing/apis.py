@@ -90,14 +90,15 @@ def document_of(messages: Sequence[dict[str, Any]]) -> str:
 def worker_text(recorded: Recorded) -> str:
     """The text of a worker call's user message: the client's first message, the document, the user line."""
     body = recorded.json
-    said = body["input"] if api_of(recorded) == "responses" else body["messages"]
-    content = said[-1]["content"]
+    conversation = body["input"] if api_of(recorded) == "responses" else body["messages"]
+    content = conversation[-1]["content"]
     if isinstance(content, str):
         return content
     return "".join(part.get("text", "") for part in content if part.get("type") in ("text", "input_text"))
 
 
 def _streams(recorded: Recorded) -> bool:
+    """Whether the recorded call asked for a stream."""
     try:
         return bool(recorded.json.get("stream"))
     except (ValueError, AttributeError):
@@ -105,15 +106,18 @@ def _streams(recorded: Recorded) -> bool:
 
 
 def _json(reply: dict[str, Any], headers: dict[str, str] | None) -> Reply:
+    """A reply of one JSON body."""
     return Reply(body=json.dumps(reply).encode(), headers={"content-type": "application/json", **(headers or {})})
 
 
 def _sse(events: Iterable[dict[str, Any]], headers: dict[str, str] | None) -> Reply:
+    """A reply of named server-sent events."""
     chunks = [f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode() for event in events]
     return Reply(headers={"content-type": "text/event-stream", **(headers or {})}, chunks=list(chunks))
 
 
 def _arguments(arguments: Any) -> str:
+    """Arguments as JSON text."""
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
@@ -121,6 +125,7 @@ def _arguments(arguments: Any) -> str:
 
 
 def _response(output: list[dict[str, Any]], model: str, status: str, usage: dict[str, Any] | None) -> dict[str, Any]:
+    """A fake response object with ``output``."""
     return {
         "id": f"resp_fake{next(_ids)}", "object": "response", "created_at": int(time.time()), "status": status, "model": model,
         "output": output, "usage": usage, "instructions": None, "tools": [], "tool_choice": "auto", "parallel_tool_calls": True,
@@ -130,6 +135,7 @@ def _response(output: list[dict[str, Any]], model: str, status: str, usage: dict
 
 
 def _responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """A response's usage with these counts."""
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": 0},
@@ -140,6 +146,7 @@ def _responses_usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
 
 
 def _output(text: str | None, function_calls: Calls, reasoning: bool, custom_calls: Calls = ()) -> list[dict[str, Any]]:
+    """A fake response's output items: reasoning, a message, function and custom tool calls."""
     n = next(_ids)
     output: list[dict[str, Any]] = [{"id": f"rs_fake{n}", "type": "reasoning", "summary": []}] if reasoning else []
     if text is not None:
@@ -211,6 +218,7 @@ def responses_stream(
 
 
 def _item_events(index: int, item: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+    """One output item as its stream's events, its text or arguments in ``pieces``."""
     if item["type"] == "custom_tool_call":
         at = {"output_index": index, "item_id": item["id"]}
         return [
@@ -243,6 +251,7 @@ def _item_events(index: int, item: dict[str, Any], pieces: list[str]) -> list[di
 
 
 def _content(text: str | None, tool_uses: Calls, thinking: bool) -> list[dict[str, Any]]:
+    """A fake message's content blocks: thinking, text and tool uses."""
     n = next(_ids)
     content: list[dict[str, Any]] = [{"type": "thinking", "thinking": "Let me see.", "signature": f"sig{n}"}] if thinking else []
     if text is not None:
@@ -253,6 +262,7 @@ def _content(text: str | None, tool_uses: Calls, thinking: bool) -> list[dict[st
 
 
 def _message(content: list[dict[str, Any]], model: str, stop_reason: str | None, usage: dict[str, int]) -> dict[str, Any]:
+    """A fake message with ``content``."""
     return {
         "id": f"msg_fake{next(_ids)}",
         "type": "message",
@@ -310,6 +320,7 @@ def messages_stream(
 
 
 def _block_events(index: int, block: dict[str, Any], pieces: list[str]) -> list[dict[str, Any]]:
+    """One content block as its stream's events, its text in ``pieces``."""
     kind = block["type"]
     if kind == "thinking":
         deltas = [{"type": "thinking_delta", "thinking": block["thinking"]}, {"type": "signature_delta", "signature": block["signature"]}]

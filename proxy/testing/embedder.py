@@ -29,6 +29,7 @@ class StandInEmbedder:
         self.requests_served = 0
 
     def vector(self, text: str) -> Any:
+        """A stand-in embedding of ``text``: its words hashed into the dimensions, normalized."""
         import numpy as np
 
         total = np.zeros(self.dimensions)
@@ -39,12 +40,14 @@ class StandInEmbedder:
         return total / norm if norm else total
 
     def prefetch(self, text: str, headers: Any = None) -> Any:
+        """Note ``text`` as asked for ahead; done at once."""
         self.prefetched.append(text)
         return done()
 
     ready = True
 
     def embed_sync(self, texts: Sequence[str]) -> Any:
+        """The stand-in embeddings of ``texts``."""
         import numpy as np
 
         return np.array([self.vector(text) for text in texts], dtype=np.float32).reshape(len(texts), self.dimensions)
@@ -54,6 +57,7 @@ class StandInEmbedder:
         return self.embed_sync(texts)
 
     async def similarities_when_ready(self, query: str, texts: Sequence[str], headers: Any = None) -> Any:
+        """The cosine similarities of ``query`` to each of ``texts``."""
         import numpy as np
 
         self.asked.append((query, len(texts)))
@@ -62,6 +66,7 @@ class StandInEmbedder:
 
     @contextmanager
     def serving(self) -> Iterator[None]:
+        """Count a request served while the block runs."""
         self.requests_served += 1
         try:
             yield
@@ -69,4 +74,5 @@ class StandInEmbedder:
             self.requests_served -= 1
 
     def close(self) -> None:
+        """Nothing to close."""
         pass

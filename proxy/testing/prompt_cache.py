@@ -49,6 +49,7 @@ class PromptCache:
         return self.calls[-1]
 
     def _found(self, keys: Sequence[str], tokens: Sequence[int], mark: int) -> int:
+        """The tokens of the longest cached prefix that ends at most ``lookback`` blocks before ``mark``."""
         for at in range(mark, max(mark - self.lookback, -1), -1):
             if keys[at] in self.entries:
                 return tokens[at]
@@ -58,6 +59,7 @@ class PromptCache:
         """``worker``'s replies, a Messages reply of a proxy's worker call with this cache's ``usage``."""
 
         def reply(recorded: Recorded) -> Reply:
+            """The worker's answer, its usage telling what the cache read and wrote."""
             answer = worker(recorded)
             if recorded.headers.get(ROLE) != "worker" or not recorded.path.endswith("/messages") or answer.chunks is not None:
                 return answer
@@ -69,12 +71,14 @@ class PromptCache:
 
 
 def _blocks(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Messages request's blocks in the order Anthropic caches them: tools, system, messages."""
     system = body.get("system") or []
     messages = [block for message in body.get("messages", []) for block in _content(message)]
     return [*body.get("tools", []), *([{"type": "text", "text": system}] if isinstance(system, str) else system), *messages]
 
 
 def _content(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's content as blocks."""
     content = message.get("content")
     return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
 

@@ -28,6 +28,7 @@ class Recorded:
 
     @property
     def json(self) -> Any:
+        """The recorded body decoded."""
         return json.loads(self.body)
 
 
@@ -53,6 +54,7 @@ def completion(
     finish: str | None = None,
     headers: dict[str, str] | None = None,
 ) -> Reply:
+    """A whole chat completion reply."""
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if tool_calls:
         message = {"role": "assistant", "content": None, "tool_calls": tool_calls}
@@ -88,6 +90,7 @@ def sse_chunks(
     cid = f"chatcmpl-fake{next(_ids)}"
 
     def event(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> bytes:
+        """One chunk of the stream as an event."""
         chunk = {
             "id": cid,
             "object": "chat.completion.chunk",
@@ -118,6 +121,7 @@ def sse_chunks(
 
 
 def stream_reply(pieces: Iterable[str], *, headers: dict[str, str] | None = None, **kwargs: Any) -> Reply:
+    """A streamed chat completion reply of ``pieces``."""
     return Reply(headers={"content-type": "text/event-stream", **(headers or {})}, chunks=list(sse_chunks(pieces, **kwargs)))
 
 
@@ -125,6 +129,7 @@ def embeddings_reply(vector: Callable[[str], Any]) -> Callable[[Recorded], Reply
     """An ``/embeddings`` answer giving each input text ``vector(text)`` (a ``StandInEmbedder``'s, say)."""
 
     def answer(recorded: Recorded) -> Reply:
+        """The embeddings reply for the recorded texts."""
         texts = recorded.json["input"]
         data = [
             {"object": "embedding", "index": i, "embedding": [float(x) for x in vector(text)]}

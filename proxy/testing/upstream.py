@@ -64,6 +64,7 @@ def _embeddings_asked(body: bytes) -> Reply:
 
 
 def _answer_in_kind(recorded: Recorded) -> Reply:
+    """The default reply, in the API the call was made to."""
     return default_reply(recorded)
 
 
@@ -81,9 +82,11 @@ class FakeUpstream:
 
     # -- scripting ---------------------------------------------------------
     def enqueue(self, *replies: Reply | Callable[[Recorded], Reply]) -> None:
+        """Script the next replies, in order."""
         self.script.extend(replies)
 
     def chat_requests(self, role: str | None = None) -> list[Recorded]:
+        """The chat completion calls received (those of ``role``, when given)."""
         return [r for r in self.requests if r.path.endswith("/chat/completions") and (role is None or r.headers.get(ROLE) == role)]
 
     def reply_to(self, recorded: Recorded) -> Reply:
@@ -109,21 +112,26 @@ class FakeUpstream:
         return _InProcess(self)
 
     def start(self) -> FakeUpstream:
+        """Serve on a free port, in a thread."""
         self._server = serve_in_thread(self._asgi)
         return self
 
     def stop(self) -> None:
+        """Stop serving."""
         if self._server:
             self._server.stop()
 
     def __enter__(self) -> FakeUpstream:
+        """Start serving."""
         return self.start()
 
     def __exit__(self, *_: object) -> None:
+        """Stop serving."""
         self.stop()
 
     # -- the server --------------------------------------------------------
     async def _asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI app: the call recorded, then its reply sent."""
         if scope["type"] != "http":
             return
         body = b""
@@ -146,6 +154,7 @@ class FakeUpstream:
         await self._stream(reply.chunks, send, receive)
 
     async def _stream(self, chunks: list[bytes | float | threading.Event], send: Any, receive: Any) -> None:
+        """Send a streamed reply's chunks, pauses and waits, until done or the client leaves."""
         gone = asyncio.ensure_future(_until_disconnect(receive))
         try:
             for item in chunks:
@@ -176,6 +185,7 @@ class _InProcess(httpx.AsyncBaseTransport):
         self.fake = fake
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """The call recorded and answered in process, as the served fake would."""
         body = await request.aread()
         headers = {k.lower(): v for k, v in request.headers.items()}
         reply = self.fake.reply_to(Recorded(request.method, request.url.path, headers, body, request.url.query.decode()))
@@ -193,6 +203,7 @@ class _Chunks(httpx.AsyncByteStream):
         self.fake, self.chunks, self.finished = fake, chunks, False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        """The reply's chunks, with its pauses and waits."""
         for item in self.chunks:
             if isinstance(item, float):
                 await asyncio.sleep(item)
@@ -206,12 +217,14 @@ class _Chunks(httpx.AsyncByteStream):
         self.fake.finished_streams += 1
 
     async def aclose(self) -> None:
+        """Count a client that left before the end."""
         if not self.finished:
             self.fake.disconnects += 1
             self.finished = True
 
 
 async def _until_disconnect(receive: Any) -> None:
+    """Wait until the client goes away."""
     while (await receive())["type"] != "http.disconnect":
         pass
 
@@ -234,6 +247,7 @@ class _ThreadedServer:
             time.sleep(0.01)
 
     def stop(self) -> None:
+        """Stop serving."""
         self.server.should_exit = True
         self.thread.join(timeout=15)
         self.sock.close()

@@ -17,8 +17,9 @@ from litestar import Response
 from pcp_core import Conversation, Policy, compaction_text, marked_handles, short_hash
 
 from .. import headers as pcp
-from ..apis import messages_chat, responses_chat
 from ..apis.codec import Api, Codec
+from ..apis.messages.chat_answer import message_of
+from ..apis.responses.chat_answer import response_of
 from ..protocol.drive import keep_pages
 from ..services import Services
 
@@ -29,7 +30,7 @@ __all__ = ["COMPACTING", "answered", "marked_behind"]
 COMPACTING = (b"create a detailed summary of the conversation so far", b"CONTEXT CHECKPOINT COMPACTION")
 MARKED = b"[pcp-pages: "
 # The client's API's whole answer, from a chat completion.
-_WHOLE = {"messages": messages_chat.reply, "responses": responses_chat.reply}
+_WHOLE = {"messages": message_of, "responses": response_of}
 
 
 async def answered(

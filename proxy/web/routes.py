@@ -76,7 +76,7 @@ async def responses_compact(request: Request[Any, Any, Any], services: NamedDepe
     """OpenAI's compaction (``POST /responses/compact``): the upstream's own where it has it, else the proxy's, whose
     compaction item is a handle to the history's pages (``context_management.compacted``)."""
     upstream, settings = services.upstream, services.settings
-    translation = upstream.translation
+    translation = services.translation_of(RESPONSES)
     path = _asked_at(dataclasses.replace(RESPONSES, path=COMPACT_PATH), request).path
     body = await request.body()
     headers = upstream_headers(settings, request.headers, anthropic=False)
@@ -391,7 +391,8 @@ async def count_tokens(request: Request[Any, Any, Any], services: NamedDependenc
     if control is not None:
         return _count(min(tokens, carried + control.policy.rounds.budget), "protocol")
     upstream = services.upstream_of(MESSAGES)
-    if upstream.translation.mode != "always" and "/messages" not in upstream.translation.lacking:
+    translation = services.translation_of(MESSAGES)
+    if translation.mode != "always" and "/messages" not in translation.lacking:
         target = upstream_target(request.scope)
         response = await forward(upstream, request, "POST", target, body, headers, PASSTHROUGH, stream=False, failure=MESSAGES.failure)
         if response.status_code not in (404, 405):
@@ -440,7 +441,7 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     said: dict[str, Any] = {"status": status}
     if shows_details(services.settings, request.headers):
         said["upstream"] = services.upstream.shown_url
-        said["apis"] = services.upstream.translation.fronts()  # native, or translated to chat completions, and why
+        said["apis"] = services.translation.fronts()  # native, or translated to chat completions, and why
         if local is not None:
             said["local_model"] = local
     return Response(said, status_code=503 if status == "unavailable" else 200)

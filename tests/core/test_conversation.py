@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pcp_core import Conversation, ScanPolicy, anthropic_messages, message_text
+from pcp_core import Conversation, ScanPolicy, message_text
 from pcp_core.conversation import query_shown
 
 from .counting import COUNT
@@ -14,23 +14,6 @@ TASK = "The unit tests fail. Find and fix the bug in the calc package."
 
 def read(messages: list[dict]) -> Conversation:
     return Conversation.of(messages, ScanPolicy(), COUNT)
-
-
-def test_a_system_message_after_the_last_turn_joins_the_head_and_the_users_task_stays_the_query():
-    # Claude Code's first request: its system prompt, the task after a reminder, then a
-    # mid-conversation system message (the agent types its Agent tool can start).
-    messages = anthropic_messages(
-        [{"type": "text", "text": "You are Claude Code."}],
-        [
-            {"role": "user", "content": [{"type": "text", "text": "<system-reminder>be brief</system-reminder>"}, {"type": "text", "text": TASK}]},
-            {"role": "system", "content": "Available agent types for the Agent tool: general-purpose, Explore."},
-        ],
-    )
-    conversation = read(messages)
-    assert TASK in conversation.query_text
-    assert "Available agent types" not in conversation.query_text
-    assert "Available agent types" in conversation.head_text and "You are Claude Code." in conversation.head_text
-    assert conversation.history == []
 
 
 def test_a_system_message_between_turns_stays_in_the_history():

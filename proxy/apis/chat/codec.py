@@ -18,11 +18,11 @@ import msgspec
 
 from pcp_core import CallWorker, ComponentSpec, Outcome, WorkerReply, short_hash, spoken
 
-from ..decoding import decode_json, finite_fields
-from ..errors import ClientError, PcpError
-from ..sse import DONE, data_event, said
-from .codec import Api, BodyCodec, Reading, Usage, checked, collect_tool_calls
-from .whole_streams import chat_chunks
+from ...decoding import decode_json, finite_fields
+from ...errors import ClientError, PcpError
+from ...sse import DONE, data_event, error_message
+from ..codec import Api, BodyCodec, Reading, Usage, checked
+from .chunks import chat_chunks, collect_tool_calls
 
 __all__ = ["CHAT", "ChatCodec", "ChatRequest", "ChatRound", "ChatRules", "check", "check_chunk", "event", "failure", "read", "relayed_finish"]
 
@@ -58,6 +58,7 @@ _DECODER = msgspec.json.Decoder(ChatRequest)
 
 
 def read(body: bytes) -> Reading:
+    """A chat request's body as a ``Reading``, or the 400 that says what is wrong with it."""
     request: ChatRequest = decode_json(body, _DECODER.decode)
     finite_fields(body, ("messages",), "chat request")
     for i, message in enumerate(request.messages):
@@ -112,24 +113,28 @@ class _Chunk(msgspec.Struct):
 
 
 def check(body: bytes) -> dict[str, Any]:
+    """A chat completion decoded, once it has the shape the proxy reads (else the 502 that says where)."""
     return checked(body, _Completion, "a chat completion", "upstream_bad_response")
 
 
 def check_chunk(data: bytes) -> dict[str, Any]:
+    """A chunk of a chat stream decoded, once it has the shape the proxy reads (else the 502 that says where)."""
     return checked(data, _Chunk, "a chat completion chunk", "upstream_bad_stream")
 
 
 def reply(completion: dict[str, Any]) -> WorkerReply:
+    """A completion's first choice as the rounds read it: its text and tool calls."""
     message = completion["choices"][0]["message"]
     return WorkerReply(text=message.get("content") or "", tool_calls=message.get("tool_calls") or [])
 
 
 def usage(total: Usage, completion: dict[str, Any]) -> None:
+    """Add a completion's usage to the request's."""
     total.add(completion.get("usage"))
 
 
 def whole(body: bytes) -> list[dict[str, Any]]:
-    """A completion that came whole where a stream was asked for, as its chunks (``whole_streams``)."""
+    """A completion that came whole where a stream was asked for, as its chunks (``chat_chunks``)."""
     return list(chat_chunks(check(body)))
 
 
@@ -151,14 +156,16 @@ class ChatRules:
         self.done = False  # [DONE] came
 
     def failure(self, chunk: dict[str, Any]) -> str | None:
+        """What the upstream says went wrong, if ``chunk`` is an error; else None, and its choices are taken in."""
         if "error" in chunk and not chunk.get("choices"):
-            return said(chunk["error"])
+            return error_message(chunk["error"])
         for choice in chunk.get("choices") or ():
             self.choices = True
             self.finished = self.finished or bool(isinstance(choice, dict) and choice.get("finish_reason"))
         return None
 
     def missing(self) -> str | None:
+        """What the stream lacks to be whole (None: nothing)."""
         if self.choices and (self.done or self.finished):
             return None
         return "no finish_reason and no [DONE] (cut short?)" if self.choices else "no event carried a choice"
@@ -170,10 +177,12 @@ DONE_EVENT = data_event(DONE)
 
 
 def event(payload: dict[str, Any]) -> bytes:
+    """One chunk as a server-sent event."""
     return data_event(json.dumps(payload).encode())
 
 
 def failure(error: PcpError) -> bytes:
+    """A failure once a stream has started: an ``error`` event, and no ``[DONE]`` after it."""
     return data_event(error.envelope())
 
 
@@ -206,6 +215,7 @@ class ChatCodec(BodyCodec):
         self.base = {k: v for k, v in body.items() if k not in OWN_FIELDS}
 
     def worker_body(self, call: CallWorker, stream: bool) -> bytes:
+        """A worker call as a chat completion's body: the client's fields, the call's messages and tools."""
         body = {**self.base, "messages": call.messages}
         if call.tools:
             body["tools"] = call.tools
@@ -220,6 +230,7 @@ class ChatCodec(BodyCodec):
 
     @staticmethod
     def router_body(messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        """A call of the router model: its messages, and no more than ``max_tokens``, at temperature 0."""
         return json.dumps({"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}).encode()
 
     def final(self, completion: dict[str, Any], outcome: Outcome, usage: Usage) -> dict[str, Any]:
@@ -238,6 +249,7 @@ class ChatCodec(BodyCodec):
         yield DONE_EVENT
 
     def round(self, usage: Usage) -> ChatRound:
+        """One streamed worker call, read and written as chat chunks."""
         return ChatRound(self.model, usage, self.include_usage)
 
 
@@ -254,6 +266,7 @@ class ChatRound:
         self.meta = {"id": f"chatcmpl-pcp{short_hash(str(time.time_ns()))}", "model": model, "created": int(time.time())}
 
     def read(self, event: dict[str, Any]) -> str:
+        """Take in one upstream chunk: its usage, tool calls and finish reason; the answer text it adds."""
         self.usage.add(event.get("usage"))
         self.meta.update({k: event[k] for k in ("id", "model", "created") if k in event})
         text = ""
@@ -265,15 +278,19 @@ class ChatRound:
         return text
 
     def calls(self) -> list[dict[str, Any]]:
+        """The round's tool calls so far, put together from their deltas."""
         return list(self.tool_calls.values())
 
     def opening(self) -> bytes:
+        """The client's first chunk: the assistant's role."""
         return self.chunk({"role": "assistant", "content": ""})
 
     def text(self, text: str) -> bytes:
+        """A chunk of the answer's text."""
         return self.chunk({"content": text})
 
     def closing(self) -> Iterator[bytes]:
+        """The chunk with the relayed finish reason, then what ends the stream (``ending``)."""
         yield self.chunk({}, finish_reason=relayed_finish(self.finish_reason))
         yield from self.ending()
 
@@ -292,9 +309,11 @@ class ChatRound:
         yield DONE_EVENT
 
     def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        """One chunk of the client's stream, of choice 0."""
         return self.event({"choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
 
     def event(self, payload: dict[str, Any]) -> bytes:
+        """A chunk of the client's stream, with the round's id, model and creation time."""
         return event({**self.meta, "object": "chat.completion.chunk", **payload})
 
 
@@ -302,6 +321,7 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def _answer(choice: dict[str, Any], index: int, text: str) -> dict[str, Any]:
+    """A choice of the client's completion: ``text`` as its message."""
     return {**choice, "index": index, "message": {"role": "assistant", "content": text}, "finish_reason": relayed_finish(choice.get("finish_reason"))}
 
 

@@ -1,15 +1,10 @@
-"""Anthropic's Messages API (``POST /v1/messages``): what the proxy reads of a request, and how it speaks to both sides.
+"""Anthropic's Messages API in protocol mode: a request's worker calls, and the answer the client gets.
 
-The conversation is ``system`` (the head) and ``messages`` of content blocks,
-read as chat messages (``pcp_core.chat_messages``): text as text, images and
-documents as attachments, a ``tool_use`` and the ``tool_result`` that answers
-it one turn, thinking blocks left out (opaque, and their turn stays whole).
 Worker calls go upstream as Messages calls (to ``PCP_ANTHROPIC_BASE_URL`` when
 set, with the client's ``x-api-key`` and ``anthropic-version``): the client's
 system prompt as ``system``; one user message, the client's first message,
-the ``<PagedContext>`` and the user line. The client
-gets one message, or its events (``messages_stream``); the proxy's own errors
-are in Anthropic's envelope.
+the ``<PagedContext>`` and the user line. The client gets one message, or its
+events (``MessagesRound``).
 
 Prompt caching: the client's ``cache_control`` marks are kept where the prompt
 still has what they mark (its tools, an image or document sent again). Its
@@ -21,62 +16,39 @@ while the request has marks to spare (Anthropic takes four).
 
 from __future__ import annotations
 
-import json
-import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
 
-from pcp_core import MARK, Compaction, Outcome, WorkerReply, anthropic_messages, part_handle, short_hash, unmarked
+from pcp_core import Compaction, Outcome, part_handle
 
-from ..decoding import decode_json, finite_fields
-from ..errors import ClientError, PcpError, anthropic_envelope
-from ..sse import named_event, said
-from .codec import Api, Reading, ToolsCodec, Usage, checked, count_of, function_call, split_system
-from .whole_streams import message_events
+from ...sse import named_event
+from ..codec import Api, ToolsCodec, Usage, function_call, split_system
+from .conversation import MARK, unmarked
+from .wire import (
+    MessagesRules,
+    as_stream,
+    block_start,
+    block_stop,
+    check,
+    failure,
+    message_end,
+    message_start,
+    new_message_id,
+    read,
+    relayed_stop,
+    reply,
+    text_delta,
+    usage,
+    usage_of,
+)
 
-__all__ = [
-    "MESSAGES",
-    "Managed",
-    "MessagesCodec",
-    "MessagesRound",
-    "MessagesRules",
-    "anthropic_messages",
-    "check",
-    "event",
-    "failure",
-    "read",
-    "reply",
-    "usage",
-    "usage_of",
-]
+__all__ = ["MESSAGES", "Managed", "MessagesCodec", "MessagesRound"]
 
 Block = dict[str, Any]
 MAX_MARKS = 4  # cache_control marks Anthropic takes in one request
 OWN_MARK = {"type": "ephemeral"}
-
-
-class MessagesRequest(msgspec.Struct):
-    """What the proxy reads of a request; messages and blocks stay plain dicts, so fields it does not model survive."""
-
-    messages: list[dict[str, Any]]
-    system: str | list[Block] | None = None
-    model: str | None = None
-    stream: bool = False
-    tools: list[Block] | None = None
-
-
-_DECODER = msgspec.json.Decoder(MessagesRequest)
-
-
-def read(body: bytes) -> Reading:
-    request: MessagesRequest = decode_json(body, _DECODER.decode, "Messages request")
-    finite_fields(body, ("messages",), "Messages request")
-    for i, message in enumerate(request.messages):
-        if not isinstance(message.get("role"), str):
-            raise ClientError(f"messages[{i}] has no role", param=f"messages.[{i}].role")
-    return Reading(anthropic_messages(request.system, request.messages), request.stream, None, {"messages": request.messages}, request.model)
 
 
 def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -88,124 +60,6 @@ def _marks(messages: list[dict[str, Any]]) -> dict[str, Any]:
             if isinstance(block, dict) and MARK in block and block.get("type") != "text":
                 marks[part_handle(unmarked(block))] = block[MARK]
     return marks
-
-
-# -- the upstream's answers --------------------------------------------------------------
-
-
-class _Block(msgspec.Struct):
-    type: str
-    text: str | None = None
-    id: str | None = None
-    name: str | None = None
-
-
-class _Usage(msgspec.Struct):
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cache_creation_input_tokens: int | None = None
-    cache_read_input_tokens: int | None = None
-
-
-class _Message(msgspec.Struct):
-    content: list[_Block]
-    usage: _Usage | None = None
-
-
-def check(body: bytes) -> dict[str, Any]:
-    return checked(body, _Message, "a message", "upstream_bad_response")
-
-
-def reply(message: dict[str, Any]) -> WorkerReply:
-    """A message's text and tool calls (``tool_use``; a server tool's call is the upstream's own), as the rounds read them."""
-    content = message.get("content") or []
-    text = "".join(block.get("text") or "" for block in content if block.get("type") == "text")
-    calls = [
-        function_call(block.get("id") or "", block.get("name") or "", json.dumps(block.get("input"))) for block in content if block.get("type") == "tool_use"
-    ]
-    return WorkerReply(text=text, tool_calls=calls)
-
-
-def usage(total: Usage, message: dict[str, Any]) -> None:
-    said = message.get("usage")
-    written, read = count_of(said, "cache_creation_input_tokens"), count_of(said, "cache_read_input_tokens")
-    # Anthropic's input_tokens leaves out what the cache wrote and read: the prompt is all three.
-    total.add_counts(
-        count_of(said, "input_tokens") + written + read, count_of(said, "output_tokens"), cache_creation_input_tokens=written, cache_read_input_tokens=read
-    )
-    if isinstance(said, dict) and "cache_read_input_tokens" in said:
-        total.read_from_cache(read)
-
-
-def usage_of(usage: Usage) -> dict[str, int]:
-    """The answering call's usage (``Usage.answer``), as a message's ``usage``."""
-    usage = usage.answer()
-    written, read = usage.more.get("cache_creation_input_tokens", 0), usage.more.get("cache_read_input_tokens", 0)
-    return {
-        "input_tokens": usage.prompt_tokens - written - read,
-        "output_tokens": usage.completion_tokens,
-        "cache_creation_input_tokens": written,
-        "cache_read_input_tokens": read,
-    }
-
-
-def relayed_stop(stop_reason: str | None) -> str:
-    """The answering round's stop reason, but ``end_turn`` where its tool calls were directives, taken out of the answer."""
-    return "end_turn" if stop_reason in (None, "tool_use") else stop_reason
-
-
-def event(kind: str, **fields: Any) -> bytes:
-    return named_event(kind, {"type": kind, **fields})
-
-
-def failure(error: PcpError) -> bytes:
-    """A failure once a stream has started, as Anthropic's API tells it: an ``error`` event."""
-    return b"event: error\ndata: " + anthropic_envelope(error) + b"\n\n"
-
-
-def whole(body: bytes) -> list[dict[str, Any]]:
-    """A message that came whole where a stream was asked for, as its events (``whole_streams``)."""
-    return list(message_events(check(body)))
-
-
-def as_stream(body: bytes) -> bytes:
-    """A message that came whole, as the event stream the client asked for."""
-    return b"".join(named_event(e["type"], e) for e in whole(body))
-
-
-class MessagesRules:
-    """A Messages stream is whole when it ends with ``message_stop``; an ``error`` event is the upstream's failure."""
-
-    whole = staticmethod(whole)
-
-    def __init__(self) -> None:
-        self.done = False
-        self.ended = False
-
-    @staticmethod
-    def check(data: bytes) -> dict[str, Any]:
-        return checked(data, _Event, "a Messages stream event", "upstream_bad_stream")
-
-    def failure(self, event: dict[str, Any]) -> str | None:
-        if event["type"] == "error":
-            return said(event.get("error"))
-        self.ended = self.ended or event["type"] == "message_stop"
-        return None
-
-    def missing(self) -> str | None:
-        return None if self.ended else "no message_stop (cut short?)"
-
-
-class _Event(msgspec.Struct):
-    type: str
-    index: int = 0
-    message: dict[str, Any] | None = None
-    content_block: dict[str, Any] | None = None
-    delta: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-
-
-# -- the codec ---------------------------------------------------------------------------
 
 
 class Managed(msgspec.Struct, frozen=True):
@@ -237,6 +91,7 @@ class MessagesCodec(ToolsCodec):
         self.compaction: Block | None = None
 
     def kept(self, session_id: str, behind: list[str]) -> None:
+        """Once the session is kept: the compaction block that hands it back, where the request compacts."""
         if self.managed is not None and self.managed.compaction is not None and session_id:
             handle = self.managed.handle([session_id, *behind])
             self.compaction = {"type": "compaction", "content": handle, "encrypted_content": handle}
@@ -252,6 +107,7 @@ class MessagesCodec(ToolsCodec):
         return {"context_management": {"applied_edits": self.managed.applied}} if self.managed is not None else {}
 
     def router_body(self, messages: list[dict[str, Any]], model: str, max_tokens: int) -> bytes:
+        """A call of the router model as a Messages call: at temperature 0, ``max_tokens`` at most."""
         return msgspec.json.encode({"model": model, "max_tokens": max_tokens, "temperature": 0, **self.prompt(messages)})
 
     def cache_key(self, key: str) -> None:
@@ -261,10 +117,10 @@ class MessagesCodec(ToolsCodec):
         """A call's chat messages as ``system`` and ``messages``, with the client's marks that still apply, then the proxy's own."""
         system, rest = split_system(messages)
         room = [MAX_MARKS - self.tool_marks]
-        said = [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]
-        if said:  # the last holds the document
-            said[-1]["content"] = _context(said[-1]["content"], room[0], cuts, marks)
-        prompt: dict[str, Any] = {"messages": said}
+        turns = [{"role": m["role"], "content": self._marked(m["content"], room)} for m in rest]
+        if turns:  # the last holds the document
+            turns[-1]["content"] = _context(turns[-1]["content"], room[0], cuts, marks)
+        prompt: dict[str, Any] = {"messages": turns}
         if system:
             prompt["system"] = system
         return prompt
@@ -295,6 +151,7 @@ class MessagesCodec(ToolsCodec):
         return final
 
     def round(self, usage: Usage) -> MessagesRound:
+        """One streamed worker call, read and written as Anthropic's events."""
         return MessagesRound(self, usage)
 
     @staticmethod
@@ -307,11 +164,8 @@ class MessagesCodec(ToolsCodec):
 
     @staticmethod
     def directive_tool(function: dict[str, Any]) -> dict[str, Any]:
+        """A directive's function as a Messages tool."""
         return {"name": function["name"], "description": function["description"], "input_schema": function["parameters"]}
-
-
-def new_message_id() -> str:
-    return f"msg_pcp{short_hash(str(time.time_ns()))}"
 
 
 def _context(content: Any, room: int, cuts: Sequence[int] = (), marks: Sequence[int] = ()) -> Any:
@@ -353,23 +207,28 @@ def _blocks(text: str, room: int, cuts: Sequence[int] = (), marks: Sequence[int]
 
 
 class MessagesRound:
+    """The client's stream is the one a message of one text block would have: ``message_start`` (a compaction
+    block first, where the history was compacted), the block and its text as the answer is released, then
+    ``message_delta`` with the answering call's usage. A call of the client's own tools is replayed."""
+
     def __init__(self, codec: MessagesCodec, usage: Usage):
         self.codec = codec
         self.usage = usage
         self.tool_calls: dict[int, dict[str, Any]] = {}
         # The upstream's message as message_start tells it, and how message_delta ends it.
         self.message: dict[str, Any] = {"id": new_message_id(), "type": "message", "role": "assistant", "model": codec.model}
-        self.said_usage: dict[str, Any] = {}
+        self.started_usage: dict[str, Any] = {}
         self.stop_reason: str | None = None
         self.stop_sequence: str | None = None
 
     # -- reading the upstream's events -------------------------------------------------
     def read(self, event: dict[str, Any]) -> str:
+        """Take in one upstream event; the answer text it adds."""
         kind = event["type"]
         if kind == "message_start" and isinstance(event.get("message"), dict):
             self.message = {k: v for k, v in event["message"].items() if k not in ("content", "usage", "stop_reason", "stop_sequence")}
             usage = event["message"].get("usage")
-            self.said_usage = dict(usage) if isinstance(usage, dict) else {}
+            self.started_usage = dict(usage) if isinstance(usage, dict) else {}
         elif kind == "content_block_start":
             return self._started(event.get("index", 0), event.get("content_block") or {})
         elif kind == "content_block_delta":
@@ -378,16 +237,18 @@ class MessagesRound:
             delta = event.get("delta") or {}
             self.stop_reason, self.stop_sequence = delta.get("stop_reason"), delta.get("stop_sequence")
             # message_delta's counts are the message's so far; it leaves out what it does not update.
-            said = {**self.said_usage, **{k: v for k, v in (event.get("usage") or {}).items() if v is not None}}
-            self.codec.usage(self.usage, {"usage": said})
+            counts = {**self.started_usage, **{k: v for k, v in (event.get("usage") or {}).items() if v is not None}}
+            self.codec.usage(self.usage, {"usage": counts})
         return ""
 
     def _started(self, index: int, block: dict[str, Any]) -> str:
+        """A block started: a tool call noted; its text, if it is a text block."""
         if block.get("type") == "tool_use":
             self.tool_calls[index] = function_call(str(block.get("id") or ""), str(block.get("name") or ""), "")
         return str(block.get("text") or "") if block.get("type") == "text" else ""
 
     def _delta(self, index: int, delta: dict[str, Any]) -> str:
+        """A block's delta: its text, or a piece of a tool call's arguments."""
         if delta.get("type") == "text_delta":
             return str(delta.get("text") or "")
         if delta.get("type") == "input_json_delta" and index in self.tool_calls:
@@ -395,6 +256,7 @@ class MessagesRound:
         return ""
 
     def calls(self) -> list[dict[str, Any]]:
+        """The round's tool calls so far."""
         return list(self.tool_calls.values())
 
     # -- writing the client's ----------------------------------------------------------
@@ -404,30 +266,31 @@ class MessagesRound:
         return int(self.codec.compaction is not None)
 
     def opening(self) -> bytes:
+        """``message_start`` with the answering call's usage (and the compaction block), then the answer's text block opened."""
         # The answering call's usage as its message_start told it (its message_delta is not read yet).
-        said = {k: v for k, v in self.said_usage.items() if isinstance(v, int)}
-        message = {**self.message, "content": [], "stop_reason": None, "stop_sequence": None, "usage": {**usage_of(self.usage), **said}}
-        opened = event("message_start", message=message) + self._compaction()
-        return opened if self.codec.paused else opened + event("content_block_start", index=self.first, content_block={"type": "text", "text": ""})
+        started = {k: v for k, v in self.started_usage.items() if isinstance(v, int)}
+        opened = message_start(self.message, {**usage_of(self.usage), **started}) + self._compaction()
+        return opened if self.codec.paused else opened + block_start(self.first, {"type": "text", "text": ""})
 
     def _compaction(self) -> bytes:
         """The compaction block, whole, first in the message, where the request's history was compacted."""
         block = self.codec.compaction
-        return b"" if block is None else event("content_block_start", index=0, content_block=block) + event("content_block_stop", index=0)
+        return b"" if block is None else block_start(0, block) + block_stop(0)
 
     def text(self, text: str) -> bytes:
+        """A text delta of the answer's block (none when the answer is the compaction block alone)."""
         if self.codec.paused:  # the compaction block alone
             return b""
-        return event("content_block_delta", index=self.first, delta={"type": "text_delta", "text": text})
+        return text_delta(self.first, text)
 
     failure = staticmethod(failure)
 
     def closing(self) -> Iterator[bytes]:
+        """The answer's block stopped, then ``message_delta`` with the stop reason and usage, and ``message_stop``."""
         if not self.codec.paused:
-            yield event("content_block_stop", index=self.first)
+            yield block_stop(self.first)
         delta = {"stop_reason": "compaction" if self.codec.paused else relayed_stop(self.stop_reason), "stop_sequence": self.stop_sequence}
-        yield event("message_delta", delta=delta, usage=usage_of(self.usage), **self.codec.managed_fields())
-        yield event("message_stop")
+        yield from message_end(delta, usage_of(self.usage), **self.codec.managed_fields())
 
     async def replay(self, events: list[dict[str, Any]]) -> AsyncIterator[bytes]:
         """The round as the upstream sent it, its message_delta with the answering call's usage (and a compaction
