@@ -6,7 +6,7 @@ ask the Sentry (``engaged``); look the session up in the host's store (a
 ``Resolution``); ``prepare`` the request; drive its ``rounds``, fulfilling their
 effects (``Similarity``, ``CallRouter``, ``CallWorker``, answered by a
 ``WorkerReply``); let an ``AnswerGate`` decide what of a streamed round reaches
-the client; ``settle`` the session the store keeps. A session's PACT
+the client; ``solidified_session`` is the session the store keeps. A session's PACT
 components (``pact``: a ``Tree``) are advanced ``on_request`` and placed
 ``with_components`` in protocol mode, ``onto_messages`` below the threshold.
 """
@@ -38,11 +38,11 @@ from .request import (
     pageable,
     prepare,
     question_links,
-    remembered,
     rounds,
-    settle,
+    solidified_session,
     with_appendix,
     with_components,
+    with_frame,
     within_window,
 )
 from .round_policy import RoundPolicy
@@ -150,10 +150,10 @@ __all__ = [
     "prompt_tokens",
     "question_links",
     "reconciled",
-    "remembered",
+    "with_frame",
     "rounds",
     "select",
-    "settle",
+    "solidified_session",
     "short_hash",
     "snapshot",
     "spoken",

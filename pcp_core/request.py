@@ -8,7 +8,7 @@ every decision is made here::
         resolution = ...  # the host's store: the session the chained messages continue
         prepared = prepare(conversation, resolution, policy, facts, count)
         outcome = ...     # the host drives rounds(prepared, count, cache), fulfilling its effects
-        session = settle(prepared, outcome)  # what the store keeps
+        session = solidified_session(prepared, outcome)  # what the store keeps
 
 A session with PACT components (``pact``) has them placed after ``prepare``:
 ``with_components(prepared, conversation, tree)``, the tree as the host's
@@ -54,11 +54,11 @@ __all__ = [
     "prepare",
     "query_line",
     "question_links",
-    "remembered",
     "rounds",
-    "settle",
+    "solidified_session",
     "with_appendix",
     "with_components",
+    "with_frame",
     "within_window",
 ]
 
@@ -150,7 +150,7 @@ class Resolution(msgspec.Struct, frozen=True):
     asked: list[str] = []  # the links of the request's question after its chain (``question_links``)
 
     @property
-    def said(self) -> list[str]:
+    def request_links(self) -> list[str]:
         """The request's links: its chain's, then its question's."""
         return [*self.links, *self.asked] if self.asked else self.links
 
@@ -220,13 +220,13 @@ def prepare(conversation: Conversation, resolution: Resolution, policy: Policy, 
     history, pinned = conversation.history, resolution.pinned
     now = iso_timestamp(facts.now_ns / 1e9)
     chain = resolution.links[: len(history)]
-    said = resolution.said
-    at = len(said) if resolution.found is None else departs(resolution.found, said)
+    links = resolution.request_links
+    at = len(links) if resolution.found is None else departs(resolution.found, links)
     # A session it starts is named by where it leaves the one it found (``branch_id``): the same branch, the same id.
     parent = resolution.found.id if resolution.found is not None else None
-    fresh = branch_id(facts.namespace, parent, said, at) if said and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
-    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, request_links=said)
-    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, request_links=said)
+    fresh = branch_id(facts.namespace, parent, links, at) if links and at is not None else new_session_id(facts.namespace, chain, facts.now_ns)
+    found = resume(resolution.found, resolution.reused, chain, now, pinned or fresh, pinned=pinned is not None, request_links=links)
+    how = continuation(resolution.found, resolution.reused, pinned=pinned is not None, request_links=links)
     found = msgspec.structs.replace(found, asked=resolution.asked)
     session = page_on(found, history, resolution.reused, count, policy.paging, checkpoint)
     paged = _paged(how, found.pages, session.pages, resolution.reused)
@@ -258,7 +258,7 @@ def rounds(prepared: Prepared, count: CountText, cache: Bm25Cache | None = None)
     return run_rounds(prepared.context, index, count, cache)
 
 
-def remembered(prepared: Prepared, call: CallWorker) -> Prepared:
+def with_frame(prepared: Prepared, call: CallWorker) -> Prepared:
     """``prepared`` with its session keeping the frame round 0 made or replayed (``call``): the next
     request that goes on from this one replays it, a prefix a provider's cache reuses."""
     if call.frame is None and prepared.session.frame is None:
@@ -267,7 +267,7 @@ def remembered(prepared: Prepared, call: CallWorker) -> Prepared:
     return msgspec.structs.replace(prepared, session=session)
 
 
-def settle(prepared: Prepared, outcome: Outcome) -> Session:
+def solidified_session(prepared: Prepared, outcome: Outcome) -> Session:
     """The session as the request leaves it: keeping the pages its drafts were solidified into (§VI.5)."""
     return solidified(prepared.session, outcome.solidified)
 
@@ -329,10 +329,10 @@ def _goes_on(frame: Frame | None, conversation: Conversation, resolution: Resolu
 
 def _last_page_open(pages: PagedHistory, policy: PagingPolicy, count: CountText) -> bool:
     """Whether the history's last page may still take the next turns: it holds fewer than a page's turns and tokens."""
-    said = [page for page in pages.leaves if page.origin == Origin.HISTORY]
-    if not said:
+    history = [page for page in pages.leaves if page.origin == Origin.HISTORY]
+    if not history:
         return False
-    last = said[-1]
+    last = history[-1]
     return last.last_turn - last.first_turn + 1 < policy.page_turns and count(last.content) < policy.page_tokens
 
 

@@ -28,7 +28,7 @@ from .services import DenseRecall, Services, open_services
 from .settings import Settings
 from .tokenizer import Tokenizer
 from .web.cors import UpstreamCorsDropped, cors_config
-from .web.handlers import EXCEPTION_HANDLERS
+from .web.error_handlers import EXCEPTION_HANDLERS
 from .web.keys import proxy_key
 from .web.routes import API_ROUTES, OPEN_ROUTES, RESERVED
 from .web.websockets import refuse_websocket

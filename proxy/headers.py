@@ -21,6 +21,7 @@ __all__ = [
     "CONTEXT_ROUND",
     "MEMORY",
     "MODE",
+    "MODE_REASON",
     "MODE_REQUEST",
     "PAGES",
     "PREFIX",
@@ -49,6 +50,7 @@ WORKSPACE = "x-pcp-workspace"  # Hybrid mode's runtime.workspace
 
 # Sent back to the client.
 MODE = "x-pcp-mode"  # passthrough | protocol
+MODE_REASON = "x-pcp-mode-reason"  # why: pcp_core.decision.REASONS
 PROMPT_TOKENS = "x-pcp-prompt-tokens"
 ROUNDS = "x-pcp-rounds"
 TOKENS_SAVED = "x-pcp-tokens-saved"

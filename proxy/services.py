@@ -31,7 +31,7 @@ from .memory.scope_cores import ScopeCores
 from .metrics import Metrics
 from .pact import Components
 from .protocol.control import Controls
-from .protocol.summary_writer import SummaryWriter
+from .protocol.summary_writer import NoSummaryWriter, Summaries, SummaryWriter
 from .protocol.telemetry import Traces
 from .recall.embeddings import Embedder, embeddings_available
 from .recall.upstream_embeddings import UpstreamVectors
@@ -80,7 +80,7 @@ class Services:
     hybrid: Hybrid
     embedder: DenseRecall | None
     memory: Memory | None
-    summary_writer: SummaryWriter | None
+    summary_writer: Summaries  # model summaries (``summaries = "llm"``), or none
     local_model: LocalModel | None
     bodies: KnownBodies  # the chat bodies read last: a follow-up decodes and counts only its new messages
 
@@ -169,12 +169,13 @@ async def open_services(
             _closing(stack, dense.close)
         memory = _memory(settings, stores, sealer, dense, policy, tokenizer, sessions, metrics, cores)
         _closing(stack, memory.close)
-        summary_writer = None
+        summary_writer: Summaries = NoSummaryWriter()
         if settings.summaries == "llm":
             summary_chars = PagingPolicy().summary_chars
-            summary_writer = SummaryWriter(stores.area("summaries"), upstream, metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
-            summary_writer.start()
-            stack.push_async_callback(summary_writer.stop)
+            writer = SummaryWriter(stores.area("summaries"), upstream, metrics, summary_chars, sealer, fold_system=settings.context_role == "user")
+            writer.start()
+            stack.push_async_callback(writer.stop)
+            summary_writer = writer
         bm25 = Bm25Cache(max_bytes=share(settings.cache_mb, "bm25"))
         bodies = KnownBodies(CHAT.read, share(settings.cache_mb, "bodies"))
         _resident_gauges(metrics, sessions, bm25, dense, memory, bodies, texts)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -97,21 +97,22 @@ class Hybrid:
         # The snapshot's room: its share of the budget, less the rules that come with it.
         self.room = max(int((settings.context_budget or CHAT_BUDGET) * settings.hybrid_budget_share) - count(context_prompt(_EMPTY)), 0)
 
-    def begin(self, headers: Mapping[str, str], namespace: str | Callable[[], str], scope: str | None = None) -> ContextTurn | None:
+    def in_mode(self, headers: Mapping[str, str]) -> bool:
+        """Whether a request with these headers may be in the mode (``begin`` then says whether it is): a cheap look, before its namespace is computed."""
+        return self.default != "off" and (self.default == "enabled" or pcp.CONTEXT_MODE in headers)
+
+    def begin(self, headers: Mapping[str, str], namespace: str, scope: str | None = None) -> ContextTurn | None:
         """This request's turn in the mode, or None when it is not in it (then nothing of it changes).
 
-        ``namespace``: the caller's, or how to compute it (a keyed hash: only for a request in the mode);
-        ``scope``: the store's key of its memory scope, whose core blocks it shares.
+        ``namespace``: the caller's; ``scope``: the store's key of its memory scope, whose core blocks it shares.
         """
-        if self.default == "off":
+        if not self.in_mode(headers):
             return None
         asked = headers.get(pcp.CONTEXT_MODE)
-        if asked is None and self.default != "enabled":
-            return None
         mode = "enabled" if asked is None else asked.strip().lower()
         if asked is not None and mode not in MODES:  # not asked: enabled
             raise ClientError(f"{pcp.CONTEXT_MODE} must be enabled or disabled, not {asked[:40]!r}", param=pcp.CONTEXT_MODE, code="invalid_context_mode")
-        return ContextTurn(self, headers, namespace if isinstance(namespace, str) else namespace(), enabled=mode == "enabled", scope=scope)
+        return ContextTurn(self, headers, namespace, enabled=mode == "enabled", scope=scope)
 
     def close(self) -> None:
         """Close the store."""

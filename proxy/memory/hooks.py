@@ -11,7 +11,7 @@ from pcp_core import Conversation
 from .scopes import Scope, request_scope
 from .service import Memory
 
-__all__ = ["faults", "memory_scope", "remember_forwarded"]
+__all__ = ["memory_scope", "remember_forwarded", "scope_has_pages"]
 
 
 def memory_scope(memory: Memory | None, headers: Mapping[str, str], body: bytes, namespace: Callable[[], str], from_user: bool) -> Scope | None:
@@ -22,7 +22,7 @@ def memory_scope(memory: Memory | None, headers: Mapping[str, str], body: bytes,
     return request_scope(headers, body, namespace, from_user)
 
 
-def faults(memory: Memory | None, scope: Scope | None) -> bool:
+def scope_has_pages(memory: Memory | None, scope: Scope | None) -> bool:
     """Whether the request's scope holds pages: they are brought in, so the request goes out in protocol mode."""
     return scope is not None and memory is not None and memory.has_pages(scope.key)
 

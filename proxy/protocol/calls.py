@@ -9,7 +9,7 @@ its usage to the request's (a worker call's from its ``Usage.mark``: the client 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pcp_core import CallRouter, CallWorker
@@ -21,9 +21,9 @@ from ..upstream import passed_back
 
 if TYPE_CHECKING:
     from ..apis.codec import Codec
-    from ..hybrid.turn import ContextTurn
     from ..services import Services
     from ..upstream import Upstream
+    from .hooks import Hook
 
 __all__ = ["UpstreamCalls"]
 
@@ -37,13 +37,13 @@ log = logging.getLogger("pcp.drive")
 class UpstreamCalls:
     """One request's calls upstream; ``answered`` holds the headers of the latest worker call's answer."""
 
-    def __init__(self, services: Services, codec: Codec, headers: dict[str, str], deadline: float, context: ContextTurn | None):
+    def __init__(self, services: Services, codec: Codec, headers: dict[str, str], deadline: float, hooks: Sequence[Hook] = ()):
         self.services = services
         self.codec = codec
         self.upstream: Upstream = services.upstream_of(codec.api)
         self.headers = headers
         self.deadline = deadline
-        self.context = context  # Hybrid mode: the context section read out of every worker answer
+        self.hooks = hooks  # the request's extensions: Hybrid mode reads its context section out of every worker answer
         self.usage = Usage()
         self.answered: dict[str, str] = {}
 
@@ -56,8 +56,8 @@ class UpstreamCalls:
             codec.api.path, codec.worker_body(call, stream=False), self.headers, codec.check, deadline=self.deadline
         )
         codec.usage(self.usage, data)
-        if self.context is not None:
-            self.context.sections().completion(data)  # the context section out of every choice
+        for hook in self.hooks:
+            hook.answered(data)
         return data
 
     async def worker_stream(self, call: CallWorker) -> AsyncIterator[dict[str, Any]]:
@@ -72,7 +72,9 @@ class UpstreamCalls:
             )
         self.answered = passed_back(response.headers)
         events = upstream.sse_events(response, codec.rules())
-        return self.context.sections().events(events) if self.context is not None else events
+        for hook in self.hooks:
+            events = hook.streamed(events)
+        return events
 
     async def router(self, call: CallRouter, role: str = "router") -> str | None:
         """The router model's reply, or None: addressing works without it, so its failure fails nothing."""

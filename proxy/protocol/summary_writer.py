@@ -16,7 +16,8 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NamedTuple
+from types import MappingProxyType
+from typing import NamedTuple, Protocol
 
 from pcp_core import ConsolidatedPage, Page, PagedHistory, fold_system, model_summary, short_hash, summary_prompt
 
@@ -44,7 +45,27 @@ class Job(NamedTuple):
     headers: Mapping[str, str]
 
 
+class Summaries(Protocol):
+    """What a request asks of the summaries: those landed, and a model summary of its closed pages."""
+
+    @property
+    def landed(self) -> Mapping[str, str]: ...
+
+    async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None: ...
+
+
+class NoSummaryWriter:
+    """Where summaries are extractive: no page waits for a model's summary."""
+
+    landed: Mapping[str, str] = MappingProxyType({})
+
+    async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None:
+        """Nothing to ask for."""
+
+
 class SummaryWriter:
+    """Model summaries of closed pages, written in the background by the upstream model."""
+
     def __init__(self, store: Store | Path, upstream: Upstream, metrics: Metrics, max_chars: int, sealer: Sealer | None = None, *, fold_system: bool = False):
         self.store: Store = EmbeddedStore(store) if isinstance(store, Path) else store  # by the hash of the text: shared by every caller
         self.sealer = sealer or Sealer()  # summaries are the conversation's text, retold
@@ -59,9 +80,11 @@ class SummaryWriter:
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
+        """Start writing, in a task of the event loop."""
         self.task = asyncio.create_task(self._run(), name="pcp-summary-writer")
 
     async def stop(self) -> None:
+        """Stop writing, and close the store."""
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)

