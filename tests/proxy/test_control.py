@@ -54,6 +54,18 @@ def test_force_pages_below_the_threshold(start_proxy, upstream):
     assert trace["mode"] == "force"
 
 
+def test_the_mode_says_why(start_proxy, upstream):
+    proxy = start_proxy(sentry_threshold=8192)
+    assert _post(proxy, SHORT).headers["x-pcp-mode-reason"] == "below-threshold"
+    assert _post(proxy, SHORT, **{"x-pcp-mode-request": "off"}).headers["x-pcp-mode-reason"] == "off"
+    upstream.enqueue(completion("Shed 7."))
+    assert _post(proxy, SHORT, **{"x-pcp-mode-request": "force"}).headers["x-pcp-mode-reason"] == "forced"
+    # Forced, but its query alone fills the budget: forwarded untouched, and the client learns why.
+    long_query = [*SHORT[:-1], {"role": "user", "content": "Where is my bike? " * 200}]
+    response = _post(proxy, long_query, **{"x-pcp-mode-request": "force", "x-pcp-budget": "512"})
+    assert response.headers["x-pcp-mode"] == "passthrough" and response.headers["x-pcp-mode-reason"] == "budget-full"
+
+
 def test_a_request_threshold_pages_sooner_but_never_later(start_proxy, upstream):
     proxy = start_proxy(sentry_threshold=8192)
     messages = dated_chat(60)
