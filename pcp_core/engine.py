@@ -91,7 +91,7 @@ class _Loop:
         self.frame_pages = [page.id for page in latest]
         self.recent = [page.id for page in [*latest, *opened]][::-1]
         self.kept: list[str] = []
-        self.caching = policy.cached_price < 1
+        self.caching = policy.cached_input_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.remade = 0  # of the frame the request made again: as new to a provider's cache as what comes after it
@@ -126,7 +126,7 @@ class _Loop:
         them again after the new turns would bill them in full. The pages between come along, from the cache
         too, within the same share of the budget (what is kept must leave the request its room); their tokens
         are returned with the run."""
-        share = int(self.policy.fresh_share * self.policy.budget)
+        share = int(self.policy.followup_share * self.policy.budget)
         wanted, used = set(), 0
         for page_id in self.hot:
             used += self.count(node_lines(self.index.get(page_id), View.DETAIL))
@@ -188,7 +188,7 @@ class _Loop:
         grown = frame.tokens - stored.tokens - self.stale_tokens if frame is not None and stored is not None else 0
         new = grown + self.count(self.context.query) + self.remade
         last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
-        return max(int(policy.fresh_share * policy.budget) - new, last)
+        return max(int(policy.followup_share * policy.budget) - new, last)
 
     def _synthesize(self, round_no: int) -> Synthesis:
         context, policy = self.context, self.policy

@@ -125,15 +125,15 @@ def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
     """Whether a paged follow-up costs less than the same request sent untouched, as providers bill input.
 
     Untouched, a follow-up's prompt is the one before it and a new turn: the
-    cache serves nearly all of it (``prompt_tokens`` at ``cached_price``).
+    cache serves nearly all of it (``prompt_tokens`` at ``cached_input_price``).
     Paged, its frame is served from the cache and what it adds after it (a
-    ``fresh_share`` of the budget) is billed in full. The new turn is billed
+    ``followup_share`` of the budget) is billed in full. The new turn is billed
     both ways, and so is a head both carry whole (not in ``prompt_tokens``).
-    Where nothing is cached (``cached_price`` 1), paging pays as
+    Where nothing is cached (``cached_input_price`` 1), paging pays as
     soon as the budget is smaller than the conversation; where a local
     server's slot keeps the prefix (0), it never pays while the conversation fits.
     """
-    price, fresh = rounds.cached_price, rounds.fresh_share * rounds.budget
+    price, fresh = rounds.cached_input_price, rounds.followup_share * rounds.budget
     return price * prompt_tokens > price * (rounds.budget - fresh) + fresh
 
 
@@ -323,7 +323,7 @@ def _goes_on(frame: Frame | None, conversation: Conversation, resolution: Resolu
     history = len(conversation.history)
     chain = resolution.links[:history]
     line = chain_links([conversation.query], after=chain[-1] if chain else "")[0] if conversation.query is not None else ""
-    kept = frame is not None and policy.rounds.cached_price < 1 and continues(frame, resolution.links[:history])
+    kept = frame is not None and policy.rounds.cached_input_price < 1 and continues(frame, resolution.links[:history])
     return {"frame": frame if kept else None, "query_link": line, "query_at": history}
 
 

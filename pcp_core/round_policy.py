@@ -10,7 +10,10 @@ import msgspec
 from .directives.replies import DIRECTIVE_TOOLS
 from .prompt.frame import Frame
 
-__all__ = ["RoundContext", "RoundPolicy"]
+__all__ = ["MIN_BUDGET", "RoundContext", "RoundPolicy"]
+
+# The smallest budget a worker call's paged context may have: below it the frame alone may not fit.
+MIN_BUDGET = 512
 
 
 class RoundPolicy(msgspec.Struct, frozen=True):
@@ -43,12 +46,12 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     fresh_room: int = 1200  # but a later round keeps this many tokens for what it brings in
     # What a cached input token costs against one that is not (OpenAI's and Anthropic's cache reads:
     # a tenth). Below 1, a conversation keeps a frame (``pcp_core.prompt.frame``) its follow-ups replay.
-    cached_price: float = 0.1
+    cached_input_price: float = 0.1
     # With a frame: the most of the budget a follow-up adds that a provider's cache has not seen, billed
     # in full: the pages of the turns since, the query, the pages ranked for it. The frame is made
     # again when it leaves less room. What a follow-up is billed grows with it, on any conversation; round 0
     # shows fewer pages ranked for a new question, and the Consults make most of that up (bench/prefix_cache.py).
-    fresh_share: float = 0.15
+    followup_share: float = 0.15
     # The most of the budget a frame takes when it is made: it grows by the turns since.
     frame_share: float = 0.25
 

@@ -30,13 +30,13 @@ from .memory import Memory, open_memory_store
 from .memory.scope_cores import ScopeCores
 from .metrics import Metrics
 from .pact import Components
-from .protocol.control import Controls
+from .protocol.control import Controls, tuned
 from .protocol.summary_writer import NoSummaryWriter, Summaries, SummaryWriter
 from .protocol.telemetry import Traces
 from .recall.embeddings import Embedder, embeddings_available
 from .recall.upstream_embeddings import UpstreamVectors
 from .resident import TextMemos, share
-from .settings import CHAT_BUDGET, CHAT_THRESHOLD, Settings
+from .settings import CHAT_BUDGET, CHAT_THRESHOLD, ModelSettings, Settings
 from .storage import Stores
 from .storage.datadir import Namespaces, private_tree
 from .storage.sealing import Sealer, data_key
@@ -101,21 +101,20 @@ class Services:
 def policy_of(settings: Settings) -> Policy:
     """The protocol's rules, as the settings tune them."""
     blocks = ScanPolicy(block_tokens=settings.block_tokens or sys.maxsize)  # 0: every message is paged as turns
-    rounds = RoundPolicy(
+    upstream = bool(settings.upstream_base_url)  # else the embedded model
+    rounds = RoundPolicy(channel=settings.directive_channel, router=bool(settings.router_model), context_role=settings.context_role, ask_last=not upstream)
+    values = ModelSettings(
+        sentry_threshold=settings.sentry_threshold or CHAT_THRESHOLD,
         # The embedded model's own budget; with an upstream, the settings' or (0) the chat one, which a known model family's replaces.
-        budget=(settings.context_budget or CHAT_BUDGET) if settings.upstream_base_url else settings.local_context_budget,
-        max_rounds=settings.max_rounds if settings.upstream_base_url else settings.local_max_rounds,
-        channel=settings.directive_channel,
-        router=bool(settings.router_model),
-        context_role=settings.context_role,
-        cached_price=settings.cached_input_price,
-        fresh_share=settings.followup_share,
-        ask_last=not settings.upstream_base_url,  # the embedded model
+        context_budget=(settings.context_budget or CHAT_BUDGET) if upstream else settings.local_context_budget,
+        max_rounds=settings.max_rounds if upstream else settings.local_max_rounds,
+        # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
+        # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
+        context_window=settings.context_window or (settings.local_n_ctx if not upstream else 0),
+        cached_input_price=settings.cached_input_price,
+        followup_share=settings.followup_share,
     )
-    # The embedded model's window is a slot's: what fits it goes untouched (llama-server keeps each slot's prompt, so a
-    # follow-up prefills only what it adds, and picks for a request the slot whose prompt it extends most).
-    window = settings.context_window or (settings.local_n_ctx if not settings.upstream_base_url else 0)
-    return Policy(threshold=settings.sentry_threshold or CHAT_THRESHOLD, paging=PagingPolicy(blocks=blocks), rounds=rounds, window=window)
+    return tuned(Policy(paging=PagingPolicy(blocks=blocks), rounds=rounds), values)
 
 
 @asynccontextmanager

@@ -13,12 +13,13 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin, get_type_hints
 from urllib.parse import urlsplit
 
 import msgspec
 
 from pcp_core.pact.tree import MAX_COMPONENTS
+from pcp_core.round_policy import MIN_BUDGET
 
 from .storage.sealing import data_key
 
@@ -30,6 +31,15 @@ CHAT_THRESHOLD = 8192
 CHAT_BUDGET = 4096
 
 ENV_PREFIX = "PCP_"
+SHARE_RANGE = "must be between 0.05 and 0.5"
+
+# The constraints a value must meet, each with what its error says (``_described``): msgspec checks them as it reads the layers.
+Positive = Annotated[float, msgspec.Meta(gt=0, description="must be positive")]
+AtLeastOne = Annotated[int, msgspec.Meta(ge=1, description="must be at least 1")]
+Fraction = Annotated[float, msgspec.Meta(ge=0.0, le=1.0, description="must be between 0 and 1")]
+Share = Annotated[float, msgspec.Meta(ge=0.05, le=0.5, description=SHARE_RANGE)]
+Budget = Annotated[int, msgspec.Meta(ge=MIN_BUDGET, description=f"must be at least {MIN_BUDGET} tokens")]
+Window = Annotated[int, msgspec.Meta(ge=0, description="must be 0 (unknown) or a number of tokens")]
 
 
 class SettingsError(ValueError):
@@ -42,27 +52,12 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     A 128k-token model and an 8k one want different thresholds; unset keys keep the global value.
     """
 
-    sentry_threshold: int | None = None
-    context_budget: int | None = None
-    max_rounds: int | None = None
-    context_window: int | None = None
-    cached_input_price: float | None = None
-    followup_share: float | None = None
-
-    def problem(self) -> str | None:
-        """What is wrong with these values, if anything (checked by ``Settings``, which knows the model's name)."""
-        price = self.cached_input_price
-        for name, value, ok, what in (
-            ("sentry_threshold", self.sentry_threshold, self.sentry_threshold is None or self.sentry_threshold > 0, "must be positive"),
-            ("context_budget", self.context_budget, self.context_budget is None or self.context_budget >= 512, "must be at least 512 tokens"),
-            ("max_rounds", self.max_rounds, self.max_rounds is None or self.max_rounds >= 1, "must be at least 1"),
-            ("context_window", self.context_window, self.context_window is None or self.context_window >= 0, "must be 0 (unknown) or a number of tokens"),
-            ("cached_input_price", price, price is None or 0.0 <= price <= 1.0, "must be between 0 and 1"),
-            ("followup_share", self.followup_share, self.followup_share is None or _share_ok(self.followup_share), SHARE_RANGE),
-        ):
-            if not ok:
-                return f"{name} {what}, got {value!r}"
-        return None
+    sentry_threshold: Annotated[int, msgspec.Meta(gt=0, description="must be positive")] | None = None
+    context_budget: Budget | None = None
+    max_rounds: AtLeastOne | None = None
+    context_window: Window | None = None
+    cached_input_price: Fraction | None = None
+    followup_share: Share | None = None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -75,17 +70,17 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     anthropic_base_url: str = ""
     # Seconds to wait for the upstream to connect / send a byte before a 504.
     upstream_connect_timeout: float = 10.0
-    upstream_read_timeout: float = 600.0
+    upstream_read_timeout: Positive = 600.0
     # Seconds an upstream call may take in all, from its request to its answer's last
     # byte, and a client's request in all (protocol mode: paging and every round).
-    upstream_total_timeout: float = 1800.0
-    request_timeout: float = 1800.0
+    upstream_total_timeout: Positive = 1800.0
+    request_timeout: Positive = 1800.0
     # Seconds paging a history may take before the request is refused (413).
-    paging_timeout: float = 60.0
+    paging_timeout: Positive = 60.0
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535, description="must be between 0 and 65535")] = 8000
     # Processes serving the one port (`pcp-proxy serve`): each a proxy of its own, sharing the store.
-    workers: int = 1
+    workers: Annotated[int, msgspec.Meta(ge=1, le=64, description="must be between 1 and 64")] = 1
     data_dir: str = "~/.local/share/pcp-proxy"
     # Where sessions, caches, components, Hybrid state and memory live: empty for the embedded
     # store in data_dir (diskcache and SQLite), or redis://[user:pass@]host:port/db (rediss:// for TLS)
@@ -93,31 +88,31 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     store: str = ""
     # Largest request body accepted, in MiB: a million-token conversation is ~5 MiB of JSON,
     # images inline as base64 take more.
-    max_body_mb: int = 64
+    max_body_mb: AtLeastOne = 64
     # Most MiB of what the proxy keeps in memory for its conversations and memory scopes, the store
     # being the truth: decoded sessions, their BM25 indexes and vectors, memory's indexes (``proxy.resident``).
     # Past it the least recently used are dropped, and read again from the store when asked.
-    cache_mb: int = 256
+    cache_mb: AtLeastOne = 256
     # Largest request head (request line and headers), in KiB: a larger one is a 431.
-    max_header_kb: int = 64
+    max_header_kb: Annotated[int, msgspec.Meta(ge=8, description="must be at least 8")] = 64
     # Seconds a client has, from its request's first byte, to send all of it: then a 408.
-    client_timeout: float = 60.0
+    client_timeout: Positive = 60.0
     # What one request of the proxy's own API (/v1/pcp) may bring; past a limit, a 413 that names its setting.
     # Largest body of a component, todo or forget request, in KiB.
-    api_max_body_kb: int = 1024
+    api_max_body_kb: AtLeastOne = 1024
     # Largest component (its content), in KiB: a session's components are rendered into each of its prompts.
-    component_max_kb: int = 32
+    component_max_kb: AtLeastOne = 32
     # Most components one session holds.
-    components_per_session: int = 1000
+    components_per_session: AtLeastOne = 1000
     # Largest memory import (its body), in MiB, and most pages in one.
-    memory_import_max_mb: int = 32
-    memory_import_max_pages: int = 20_000
+    memory_import_max_mb: AtLeastOne = 32
+    memory_import_max_pages: AtLeastOne = 20_000
     # Largest page an import may hold (its content and summary), in KiB.
-    memory_page_max_kb: int = 1024
+    memory_page_max_kb: AtLeastOne = 1024
     # Most pages one memory scope holds: an import that would take it past this is refused.
-    memory_scope_max_pages: int = 1_000_000
+    memory_scope_max_pages: AtLeastOne = 1_000_000
     # Largest Hybrid memory block (its content and tags), in KiB, as an import brings it.
-    hybrid_block_max_kb: int = 16
+    hybrid_block_max_kb: AtLeastOne = 16
     # Proxy keys a client must present as "Authorization: Bearer <key>"; empty: open.
     api_keys: list[str] = []
     # Origins of web pages that may call the proxy from a browser (CORS), or "*"; empty: none.
@@ -130,7 +125,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     data_key: str = ""
     # Prompt tokens above which protocol mode engages. 0: the model's family's where the proxy knows it
     # (proxy.protocol.control.KNOWN_DEFAULTS: 32,768 for claude-*, gpt-5*, ...), else CHAT_THRESHOLD.
-    sentry_threshold: int = 0
+    sentry_threshold: Annotated[int, msgspec.Meta(ge=0, description="must be 0 (the model's) or a number of tokens")] = 0
     # Most tokens of paged context one worker call carries in protocol mode, on top of the head it carries
     # whole (the client's system prompt and tool definitions). 0: the model's family's where the proxy knows
     # it (16,384 for claude-*, gpt-5*, ...), else CHAT_BUDGET.
@@ -139,18 +134,18 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # reads, 0 for a local server that keeps the prefix in its slot, 1.0 where nothing is cached (then
     # every request is paged afresh, as tokens are all that counts). Below 1, a conversation keeps a
     # frame its follow-ups replay byte for byte, and is forwarded untouched while that is cheaper.
-    cached_input_price: float = 0.1
+    cached_input_price: Fraction = 0.1
     # Of context_budget, the most a follow-up adds after its frame, new to the provider's cache and billed
     # in full: the turns said since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
     # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
-    followup_share: float = 0.15
+    followup_share: Share = 0.15
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
-    context_window: int = 0
+    context_window: Window = 0
     # OpenAI's prompt_cache_key on the calls a paged request makes (its session's, bound to the caller: Namespaces.cache_key;
     # unless the client sent one), which keeps a conversation's calls on the servers that hold its prefix: "auto" (to api.openai.com), "on", "off".
     prompt_cache_key: Literal["auto", "on", "off"] = "auto"
-    max_rounds: int = 4
+    max_rounds: AtLeastOne = 4
     # A message longer than this many tokens (a pasted file, a long tool output) is
     # paged apart as a File block of Draft pages, with a handle in the history; 0: never.
     block_tokens: int = 1500
@@ -179,11 +174,11 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # disabled), "disabled" (only requests that send x-pcp-context-mode: enabled).
     hybrid: Literal["off", "enabled", "disabled"] = "off"
     # A memory block written with decay above this, or confidence below that, is dropped (rule 14).
-    hybrid_max_decay: float = 0.9
-    hybrid_min_confidence: float = 0.2
+    hybrid_max_decay: Fraction = 0.9
+    hybrid_min_confidence: Fraction = 0.2
     # Of context_budget, the share the rules and the snapshot may take; past it the weakest
     # longterm and working blocks are kept aside as tag_ref placeholders.
-    hybrid_budget_share: float = 0.25
+    hybrid_budget_share: Annotated[float, msgspec.Meta(ge=0.05, le=0.9, description="must be between 0.05 and 0.9")] = 0.25
     # Memory across conversations: a request's scope is its `x-pcp-memory` header, or with
     # this on, its body's `user` field. Without a scope nothing is remembered.
     memory_scope_from_user: bool = False
@@ -195,23 +190,23 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     local_server: str = ""
     local_model: str = ""
     # Context window of each of its slots, in tokens.
-    local_n_ctx: int = 8192
+    local_n_ctx: Budget = 8192
     # Generations it runs at once: one long generation leaves the others free.
-    local_slots: int = 2
+    local_slots: Annotated[int, msgspec.Meta(ge=1, le=16, description="must be between 1 and 16")] = 2
     # Most tokens a reply may have when the client names no max_tokens (its own value wins): a 135M model that
     # has not ended its turn by then is rambling, and every token of it is time the user waits.
-    local_max_tokens: int = 256
+    local_max_tokens: AtLeastOne = 256
     # Most tokens of paged context of a call in protocol mode on the embedded model, in place of context_budget (and of
     # a model family's, whatever model a client names): two cores prefill it in seconds, and a 135M model follows a
     # short prompt better than a long one.
-    local_context_budget: int = 1024
+    local_context_budget: Budget = 1024
     # Worker calls per request in protocol mode on the embedded model, in place of max_rounds: SmolLM2-135M
     # cannot follow the protocol's directives, so it answers from the pages its first prompt shows.
-    local_max_rounds: int = 1
+    local_max_rounds: AtLeastOne = 1
     # CPU threads it computes with; 0: half the cores, at least one.
-    local_threads: int = 0
+    local_threads: Annotated[int, msgspec.Meta(ge=0, description="must be 0 (half the cores) or more")] = 0
     # Seconds a request waits for a free slot when all are generating; then a 503 with Retry-After.
-    local_queue_timeout: float = 30.0
+    local_queue_timeout: Positive = 30.0
     # Translate Responses and Messages requests to chat completions: "auto" when the upstream answers
     # their path with a 404 or 405 (remembered per upstream), "always" (an upstream that speaks only chat
     # completions), "never". The embedded model is always translated.
@@ -230,29 +225,20 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     models: dict[str, ModelSettings] = {}
 
     def __post_init__(self) -> None:
-        _require(self.port, 0 <= self.port <= 65535, "port", "must be between 0 and 65535")
-        _require(self.workers, 1 <= self.workers <= 64, "workers", "must be between 1 and 64")
+        """What one constraint cannot say (msgspec checks the rest as the layers are read)."""
         _require(
             self.store and "…",
             not self.store or self.store.startswith(("redis://", "rediss://", "unix://")),
             "store",
             "must be empty (the embedded store in data_dir) or a redis://, rediss:// or unix:// URL",
         )
-        _require(self.sentry_threshold, self.sentry_threshold >= 0, "sentry_threshold", "must be 0 (the model's) or a number of tokens")
         _require(
-            self.context_budget, self.context_budget == 0 or self.context_budget >= 512, "context_budget", "must be 0 (the model's) or at least 512 tokens"
+            self.context_budget,
+            self.context_budget == 0 or self.context_budget >= MIN_BUDGET,
+            "context_budget",
+            f"must be 0 (the model's) or at least {MIN_BUDGET} tokens",
         )
-        _require(self.cached_input_price, 0.0 <= self.cached_input_price <= 1.0, "cached_input_price", "must be between 0 and 1")
-        _require(self.followup_share, _share_ok(self.followup_share), "followup_share", SHARE_RANGE)
-        _require(self.context_window, self.context_window >= 0, "context_window", "must be 0 (unknown) or a number of tokens")
-        _require(self.max_rounds, self.max_rounds >= 1, "max_rounds", "must be at least 1")
         _require(self.block_tokens, self.block_tokens == 0 or self.block_tokens >= 256, "block_tokens", "must be 0 (never) or at least 256 tokens")
-        _require(self.upstream_read_timeout, self.upstream_read_timeout > 0, "upstream_read_timeout", "must be positive")
-        _require(self.max_body_mb, self.max_body_mb >= 1, "max_body_mb", "must be at least 1")
-        _require(self.cache_mb, self.cache_mb >= 1, "cache_mb", "must be at least 1")
-        _require(self.max_header_kb, self.max_header_kb >= 8, "max_header_kb", "must be at least 8")
-        for name in LIMITS:
-            _require(getattr(self, name), getattr(self, name) >= 1, name, "must be at least 1")
         _require(self.components_per_session, self.components_per_session <= MAX_COMPONENTS, "components_per_session", f"must be at most {MAX_COMPONENTS}")
         _require(_without_password(self.store), _store_problem(self.store) is None, "store", _store_problem(self.store) or "")
         for origin in self.cors_origins:
@@ -262,46 +248,13 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
                 data_key(self.data_key)
             except ValueError as exc:
                 raise msgspec.ValidationError(f"{exc} - at `$.data_key`") from None  # the key itself never in the message
-        for name in ("hybrid_max_decay", "hybrid_min_confidence"):
-            _require(getattr(self, name), 0.0 <= getattr(self, name) <= 1.0, name, "must be between 0 and 1")
-        _require(self.hybrid_budget_share, 0.05 <= self.hybrid_budget_share <= 0.9, "hybrid_budget_share", "must be between 0.05 and 0.9")
-        _require(self.local_n_ctx, self.local_n_ctx >= 512, "local_n_ctx", "must be at least 512 tokens")
-        _require(self.local_slots, 1 <= self.local_slots <= 16, "local_slots", "must be between 1 and 16")
-        _require(self.local_max_tokens, self.local_max_tokens >= 1, "local_max_tokens", "must be at least 1")
-        _require(self.local_context_budget, self.local_context_budget >= 512, "local_context_budget", "must be at least 512 tokens")
-        _require(self.local_max_rounds, self.local_max_rounds >= 1, "local_max_rounds", "must be at least 1")
-        _require(self.local_threads, self.local_threads >= 0, "local_threads", "must be 0 (half the cores) or more")
-        for name in ("upstream_total_timeout", "request_timeout", "paging_timeout", "client_timeout", "local_queue_timeout"):
-            _require(getattr(self, name), getattr(self, name) > 0, name, "must be positive")
-        for model, spec in self.models.items():
-            problem = spec.problem()
-            if problem:
-                raise msgspec.ValidationError(f'[models."{model}"] {problem} - at `$.models`')
 
     @property
     def data_path(self) -> Path:
         return Path(self.data_dir).expanduser()
 
 
-SHARE_RANGE = "must be between 0.05 and 0.5"
-
-
-def _share_ok(share: float) -> bool:
-    return 0.05 <= share <= 0.5
-
-
 _ORIGIN = re.compile(r"^https?://[^/\s]+$|^\*$")
-# The own API's limits: each at least 1.
-LIMITS = (
-    "api_max_body_kb",
-    "component_max_kb",
-    "components_per_session",
-    "memory_import_max_mb",
-    "memory_import_max_pages",
-    "memory_page_max_kb",
-    "memory_scope_max_pages",
-    "hybrid_block_max_kb",
-)
 
 
 def _without_password(url: str) -> str:
@@ -349,7 +302,7 @@ def load_settings(
         # strict=False lets "8080" from the environment become an int.
         return msgspec.convert(layers, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        raise SettingsError(_explain(str(exc))) from None
+        raise SettingsError(_explain(_described(str(exc), layers))) from None
 
 
 # Former names still read, by their current one.
@@ -385,6 +338,34 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
             raise SettingsError(f"unknown setting {key}; known: {', '.join(sorted(ENV_PREFIX + f.upper() for f in fields))}")
         values[name] = [k.strip() for k in raw.split(",") if k.strip()] if name in ("api_keys", "cors_origins") else raw
     return values
+
+
+# msgspec's word for a constraint a value does not meet: "Expected `int` >= 512 - at `$.context_budget`".
+_UNMET = re.compile(r"^Expected `\w+` [<>]=? \S+ - at `\$\.(\w+)(?:\[\.\.\.\]\.(\w+))?`$")
+
+
+def _described(message: str, layers: Mapping[str, Any]) -> str:
+    """msgspec's message for a constraint unmet, as the constraint describes it, with the value it got."""
+    unmet = _UNMET.match(message)
+    if unmet is None:
+        return message
+    name, field = unmet.groups()
+    if name == "models" and field is not None:  # which model's entry: msgspec says only that it is one of them
+        for model, spec in (layers.get("models") or {}).items():
+            try:
+                msgspec.convert(spec, ModelSettings, strict=False)
+            except msgspec.ValidationError:
+                return f'[models."{model}"] {field} {_unmet_text(ModelSettings, field, spec[field])} - at `$.models`'
+        return message
+    return f"{_unmet_text(Settings, name, layers[name])} - at `$.{name}`"
+
+
+def _unmet_text(struct: type, name: str, raw: Any) -> str:
+    """What the constraint on ``struct``'s field ``name`` says, and the value it got (as read: ``"100"`` from the environment is 100)."""
+    hint = get_type_hints(struct, include_extras=True)[name]
+    annotated = next(arg for arg in (hint, *get_args(hint)) if get_origin(arg) is Annotated)
+    kind, meta = get_args(annotated)[:2]
+    return f"{meta.description}, got {msgspec.convert(raw, kind, strict=False)!r}"
 
 
 def _explain(message: str) -> str:

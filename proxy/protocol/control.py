@@ -37,18 +37,18 @@ from typing import Literal
 import msgspec
 
 from pcp_core import Policy
+from pcp_core.round_policy import MIN_BUDGET
 
 from .. import headers as pcp
 from ..errors import ClientError
 from ..settings import ModelSettings, Settings
 
-__all__ = ["CONTROL_HEADERS", "KNOWN_DEFAULTS", "Control", "Controls", "Mode", "known_defaults", "known_window"]
+__all__ = ["CONTROL_HEADERS", "KNOWN_DEFAULTS", "Control", "Controls", "Mode", "known_defaults", "known_window", "tuned"]
 
 Mode = Literal["auto", "off", "force"]
 MODES: tuple[Mode, ...] = ("auto", "off", "force")
 MODE, THRESHOLD, BUDGET = pcp.MODE_REQUEST, pcp.THRESHOLD, pcp.BUDGET
 CONTROL_HEADERS = (MODE, THRESHOLD, BUDGET)
-MIN_BUDGET = 512  # as the settings require: below it the frame alone may not fit
 # Model names are the client's to choose: the memo of their policies is bounded.
 KNOWN_MODELS = 256
 # Context windows of well-known model families, by glob (first match): what the Sentry knows without settings.
@@ -113,7 +113,7 @@ class Controls:
         if known is not None:
             return known
         spec = self.exact.get(model) or next((spec for pattern, spec in self.globs if fnmatchcase(model, pattern)), None)
-        policy = self.default.policy if spec is None else _narrowed(self.default.policy, spec)
+        policy = self.default.policy if spec is None else tuned(self.default.policy, spec)
         if not policy.window and (spec is None or spec.context_window is None):  # a model entry's 0 says: unknown
             policy = msgspec.structs.replace(policy, window=known_window(model))
         learned = self.learned.get(model)
@@ -165,18 +165,18 @@ def _is_glob(name: str) -> bool:
     return any(c in name for c in "*?[")
 
 
-def _narrowed(policy: Policy, spec: ModelSettings) -> Policy:
-    rounds = policy.rounds
-    rounds = msgspec.structs.replace(
-        rounds,
-        budget=spec.context_budget if spec.context_budget is not None else rounds.budget,
-        max_rounds=spec.max_rounds if spec.max_rounds is not None else rounds.max_rounds,
-        cached_price=spec.cached_input_price if spec.cached_input_price is not None else rounds.cached_price,
-        fresh_share=spec.followup_share if spec.followup_share is not None else rounds.fresh_share,
-    )
-    threshold = spec.sentry_threshold if spec.sentry_threshold is not None else policy.threshold
-    window = spec.context_window if spec.context_window is not None else policy.window
-    return msgspec.structs.replace(policy, threshold=threshold, window=window, rounds=rounds)
+# Where each setting that tunes the policy goes in it: the round policy's field of the same name, or the Sentry's.
+ROUNDS_TUNED = ("max_rounds", "cached_input_price", "followup_share")
+RENAMED = {"context_budget": "budget"}  # in the round policy
+SENTRY_TUNED = {"sentry_threshold": "threshold", "context_window": "window"}  # in the policy
+
+
+def tuned(policy: Policy, values: ModelSettings) -> Policy:
+    """``policy`` with the values a ``[models."…"]`` table (or the settings, ``services.policy_of``) gives; None keeps its own."""
+    given = {name: value for name in ModelSettings.__struct_fields__ if (value := getattr(values, name)) is not None}
+    rounds = {RENAMED.get(name, name): value for name, value in given.items() if name in ROUNDS_TUNED or name in RENAMED}
+    sentry = {SENTRY_TUNED[name]: value for name, value in given.items() if name in SENTRY_TUNED}
+    return msgspec.structs.replace(policy, **sentry, rounds=msgspec.structs.replace(policy.rounds, **rounds))
 
 
 def _requested(base: Control, mode: str | None, threshold: str | None, budget: str | None) -> Control:

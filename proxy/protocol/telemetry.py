@@ -172,7 +172,7 @@ class RequestTelemetry:
             threshold=policy.threshold, budget=policy.rounds.budget,
         )  # fmt: skip
         self.calls: list[CallWorker] = []
-        self.price = policy.rounds.cached_price
+        self.price = policy.rounds.cached_input_price
         self.trace.untouched_fits = not policy.window or prompt_tokens <= policy.window
         self.untouched_read = 0  # what the provider's cache would serve of the request sent untouched
         self.reported: Any = None  # the request's summed usage (``apis.codec.Usage``), as the upstream reports it

@@ -59,7 +59,7 @@ def test_what_a_follow_up_adds_after_its_frame_keeps_to_its_share():
     first = drive([WorkerReply(text="Biscuit.")], context(budget=4096))[0][0]
     second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What was the name of Ingrid's greyhound again?")
     fresh = _document(second)[second.synthesis.frame_end : _document(second).index("</Linear_Flow>")]
-    assert COUNT(fresh) <= RoundPolicy().fresh_share * 4096  # its share, less the turns since and the query
+    assert COUNT(fresh) <= RoundPolicy().followup_share * 4096  # its share, less the turns since and the query
     assert "Biscuit" in fresh or "Biscuit" in second.frame.text  # the evidence is there
 
 
@@ -78,7 +78,7 @@ def test_a_follow_up_that_makes_its_frame_again_adds_no_more_than_its_share():
     assert not second.frame.text.startswith(first.frame.text)  # made again: all of it is new to the cache
     after_frame = document[second.synthesis.frame_end : document.index("</Linear_Flow>")]
     pages = after_frame[: after_frame.rfind("<Node id=")]  # the last page, still open, stays whatever the share
-    assert COUNT(pages) <= max(RoundPolicy().fresh_share * budget - second.frame.tokens, 0)  # the new frame took its share
+    assert COUNT(pages) <= max(RoundPolicy().followup_share * budget - second.frame.tokens, 0)  # the new frame took its share
 
 
 def test_later_rounds_replay_the_frame_round_zero_made():
@@ -111,7 +111,7 @@ def test_a_consult_on_a_page_the_tree_has_since_replaced_opens_what_holds_its_tu
 
 
 def test_without_a_cache_no_frame_is_kept():
-    call = drive([WorkerReply(text="Biscuit.")], context(budget=4096, cached_price=1.0))[0][0]
+    call = drive([WorkerReply(text="Biscuit.")], context(budget=4096, cached_input_price=1.0))[0][0]
     assert call.frame is None
 
 
@@ -131,17 +131,17 @@ def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would
     from pcp_core.request import paging_pays
     from pcp_core.round_policy import RoundPolicy
 
-    cached = RoundPolicy(budget=4096, cached_price=0.1, fresh_share=0.125)  # crossover: 3,584 + 512 / 0.1 = 8,704
+    cached = RoundPolicy(budget=4096, cached_input_price=0.1, followup_share=0.125)  # crossover: 3,584 + 512 / 0.1 = 8,704
     assert not paging_pays(8_000, cached) and paging_pays(9_000, cached)
-    assert paging_pays(4_097, RoundPolicy(budget=4096, cached_price=1.0))  # nothing cached: tokens are the bill
-    assert not paging_pays(4_097 * 100, RoundPolicy(budget=4096, cached_price=0.0))  # a local slot: the prefix is free
+    assert paging_pays(4_097, RoundPolicy(budget=4096, cached_input_price=1.0))  # nothing cached: tokens are the bill
+    assert not paging_pays(4_097 * 100, RoundPolicy(budget=4096, cached_input_price=0.0))  # a local slot: the prefix is free
 
 
 def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
     from pcp_core.request import Policy, engaged
     from pcp_core.round_policy import RoundPolicy
 
-    rounds = RoundPolicy(budget=4096, cached_price=0.1)
+    rounds = RoundPolicy(budget=4096, cached_input_price=0.1)
     assert engaged(9_000, Policy(threshold=8192, rounds=rounds))  # the window unknown: the threshold alone
     assert not engaged(8_500, Policy(threshold=8192, rounds=rounds, window=128_000))  # fits, and is cheaper untouched
     assert engaged(20_000, Policy(threshold=8192, rounds=rounds, window=128_000))  # paging pays
@@ -158,7 +158,7 @@ def test_pages_ranked_again_keep_their_place_with_the_pages_shown_before_them():
     assert run >= 4  # kept in their place, those before the ones ranked again too: all from the cache
     before, now = _document(first), _document(second)
     assert os.path.commonprefix([before, now]).startswith(before[: before.index(after[run - 1].text) + len(after[run - 1].text)])
-    assert COUNT("".join(shown.text for shown in after[:run])) <= RoundPolicy().fresh_share * 4096  # within a follow-up's share
+    assert COUNT("".join(shown.text for shown in after[:run])) <= RoundPolicy().followup_share * 4096  # within a follow-up's share
 
 
 def test_pages_ranked_again_keep_their_place_after_the_frame():

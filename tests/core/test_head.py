@@ -25,7 +25,7 @@ def test_a_request_is_pageable_whatever_its_tools_weigh():
 
 
 def test_the_sentry_weighs_what_is_paged_not_the_head_both_ways_carry():
-    rounds = RoundPolicy(budget=16_384, cached_price=0.1)
+    rounds = RoundPolicy(budget=16_384, cached_input_price=0.1)
     policy = Policy(threshold=32_768, rounds=rounds, window=200_000)
     assert engaged(55_000, policy)  # past ~2.35x the budget: paging pays
     assert not engaged(55_000, policy, carried=20_000)  # 35k of history beside a 20k head both ways carry: not yet
