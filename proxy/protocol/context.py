@@ -122,7 +122,7 @@ class SessionSave:
         self.pinned = pinned is not None  # a session the client pins is kept under its name
         self.kept: Future[Any] | None = None  # the latest save: what the store kept
         self.id = ""  # the session as the store keeps it (a concurrent request may have kept the request's id first)
-        self.known = True  # whether ``id`` is known before the store has kept the session (``SessionStore.keep``)
+        self.known = True  # whether ``id`` is known before the store has kept the session (``SessionStore.save``)
 
     @property
     def sent(self) -> bool:
@@ -136,7 +136,7 @@ class SessionSave:
         found = resolution.found
         # Conditional on the version the request read, when it goes on with the session it found.
         base = resolution.version if found is not None and found.id == prepared.session.id else ""
-        saved = self.sessions.keep(self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned)
+        saved = self.sessions.save(self.namespace, prepared.session, prepared.new_links, self.conversation.chained, base=base, pinned=self.pinned)
         # The id the session is kept under: a branch that a concurrent request left its session's id to goes on in its own.
         self.kept, self.id, self.known = saved.kept, saved.id, saved.known
 
@@ -144,12 +144,12 @@ class SessionSave:
         """Send ``session`` (the first save's, with the pages its drafts were solidified into), after the first."""
         if self.id and self.id != session.id:  # the first save went on under another id
             session = msgspec.structs.replace(session, id=self.id)
-        self.kept = self.sessions.save(self.namespace, session, 0, after=self.kept)
+        self.kept = self.sessions.save(self.namespace, session, 0, after=self.kept).kept
 
     async def stored(self, always: bool = False) -> None:
         """With a shared store, until the session's saves are in it: a follow-up on another process finds them, and
         an answer is complete only once what it paged is kept (a store lost meanwhile is the client's 503). With
-        a store of its own, only when the id the session is kept under is not known before (``SessionStore.keep``),
+        a store of its own, only when the id the session is kept under is not known before (``SessionStore.save``),
         or ``always``."""
         if self.kept is None or (not always and not self.sessions.shared and self.known):
             return

@@ -18,7 +18,7 @@
 * ``("asked", namespace, link)`` → the id of the session whose last question
   (``Session.asked``) opens with that link: which of the branches of one history
   a follow-up goes on in;
-* ``("said", namespace, digest)`` → the id of the session whose messages
+* ``(TRANSCRIPTS, namespace, digest)`` → the id of the session whose messages
   have that transcript digest, and its chain's last link: how a process that
   has not seen a conversation finds the session a follow-up continues
   without hashing the whole history (``prefix_digests``).
@@ -38,7 +38,10 @@ from pcp_core import PagedHistory, Session
 
 from .sealing import Sealer
 
-__all__ = ["KnownParts", "Layout", "Parts", "Record", "digest", "prefix_digests"]
+__all__ = ["TRANSCRIPTS", "KnownParts", "Layout", "Parts", "Record", "digest", "prefix_digests", "transcript_digest"]
+
+# The first part of a transcript digest's key: the name stored sessions were written under, kept so that they are found.
+TRANSCRIPTS = "said"
 
 PART_ITEMS = 32  # pages (or blocks) per part
 LINK_PART_ITEMS = 256  # links (or first-seen times) per part: short strings, and many
@@ -203,21 +206,21 @@ class Layout:
         return _with_lists(record.session, record.session.pages, lists)
 
 
-def prefix_digests(said: bytes, messages: Sequence[Mapping[str, Any]], last: int) -> list[tuple[int, str]]:
+def prefix_digests(text: bytes, messages: Sequence[Mapping[str, Any]], last: int) -> list[tuple[int, str]]:
     """The transcript digests of the conversation's longest prefixes (``last`` at most), longest first, each with its length.
 
-    ``said`` is the messages' transcript, ``[`` + each message's canonical
-    JSON, comma-separated, + ``]``: a prefix's transcript is ``said`` cut
+    ``text`` is the messages' transcript, ``[`` + each message's canonical
+    JSON, comma-separated, + ``]``: a prefix's transcript is ``text`` cut
     after one of its messages, closed by ``]``. Only the last messages are
     encoded alone, to find where they start; the bytes are hashed once.
     """
     n = len(messages)
-    ends = [len(said) - 1]
+    ends = [len(text) - 1]
     for message in reversed(messages[max(n - last, 1) :]):
         ends.append(ends[-1] - len(msgspec.json.encode(message, order="sorted")) - 1)
     ends.reverse()  # ends[i] closes the prefix of n - len(ends) + 1 + i messages
     first = n - len(ends) + 1
-    view = memoryview(said)
+    view = memoryview(text)
     running = hashlib.blake2b(digest_size=16)
     done = 0
     found = []
@@ -230,9 +233,9 @@ def prefix_digests(said: bytes, messages: Sequence[Mapping[str, Any]], last: int
     return found[::-1]
 
 
-def said_digest(said: bytes) -> str:
+def transcript_digest(text: bytes) -> str:
     """The digest a session's transcript is found by (``prefix_digests`` of a follow-up's history)."""
-    return hashlib.blake2b(said, digest_size=16).hexdigest()
+    return hashlib.blake2b(text, digest_size=16).hexdigest()
 
 
 def _lists(session: Session, pages: PagedHistory, session_parted: Sequence[str]) -> dict[str, list[object]]:

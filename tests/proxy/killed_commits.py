@@ -76,7 +76,7 @@ def commit_and_die(directory: Path, kill_at: int, follow_up: Session) -> None:
         return stored(*args, **kwargs)
 
     sqlite3.connect, os.remove, disk.store = traced, removed, written
-    store.save(NAMESPACE, follow_up, new_links=len(follow_up.chain) - 40, base=base).result()  # on the writer's thread: its own connection
+    store.save(NAMESPACE, follow_up, new_links=len(follow_up.chain) - 40, base=base).kept.result()  # on the writer's thread: its own connection
     print(json.dumps({"steps": steps}), flush=True)
     os._exit(0)
 
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> None:
     follow_up = paged_session(messages(44), count, known=first)
     base = root / "base"
     store = SessionStore(base)
-    store.save(NAMESPACE, first, new_links=40).result()
+    store.save(NAMESPACE, first, new_links=40).kept.result()
     store.close()
     files = _files(base)
 

@@ -141,7 +141,7 @@ def asking(store: SessionStore, history: list[dict], question: str) -> tuple[Con
 
 def kept(store: SessionStore, request: tuple[Conversation, Prepared, str]) -> Saved:
     conversation, prepared, base = request
-    return store.keep("ns", prepared.session, prepared.new_links, conversation.chained, base=base)
+    return store.save("ns", prepared.session, prepared.new_links, conversation.chained, base=base)
 
 
 @pytest.mark.parametrize("forgotten", [False, True], ids=["in memory", "forgotten"])

@@ -361,7 +361,7 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
     one, two = two_stores
     base = conversation(40)
     start = _page(base)
-    one.save("ns", start, len(start.chain), base, base="").result()
+    one.save("ns", start, len(start.chain), base, base="").kept.result()
     found_one, found_two = _resolved(one, [*base, *said(1)]), _resolved(two, [*base, *said(2)])
     assert found_one.found.id == found_two.found.id == start.id and found_one.version == found_two.version
     winner_said = [*base, *said(1)]
@@ -371,8 +371,8 @@ def test_of_two_saves_on_one_version_the_second_is_reconciled_and_nothing_is_los
     mine = msgspec.structs.replace(
         mine, pages=msgspec.structs.replace(mine.pages, storage=[*mine.pages.storage, *winner.pages.leaves[-1:]])
     )  # a page it solidified
-    assert one.save("ns", winner, 2, winner_said, base=found_one.version).result().session == winner
-    kept = two.save("ns", mine, len(mine.chain) - len(start.chain), mine_said, base=found_two.version, pinned=case == "pinned").result()
+    assert one.save("ns", winner, 2, winner_said, base=found_one.version).kept.result().session == winner
+    kept = two.save("ns", mine, len(mine.chain) - len(start.chain), mine_said, base=found_two.version, pinned=case == "pinned").kept.result()
     expected_id = {"branches": "new", "extends": start.id, "holds": start.id, "pinned": start.id}[case]
     assert (kept.session.id != start.id) if expected_id == "new" else kept.session.id == start.id
     if case in ("branches", "extends", "pinned"):
