@@ -1,4 +1,4 @@
-"""What can go wrong, said by who failed: the client, the upstream, or the proxy itself.
+"""What can go wrong, told by who failed: the client, the upstream, or the proxy itself.
 
 Every error the proxy returns uses the OpenAI envelope
 ``{"error": {"message", "type", "param", "code"}}``, or Anthropic's

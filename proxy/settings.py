@@ -136,7 +136,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # frame its follow-ups replay byte for byte, and is forwarded untouched while that is cheaper.
     cached_input_price: Fraction = 0.1
     # Of context_budget, the most a follow-up adds after its frame, new to the provider's cache and billed
-    # in full: the turns said since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
+    # in full: the turns since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
     # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
     followup_share: Share = 0.15
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
@@ -264,7 +264,7 @@ def _without_password(url: str) -> str:
 
 
 def _store_problem(url: str) -> str | None:
-    """What in a Redis URL the client could not read (its port, its host), said without its password; None: readable."""
+    """What in a Redis URL the client could not read (its port, its host), told without its password; None: readable."""
     if not url.startswith(("redis://", "rediss://")):
         return None  # empty, unix:// (a path), or a scheme __post_init__ refuses already
     try:

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _store_problem(settings: Settings) -> str | None:
-    """Why the store cannot be used (malformed, unreachable, workers without an upstream), said before serving."""
+    """Why the store cannot be used (malformed, unreachable, workers without an upstream), told before serving."""
     if settings.workers > 1 and not settings.upstream_base_url:
         return "setting workers (env PCP_WORKERS): more than one worker needs an upstream (upstream_base_url); the embedded local model runs in one process"
     if not settings.store:

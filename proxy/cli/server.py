@@ -112,7 +112,7 @@ class _Guard(_Mixed):
         )
 
     def send_400_response(self, msg: str) -> None:
-        """httptools could not parse the request (a control byte in a header, a bad chunk size): said in the envelope too."""
+        """httptools could not parse the request (a control byte in a header, a bad chunk size): told in the envelope too."""
         self._refuse(ClientError(f"the request is not valid HTTP/1.1: {msg}", code="invalid_http"))
 
     def _refuse(self, error: ClientError) -> None:

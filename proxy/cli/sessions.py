@@ -81,7 +81,7 @@ def list_sessions(settings: Settings, namespace: str = "", out: IO[str] = sys.st
     finally:
         store.close()
     rows = sorted((session_summary(session) | {"namespace": ns} for ns, session in found), key=lambda s: s["last_seen"], reverse=True)
-    out.write(f"{'namespace':<{NAMESPACE_SHOWN}}  {'session':<24} {'messages':>8} {'pages':>7}  said from         to                last seen\n")
+    out.write(f"{'namespace':<{NAMESPACE_SHOWN}}  {'session':<24} {'messages':>8} {'pages':>7}  from              to                last seen\n")
     for s in rows:
         out.write(
             f"{s['namespace'][:NAMESPACE_SHOWN]:<{NAMESPACE_SHOWN}}  {s['id']:<24} {s['messages']:>8,} {s['originals'] + s['consolidated']:>7,}  {_when(s['first']):<17} {_when(s['last']):<17} {_when(s['last_seen'])}\n"
@@ -112,7 +112,7 @@ def show_session(
     s = session_summary(session)
     out.write(f"session {session.id}  namespace {ns[:NAMESPACE_SHOWN]}\n")
     out.write(
-        f"{s['messages']:,} messages, {s['originals']:,} Original and {s['consolidated']:,} Consolidated pages, {s['blocks']:,} File blocks; said from {_when(s['first'])} to {_when(s['last'])}\n\n"
+        f"{s['messages']:,} messages, {s['originals']:,} Original and {s['consolidated']:,} Consolidated pages, {s['blocks']:,} File blocks; from {_when(s['first'])} to {_when(s['last'])}\n\n"
     )
     roots, pages = page_tree(session, Tokenizer(settings.tokenizer).count)
     for line in tree_lines(roots, {page.id: page for page in pages}):

@@ -80,10 +80,10 @@ def forget_query(store: MemoryStore, scope: str, query: str, paging: PagingPolic
         if not batch:
             break
         for page in (s.page for s in batch if isinstance(s.page, OriginalPage)):
-            said = {turn_hash(turn) for turn in page_turns(page.content) if holds_all(turn, wanted)}
-            if said:
-                hashes |= said
-                kept = without_turns(page, said, TermStats([page.content]), paging)
+            matching = {turn_hash(turn) for turn in page_turns(page.content) if holds_all(turn, wanted)}
+            if matching:
+                hashes |= matching
+                kept = without_turns(page, matching, TermStats([page.content]), paging)
                 removed.append(page.id) if kept is None else stripped.append(kept)
         after = batch[-1].row
     return forget_ids(store, scope, removed, paging, stripped, hashes)

@@ -76,9 +76,9 @@ class RedisMemoryStore(RedisScopes):
 
     @_guarded
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
-        """The rows of pages said from ``start`` to before ``end``, at most ``limit``."""
-        said = self.client.zrangebylex(self._k(scope, "time"), f"[{start}", f"({end}", start=0, num=limit)
-        return [int(member.rsplit(b"|", 1)[1]) for member in said]
+        """The rows of pages written from ``start`` to before ``end``, at most ``limit``."""
+        members = self.client.zrangebylex(self._k(scope, "time"), f"[{start}", f"({end}", start=0, num=limit)
+        return [int(member.rsplit(b"|", 1)[1]) for member in members]
 
     @_guarded
     def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:

@@ -127,7 +127,7 @@ class Memory:
         return chosen
 
     def broad_match(self, scope: str, intent: Intent, records: bool = False) -> list[Candidate]:
-        """The first stage: keyword and vector matches, and the pages said in the periods the intent names (``records``: records too, the API's)."""
+        """The first stage: keyword and vector matches, and the pages written in the periods the intent names (``records``: records too, the API's)."""
         index = self.index(scope)
         if self.shared:
             index.catch_up(self.store, scope)
@@ -155,7 +155,7 @@ class Memory:
         return await asyncio.to_thread(self.store.pages, scope, list(ids))
 
     def write_back(self, scope: str, session: Session, conversation: Conversation, now_ns: int, use: MemoryUse | None = None) -> Future[Any]:
-        """Keep what a protocol-mode request said (its session holds the history paged), and what it did with the pages it was given."""
+        """Keep a protocol-mode request's messages (its session holds the history paged), and what it did with the pages it was given."""
 
         def job() -> None:
             """Write the session back into the scope, and what the request used of it."""
@@ -166,7 +166,7 @@ class Memory:
         return self._submit(scope, job, kind="write_back")
 
     def ingest(self, scope: str, namespace: str, conversation: Conversation, now_ns: int, pinned: str | None = None) -> Future[Any]:
-        """Keep what a forwarded request said: paged as a session in the background (and kept as one), then written back."""
+        """Keep a forwarded request's messages: paged as a session in the background (and kept as one), then written back."""
         return self._submit(scope, lambda: self._ingest(scope, namespace, conversation, now_ns, pinned), kind="ingest")
 
     def wait(self) -> None:

@@ -253,7 +253,7 @@ class SqliteMemoryStore:
         return [stored for values in self._db().execute(query, (scope, after, limit)) if (stored := self._stored(scope, *values)) is not None]
 
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
-        """Rows of pages said from ``start`` to before ``end`` (ISO timestamps compare as strings)."""
+        """Rows of pages written from ``start`` to before ``end`` (ISO timestamps compare as strings)."""
         query = "SELECT row FROM pages WHERE scope=? AND timestamp >= ? AND timestamp < ? LIMIT ?"
         return [row for (row,) in self._db().execute(query, (scope, start, end, limit))]
 

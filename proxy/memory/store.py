@@ -83,7 +83,7 @@ class MemoryStore(Protocol):
         """Up to ``limit`` stored pages after row ``after``, without their vectors."""
 
     def in_period(self, scope: str, start: str, end: str, limit: int) -> list[int]:
-        """The rows of pages said from ``start`` to before ``end``, at most ``limit``."""
+        """The rows of pages written from ``start`` to before ``end``, at most ``limit``."""
 
     def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
         """The scope's counts of pages, records, conversations and forgotten turns."""

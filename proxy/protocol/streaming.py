@@ -46,7 +46,7 @@ class StreamedRound:
     async def until_committed(self) -> str | None:
         """The first text released, once the round commits to answering; None if it never does.
 
-        A round that calls tools and has said nothing by its end is not an answer:
+        A round that calls tools and has written no text by its end is not an answer:
         its calls are directives, or the client's own (``client_tool_calls``).
         """
         async for text in self._iterator:

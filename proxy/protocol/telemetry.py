@@ -97,7 +97,7 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     # The request as the client sent it fits the model's window (where it is known): one that does not could never
     # have gone untouched, so no saving is claimed against it (no x-pcp-tokens-saved).
     untouched_fits: bool = True
-    cache_reported: bool = False  # the upstream said what its cache served; else the proxy's reading
+    cache_reported: bool = False  # the upstream reported what its cache served; else the proxy's reading
     pages: PageCounts = msgspec.field(default_factory=PageCounts)
     consulted: list[str] = []
     hot: list[str] = []  # pages the Router made Hot (evidence shown first), and the latest turns

@@ -34,8 +34,8 @@ class StoreUnavailable(PcpError):
     type = "server_error"
 
     def __init__(self, detail: str = ""):
-        said = f" ({detail})" if detail else ""
-        super().__init__(f"the proxy's store (setting store, env PCP_STORE) cannot be reached{said}; retry shortly", code="store_unavailable")
+        why = f" ({detail})" if detail else ""
+        super().__init__(f"the proxy's store (setting store, env PCP_STORE) cannot be reached{why}; retry shortly", code="store_unavailable")
 
 
 def new_version() -> str:

@@ -156,28 +156,29 @@ class Namespaces:
         """The key a session's upstream calls are cached by (OpenAI's ``prompt_cache_key``): a keyed hash of the caller's
         namespace and the session, so that two callers who name one session (a client may choose its id) never share a
         provider's cache, and nothing the client wrote goes upstream in it. Stable: a session's follow-ups send the same."""
-        said = b"\0".join([b"prompt-cache-key", namespace.encode(), session_id.encode(errors="surrogatepass")])
-        return "pcp-" + hmac.new(self.secret, said, hashlib.sha256).hexdigest()[:CACHE_KEY_HEX]
+        message = b"\0".join([b"prompt-cache-key", namespace.encode(), session_id.encode(errors="surrogatepass")])
+        return "pcp-" + hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:CACHE_KEY_HEX]
 
     def handle(self, namespace: str, sessions: list[str]) -> str:
         """A compaction's handle to ``sessions`` (their pages), for the caller of ``namespace`` alone: the ids, and a keyed
         hash of them and the namespace under the install's secret. Opaque to a client, who cannot forge nor move it."""
-        said = base64.urlsafe_b64encode(json.dumps(sessions, separators=(",", ":")).encode()).decode().rstrip("=")
-        return f"{HANDLE_PREFIX}{said}.{self._signed(namespace, said)}"
+        encoded = base64.urlsafe_b64encode(json.dumps(sessions, separators=(",", ":")).encode()).decode().rstrip("=")
+        return f"{HANDLE_PREFIX}{encoded}.{self._signed(namespace, encoded)}"
 
     def opened(self, namespace: str, handle: str) -> list[str] | None:
         """The sessions ``handle`` stands for, when this install made it for the caller of ``namespace``; else None."""
         if not handle.startswith(HANDLE_PREFIX) or handle.count(".") != 3:
             return None
-        said, signature = handle[len(HANDLE_PREFIX) :].split(".")
-        if not hmac.compare_digest(signature, self._signed(namespace, said)):
+        encoded, signature = handle[len(HANDLE_PREFIX) :].split(".")
+        if not hmac.compare_digest(signature, self._signed(namespace, encoded)):
             return None
         try:
-            sessions = json.loads(base64.urlsafe_b64decode(said + "=" * (-len(said) % 4)))
+            sessions = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
         except ValueError:
             return None
         return [s for s in sessions if isinstance(s, str)] if isinstance(sessions, list) else None
 
-    def _signed(self, namespace: str, said: str) -> str:
-        message = b"\0".join([b"compaction-handle", namespace.encode(), said.encode()])
+    def _signed(self, namespace: str, encoded: str) -> str:
+        """The signature of a handle's ``encoded`` sessions, bound to the caller's namespace."""
+        message = b"\0".join([b"compaction-handle", namespace.encode(), encoded.encode()])
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:HANDLE_SIGNATURE_HEX]

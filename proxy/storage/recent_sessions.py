@@ -70,20 +70,20 @@ class RecentSessions:
 
     def put(self, key: Key, held: Held) -> None:
         with self.lock:
-            was, known = self.held.get(key), self.sizes.get(key, 0) - self._said(key)
+            was, known = self.held.get(key), self.sizes.get(key, 0) - self._transcript_bytes(key)
         size = self._size(held.session, was.session if was is not None else None, known)
         with self.lock:
             self.held[key] = held
             self.held.move_to_end(key)
-            self._resize(key, size + self._said(key))
+            self._resize(key, size + self._transcript_bytes(key))
             self._trim()
 
-    def recognise(self, key: Key, last: str, said: bytes) -> None:
-        """Let a follow-up find the session by the transcript ``said`` of its messages (``last``: its chain's last link)."""
+    def recognise(self, key: Key, last: str, text: bytes) -> None:
+        """Let a follow-up find the session by the transcript ``text`` of its messages (``last``: its chain's last link)."""
         with self.lock:
             if key in self.held:
-                self._resize(key, self.sizes.get(key, 0) + len(said) - self._said(key))
-                self.transcripts[key] = (last, said)
+                self._resize(key, self.sizes.get(key, 0) + len(text) - self._transcript_bytes(key))
+                self.transcripts[key] = (last, text)
                 self._trim()  # the transcript counts too: the bound holds once it is in
 
     def replace(self, key: Key, version: str, kept: Held | None) -> None:
@@ -114,7 +114,7 @@ class RecentSessions:
             return session_bytes(session)
         return known if was is session else known * len(session.chain) // len(was.chain)
 
-    def _said(self, key: Key) -> int:
+    def _transcript_bytes(self, key: Key) -> int:
         known = self.transcripts.get(key)
         return len(known[1]) if known is not None else 0
 

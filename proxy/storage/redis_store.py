@@ -173,7 +173,7 @@ class SharedSecret:
         return secret
 
     def check(self) -> None:
-        """The store still holds the secret this process names namespaces by: written back if the store lost it, said if another is there."""
+        """The store still holds the secret this process names namespaces by: written back if the store lost it, refused if another is there."""
         if self.client.set(self.KEY, self.secret, nx=True):
             log.warning("the store had lost the install secret (%s; emptied, or restarted without its data): written back", self.KEY)
             return

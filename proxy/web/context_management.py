@@ -188,8 +188,8 @@ async def compacted(services: Services, namespace: str, headers: dict[str, str],
             "previous_response_id cannot be compacted here: the upstream keeps no responses for the proxy to read (send the input whole)",
             param="previous_response_id",
         )
-    said = asked.get("input") or []
-    items = [{"type": "message", "role": "user", "content": said}] if isinstance(said, str) else said
+    given = asked.get("input") or []
+    items = [{"type": "message", "role": "user", "content": given}] if isinstance(given, str) else given
     if not isinstance(items, list):
         raise ClientError("input is neither text nor a list of items", param="input")
     opened = _opened_items(services, namespace, items)

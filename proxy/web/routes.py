@@ -156,7 +156,7 @@ async def _untouched(request: Request[Any, Any, Any], arrival: Arrival, decision
         failure=api.failure, rewrite=rewrite, as_stream=api.as_stream, too_long=refused_window if learns else None,
     )  # fmt: skip
     services.metrics.inc("pcp_requests_total", mode="passthrough")
-    if api.chat_body and arrival.scope is not None:  # memory: what a forwarded request said, written back in the background
+    if api.chat_body and arrival.scope is not None:  # memory: a forwarded request's messages, written back in the background
         assert response.status_code is not None  # forward's responses carry the upstream's status (None is Litestar's "the route's default")
         remember_forwarded(services.memory, arrival.scope, arrival.namespace, reading.messages, response.status_code, pcp.pinned_session(request.headers))
     return response
@@ -266,13 +266,13 @@ async def healthz(request: Request[Any, Any, Any], services: NamedDependency[Ser
     down; what the proxy fronts only for a proxy key, when it has keys."""
     local = await services.local_model.health() if services.local_model is not None else None
     status = "unavailable" if local is not None and local["status"] == "down" else local["status"] if local is not None else "ok"
-    said: dict[str, Any] = {"status": status}
+    health: dict[str, Any] = {"status": status}
     if shows_details(services.settings, request.headers):
-        said["upstream"] = services.upstream.shown_url
-        said["apis"] = services.translation.fronts()  # native, or translated to chat completions, and why
+        health["upstream"] = services.upstream.shown_url
+        health["apis"] = services.translation.fronts()  # native, or translated to chat completions, and why
         if local is not None:
-            said["local_model"] = local
-    return Response(said, status_code=503 if status == "unavailable" else 200)
+            health["local_model"] = local
+    return Response(health, status_code=503 if status == "unavailable" else 200)
 
 
 @route("/", http_method=[HttpMethod.GET, HttpMethod.HEAD])

@@ -70,7 +70,7 @@ async function openSession(id) {
   $("session").hidden = false;
   $("session-id").textContent = data.id;
   $("session-line").textContent = `${n(data.messages)} messages, ${n(data.originals)} Original and ${n(data.consolidated)} Consolidated pages` +
-    (data.blocks ? `, ${n(data.blocks)} File blocks` : "") + (data.first ? `; said from ${when(data.first)} to ${when(data.last)}` : "");
+    (data.blocks ? `, ${n(data.blocks)} File blocks` : "") + (data.first ? `; from ${when(data.first)} to ${when(data.last)}` : "");
   drawTokens(data.requests);
   drawRequests(data.requests);
   drawPageList(data);
