@@ -56,6 +56,7 @@ _DEFAULT = RoundPolicy()
 
 
 def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache: Bm25Cache | None = None) -> Generator[Effect, Any, Outcome]:
+    """The request's rounds: addressed, then worker calls until one answers or the rounds run out."""
     addressed = yield from address(context, index, count, cache)
     loop = _Loop(context, index, addressed, count, cache)
     for round_no in range(context.policy.max_rounds):
@@ -191,6 +192,7 @@ class _Loop:
         return max(int(policy.followup_share * policy.budget) - new, last)
 
     def _synthesize(self, round_no: int) -> Synthesis:
+        """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
         fresh = self._fresh()
@@ -229,6 +231,7 @@ class _Loop:
         return synthesize(self.index, self.views.raised(), request, self.count)
 
     def _called(self, synthesis: Synthesis, round_no: int) -> CallWorker:
+        """The worker call of a round's synthesis: the frame it keeps, what it shares with the call before."""
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
         before, self.kept = self.kept, kept_nodes(synthesis, policy)  # what the next round keeps in its place
@@ -253,6 +256,7 @@ class _Loop:
         return shared_tokens(self.previous, prompt_text(synthesis.messages), self._stored_end(synthesis), self.count)
 
     def _stored_end(self, synthesis: Synthesis) -> int | None:
+        """Where the stored frame ends in this round's frame text, if it is there whole."""
         return stored_end(self.context.frame, synthesis.frame_text, synthesis.frame_end)
 
     def unloaded(self, reply: WorkerReply) -> list[str]:
@@ -291,6 +295,7 @@ class _Loop:
         return None
 
     def _ended(self, kind: Literal["answer", "client_tool_calls"], text: str, rounds: int) -> Outcome:
+        """The outcome the rounds end with."""
         return Outcome(kind, text, rounds, self.trace, self.addressed.intent, list(self.solid.values()), self.index.states())
 
     def _standing_in(self, directive: Directive) -> Directive:
@@ -302,6 +307,7 @@ class _Loop:
         return msgspec.structs.replace(directive, **{"handle" if isinstance(directive, Explore) else "id": page_id})
 
     def _carry_out(self, directive: Directive, round_no: int) -> None:
+        """Carry out one directive of the worker's, and record it in the trace."""
         named, directive = directive, self._standing_in(directive)
         step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
         if directive is not named:  # the worker reads in the trace where the page it named went
@@ -322,6 +328,7 @@ class _Loop:
 
 
 def _named_page(directive: Directive) -> str:
+    """The page a directive names (an Explore's handle)."""
     return directive.handle if isinstance(directive, Explore) else directive.id
 
 

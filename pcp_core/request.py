@@ -296,11 +296,13 @@ def with_appendix(prepared: Prepared, text: str) -> Prepared:
 
 
 def _query_turn(conversation: Conversation, now: str) -> Turn:
+    """The query as a turn at the end of the history (a File-block query is paged as one)."""
     query = conversation.query or {}
     return Turn(index=len(conversation.history), role=str(query.get("role", "user")), text=conversation.query_text, timestamp=now)
 
 
 def _context(conversation: Conversation, policy: Policy, facts: Facts, now: str, count: CountText) -> RoundContext:
+    """The rounds' context of the request: its query, its head, its policy, its tools and parts, and the head's tokens."""
     context = RoundContext(
         query=query_line(conversation, policy.paging, count), head=conversation.head_text, current_time=now,
         policy=policy.rounds, opening=leading_tokens(conversation.opening_text, policy.rounds.budget // 4, count),  # cut once; each call fits it to the head
@@ -337,6 +339,7 @@ def _last_page_open(pages: PagedHistory, policy: PagingPolicy, count: CountText)
 
 
 def _paged(how: Continuation, known: PagedHistory, paged: PagedHistory, reused: int) -> Paged:
+    """What paging did: how the session was found, the turns paged now, the pages built now."""
     before = set(map(_ID, chained(known.leaves, known.containers)))
     return Paged(
         how=how,

@@ -52,10 +52,17 @@ log = logging.getLogger("pcp.proxy")
 class DenseRecall(Protocol):
     """What the rounds ask of an embedder (``proxy.recall.embeddings.Embedder``, or a stand-in in tests)."""
 
-    def prefetch(self, text: str, headers: Mapping[str, str]) -> Awaitable[Any]: ...
-    async def similarities_when_ready(self, query: str, texts: list[str], headers: Mapping[str, str] | None = None) -> Any: ...
-    def serving(self) -> Any: ...
-    def close(self) -> None: ...
+    def prefetch(self, text: str, headers: Mapping[str, str]) -> Awaitable[Any]:
+        """Start encoding ``text``: its vector, when it is ready."""
+
+    async def similarities_when_ready(self, query: str, texts: list[str], headers: Mapping[str, str] | None = None) -> Any:
+        """``texts``' similarities to ``query``, once their vectors are ready."""
+
+    def serving(self) -> Any:
+        """A context in which a request is served: background encoding waits."""
+
+    def close(self) -> None:
+        """Stop encoding and let go of the model."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,7 @@ async def open_services(
 
 
 def _local_model(settings: Settings) -> LocalModel:
+    """The embedded model the settings describe (llama-server and a GGUF)."""
     return LocalModel(
         settings.data_path,
         n_ctx=settings.local_n_ctx,

@@ -251,6 +251,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
 
     @property
     def data_path(self) -> Path:
+        """``data_dir``, its ``~`` expanded."""
         return Path(self.data_dir).expanduser()
 
 
@@ -281,6 +282,7 @@ def _store_problem(url: str) -> str | None:
 
 
 def _require(value: object, ok: bool, name: str, what: str) -> None:
+    """Raise msgspec's error for ``name`` unless ``ok``: ``what``, with the value it got."""
     if not ok:
         raise msgspec.ValidationError(f"{what}, got {value!r} - at `$.{name}`")
 
@@ -319,6 +321,7 @@ def _renamed(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """The TOML file's values, or the error that says why it cannot be read."""
     try:
         return tomllib.loads(path.read_text())
     except FileNotFoundError:
@@ -328,6 +331,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
 
 
 def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The ``PCP_*`` variables' values, by setting name; an unknown one is an error that lists the known."""
     fields = set(Settings.__struct_fields__) | set(ALIASES)
     values: dict[str, Any] = {}
     for key, raw in environ.items():

@@ -64,7 +64,7 @@ class Reading(msgspec.Struct, frozen=True):
 
     messages: list[dict[str, Any]]  # the conversation as chat messages, its head first: what the Sentry measures
     stream: bool = False
-    untouched: str | None = None  # why it goes through untouched whatever its size (state the proxy cannot see)
+    unreadable: str | None = None  # why it goes through untouched whatever its size (state the proxy cannot see)
     decoded: dict[str, Any] = {}  # fields already decoded, which the codec's body reuses
     model: str | None = None  # the model asked for: its settings (``[models."…"]``) apply
     components: list[Any] | None = None  # PACT components the request carries inline (chat's ``pcp_components``)

@@ -87,7 +87,7 @@ class KnownBodies:
                 return read
         reading = self.read_whole(body)
         tokens = prompt_tokens(reading.messages, count)
-        if reading.untouched is None:
+        if reading.unreadable is None:
             self._remember(None, _located(body, reading.messages, tokens - REPLY_PRIMING))
         return reading, tokens
 
@@ -111,7 +111,7 @@ class KnownBodies:
             array = _ARRAY.decode(rest).messages
         except (ClientError, msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
             return None
-        if reading.untouched is not None or not rest.startswith(bytes(array), known.start):  # another "messages" key decoded
+        if reading.unreadable is not None or not rest.startswith(bytes(array), known.start):  # another "messages" key decoded
             return None
         new = reading.messages
         messages = [*known.messages, *new]

@@ -162,6 +162,7 @@ def _family(policy: Policy, model: str, tuned: tuple[bool, bool]) -> Policy:
 
 
 def _is_glob(name: str) -> bool:
+    """Whether a ``[models."…"]`` name is a glob."""
     return any(c in name for c in "*?[")
 
 
@@ -196,6 +197,7 @@ def _requested(base: Control, mode: str | None, threshold: str | None, budget: s
 
 
 def _tokens(header: str, value: str, least: int) -> int:
+    """A header's whole number of tokens, at least ``least`` (more than 12 digits: 10**12), or the 400 that names it."""
     text = value.strip()
     # Past 12 digits it is more than any model reads: the maximum applies (and int() of
     # thousands of digits is refused by Python, or slow).

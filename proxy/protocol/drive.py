@@ -207,7 +207,7 @@ class ProtocolRequest:
         while not isinstance(effect, (CallWorker, Outcome)):
             effect = await asyncio.to_thread(_step, generator, await self.fulfil(effect))
         if isinstance(effect, Outcome):
-            self._settle(prepared, effect)
+            self._keep_what_it_leaves(prepared, effect)
             self.paged.telemetry.ended(effect, prepared)  # the request ends: its trace kept, counted, logged
             return effect
         if not self.save.sent:  # round 0: the next request keeps what still ranks of it
@@ -231,7 +231,7 @@ class ProtocolRequest:
         found = await asyncio.to_thread(lambda: [sessions.read(namespace, session_id) for session_id in self.paged.behind])
         return [page for session in filter(None, found) for page in stored_pages(session.pages)]
 
-    def _settle(self, prepared: Prepared, outcome: Outcome) -> None:
+    def _keep_what_it_leaves(self, prepared: Prepared, outcome: Outcome) -> None:
         """Keep what the request leaves: the formal pages its drafts were solidified into (§VI.5), and what its extensions keep."""
         self.save.first(prepared, self.resolution)  # the session's first write goes first
         session = solidified_session(prepared, outcome)
@@ -309,11 +309,11 @@ class ProtocolRequest:
             yield event
 
 
-def _step(loop: Rounds, value: Any) -> Effect | Outcome:
+def _step(generator: Rounds, value: Any) -> Effect | Outcome:
     """One step of the rounds: the next effect, or the outcome they end with (a thread cannot hand
     ``StopIteration`` to the event loop: a future refuses it)."""
     try:
-        return loop.send(value)
+        return generator.send(value)
     except StopIteration as done:
         return done.value
 

@@ -35,6 +35,7 @@ class Interrupt:
         self.cancelled = threading.Event()
 
     def __call__(self) -> None:
+        """Raise ``Stopped`` if the client has left or the deadline has passed (a checkpoint between steps of paging)."""
         if self.cancelled.is_set():
             raise Stopped("client_left")
         if time.monotonic() > self.deadline:

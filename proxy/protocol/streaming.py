@@ -55,12 +55,15 @@ class StreamedRound:
         return None
 
     async def rest(self) -> AsyncIterator[str]:
+        """The rest of the round's text, as it comes."""
         async for text in self._iterator:
             if text:
                 yield text
 
     def client_tool_calls(self, client_tools: list[dict[str, Any]]) -> bool:
+        """Whether the round calls one of the client's own tools."""
         return calls_client_tool(self.api.calls(), client_tools)
 
     def reply(self, delivered: bool) -> WorkerReply:
+        """The round as the rules read it; ``delivered``: the client has it already."""
         return WorkerReply(text=self.gate.raw_text, tool_calls=self.api.calls(), delivered=delivered)

@@ -49,9 +49,11 @@ class Summaries(Protocol):
     """What a request asks of the summaries: those landed, and a model summary of its closed pages."""
 
     @property
-    def landed(self) -> Mapping[str, str]: ...
+    def landed(self) -> Mapping[str, str]:
+        """Model summaries written so far, by page id."""
 
-    async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None: ...
+    async def submit(self, pages: PagedHistory, model: str, headers: Mapping[str, str]) -> None:
+        """Ask for model summaries of the closed pages that have none."""
 
 
 class NoSummaryWriter:
@@ -110,6 +112,7 @@ class SummaryWriter:
                 self.metrics.inc("pcp_summaries_total", state="queued")
 
     def _cached(self, key: str) -> str | None:
+        """The summary the store holds for ``key`` (a text's hash), if any."""
         stored = self.store.get((key,))  # (stored as text by an earlier version: read as its bytes)
         opened = self.sealer.open(stored, key) if stored is not None else None
         return opened.decode() if opened is not None else None
@@ -117,10 +120,12 @@ class SummaryWriter:
     # -- the background worker -----------------------------------------------------------
     def _job(self, page: Page, summaries: Mapping[str, str], model: str, headers: Mapping[str, str]) -> Job:
         # A container is the consensus of its children: summarise what they say.
+        """The summary ``page`` asks for: of its text, or a container's of its children's summaries."""
         text = "\n".join(summaries[c] for c in page.source_ids) if isinstance(page, ConsolidatedPage) else page.content
         return Job(page.id, short_hash(SUMMARY_VERSION, text, length=24), text, model, headers)
 
     async def _run(self) -> None:
+        """Write summaries as they are asked for, one at a time, until stopped."""
         while True:
             job = await self.queue.get()
             state = "failed"
@@ -143,6 +148,7 @@ class SummaryWriter:
                 self.queue.task_done()
 
     async def _ask(self, job: Job) -> str | None:
+        """The upstream model's summary of the job's text; None when it gives none."""
         self.metrics.inc("pcp_upstream_calls_total", role="consolidator")
         messages = summary_prompt(job.text)
         body = {"model": job.model, "messages": fold_system(messages) if self.fold_system else messages, "max_tokens": SUMMARY_MAX_TOKENS, "temperature": 0}

@@ -74,6 +74,7 @@ class PageCounts(msgspec.Struct):
     total: int = 0
 
     def header(self) -> str:
+        """``x-pcp-pages``: detail/summary/folded/total."""
         return f"{self.detail}/{self.summary}/{self.folded}/{self.total}"
 
 
@@ -116,6 +117,7 @@ class Traces:
         self.lock = threading.Lock()  # the inspector's handlers may read from threads
 
     def add(self, namespace: str, trace: RequestTrace) -> None:
+        """Keep ``trace`` under its session, forgetting the oldest past the bounds."""
         key = (namespace, trace.session)
         with self.lock:
             kept = self.sessions.get(key)
@@ -131,6 +133,7 @@ class Traces:
                     self.ids.pop(old.id, None)
 
     def of_session(self, namespace: str, session: str) -> list[RequestTrace]:
+        """The traces kept of a session of ``namespace``, oldest first."""
         with self.lock:
             return list(self.sessions.get((namespace, session), ()))
 
@@ -203,6 +206,7 @@ class RequestTelemetry:
                 self.metrics.observe("pcp_upstream_seconds", seconds, role="router")
 
     def _called(self, call: CallWorker) -> None:
+        """Record a worker call: the round it starts, and the directives that ended the one before."""
         synthesis = call.synthesis
         if self.calls:  # what the worker asked for at the end of the round before
             self.trace.rounds[-1].directives = call.trace[len(self.calls[-1].trace) :]
@@ -233,6 +237,7 @@ class RequestTelemetry:
         }
 
     def _summed(self) -> RequestTrace:
+        """The trace with its totals as the rounds stand: tokens sent, billed against untouched, pages, Consults."""
         trace = self.trace
         trace.tokens_sent = sum(r.tokens for r in trace.rounds)
         read = self.reported.cache_read() if self.reported is not None else None
@@ -294,6 +299,7 @@ def _total(pages: PagedHistory) -> int:
 
 
 def _counts(views: dict[str, str], total: int) -> PageCounts:
+    """The answering round's pages shown in detail, by summary, and folded, of ``total``."""
     detail = sum(1 for view in views.values() if view == View.DETAIL)
     summary = len(views) - detail  # by its summary, or (Unpacked) by its keywords around the pages inside
     return PageCounts(detail, summary, max(total - detail - summary, 0), total)

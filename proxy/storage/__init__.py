@@ -54,6 +54,7 @@ class Stores:
 
     @property
     def where(self) -> str:
+        """Where the data lives, as the log may show it (a URL without its password)."""
         return shown(self.url) if self.url else str(self.data)
 
     def area(self, name: str) -> Store:
@@ -101,6 +102,7 @@ class Stores:
                     log.exception("the store's install secret could not be checked")
 
     def _sessions_on_disk(self) -> bool:
+        """Whether the data dir holds sessions of the embedded store."""
         if not (self.data / "sessions").is_dir():
             return False
         store = EmbeddedStore(self.data / "sessions")
@@ -110,6 +112,7 @@ class Stores:
             store.close()
 
     def close(self) -> None:
+        """Stop the keeper and close the shared client."""
         self.stopping.set()
         if self.keeper is not None:
             self.keeper.join(timeout=1.0)  # one caught asking a store that does not answer is a daemon: not waited for

@@ -64,11 +64,21 @@ class Store(Protocol):
 
     shared: bool  # other processes (workers, replicas) read and write it too
 
-    def get(self, key: Key) -> bytes | None: ...
-    def get_many(self, keys: Sequence[Key]) -> list[bytes | None]: ...
-    def set_many(self, items: Mapping[Key, bytes]) -> None: ...
-    def delete(self, key: Key) -> None: ...
-    def contains(self, key: Key) -> bool: ...
+    def get(self, key: Key) -> bytes | None:
+        """The value at ``key``; None: none."""
+
+    def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """The values at ``keys``, in order."""
+
+    def set_many(self, items: Mapping[Key, bytes]) -> None:
+        """Write every item."""
+
+    def delete(self, key: Key) -> None:
+        """Remove ``key``."""
+
+    def contains(self, key: Key) -> bool:
+        """Whether ``key`` holds a value."""
+
     def claim(self, key: Key, seconds: float) -> bool:
         """Take ``key`` for ``seconds`` if no one holds it: who encodes a text, say."""
         ...
@@ -81,4 +91,5 @@ class Store(Protocol):
         """Every key whose first item is ``kind``."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of the store."""

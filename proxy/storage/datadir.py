@@ -104,6 +104,7 @@ def keep_secret_copy(data_dir: Path, secret: bytes) -> None:
 
 
 def _read_secret(path: Path) -> bytes:
+    """The install's secret from ``path``, or the error that says it is damaged."""
     secret = path.read_bytes()
     if len(secret) != SECRET_BYTES:
         raise RuntimeError(f"{path} is not {SECRET_BYTES} bytes: the install's secret is damaged (remove it to make a new one; sessions are then paged again)")

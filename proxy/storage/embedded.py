@@ -64,6 +64,7 @@ class _StringKeys(diskcache.Disk):
             super().remove(name)
 
     def remove(self, file_path: str) -> None:
+        """Remove a value's file, or note it for after the transaction."""
         removed = getattr(self._held, "removed", None)
         if removed is None:
             super().remove(file_path)
@@ -71,6 +72,7 @@ class _StringKeys(diskcache.Disk):
             removed.append(file_path)
 
     def store(self, value: object, read: bool, key: object = diskcache.core.UNKNOWN) -> tuple[int, int, str | None, object]:
+        """Store ``value``, noting a file it writes within a transaction."""
         stored = super().store(value, read, key=key)
         written = getattr(self._held, "written", None)
         if written is not None and stored[2] is not None:
@@ -78,9 +80,11 @@ class _StringKeys(diskcache.Disk):
         return stored
 
     def put(self, key: object) -> tuple[object, bool]:
+        """A key as the database keeps it: a tuple joined."""
         return super().put(_SEPARATOR.join(map(str, key)) if type(key) is tuple else key)
 
     def get(self, key: object, raw: bool) -> object:
+        """A key as the database gives it back: a joined tuple split again."""
         key = super().get(key, raw)
         if not isinstance(key, str) or _SEPARATOR not in key:
             return key
@@ -91,6 +95,7 @@ class _StringKeys(diskcache.Disk):
 
 
 def _key(key: Key) -> object:
+    """A key as diskcache keeps it: a one-part key by its part."""
     return key[0] if len(key) == 1 else key
 
 
@@ -105,13 +110,16 @@ class EmbeddedStore:
         self.cache = diskcache.Cache(str(directory), disk=_StringKeys, **({"cull_limit": 0} if cull else {}))
 
     def get(self, key: Key) -> bytes | None:
+        """The value at ``key``; None: none."""
         value = self.cache.get(_key(key))
         return value.encode() if isinstance(value, str) else value
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """The values at ``keys``, in order."""
         return [self.get(key) for key in keys]
 
     def set_many(self, items: Mapping[Key, bytes]) -> None:
+        """Write every item, in one transaction."""
         if len(items) == 1:
             ((key, value),) = items.items()
             self.cache.set(_key(key), value)
@@ -121,12 +129,15 @@ class EmbeddedStore:
                 self.cache.set(_key(key), value)
 
     def delete(self, key: Key) -> None:
+        """Remove ``key``."""
         self.cache.delete(_key(key))
 
     def contains(self, key: Key) -> bool:
+        """Whether ``key`` holds a value."""
         return _key(key) in self.cache
 
     def claim(self, key: Key, seconds: float) -> bool:
+        """Hold ``key`` for ``seconds`` unless another holds it: whether this did."""
         return bool(self.cache.add(_key(key), b"", expire=seconds))
 
     @contextmanager
@@ -136,6 +147,7 @@ class EmbeddedStore:
             yield
 
     def commit(self, commit: Commit) -> bool:
+        """Write a commit's items if the version is the one it expects, in one transaction: whether it was."""
         with self._transaction():
             held = self.cache.get(commit.version)
             if commit.expected != ANY and (held.decode() if isinstance(held, bytes) else held or "") != commit.expected:
@@ -160,4 +172,5 @@ class EmbeddedStore:
                 yield key
 
     def close(self) -> None:
+        """Close the cache."""
         self.cache.close()

@@ -43,6 +43,7 @@ _encoder = msgspec.msgpack.Encoder()
 
 
 def store_key(namespace: str, name: str) -> str:
+    """The key of ``name`` in ``namespace``."""
     return f"{namespace}{_SEPARATOR}{name}"
 
 
@@ -71,10 +72,12 @@ class KeyedStore(Generic[T]):
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pcp-keyed")
 
     def holds(self, namespace: str, name: str) -> bool:
+        """Whether the store holds a value for ``name``."""
         key = store_key(namespace, name)
         return self.store.contains(stored_as(key)) if self.shared else key in self.known
 
     def in_memory(self, namespace: str, name: str) -> bool:
+        """Whether the value of ``name`` is in memory (no read needed)."""
         return store_key(namespace, name) in self.recent
 
     def get(self, namespace: str, name: str) -> T | None:
@@ -83,10 +86,12 @@ class KeyedStore(Generic[T]):
             return self._get(store_key(namespace, name))
 
     def close(self) -> None:
+        """Finish the writes and close the store."""
         self.writer.shutdown(wait=True)
         self.store.close()
 
     def _get(self, key: str) -> T | None:
+        """The value at ``key``: in memory, else read and opened from the store."""
         value = self.recent.get(key)
         if value is None and (self.shared or key in self.known):
             stored = self.store.get(stored_as(key))
@@ -142,6 +147,7 @@ class KeyedStore(Generic[T]):
             self.writer.submit(change)
 
     def _remember(self, key: str, value: T) -> None:
+        """Keep ``value`` in memory, the least recently used past the bound forgotten."""
         if not self.recent_size:
             return
         self.recent[key] = value
@@ -150,9 +156,11 @@ class KeyedStore(Generic[T]):
             self.recent.popitem(last=False)
 
     def _sealed(self, key: str, value: T) -> bytes:
+        """``value`` encoded and sealed for ``key``."""
         return self.sealer.seal(_encoder.encode(value), key)
 
     def _write(self, key: str, value: T) -> None:
+        """Write ``value`` to the store (on the writer's thread); a failure is logged."""
         try:
             self.store.set_many({stored_as(key): self._sealed(key, value)})
         except Exception:  # a full disk costs the value's survival of a restart, not the request

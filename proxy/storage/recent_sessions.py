@@ -51,6 +51,7 @@ class RecentSessions:
         self.on_left: Callable[[], None] = lambda: None  # a session left memory (``proxy.resident.TextMemos``)
 
     def get(self, key: Key) -> Held | None:
+        """The session held under ``key``, if any."""
         with self.lock:
             return self.held.get(key)
 
@@ -69,6 +70,7 @@ class RecentSessions:
             ]
 
     def put(self, key: Key, held: Held) -> None:
+        """Hold ``held`` under ``key``, the least recently used dropped past the bounds."""
         with self.lock:
             was, known = self.held.get(key), self.sizes.get(key, 0) - self._transcript_bytes(key)
         size = self._size(held.session, was.session if was is not None else None, known)
@@ -98,10 +100,12 @@ class RecentSessions:
             self.put((key[0], kept.session.id), kept)
 
     def drop(self, key: Key) -> None:
+        """Forget the session under ``key``."""
         with self.lock:
             self._drop(key)
 
     def clear(self) -> None:
+        """Forget every session."""
         with self.lock:
             for key in list(self.held):
                 self._drop(key)
@@ -115,10 +119,12 @@ class RecentSessions:
         return known if was is session else known * len(session.chain) // len(was.chain)
 
     def _transcript_bytes(self, key: Key) -> int:
+        """The bytes of the transcript kept for ``key``."""
         known = self.transcripts.get(key)
         return len(known[1]) if known is not None else 0
 
     def _resize(self, key: Key, size: int) -> None:
+        """Count ``key`` at ``size`` bytes."""
         self.resident_bytes += size - self.sizes.get(key, 0)
         self.sizes[key] = size
 
@@ -132,6 +138,7 @@ class RecentSessions:
             self.on_left()
 
     def _drop(self, key: Key) -> None:
+        """Forget ``key`` (the lock held)."""
         self.held.pop(key, None)
         self.transcripts.pop(key, None)
         self.resident_bytes -= self.sizes.pop(key, 0)

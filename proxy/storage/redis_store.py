@@ -76,6 +76,7 @@ def shown(url: str) -> str:
 
 
 def unavailable(error: BaseException) -> StoreUnavailable:
+    """Redis' failure as the store's 503."""
     return StoreUnavailable(type(error).__name__)
 
 
@@ -127,7 +128,7 @@ class SharedSecret:
         self.client = client
         self.data_dir = data_dir
         self.secret = b""
-        self.told: bytes | None = None  # the other secret the store holds, logged once
+        self.other_secret: bytes | None = None  # the other secret the store holds, logged once
 
     def open(self) -> bytes:
         """The secret at start: the store's; else this data dir's copy, written back; else a new one."""
@@ -139,6 +140,7 @@ class SharedSecret:
             raise StoreSettingError(f"setting store (env PCP_STORE): the install secret could not be read or written at {self.KEY}: {error}") from None
 
     def _open(self) -> bytes:
+        """The install's secret as the store holds it (written there from the data dir's copy if it has none)."""
         copy = secret_copy(self.data_dir)
         if copy is not None:
             if self.client.set(self.KEY, copy, nx=True):
@@ -178,8 +180,8 @@ class SharedSecret:
             log.warning("the store had lost the install secret (%s; emptied, or restarted without its data): written back", self.KEY)
             return
         held = self.client.get(self.KEY)
-        if held is not None and held != self.secret and held != self.told:
-            self.told = held
+        if held is not None and held != self.secret and held != self.other_secret:
+            self.other_secret = held
             log.error(
                 "the store holds another install secret (%s) than this process names the namespaces by: it lost the secret and another "
                 "process made a new one. This process goes on with the namespaces it had; processes that started since name them "
@@ -191,6 +193,7 @@ class SharedSecret:
             )
 
     def _holds_sessions(self) -> bool:
+        """Whether the store holds any session."""
         return next(iter(self.client.scan_iter(match=f"{PREFIX}s:session:*", count=1000)), None) is not None
 
 
@@ -209,18 +212,22 @@ class RedisStore:
         self._errors = (redis.ConnectionError, redis.TimeoutError)  # BusyLoadingError (a restart reading its file) is one
 
     def name(self, key: Key) -> str:
+        """A key's name in Redis."""
         return self.prefix + ":".join(k.hex() if isinstance(k, bytes) else str(k) for k in key)
 
     def _call(self, method: Any, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args)``, Redis' failures as the store's 503."""
         try:
             return method(*args, **kwargs)
         except self._errors as error:
             raise unavailable(error) from None
 
     def get(self, key: Key) -> bytes | None:
+        """The value at ``key``; None: none."""
         return self._call(self.client.get, self.name(key))
 
     def get_many(self, keys: Sequence[Key]) -> list[bytes | None]:
+        """The values at ``keys``, in order (in chunks of MGET)."""
         names = [self.name(k) for k in keys]
         found: list[bytes | None] = []
         for start in range(0, len(names), _CHUNK):
@@ -228,6 +235,7 @@ class RedisStore:
         return found
 
     def set_many(self, items: Mapping[Key, bytes]) -> None:
+        """Write every item, in one pipeline."""
         if not items:
             return
         pipe = self.client.pipeline(transaction=False)
@@ -236,15 +244,19 @@ class RedisStore:
         self._call(pipe.execute)
 
     def delete(self, key: Key) -> None:
+        """Remove ``key``."""
         self._call(self.client.delete, self.name(key))
 
     def contains(self, key: Key) -> bool:
+        """Whether ``key`` holds a value."""
         return bool(self._call(self.client.exists, self.name(key)))
 
     def claim(self, key: Key, seconds: float) -> bool:
+        """Hold ``key`` for ``seconds`` unless another holds it: whether this did."""
         return bool(self._call(self.client.set, self.name(key), b"", nx=True, px=max(int(seconds * 1000), 1)))
 
     def commit(self, commit: Commit) -> bool:
+        """Write a commit's items if the version is the one it expects, atomically (a Lua script): whether it was."""
         writes = list(commit.writes.items())
         keys = [self.name(commit.version), *(self.name(k) for k, _ in writes), *(self.name(k) for k in commit.keep)]
         args: list[Any] = [commit.expected, commit.new, self.ttl_ms, len(writes), len(commit.keep), *(v for _, v in writes)]
@@ -253,14 +265,17 @@ class RedisStore:
         return bool(self._call(self._commit, keys=keys, args=args))
 
     def keys(self, kind: str) -> Iterator[Key]:
+        """Every key of ``kind``."""
         start = len(self.prefix)
         for name in self._call(lambda: list(self.client.scan_iter(match=f"{self.prefix}{kind}:*", count=1000))):
             yield tuple(name.decode()[start:].split(":", 2))
 
     def announcements(self, name: str) -> Announcements:
+        """The stream ``name`` of announcements between processes."""
         return Announcements(self, name)
 
     def close(self) -> None:
+        """Nothing: the client is the process's."""
         pass  # the client is the process's (``Stores.close`` ends it)
 
 
@@ -274,6 +289,7 @@ class Announcements:
         self.stream = f"{store.prefix}{name}"
 
     def publish(self, payload: bytes) -> None:
+        """Announce ``payload`` to the other processes."""
         self.store._call(self.store.client.xadd, self.stream, {b"d": payload}, maxlen=self.KEEP, approximate=True)
 
     def latest(self, count: int) -> tuple[bytes, list[bytes]]:

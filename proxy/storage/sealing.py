@@ -57,9 +57,11 @@ class Sealer:
 
     @property
     def sealing(self) -> bool:
+        """Whether a data key seals what is stored."""
         return self.aead is not None
 
     def seal(self, data: bytes, context: str) -> bytes:
+        """``data`` sealed for ``context`` (as it is, without a data key)."""
         if self.aead is None:
             return data
         nonce = os.urandom(NONCE)

@@ -77,6 +77,7 @@ class SessionLookup:
         return resolution if pinned is not None else self._branched(namespace, conversation, resolution)
 
     def _found(self, namespace: str, conversation: Conversation, pinned: str | None) -> Resolution:
+        """The session the request's messages continue, before branches are looked at: by transcript, by pin, or by chain."""
         chained = conversation.chained
         if pinned is None and conversation.history:
             text = transcript(conversation.history)
@@ -157,6 +158,7 @@ class SessionLookup:
         return kept.session if kept is not None else None
 
     def _load(self, namespace: str, session_id: str, remember: bool = True) -> Kept | None:
+        """A session: in memory while it is still the store's, else read from the store (and, ``remember``, kept in memory)."""
         held = self.recent.get((namespace, session_id))
         if held is not None and self._valid(namespace, held):
             return Kept(held.session, held.version)

@@ -83,6 +83,7 @@ _decoder = msgspec.msgpack.Decoder(Record)
 
 
 def digest(raw: bytes) -> str:
+    """The digest of a part's bytes."""
     return hashlib.blake2b(raw, digest_size=16).hexdigest()
 
 
@@ -118,6 +119,7 @@ class KnownParts:
         return entry[0]
 
     def add(self, key: PartKey, part: list[object], digest: str) -> None:
+        """Note a part the store holds now, with its digest."""
         with self._lock:
             self._entries[key] = (digest, part)
             self._entries.move_to_end(key)
@@ -188,6 +190,7 @@ class Layout:
             return None
 
     def part_keys(self, namespace: str, record: Record) -> list[PartKey] | None:
+        """The keys of a record's parts; None: a part this version does not read."""
         if any(name not in _PART_DECODERS for name in record.parts):  # a list this version does not keep
             return None
         return [("part", namespace, record.session.id, name, n) for name, digests in record.parts.items() for n in range(len(digests))]

@@ -163,6 +163,7 @@ class SessionStore(SessionLookup):
         pinned: bool,
         after: Future[Kept | None] | None,
     ) -> Kept | None:
+        """One save, on the writer's thread: amended on the first save of the request, or committed on its base."""
         text = transcript(linked) if linked is not None else None
         mine = (session.id, version)  # the entry ``save`` put in memory, replaced only while it is still there
         try:
@@ -213,6 +214,7 @@ class SessionStore(SessionLookup):
         return None
 
     def _conflict(self, kept: Session | None, mine: Session, winner: Session) -> None:
+        """Count a conflict by how it was resolved."""
         if self.metrics is not None:
             how = (
                 "winner"
@@ -226,6 +228,7 @@ class SessionStore(SessionLookup):
             self.metrics.inc("pcp_session_conflicts_total", kept=how)
 
     def _commit(self, namespace: str, session: Session, new_links: int, base: str | None, version: str, text: bytes | None) -> bool:
+        """Write a session's record, parts and links, if the store holds version ``base``: whether it did."""
         writes, trims, kept, new = self.layout.writes(namespace, session)
         n = len(session.chain)
         for i in _stored(n - new_links, n):
@@ -243,6 +246,7 @@ class SessionStore(SessionLookup):
         return True
 
     def close(self) -> None:
+        """Finish the writes and close the store."""
         self.writer.shutdown(wait=True)
         self.store.close()
 

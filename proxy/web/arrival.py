@@ -87,8 +87,8 @@ class Arrival:
         """How the request goes (``pcp_core.decision.decide``): its model's control narrowed by its headers, its memory, its
         size; unless ``measured``, whatever room the budget leaves (a token count's)."""
         reading, counted = self.counted.reading, self.counted
-        if reading.untouched is not None or not reading.messages:
-            return decide(Asked(mode="auto", policy=self.services.policy, readable=reading.untouched is None, messages=False), _never)
+        if reading.unreadable is not None or not reading.messages:
+            return decide(Asked(mode="auto", policy=self.services.policy, readable=reading.unreadable is None, messages=False), _never)
         control = self.services.controls.of(self.headers, reading.model)
         managed: Managed = "context-management" if self.plan is not None else "compaction" if self.behind else ""
         budget = self.plan.budget if self.plan is not None else None
@@ -109,7 +109,7 @@ class Arrival:
     def compacting(self) -> bool:
         """Whether the request may be an agent's compaction of its history (``agent_compaction``): it carries one's prompt."""
         reading = self.counted.reading
-        return reading.untouched is None and bool(reading.messages) and any(prompt in self.body for prompt in COMPACTING)
+        return reading.unreadable is None and bool(reading.messages) and any(prompt in self.body for prompt in COMPACTING)
 
     def read_conversation(self, policy: Policy) -> tuple[Codec, Conversation]:
         """The request's codec, and its conversation as the rules read it: built the first time they are asked for."""
@@ -178,7 +178,7 @@ async def arrive(request: Request[Any, Any, Any], services: Services, api: Api) 
         arrival.body, arrival.counted = arrival.plan.body, Counted(*arrival.plan.read)
     else:
         arrival.counted = await read_large(arrival.body, lambda: read_api(api, arrival.body, services))
-    if arrival.counted.reading.untouched is None:
+    if arrival.counted.reading.unreadable is None:
         arrival.scope = memory_scope(services.memory, request.headers, arrival.body, lambda: arrival.namespace, services.settings.memory_scope_from_user)
     return arrival
 
@@ -203,7 +203,7 @@ def read_api(api: Api, body: bytes, services: Services) -> Counted:
         reading, message_tokens = services.bodies.read(body, count)
     else:
         reading = api.read(body)
-        if reading.untouched is not None:
+        if reading.unreadable is not None:
             return Counted(reading, 0, 0, 0)
         message_tokens = prompt_tokens(reading.messages, count)
     tools = tools_text(body if reading.rest is None else reading.rest)

@@ -154,6 +154,7 @@ def _opened(services: Services, namespace: str, handle: str, what: str, param: s
 
 
 def _our_compaction(item: Any) -> bool:
+    """Whether ``item`` is a compaction item this proxy made (its content one of the proxy's handles)."""
     return isinstance(item, dict) and item.get("type") == "compaction" and str(item.get("encrypted_content") or "").startswith(HANDLE_PREFIX)
 
 

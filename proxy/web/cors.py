@@ -18,6 +18,7 @@ __all__ = ["UpstreamCorsDropped", "cors_config"]
 
 
 def cors_config(origins: list[str]) -> CORSConfig | None:
+    """Litestar's CORS for these origins; None: no browser page may call the proxy."""
     if not origins:
         return None
     # Every header may be read by the page: the proxy's x-pcp-*, the upstream's request id and rate limits.
@@ -31,11 +32,13 @@ class UpstreamCorsDropped:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve an HTTP request with the upstream's CORS headers dropped from its answer."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
         async def dropped(message: Message) -> None:
+            """Send ``message`` without the upstream's own CORS headers."""
             if message["type"] == "http.response.start":
                 headers = MutableScopeHeaders.from_message(message=message)
                 for name in [k for k in headers if k.lower().startswith("access-control-")]:

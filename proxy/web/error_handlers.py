@@ -29,15 +29,18 @@ def not_the_proxys(path: str) -> ClientError:
 
 
 def error_response(error: PcpError, headers: dict[str, str] | None = None, anthropic: bool = False) -> Response[bytes]:
+    """``error`` in the API's envelope (Anthropic's for a client of its API), with ``headers``."""
     content = anthropic_envelope(error) if anthropic else error.envelope()
     return Response(content=content, status_code=error.status, media_type=error.media_type, headers=headers)
 
 
 def _on_pcp_error(request: Request[Any, Any, Any], exc: PcpError) -> Response[bytes]:
+    """A ``PcpError`` as the response it says."""
     return error_response(exc, exc.headers or None, anthropic=speaks_anthropic(request))
 
 
 def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    """Litestar's own HTTP errors (404, 405, 413…) in the API's envelope."""
     status = exc.status_code
     if status == 404 and (request.url.path + "/").startswith("/v1/pcp/"):  # beside one of its routes, the router answers itself
         return error_response(not_the_proxys(request.url.path))
@@ -48,6 +51,7 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     # The traceback goes to the log, never to the client.
+    """Any other failure: a 500 that names the proxy, its traceback in the log only."""
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return error_response(ProxyFault(f"internal proxy error ({type(exc).__name__}); see the proxy log"), anthropic=speaks_anthropic(request))
 

@@ -30,8 +30,11 @@ T = TypeVar("T")
 class Rewrite(Protocol):
     """What changes a successful answer on its way to the client: read whole, or as a stream."""
 
-    async def whole(self, content: bytes) -> bytes: ...
-    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]: ...
+    async def whole(self, content: bytes) -> bytes:
+        """The answer's body, rewritten whole."""
+
+    def stream(self, chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """The answer's chunks, rewritten as they come."""
 
 
 # An answer longer than this, or of unknown length, is relayed as it arrives rather than read whole first.
@@ -72,6 +75,7 @@ async def forward(
         return Stream(chunks, **relayed(response, pcp_headers))
 
     async def exchange() -> tuple[httpx.Response, bytes | AsyncIterator[bytes]]:
+        """The upstream call: its answer, and its body read whole or started as chunks."""
         response = await upstream.open(method, path, content=body, headers=headers)
         refusal = await _refusal(upstream, response, too_long)
         if refusal is not None:
@@ -105,6 +109,7 @@ async def _refusal(upstream: Upstream, response: httpx.Response, too_long: Calla
 
 
 def _relayed_as_it_comes(response: httpx.Response) -> bool:
+    """Whether an answer is relayed chunk by chunk (an event stream, no length, or a large one) rather than read whole."""
     length = response.headers.get("content-length")
     event_stream = response.headers.get("content-type", "").startswith("text/event-stream")
     return event_stream or length is None or not length.isdigit() or int(length) > WHOLE_BYTES
@@ -120,6 +125,7 @@ async def _started(
     as_stream: Callable[[bytes], bytes] | None,
     too_long: Callable[[bytes], Refusal | None] | None,
 ) -> tuple[httpx.Response, AsyncIterator[bytes]]:
+    """The upstream's answer opened, and its body as chunks: as they come, or (``as_stream``) read whole and turned into events."""
     response = await upstream.open(method, path, content=body, headers=headers)
     refusal = await _refusal(upstream, response, too_long)
     if refusal is not None:
@@ -136,10 +142,12 @@ async def _started(
 
 
 async def _once(content: bytes) -> AsyncIterator[bytes]:
+    """``content`` as one chunk."""
     yield content
 
 
 def relayed(response: httpx.Response, pcp_headers: dict[str, str]) -> dict[str, Any]:
+    """Litestar's response arguments for an upstream answer: its status, its forwardable headers and the proxy's."""
     headers = forwardable(response.headers)
     media_type = headers.pop("content-type", None) or headers.pop("Content-Type", None)
     headers.update(pcp_headers)
@@ -176,6 +184,7 @@ async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[
     watchers: list[asyncio.Future[None]] = []
 
     def watch() -> None:
+        """Cancel the request's handler when its client disconnects."""
         watcher = asyncio.ensure_future(_disconnected(request))
         watcher.add_done_callback(lambda w: w.cancelled() or handler.cancel())
         watchers.append(watcher)
@@ -194,5 +203,6 @@ async def unless_client_leaves(request: Request[Any, Any, Any], work: Awaitable[
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Until the client goes away."""
     while (await request.receive())["type"] != "http.disconnect":
         pass

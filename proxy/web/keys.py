@@ -63,6 +63,7 @@ def shows_details(settings: Settings, client_headers: Mapping[str, str]) -> bool
 
 
 def _check_key(authorization: str, keys: list[str]) -> None:
+    """Raise the 401 or 403 that says what is wrong with the presented proxy key, if anything is."""
     scheme, _, key = authorization.partition(" ")
     presented = key.strip().encode() if scheme.lower() == "bearer" else b""
     if not presented:

@@ -49,6 +49,7 @@ PASSTHROUGH = {pcp.MODE: "passthrough"}
 
 @route("/chat/completions", http_method=METHODS, status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """OpenAI's chat completions: a POST is paged as ``pcp_core.decision`` decides; the stored completions' calls are forwarded."""
     if request.method != "POST":  # stored completions (list, retrieve, update, delete) are not paged
         return await forwarded(request, services)
     return await paged_api(request, services, CHAT)
@@ -146,7 +147,7 @@ async def _untouched(request: Request[Any, Any, Any], arrival: Arrival, decision
     if decision.reason == "budget-full":
         log.info("a request's query and attachments fill the context budget: forwarded untouched")
     answer = {**PASSTHROUGH, pcp.MODE_REASON: decision.reason}
-    if reading.untouched is None:
+    if reading.unreadable is None:
         answer[pcp.PROMPT_TOKENS] = str(arrival.counted.tokens)
     body, rewrite = await _chat_extras(arrival, answer) if api.chat_body else (arrival.forwarded, None)
     off = request.headers.get(pcp.MODE_REQUEST, "").strip().lower() == "off"
@@ -229,11 +230,13 @@ async def count_tokens(request: Request[Any, Any, Any], services: NamedDependenc
 
 
 def _count(tokens: int, mode: str) -> Response[Any]:
+    """Anthropic's token count answer, with the mode it was counted in."""
     return Response({"input_tokens": tokens}, status_code=200, headers={pcp.MODE: mode, pcp.PROMPT_TOKENS: str(tokens)})
 
 
 @route("/{path:path}", http_method=METHODS, status_code=200)
 async def forward_v1(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> Response[Any]:
+    """Any other /v1 path: forwarded as it came."""
     return await forwarded(request, services)
 
 
@@ -283,6 +286,7 @@ async def root() -> Response[bytes]:
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any], services: NamedDependency[Services]) -> str:
+    """Prometheus' exposition, behind the metrics key."""
     check_metrics_key(services.settings, request.headers)
     return services.metrics.exposition()
 
