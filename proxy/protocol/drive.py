@@ -158,7 +158,7 @@ class ProtocolRequest:
         its own; stopped if the client leaves or it takes longer than ``paging_timeout``."""
         pages = await self._behind()
         for hook in self.paged.hooks:
-            pages += await hook.pages(self.paged.conversation, self.calls)
+            pages += await hook.pages(self.paged.conversation, self._ask_router)
         interrupt = Interrupt(self.services.settings.paging_timeout)
         try:
             self.prepared = prepared = await interrupt.run(lambda: self._prepare(interrupt, pages))
@@ -221,6 +221,10 @@ class ProtocolRequest:
         if isinstance(effect, LoadPages):  # a page fault: the memory container the worker opens
             return [page for hook in self.paged.hooks for page in await hook.load(effect.ids)]
         return await self.dense.similarities(effect.query, effect.texts)
+
+    async def _ask_router(self, messages: list[dict[str, Any]], role: str) -> str | None:
+        """The router model's reply to ``messages``, asked under ``role``."""
+        return await self.calls.router(CallRouter(messages), role=role)
 
     async def _behind(self) -> list[Page]:
         """The pages of the sessions the request reads beside its own (``behind``), as pages from storage: before

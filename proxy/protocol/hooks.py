@@ -16,10 +16,10 @@ care about.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pcp_core import CallRouter, Conversation, Outcome, Page, Prepared, Resolution
+from pcp_core import Conversation, Outcome, Page, Prepared, Resolution
 from pcp_core.memory import memory_use
 
 from .. import headers as pcp
@@ -32,16 +32,18 @@ if TYPE_CHECKING:
     from ..memory.scopes import Scope
     from ..memory.service import Memory
     from ..pact import Components
-    from .calls import UpstreamCalls
 
-__all__ = ["Hook", "HybridHook", "MemoryHook", "PactHook"]
+__all__ = ["AskRouter", "Hook", "HybridHook", "MemoryHook", "PactHook"]
+
+# The router model asked with these messages under this role (``calls.UpstreamCalls.router``): its reply, if it gave one.
+AskRouter = Callable[[list[dict[str, Any]], str], Awaitable[str | None]]
 
 
 class Hook:
     """One extension's part in a request; every method does nothing unless the extension overrides it."""
 
-    async def pages(self, conversation: Conversation, calls: UpstreamCalls) -> list[Page]:
-        """The pages it brings to the request, beside its history's."""
+    async def pages(self, conversation: Conversation, ask_router: AskRouter) -> list[Page]:
+        """The pages it brings to the request, beside its history's (``ask_router``: the router model, under a role of the extension's)."""
         return []
 
     def prepared(self, conversation: Conversation, resolution: Resolution, prepared: Prepared) -> Prepared:
@@ -119,11 +121,11 @@ class MemoryHook(Hook):
         self.memory, self.scope, self.router = memory, scope, router
         self.recalled: list[Page] = []
 
-    async def pages(self, conversation: Conversation, calls: UpstreamCalls) -> list[Page]:
+    async def pages(self, conversation: Conversation, ask_router: AskRouter) -> list[Page]:
         """The pages the Memory Router picks from the scope (none when it holds none)."""
         if not self.memory.has_pages(self.scope.key):
             return []
-        ask = (lambda messages: calls.router(CallRouter(messages), role="memory-router")) if self.router else None
+        ask = (lambda messages: ask_router(messages, "memory-router")) if self.router else None
         self.recalled = await self.memory.recall(self.scope.key, conversation, time.time_ns(), ask)
         return self.recalled
 
