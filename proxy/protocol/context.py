@@ -54,11 +54,11 @@ class PagedRequest:
 
     @classmethod
     def bare(cls, services: Services, codec: Codec, conversation: Conversation, headers: dict[str, str], namespace: str, policy: Policy) -> PagedRequest:
-        """A request with no telemetry of the client's, no extensions and no pin (a compaction's paging)."""
+        """A request with no telemetry of the client's, no pin, and of the extensions PACT's alone (a compaction's paging)."""
         messages = [*conversation.head, *conversation.history, *filter(None, [conversation.query])]
         tokens = prompt_tokens(messages, services.tokenizer.count)
         telemetry = RequestTelemetry(services.traces, services.metrics, namespace, codec.model, tokens, services.controls.default, len(messages))
-        return cls(services, codec, conversation, headers, namespace, policy, telemetry)
+        return cls(services, codec, conversation, headers, namespace, policy, telemetry, hooks=[PactHook(services.components, namespace, codec)])
 
 
 def extensions(services: Services, codec: Codec, headers: dict[str, str], namespace: str, scope: Scope | None) -> list[Hook]:
