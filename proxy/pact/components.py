@@ -50,7 +50,6 @@ from ..apis.codec import Reading
 from ..errors import ClientError
 from ..own_api import too_large
 from ..storage.base import Store
-from ..storage.datadir import Namespaces
 from ..storage.keyed_store import RECENT, KeyedStore, store_key
 from ..storage.sealing import Sealer
 
@@ -123,7 +122,9 @@ class Components:
         if size > self.max_bytes:
             raise too_large(f"{where}'s content", f"{size} bytes", f"{self.max_bytes} bytes", "component_max_kb")
 
-    async def passthrough(self, headers: Mapping[str, str], namespaces: Namespaces, request: Reading, body: bytes, pcp_headers: dict[str, str]) -> bytes:
+    async def passthrough(
+        self, headers: Mapping[str, str], namespace_of: Callable[[], str], request: Reading, body: bytes, pcp_headers: dict[str, str]
+    ) -> bytes:
         """The body to forward below the threshold: with the session's live components in place.
 
         As it came, without a lookup, when the request neither names a session
@@ -134,7 +135,7 @@ class Components:
             return body
 
         pinned = pcp.pinned_session(headers)
-        namespace = namespaces.of(headers)  # a keyed hash: only for a request that may have components
+        namespace = namespace_of()  # a keyed hash: only for a request that may have components
         messages = request.messages
         if request.components is None and (pinned is None or not self.store.holds(namespace, pinned)):
             if pinned is not None:

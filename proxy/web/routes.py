@@ -196,7 +196,7 @@ async def _chat_extras(arrival: Arrival, answer: dict[str, str]) -> tuple[bytes,
     if scope is not None:
         answer[pcp.MEMORY] = scope.name
     reading = arrival.counted.reading
-    body = await services.components.passthrough(headers, services.namespaces, reading, arrival.forwarded, answer)
+    body = await services.components.passthrough(headers, lambda: arrival.namespace, reading, arrival.forwarded, answer)
     hybrid = services.hybrid
     turn = hybrid.begin(headers, arrival.namespace, scope.key if scope is not None else None) if hybrid.in_mode(headers) else None
     if turn is not None:

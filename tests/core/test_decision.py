@@ -61,3 +61,11 @@ def test_managed_context_narrows_the_budget_then_widens_it_until_it_pages():
 
 def test_every_reason_is_explained():
     assert set(get_args(Reason)) == set(REASONS)
+
+
+def test_a_request_refused_untouched_is_paged_within_the_window_it_named():
+    small = Policy(threshold=100_000, rounds=RoundPolicy(budget=16_384), window=24_000)
+    decided = decide(Asked(mode="auto", policy=small, tokens=20_000, carried=2_000, refused=True), fits)
+    assert isinstance(decided, Protocol) and decided.reason == "refused-untouched"
+    assert decided.policy.threshold == 21_000 and decided.policy.rounds.budget == 16_384  # the window less an eighth
+    assert decide(Asked(mode="off", policy=small, tokens=20_000, refused=True), fits) == Passthrough("off")
