@@ -111,15 +111,19 @@ class Arrival:
         reading = self.counted.reading
         return reading.unreadable is None and bool(reading.messages) and any(prompt in self.body for prompt in COMPACTING)
 
-    def read_conversation(self, policy: Policy) -> tuple[Codec, Conversation]:
-        """The request's codec, and its conversation as the rules read it: built the first time they are asked for."""
-        if self.codec is None or self.conversation is None:
-            reading = self.counted.reading
-            # Its fields but the messages (decoded already) from what is left of it once the messages read before are known.
-            self.codec = self.api.codec(whole_body(self.body if reading.rest is None else reading.rest, self.api.read_fields, reading.decoded))
-            self.codec.api = self.api
-            self.conversation = Conversation.of(reading.messages, policy.paging.blocks, self.services.tokenizer.count, query_shown(policy.rounds.budget))
-        return self.codec, self.conversation
+    def read_conversation(self, policy: Policy, keep: bool = True) -> tuple[Codec, Conversation]:
+        """The request's codec, and its conversation as the rules read it under ``policy``: built the first time they are
+        asked for, and (``keep``) kept for the request's paging."""
+        if self.codec is not None and self.conversation is not None:
+            return self.codec, self.conversation
+        reading = self.counted.reading
+        # Its fields but the messages (decoded already) from what is left of it once the messages read before are known.
+        codec = self.api.codec(whole_body(self.body if reading.rest is None else reading.rest, self.api.read_fields, reading.decoded))
+        codec.api = self.api
+        conversation = Conversation.of(reading.messages, policy.paging.blocks, self.services.tokenizer.count, query_shown(policy.rounds.budget))
+        if keep:
+            self.codec, self.conversation = codec, conversation
+        return codec, conversation
 
     def _pageable(self, policy: Policy) -> bool:
         """Whether the request can be paged under ``policy``."""

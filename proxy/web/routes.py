@@ -170,7 +170,7 @@ async def _agent_compaction(arrival: Arrival) -> Response[Any] | None:
     control = services.controls.of(dict(arrival.headers), reading.model)  # a copy: the control headers stay for the decision
     if control.mode == "off":
         return None
-    codec, conversation = await read_large(arrival.body, lambda: arrival.read_conversation(control.policy))
+    codec, conversation = await read_large(arrival.body, lambda: arrival.read_conversation(control.policy, keep=False))
     if not asks_to_compact(conversation):
         return None
     asked = json.loads(arrival.body)
