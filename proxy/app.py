@@ -11,6 +11,7 @@ do not.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from litestar.di import Provide
 from .hybrid.api import HYBRID_ROUTES
 from .inspector import INSPECTOR_API, INSPECTOR_PAGES
 from .memory.api import MEMORY_ROUTES
+from .own_api import SessionCheck, existing_session
 from .pact.api import COMPONENT_ROUTES
 from .services import DenseRecall, Services, open_services
 from .settings import Settings
@@ -85,6 +87,11 @@ def _feature(name: str) -> Provide:
     return Provide(provide, sync_to_thread=False)
 
 
+def _known_session(state: State) -> SessionCheck:
+    """The check that a session id names one of the caller's, on the proxy's services (``own_api.existing_session``)."""
+    return functools.partial(existing_session, state.services)
+
+
 def _namespace(request: Request[Any, Any, Any], state: State) -> str:
     """The caller's namespace: a keyed hash of its key, under which its sessions and memory are named."""
     return state.services.namespaces.of(request.headers)
@@ -93,5 +100,6 @@ def _namespace(request: Request[Any, Any, Any], state: State) -> str:
 DEPENDENCIES = {
     "services": Provide(_services, sync_to_thread=False),
     "namespace": Provide(_namespace, sync_to_thread=False),
+    "known_session": Provide(_known_session, sync_to_thread=False),
     **{name: _feature(name) for name in ("memory", "components", "hybrid", "sessions", "traces", "tokenizer")},
 }

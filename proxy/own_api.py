@@ -10,6 +10,7 @@ reads or changes another's sessions or memory.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -19,7 +20,12 @@ from pcp_core import SESSION_ID
 
 from .errors import ClientError
 
-__all__ = ["checked_session", "existing_session", "json_response", "limited_body", "session_not_found", "too_large"]
+__all__ = ["SessionCheck", "checked_session", "existing_session", "json_response", "limited_body", "session_not_found", "too_large"]
+
+
+# A route's check that a session id from its path names one of the caller's: ``existing_session`` on the proxy's
+# services, handed to the routes by dependency injection (``known_session``), so that they need not know the services.
+SessionCheck = Callable[[str, str], Awaitable[str]]
 
 
 def checked_session(value: str) -> str:

@@ -27,8 +27,7 @@ from pcp_core.hybrid import TodoItem, render, todo_projection
 from .. import headers as pcp
 from ..decoding import INT64, decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, existing_session, json_response, limited_body
-from ..services import Services
+from ..own_api import SessionCheck, checked_session, json_response, limited_body
 from .store import HybridState
 from .turn import Hybrid
 
@@ -54,10 +53,10 @@ _TODO = msgspec.json.Decoder(_TodoList)
 
 @get(f"{_BASE}/context")
 async def session_context(
-    services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
+    known_session: NamedDependency[SessionCheck], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
     """``GET …/context``: the session's latest Hybrid-mode snapshot."""
-    session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
+    session_id = await known_session(namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     if state is None or state.snapshot is None:
         raise ClientError(
@@ -89,10 +88,10 @@ async def set_todo(
 
 @get(f"{_BASE}/todo")
 async def get_todo(
-    services: NamedDependency[Services], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
+    known_session: NamedDependency[SessionCheck], hybrid: NamedDependency[Hybrid], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
     """``GET …/todo``: the session's todo list and its summary."""
-    session_id = await existing_session(services, namespace, _checked(hybrid, session_id))
+    session_id = await known_session(namespace, _checked(hybrid, session_id))
     state = await asyncio.to_thread(hybrid.store.get, namespace, session_id)
     return json_response(_todo(session_id, state.todo if state is not None else ()))
 

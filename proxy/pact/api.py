@@ -30,8 +30,7 @@ from pcp_core import delete as detach
 
 from ..decoding import decode_stored
 from ..errors import ClientError
-from ..own_api import checked_session, existing_session, json_response, limited_body, too_large
-from ..services import Services
+from ..own_api import SessionCheck, checked_session, json_response, limited_body, too_large
 from ..settings import Settings
 from .components import Components
 
@@ -71,7 +70,7 @@ async def add_component(
 @get(f"{_BASE}/components")
 async def list_components(
     request: Request[Any, Any, Any],
-    services: NamedDependency[Services],
+    known_session: NamedDependency[SessionCheck],
     components: NamedDependency[Components],
     namespace: NamedDependency[str],
     session_id: FromPath[str],
@@ -83,17 +82,21 @@ async def list_components(
         selector = parse_selector(text) if text is not None else None
     except PactError as error:
         raise ClientError(f"select {error}", param="select", code="invalid_selector") from None
-    session = await existing_session(services, namespace, session_id)
+    session = await known_session(namespace, session_id)
     tree = await _tree(components, namespace, session)
     return json_response({"object": "list", "session": session, "data": [node(c, tree) for c in select(tree, selector)]})
 
 
 @delete(f"{_BASE}/components/{{ref:str}}", status_code=200)
 async def delete_component(
-    services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str], ref: FromPath[str]
+    known_session: NamedDependency[SessionCheck],
+    components: NamedDependency[Components],
+    namespace: NamedDependency[str],
+    session_id: FromPath[str],
+    ref: FromPath[str],
 ) -> Response[bytes]:
     """``DELETE …/components/{ref}``: a component, by id or key, out of the session's."""
-    session = await existing_session(services, namespace, session_id)
+    session = await known_session(namespace, session_id)
     removed: list[Any] = []
 
     def step(tree: Tree) -> Tree:
@@ -110,10 +113,10 @@ async def delete_component(
 
 @get(f"{_BASE}/tree")
 async def component_tree(
-    services: NamedDependency[Services], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
+    known_session: NamedDependency[SessionCheck], components: NamedDependency[Components], namespace: NamedDependency[str], session_id: FromPath[str]
 ) -> Response[bytes]:
     """``GET …/tree``: the session's component tree."""
-    session = await existing_session(services, namespace, session_id)
+    session = await known_session(namespace, session_id)
     return json_response(snapshot(await _tree(components, namespace, session), session))
 
 
