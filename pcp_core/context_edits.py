@@ -139,11 +139,13 @@ def _threshold(value: Any) -> tuple[str, int] | None:
 
 
 def _blocks(message: Message) -> list[Any]:
+    """A message's content blocks (none for text content)."""
     content = message.get("content")
     return content if isinstance(content, list) else []
 
 
 def _clear_tool_uses(edited: Edited, edit: dict[str, Any], input_tokens: int, count: CountText) -> Edited:
+    """``edited`` with the older tool results cleared, as ``clear_tool_uses`` asks, once over its trigger."""
     messages = edited.messages
     uses = [
         (i, j, block)
@@ -190,6 +192,7 @@ def _clear_tool_uses(edited: Edited, edit: dict[str, Any], input_tokens: int, co
 
 
 def _clear_thinking(edited: Edited, edit: dict[str, Any], count: CountText) -> Edited:
+    """``edited`` with the thinking blocks of earlier turns cleared, but those ``keep`` says to keep."""
     keep = edit.get("keep")
     if keep == "all":
         return edited
@@ -215,6 +218,7 @@ def _clear_thinking(edited: Edited, edit: dict[str, Any], count: CountText) -> E
 
 
 def _text(content: Any) -> str:
+    """The text of a block's content: a string, or its text blocks joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):

@@ -66,6 +66,7 @@ class Conversation(msgspec.Struct, frozen=True):
         File block, unless it is within ``shown`` tokens (``query_shown``): a prompt of that budget shows it whole."""
 
         def apart(text: str) -> bool:
+            """Whether a message of ``text`` is paged apart as a File block."""
             return blocks.is_block(text, count) and not (shown and count(text) <= shown)
 
         start = conversation_start(messages)
@@ -98,6 +99,7 @@ class Conversation(msgspec.Struct, frozen=True):
 
     @property
     def head_text(self) -> str:
+        """The head's text: its system and developer messages."""
         return "\n\n".join(message_text(m) for m in self.head)
 
     @property
@@ -109,6 +111,7 @@ class Conversation(msgspec.Struct, frozen=True):
 
     @property
     def query_text(self) -> str:
+        """The query's text ('' without one)."""
         return message_text(self.query) if self.query is not None else ""
 
     @property

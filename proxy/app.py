@@ -46,6 +46,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        """The services open while the app serves, closed when it stops."""
         async with open_services(settings, transport=transport, embedder=embedder, tokenizer=tokenizer) as services:
             app.state.services = services
             yield
@@ -77,11 +78,15 @@ class Proxy(Litestar):
 
 
 def _services(state: State) -> Services:
+    """The proxy's services, for a route that needs them all."""
     return state.services
 
 
 def _feature(name: str) -> Provide:
+    """The dependency that hands a route one of the services, by name."""
+
     def provide(state: State) -> Any:
+        """The service named."""
         return getattr(state.services, name)
 
     return Provide(provide, sync_to_thread=False)

@@ -44,6 +44,7 @@ class PcpError(Exception):
         self.headers: dict[str, str] = {}  # sent with the error's response (the proxy's x-pcp-*, an upstream's Retry-After)
 
     def envelope(self) -> bytes:
+        """The error's body in the API's error envelope."""
         return _ENCODER.encode(Envelope(self.body))
 
 
@@ -84,6 +85,7 @@ class UpstreamError(PcpError):
         return error
 
     def envelope(self) -> bytes:
+        """The upstream's own body where it refused the request, else the proxy's envelope."""
         return self.raw if self.raw is not None else super().envelope()
 
 

@@ -26,6 +26,7 @@ class _TraceId(logging.Filter):
     """Puts the current request's trace id on each record (``record.trace``), or None outside one."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Give the record the trace id of the request it is logged under."""
         if not hasattr(record, "trace"):
             record.trace = TRACE_ID.get()
         return True
@@ -35,6 +36,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object a line: time, level, logger, message, the trace id, the record's ``fields`` and any exception."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON line."""
         line: dict[str, Any] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
             "level": record.levelname.lower(),

@@ -74,11 +74,13 @@ class _Histogram:
         self.count = 0
 
     def observe(self, value: float) -> None:
+        """Count ``value`` in its bucket, and in the sum and count."""
         self.counts[bisect_left(self.buckets, value)] += 1  # a value on a bound belongs to it (le)
         self.sum += value
         self.count += 1
 
     def lines(self, name: str, labels: Labels) -> list[str]:
+        """The histogram's exposition lines: its cumulative buckets, sum and count."""
         shown = "".join(f'{k}="{v}",' for k, v in labels)
         rows, total = [], 0
         for bound, n in zip([*map(_number, self.buckets), "+Inf"], self.counts, strict=True):
@@ -89,6 +91,7 @@ class _Histogram:
 
 
 def _number(value: float) -> str:
+    """A value as Prometheus writes it: an integer without its decimal point."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
@@ -108,6 +111,7 @@ class Metrics:
         self.gauges[name] = read
 
     def inc(self, name: str, amount: int = 1, **labels: str) -> None:
+        """Add ``amount`` to the counter ``name`` with these labels."""
         assert name in HELP, f"undeclared metric {name}"
         key = (name, tuple(sorted(labels.items())))
         with self.lock:
@@ -123,9 +127,11 @@ class Metrics:
             series.observe(value)
 
     def value(self, name: str, **labels: str) -> int:
+        """The counter ``name`` with these labels, as it stands."""
         return self.counts[(name, tuple(sorted(labels.items())))]
 
     def exposition(self) -> str:
+        """Every counter and histogram in Prometheus's text format."""
         with self.lock:  # a thread may add a series meanwhile
             counts = sorted(self.counts.items())
             histograms = sorted(self.histograms.items(), key=lambda item: item[0])

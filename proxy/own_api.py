@@ -36,6 +36,7 @@ def checked_session(value: str) -> str:
 
 
 def session_not_found(session_id: str) -> ClientError:
+    """The 404 for a session id the caller has no session of."""
     return ClientError(f"no session {session_id!r} for this key", status=404, type="not_found_error", param="session_id", code="session_not_found")
 
 
@@ -53,6 +54,7 @@ async def existing_session(services: Any, namespace: str, value: str) -> str:
 
 
 def _exists(services: Any, namespace: str, session_id: str) -> bool:
+    """Whether the caller keeps anything of the session: its pages, components or Hybrid state, or named it lately."""
     components = services.components.store
     return bool(
         services.sessions.holds(namespace, session_id)
@@ -63,6 +65,7 @@ def _exists(services: Any, namespace: str, session_id: str) -> bool:
 
 
 def json_response(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response[bytes]:
+    """``content`` as a JSON response."""
     return Response(msgspec.json.encode(content), status_code=status, media_type="application/json", headers=headers)
 
 
@@ -87,6 +90,7 @@ async def limited_body(request: Request[Any, Any, Any], limit: int, setting: str
 
 
 def _bytes(n: int) -> str:
+    """A size in bytes as people read it (KiB, MiB)."""
     for unit, size in (("MiB", 2**20), ("KiB", 2**10)):
         if n >= size:
             return f"{n / size:.4g} {unit}"

@@ -82,6 +82,7 @@ class TextMemos:
 
     @property
     def resident_bytes(self) -> int:
+        """What the memos hold, estimated from their entries."""
         return sum(memo.cache_info().currsize * MEMO_ENTRY[name] for name, memo in self.memos.items())
 
     def session_left(self) -> None:
@@ -104,6 +105,7 @@ def scope_index_bytes(index: Any) -> int:
 
 
 def indexes_bytes(indexes: dict[str, Any]) -> int:
+    """What the memory scopes' search indexes hold in memory, estimated."""
     return sum(scope_index_bytes(index) for index in list(indexes.values()))
 
 

@@ -68,6 +68,7 @@ class Tokenizer:
         return self.lines(text)
 
     def _count(self, text: str) -> int:
+        """A text's tokens: a built prompt's by its pieces, a tagged line's by its parts, else whole."""
         if self.piecewise and SEAM in text:
             return self.count_built(text)
         tagged = self._tagged(text) if text[:1] == "[" else None
@@ -123,6 +124,7 @@ class Tokenizer:
         return self._whole(piece) if alone is not None and alone.end() == len(piece) else None
 
     def _whole(self, text: str) -> int:
+        """A text's tokens, encoded whole."""
         return len(self.encoding.encode_ordinary(text))
 
 

@@ -96,15 +96,29 @@ class Placed(Protocol):
     """What a selector reads of a component: its coordinates, key and tags."""
 
     @property
-    def depth(self) -> int: ...
+    def depth(self) -> int:
+        """Its depth in the tree."""
+        ...
+
     @property
-    def position(self) -> int: ...
+    def position(self) -> int:
+        """Its place among its siblings."""
+        ...
+
     @property
-    def offset(self) -> int: ...
+    def offset(self) -> int:
+        """Its offset around the core it is attached to (below 0: before it)."""
+        ...
+
     @property
-    def key(self) -> str | None: ...
+    def key(self) -> str | None:
+        """Its key."""
+        ...
+
     @property
-    def tags(self) -> Sequence[str]: ...
+    def tags(self) -> Sequence[str]:
+        """Its tags."""
+        ...
 
 
 _RANGE = re.compile(r"\A([+-]?\d+)(?:(?:\.\.|-)([+-]?\d+))?\Z")
