@@ -206,3 +206,34 @@ def test_a_request_larger_than_the_window_is_billed_and_not_compared(start_proxy
     assert _metric(metrics, "pcp_input_tokens_total", request="paged", cache="uncached") == sum(r["uncached"] for r in requests)
     assert _metric(metrics, "pcp_tokens_saved_per_request_count") == len(comparable)
 
+
+def test_the_memory_listing_shows_the_callers_scopes_with_their_counts(start_proxy, upstream):
+    _scopes_listed(start_proxy(api_keys=["k1", "k2"]))
+
+
+def test_the_memory_listing_of_a_shared_store_shows_the_same(start_proxy, upstream, redis_server, tmp_path):
+    _scopes_listed(start_proxy(api_keys=["k1", "k2"], store=redis_server.url, data_dir=str(tmp_path / "a")))
+
+
+def _scopes_listed(proxy):
+    """Two scopes of one key and one of another's, written through chat requests, as the listing shows them."""
+    told = [
+        {"role": "user", "content": "My sister Beatrix moved to Lisbon in March."},
+        {"role": "assistant", "content": "Lovely."},
+        {"role": "user", "content": "Also my bicycle is a green Gazelle."},
+    ]
+    for key, scope in (("k1", "alice"), ("k1", "bob"), ("k2", "carol")):
+        response = proxy.http.post(
+            "/v1/chat/completions", json={"model": "m", "messages": told}, headers={"authorization": f"Bearer {key}", "x-pcp-memory": scope}
+        )
+        assert response.status_code == 200 and response.headers["x-pcp-memory"] == scope
+    proxy.services.memory.wait()
+    assert proxy.http.get("/v1/pcp/memory").status_code == 401
+    listed = proxy.http.get("/v1/pcp/memory", headers=KEY).json()
+    assert [s["scope"] for s in listed["data"]] == ["alice", "bob"] and not listed["truncated"]
+    for scope in listed["data"]:  # each as the scope's own status says it
+        assert scope == proxy.http.get(f"/v1/pcp/memory/{scope['scope']}", headers=KEY).json()
+        assert scope["pages"] >= 1 and scope["conversations"] == 1
+    assert [s["scope"] for s in proxy.http.get("/v1/pcp/memory", headers={"authorization": "Bearer k2"}).json()["data"]] == ["carol"]
+    assert proxy.http.delete("/v1/pcp/memory/bob", headers=KEY).status_code == 200
+    assert [s["scope"] for s in proxy.http.get("/v1/pcp/memory", headers=KEY).json()["data"]] == ["alice"]
