@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import subprocess
 import sys
 
@@ -237,3 +238,20 @@ def _scopes_listed(proxy):
     assert [s["scope"] for s in proxy.http.get("/v1/pcp/memory", headers={"authorization": "Bearer k2"}).json()["data"]] == ["carol"]
     assert proxy.http.delete("/v1/pcp/memory/bob", headers=KEY).status_code == 200
     assert [s["scope"] for s in proxy.http.get("/v1/pcp/memory", headers=KEY).json()["data"]] == ["alice"]
+
+
+def test_a_request_whose_upstream_says_what_its_cache_served_is_billed_by_it(start_proxy, upstream):
+    proxy = start_proxy(api_keys=["k1"], sentry_threshold=500, context_budget=1024)
+    reply = completion("The code is 5521.", prompt_tokens=1800)
+    body = json.loads(reply.body)
+    body["usage"]["prompt_tokens_details"] = {"cached_tokens": 1536}
+    reply.body = json.dumps(body).encode()
+    upstream.enqueue(reply)
+    response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": dated_chat()}, headers=KEY)
+    shown = proxy.http.get(f"/v1/pcp/sessions/{response.headers['x-pcp-session']}", headers=KEY).json()
+    (trace,) = shown["requests"]
+    assert trace["cache_reported"] and (trace["cached"], trace["uncached"]) == (1536, 1800 - 1536)
+    assert trace["billed"] == pytest.approx(1800 - 1536 + 0.1 * 1536) and shown["bill"]["paged"]["cached"] == 1536
+    metrics = proxy.http.get("/metrics", headers=KEY).text
+    assert _metric(metrics, "pcp_input_tokens_total", request="paged", cache="cached") == 1536
+    assert _metric(metrics, "pcp_input_tokens_total", request="paged", cache="uncached") == 264
