@@ -27,6 +27,8 @@ HELP = {
     "pcp_memory_pages_written_total": "Pages written into memory (write-backs, merges, imports); a page memory held already is not counted.",
     "pcp_memory_recalled_total": "Memory pages the Memory Router gave requests.",
     "pcp_billed_input_tokens_total": "Protocol mode: input as providers bill it with a prompt cache (cached tokens at cached_input_price), in uncached-token units, by request: paged (as sent) | untouched (the same requests as the client sent them).",
+    "pcp_input_tokens_total": "Protocol mode: input tokens by request (paged: as sent, every worker call | untouched: the same requests as the client sent them, where they fit the model's window) and by cache: cached (read from the provider's prompt cache, billed at cached_input_price) | uncached.",
+    "pcp_requests_not_comparable_total": "Protocol-mode requests larger than the model's known window: they could not have gone untouched, so no untouched bill or saving is counted for them (their paged bill is).",
     "pcp_memory_merged_total": "Consolidated pages the Memory Consolidator made over alike pages of different conversations.",
 }
 

@@ -2,7 +2,8 @@
 
 * ``GET /v1/pcp/sessions`` — the caller's sessions, latest first;
 * ``GET /v1/pcp/sessions/{id}`` — one session: its summary, its page tree,
-  and the traces of its latest protocol-mode requests (``proxy.protocol.telemetry``);
+  the traces of its latest protocol-mode requests (``proxy.protocol.telemetry``),
+  and their bill summed beside the same requests' sent untouched (``data.bill_totals``);
 * ``GET /v1/pcp/requests/{trace}`` — one request's trace, by its ``x-pcp-trace``.
 
 Everything is the caller's: named under its namespace (a keyed hash of its
@@ -24,7 +25,7 @@ from ..own_api import checked_session, json_response, session_not_found
 from ..protocol.telemetry import Traces
 from ..storage.sessions import SessionStore
 from ..tokenizer import Tokenizer
-from .data import page_tree, session_summary
+from .data import bill_totals, page_tree, session_summary
 
 __all__ = ["INSPECTOR_API"]
 
@@ -87,7 +88,7 @@ def _shown(store: SessionStore, traces: Traces, tokenizer: Tokenizer, namespace:
         return None
     traced = traces.of_session(namespace, session_id)
     roots, pages = page_tree(session, tokenizer.count)
-    return {**session_summary(session, len(traced)), "roots": roots, "pages": pages, "requests": traced}
+    return {**session_summary(session, len(traced)), "roots": roots, "pages": pages, "requests": traced, "bill": bill_totals(traced)}
 
 
 def _json(content: Any) -> Response[bytes]:

@@ -6,13 +6,16 @@ CLI show the same thing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
 
 from pcp_core import ConsolidatedPage, CountText, Session
 
-__all__ = ["TreePage", "page_tree", "session_summary"]
+from ..protocol.telemetry import RequestTrace
+
+__all__ = ["TreePage", "bill_totals", "page_tree", "session_summary"]
 
 
 class TreePage(msgspec.Struct, kw_only=True):
@@ -46,6 +49,40 @@ def session_summary(session: Session, traced: int = 0) -> dict[str, Any]:
         "last": max(stamps, default=""),
         "last_seen": session.seen_at[-1] if session.seen_at else "",
         "requests": traced,
+    }
+
+
+def bill_totals(traces: Sequence[RequestTrace]) -> dict[str, Any]:
+    """A session's bill over its traced requests, beside what the same requests sent untouched would have been.
+
+    ``paged``: every request as sent (its worker calls, ``rounds``); ``compared``: the same over the requests that
+    could have gone untouched (they fit the model's window), ``untouched`` their bill sent untouched (one call
+    each), and ``saved`` the sum of their savings. A request larger than the window is billed, never compared.
+    """
+    comparable = [trace for trace in traces if trace.untouched_fits]
+
+    def paged(of: Sequence[RequestTrace]) -> dict[str, Any]:
+        return {
+            "requests": len(of),
+            "rounds": sum(len(t.rounds) for t in of),
+            "cached": sum(t.cached for t in of),
+            "uncached": sum(t.uncached for t in of),
+            "billed": sum(t.billed for t in of),
+        }
+
+    untouched = {
+        "requests": len(comparable),
+        "rounds": len(comparable),
+        "cached": sum(t.untouched_cached for t in comparable),
+        "uncached": sum(t.untouched_uncached for t in comparable),
+        "billed": sum(t.untouched for t in comparable),
+    }
+    return {
+        "paged": paged(traces),
+        "compared": paged(comparable),
+        "untouched": untouched,
+        "saved": sum(t.tokens_saved for t in comparable),
+        "not_comparable": len(traces) - len(comparable),
     }
 
 

@@ -34,6 +34,7 @@ from .store import Stored, scope_key
 __all__ = ["MEMORY_ROUTES"]
 
 MAX_LIMIT = 200
+MAX_SCOPES = 500  # a listing counts each scope it shows
 EXPORT_BATCH = 1000
 
 
@@ -53,6 +54,26 @@ def _scope(memory: Memory | None, namespace: str, name: str) -> tuple[Memory, st
 def _shown(page: Page, **more: Any) -> dict[str, Any]:
     """A page as the API shows it, with ``more`` fields beside its own."""
     return {**msgspec.to_builtins(page), **more}
+
+
+@get("/memory")
+async def list_scopes(memory: NamedDependency[Memory | None], namespace: NamedDependency[str]) -> Response[bytes]:
+    """``GET /v1/pcp/memory``: the caller's scopes (those holding a page or a forgotten turn), each with its counts."""
+    if memory is None:
+        raise ClientError("memory is not available on this proxy", status=404, code="memory_unavailable")
+    return json_response(await asyncio.to_thread(_scopes, memory, namespace))
+
+
+def _scopes(memory: Memory, namespace: str) -> dict[str, Any]:
+    """The caller's scopes in name order, at most ``MAX_SCOPES`` of them counted."""
+    names = memory.store.scopes(namespace)
+    listed = []
+    for name in names[:MAX_SCOPES]:
+        key = scope_key(namespace, name)
+        pending = memory.pending[key]
+        counts = _status(memory, key)
+        listed.append({"scope": name, "pages": counts["originals"] + counts["consolidated"], **counts, "pending": pending})
+    return {"object": "list", "data": listed, "truncated": len(names) > MAX_SCOPES}
 
 
 @get("/memory/{name:str}")
@@ -249,4 +270,4 @@ def _number(raw: str, name: str, low: int, high: int) -> int:
     return value
 
 
-MEMORY_ROUTES = [scope_status, list_pages, one_page, delete_page, forget, export, import_pages, drop_scope]
+MEMORY_ROUTES = [list_scopes, scope_status, list_pages, one_page, delete_page, forget, export, import_pages, drop_scope]

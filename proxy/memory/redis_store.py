@@ -33,7 +33,7 @@ from pcp_core import Page
 from pcp_core.memory import MemoryUse
 
 from .redis_scopes import _BATCH, _READ, RedisScopes, _guarded
-from .store import Stored, Written
+from .store import Stored, Written, scope_key
 
 __all__ = ["RedisMemoryStore"]
 
@@ -115,6 +115,17 @@ class RedisMemoryStore(RedisScopes):
         if firsts := sum(n == 1 for n in counted):  # pages opened for the first time: one more page ever consulted each
             self.client.hincrby(self._k(scope, "counts"), "consulted", firsts)
         return now
+
+    @_guarded
+    def scopes(self, namespace: str) -> list[str]:
+        """The names of ``namespace``'s scopes holding a page or a forgotten turn (a SCAN of their keys: for
+        the inspector and the API's listing, never on a request's path)."""
+        start = self.p + scope_key(namespace, "")
+        names = set()
+        for what in ("ids", "forgotten"):
+            for key in self.client.scan_iter(match=_glob_escaped(start) + "*|" + what, count=1000):
+                names.add(key.decode()[len(start) : -len(what) - 1])
+        return sorted(names)
 
     @_guarded
     def holds(self, scope: str) -> bool:
@@ -224,3 +235,8 @@ class RedisMemoryStore(RedisScopes):
     def close(self) -> None:
         """Nothing to close: the client is the process's."""
         pass  # the client is the process's
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched as it is by a Redis glob pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -17,7 +17,7 @@ from pcp_core import ConsolidatedPage, Page
 from pcp_core.memory import MemoryUse
 
 from .bodies import PageBodies
-from .store import Stored, Written
+from .store import Stored, Written, scope_key
 
 __all__ = ["SqliteMemoryStore"]
 
@@ -267,6 +267,13 @@ class SqliteMemoryStore:
         forgotten = db.execute("SELECT count(*) FROM forgotten WHERE scope=?", (scope,)).fetchone()[0]
         kinds = {"originals": originals, "consolidated": consolidated, "conversations": conversations, "forgotten_turns": forgotten}
         return {**kinds, "records": records, "requests": self._clock(db, scope), "consulted": consulted, "faded": faded}
+
+    def scopes(self, namespace: str) -> list[str]:
+        """The names of ``namespace``'s scopes holding a page or a forgotten turn: a range of the scope index
+        (a scope key is the namespace, ``/``, the name; ``0`` sorts just after ``/``)."""
+        low, high = scope_key(namespace, ""), namespace + "0"
+        query = "SELECT scope FROM pages WHERE scope >= ? AND scope < ? UNION SELECT scope FROM forgotten WHERE scope >= ? AND scope < ? ORDER BY scope"
+        return [scope[len(low) :] for (scope,) in self._db().execute(query, (low, high, low, high))]
 
     def holds(self, scope: str) -> bool:
         """Whether the scope has a page: one index probe (asked on a request's path)."""

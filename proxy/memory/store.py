@@ -88,6 +88,9 @@ class MemoryStore(Protocol):
     def counts(self, scope: str, faded_before: int = 0) -> dict[str, int]:
         """The scope's counts of pages, records, conversations and forgotten turns."""
 
+    def scopes(self, namespace: str) -> list[str]:
+        """The names of the caller's scopes that hold a page or a forgotten turn, in name order."""
+
     def holds(self, scope: str) -> bool:
         """Whether the scope holds any page."""
 

@@ -95,6 +95,11 @@ class RequestTrace(msgspec.Struct, kw_only=True):
     billed: float = 0.0
     untouched: float = 0.0
     tokens_saved: int = 0
+    # The input tokens of each, by how the provider bills them: read from its cache (at the cached price) or not.
+    cached: int = 0
+    uncached: int = 0
+    untouched_cached: int = 0
+    untouched_uncached: int = 0
     # The request as the client sent it fits the model's window (where it is known): one that does not could never
     # have gone untouched, so no saving is claimed against it (no x-pcp-tokens-saved).
     untouched_fits: bool = True
@@ -244,10 +249,16 @@ class RequestTelemetry:
         trace.cache_reported = read is not None
         if read is None:  # the proxy's reading: each call's prefix the one before it had
             trace.billed = sum(billed(r.tokens, cached(r.shared), self.price) for r in trace.rounds)
+            trace.cached = sum(min(cached(r.shared), r.tokens) for r in trace.rounds)
+            trace.uncached = trace.tokens_sent - trace.cached
         else:
             sent = self.reported.prompt_tokens or trace.tokens_sent
             trace.billed = billed(sent, read, self.price)
+            trace.cached = min(read, sent)
+            trace.uncached = sent - trace.cached
         trace.untouched = billed(trace.prompt_tokens, cached_at_most(self.untouched_read), self.price)
+        trace.untouched_cached = min(cached_at_most(self.untouched_read), trace.prompt_tokens)
+        trace.untouched_uncached = trace.prompt_tokens - trace.untouched_cached
         trace.tokens_saved = round(trace.untouched - trace.billed) if trace.untouched_fits else 0
         if self.calls:
             trace.pages = _counts(trace.rounds[-1].views, self.total)
@@ -265,9 +276,15 @@ class RequestTelemetry:
         self.traces.add(self.namespace, trace)
         self.metrics.observe("pcp_rounds_per_request", len(trace.rounds))
         self.metrics.inc("pcp_billed_input_tokens_total", round(trace.billed), request="paged")
+        self.metrics.inc("pcp_input_tokens_total", trace.cached, request="paged", cache="cached")
+        self.metrics.inc("pcp_input_tokens_total", trace.uncached, request="paged", cache="uncached")
         if trace.untouched_fits:
             self.metrics.observe("pcp_tokens_saved_per_request", trace.tokens_saved)
             self.metrics.inc("pcp_billed_input_tokens_total", round(trace.untouched), request="untouched")
+            self.metrics.inc("pcp_input_tokens_total", trace.untouched_cached, request="untouched", cache="cached")
+            self.metrics.inc("pcp_input_tokens_total", trace.untouched_uncached, request="untouched", cache="uncached")
+        else:
+            self.metrics.inc("pcp_requests_not_comparable_total")
         fields = {
             "session": trace.session,
             "model": trace.model,

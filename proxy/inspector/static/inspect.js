@@ -55,6 +55,7 @@ async function loadSessions() {
       tbody.append(row);
     }
     if (state.session) await openSession(state.session);
+    await loadMemory();
   } catch (error) {
     notice(error.message);
     if (error.status === 401) $("key").focus();
@@ -72,22 +73,63 @@ async function openSession(id) {
   $("session-line").textContent = `${n(data.messages)} messages, ${n(data.originals)} Original and ${n(data.consolidated)} Consolidated pages` +
     (data.blocks ? `, ${n(data.blocks)} File blocks` : "") + (data.first ? `; from ${when(data.first)} to ${when(data.last)}` : "");
   drawTokens(data.requests);
+  drawBill(data.bill);
   drawRequests(data.requests);
   drawPageList(data);
   selectRequest(data.requests.length ? data.requests[data.requests.length - 1].id : null);
+}
+
+// -- the bill: through the proxy, and the same requests sent untouched ----------------------
+const NOT_COMPARABLE = "larger than the model's window: it could not have been sent untouched";
+const billed = (x) => n(Math.round(x));
+const share = (part, whole) => (whole ? `${Math.round((100 * part) / whole)}%` : "–");
+
+// A bill's cell: what was billed, and beneath it its input tokens cached / uncached.
+function billCell(kind, total, cachedTokens, uncachedTokens) {
+  return el("td", { class: `bill ${kind}` }, el("span", { class: "total", text: billed(total) }),
+    el("span", { class: "split", text: `${n(cachedTokens)} / ${n(uncachedTokens)}`, title: "input tokens cached / uncached" }));
+}
+
+function drawBill(bill) {
+  const tbody = $("session-bill").querySelector("tbody");
+  tbody.replaceChildren();
+  const row = (id, label, b) => el("tr", { id }, el("th", { text: label }), el("td", { class: "requests", text: n(b.requests) }),
+    el("td", { class: "rounds", text: n(b.rounds) }), el("td", { class: "cached", text: n(b.cached) }),
+    el("td", { class: "uncached", text: n(b.uncached) }), el("td", { class: "billed", text: billed(b.billed) }));
+  tbody.append(row("bill-paged", "through the proxy", bill.paged));
+  if (bill.not_comparable) tbody.append(row("bill-compared", "through the proxy, the comparable requests", bill.compared));
+  tbody.append(row("bill-untouched", "sent untouched", bill.untouched));
+  const line = $("session-saving");
+  line.replaceChildren();
+  if (!bill.compared.requests) {
+    line.textContent = bill.paged.requests ? `No request is comparable: each was ${NOT_COMPARABLE}.` : "No request traced yet.";
+    return;
+  }
+  const ratio = bill.untouched.billed ? (bill.compared.billed / bill.untouched.billed).toFixed(2) : "–";
+  line.append("Saving: ", el("strong", { id: "saved-total", class: bill.saved < 0 ? "negative" : "", text: n(bill.saved) }),
+    ` input tokens, ${share(bill.saved, bill.untouched.billed)} of the untouched bill${bill.saved < 0 ? " (negative: paging cost more)" : ""}; through the proxy, `,
+    el("strong", { id: "bill-ratio", text: `${ratio}×` }), ` the bill of the ${n(bill.compared.requests)} comparable request(s) sent untouched` +
+    (bill.not_comparable ? `; ${n(bill.not_comparable)} request(s) ${NOT_COMPARABLE}, not compared.` : "."));
 }
 
 // -- requests and their rounds ----------------------------------------------------------
 function drawRequests(requests) {
   const tbody = $("request-table").querySelector("tbody");
   tbody.replaceChildren();
-  if (!requests.length) tbody.append(el("tr", {}, el("td", { colspan: 9, text: "No request traced since the proxy started." })));
+  if (!requests.length) tbody.append(el("tr", {}, el("td", { colspan: 11, text: "No request traced since the proxy started." })));
   for (const r of requests) {
     const p = r.pages;
+    const untouched = r.untouched_fits
+      ? billCell("untouched", r.untouched, r.untouched_cached, r.untouched_uncached)
+      : el("td", { class: "bill untouched not-comparable", text: "not comparable", title: NOT_COMPARABLE });
+    const saved = r.untouched_fits
+      ? el("td", { class: `saved${r.tokens_saved < 0 ? " negative" : ""}`, text: `${n(r.tokens_saved)} (${share(r.tokens_saved, r.untouched)})` })
+      : el("td", { class: "saved not-comparable", text: "not comparable", title: NOT_COMPARABLE });
     tbody.append(el("tr", { "data-trace": r.id, onclick: () => selectRequest(r.id) },
       el("td", {}, el("code", { text: r.id })), el("td", { text: new Date(r.at * 1000).toLocaleString() }), el("td", { text: r.model || "" }),
-      el("td", { text: n(r.prompt_tokens) }), el("td", { text: r.rounds.length }), el("td", { text: n(r.tokens_sent) }),
-      el("td", { text: n(r.tokens_saved) }), el("td", { text: `${p.detail}/${p.summary}/${p.folded}/${p.total}` }),
+      el("td", { text: n(r.prompt_tokens) }), el("td", { class: "rounds", text: r.rounds.length }), el("td", { text: n(r.tokens_sent) }),
+      billCell("billed", r.billed, r.cached, r.uncached), untouched, saved,
+      el("td", { text: `${p.detail}/${p.summary}/${p.folded}/${p.total}` }),
       el("td", {}, el("code", { text: r.consulted.join(", ") }))));
   }
 }
@@ -211,6 +253,29 @@ function showPage(id) {
   document.querySelectorAll("li.flash").forEach((x) => x.classList.remove("flash"));
   li.classList.add("flash");
   li.scrollIntoView({ block: "center" });
+}
+
+// -- memory scopes ------------------------------------------------------------------------
+async function loadMemory() {
+  const tbody = $("memory-table").querySelector("tbody");
+  tbody.replaceChildren();
+  let listed;
+  try {
+    listed = await api("/v1/pcp/memory");
+  } catch (error) {
+    if (error.status === 401) throw error;
+    tbody.append(el("tr", {}, el("td", { colspan: 10, text: `No memory to show: ${error.message}.` })));
+    return;
+  }
+  if (!listed.data.length) tbody.append(el("tr", {}, el("td", { colspan: 10, text: "No memory scope for this key yet: a request that names one (x-pcp-memory) writes its conversation there." })));
+  for (const m of listed.data) {
+    tbody.append(el("tr", { "data-scope": m.scope },
+      el("td", {}, el("code", { text: m.scope })), el("td", { class: "pages", text: n(m.pages) }), el("td", { class: "originals", text: n(m.originals) }),
+      el("td", { class: "consolidated", text: n(m.consolidated) }), el("td", { class: "conversations", text: n(m.conversations) }),
+      el("td", { class: "requests", text: n(m.requests) }), el("td", { class: "consulted", text: n(m.consulted) }), el("td", { class: "faded", text: n(m.faded) }),
+      el("td", { class: "forgotten", text: n(m.forgotten_turns) }), el("td", { class: "pending", text: n(m.pending) })));
+  }
+  if (listed.truncated) tbody.append(el("tr", {}, el("td", { colspan: 10, text: `The first ${n(listed.data.length)} scopes, by name.` })));
 }
 
 // -- start --------------------------------------------------------------------------------
