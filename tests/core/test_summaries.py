@@ -43,13 +43,20 @@ pytestmark = pytest.mark.skipif(not TURNS, reason=f"the dev data is not at {DEV}
 def doubled(text: str) -> set[str]:
     """Runs of two words or more said twice in a row, from a sentence's start, that are not whole sentences ("Yes. One
     thing: Yes. One thing: …"); a sentence two turns both say ("Talk soon. Talk soon.") is the conversation's own, and
-    so are short sentences that end and start alike ("Thanks, Melanie! Yep, Melanie! Yep, Caroline.")."""
-    words = text.lower().split()
+    so are short sentences that end and start alike ("Thanks, Melanie! Yep, Melanie! Yep, Caroline."), and a whole
+    turn two speakers both say, each followed by the next turn's speaker ("John: [shares image: a poster] Maria:
+    [shares image: a poster] Maria: Thanks!")."""
+    spoken = text.split()
+    words = [word.lower() for word in spoken]
+    ends = lambda word: word[-1:] in ".!?]"  # noqa: E731 (a bracketed caption is a sentence of its own)
+    speaker = lambda i: spoken[i].endswith(":") and spoken[i][:-1].isalpha() and spoken[i][:1].isupper()  # noqa: E731
     found = set()
     for size in range(2, len(words) // 2 + 1):
         for start in range(len(words) - 2 * size + 1):
             opens = start == 0 or words[start - 1][-1:] in ".!?:"
-            if opens and words[start + size - 1][-1:] not in ".!?" and words[start : start + size] == words[start + size : start + 2 * size]:
+            last = start + size - 1
+            whole = ends(words[last]) or (speaker(last) and ends(words[last - 1]))
+            if opens and not whole and words[start : start + size] == words[start + size : start + 2 * size]:
                 found.add(" ".join(words[start : start + size]))
     return found
 
@@ -121,3 +128,8 @@ def test_a_summary_is_the_same_whatever_the_process_string_hashes() -> None:
         for seed in range(12)
     }
     assert len(chosen) == 1, chosen
+
+
+def test_the_doubling_check_tells_a_repeated_phrase_from_a_turn_two_speakers_say():
+    assert doubled("Yes. One thing: Yes. One thing: the keys.") == {"yes. one thing:"}
+    assert not doubled("John: [shares image: a poster] Maria: [shares image: a poster] Maria: Thanks!")
