@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -75,8 +76,11 @@ def loopback() -> httpx.AsyncBaseTransport:
 
 
 def network() -> httpx.AsyncBaseTransport:
-    """httpx's own transports, as a client without one of its own picks them for each URL: the proxy the environment names, or none."""
-    return _Network(httpx.AsyncClient(limits=LIMITS))
+    """httpx's own transports, as a client without one of its own picks them for each URL: the proxy the environment
+    names, or none. Without one named (the common case) the connection pool itself, with no second client to pass."""
+    if any(urllib.request.getproxies()):
+        return _Network(httpx.AsyncClient(limits=LIMITS))
+    return httpx.AsyncHTTPTransport(limits=LIMITS)
 
 
 class _Network(httpx.AsyncBaseTransport):
