@@ -34,6 +34,7 @@ Reason = Literal[
     "context-management",
     "compaction",
     "refused-untouched",
+    "agent-compaction",
     "too-large",
 ]
 
@@ -53,6 +54,7 @@ REASONS: dict[str, str] = {
     "context-management": "context management the proxy applies pages it",
     "compaction": "it carries a compaction the proxy made: its pages are read in protocol mode",
     "refused-untouched": "sent untouched, the upstream refused it as longer than its model's window: paged within the window it named",
+    "agent-compaction": "an agent's compaction of its history, answered from the pages with no model call",
     "too-large": "no room for pages in the budget, and larger than the model's window",
 }
 

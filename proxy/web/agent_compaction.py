@@ -52,7 +52,7 @@ async def answered(
     }
     whole = _WHOLE[api.name](completion, asked) if api.name in _WHOLE else completion
     content = json.dumps(whole).encode()
-    answer_headers = {pcp.MODE: "protocol", pcp.SESSION: session_id}
+    answer_headers = {pcp.MODE: "protocol", pcp.MODE_REASON: "agent-compaction", pcp.SESSION: session_id}
     services.metrics.inc("pcp_requests_total", mode="protocol")
     if asked.get("stream") and api.as_stream is not None:
         return Response(api.as_stream(content), headers=answer_headers, media_type="text/event-stream")

@@ -28,6 +28,7 @@ def test_a_compaction_is_answered_from_the_pages_and_the_summary_reads_them_late
         summary = stream.get_final_message()
         headers = stream.response.headers
     assert headers["x-pcp-mode"] == "protocol" and upstream.requests == []  # no model call
+    assert headers["x-pcp-mode-reason"] == "agent-compaction"
     text = summary.content[0].text
     assert "[pcp-pages: " in text and TASK in text and "BANKERS" not in text  # the detail is in the pages, not the summary
     # The agent goes on from the summary alone, as Claude Code does; the detail reaches the model from the pages.

@@ -102,6 +102,7 @@ def test_a_prompt_refused_as_too_long_is_paged_within_the_window_it_names(start_
     upstream.default = _windowed(3000)
     first = proxy.http.post("/v1/chat/completions", json={"model": "claude-sonnet-4-5", "messages": _chat(301)})
     assert first.status_code == 200 and first.headers["x-pcp-mode"] == "protocol", first.text
+    assert first.headers["x-pcp-mode-reason"] == "refused-untouched"
     assert first.json()["choices"][0]["message"]["content"] == "the shed"
     sent = upstream.chat_requests()
     assert len(sent) == 2 and len(sent[0].body) // 4 > 3000 >= len(sent[1].body) // 4  # refused untouched, then paged within it
