@@ -458,6 +458,7 @@ class Replay:
     roles: Counter[str] = field(default_factory=Counter)  # upstream calls of protocol-mode requests, by x-pcp-role
     seconds: float = 0.0
     quotes: list[tuple[int, int]] = field(default_factory=list)  # a paged step's quoted earlier lines: in its round 0, quoted
+    head: tuple[str, list[dict[str, Any]]] | None = None  # the agent's system prompt and tools in front of every session
 
 
 # A line of earlier output the agent's next step repeats: long enough not to be a common one.
@@ -568,7 +569,7 @@ def run_agents(args: argparse.Namespace, renderer: Renderer, count: Callable[[st
     if args.head == "claude":
         model, head = "claude-sonnet-4-5", claude_head()
         print(f"  Claude Code's head: a system prompt of {count(head[0]):,} tokens, {len(head[1])} tools of {count(json.dumps(head[1])):,}", file=sys.stderr)
-    replay = Replay()
+    replay = Replay(head=head)
     started = time.perf_counter()
     with running_proxy(args.bm25, **chosen_settings(args)) as (fake, url), httpx.Client(timeout=600) as client:
         waiter = None if args.bm25 else background_waiter(client, url)
@@ -829,8 +830,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(cost_table(agents.rows))
         print("\n" + calls_line(agents))
         print("\n" + quotes_line(agents))
-        if args.head != "none":
-            print("\n" + floor_line(agent_sessions(args.agent_data)[: args.sessions or None], claude_head(), count))
+        if agents.head is not None:
+            print("\n" + floor_line(agent_sessions(args.agent_data)[: args.sessions or None], agents.head, count))
         print("\n" + saved_line(agents.rows))
         print("\nWhere a follow-up's worker prompt departs from the call before it:\n")
         print(divergence_report(agents.divergences, args.examples))

@@ -14,7 +14,8 @@ from typing import Any
 
 from litestar import Response
 
-from pcp_core import Conversation, Policy, compaction_text, marked_handles, short_hash
+from pcp_core import COMPACTION_PROMPTS, Conversation, Policy, compaction_text, marked_handles, short_hash
+from pcp_core.compaction import PAGES_MARKER
 
 from .. import headers as pcp
 from ..apis.codec import Api, Codec
@@ -27,20 +28,29 @@ __all__ = ["COMPACTING", "answered", "marked_behind"]
 
 # What a body holds when it may be an agent's compaction (``pcp_core.COMPACTION_PROMPTS``), or carry the marker of one
 # answered here: a look at the bytes before anything is decoded, so that no other request pays for either.
-COMPACTING = (b"create a detailed summary of the conversation so far", b"CONTEXT CHECKPOINT COMPACTION")
-MARKED = b"[pcp-pages: "
+COMPACTING = tuple(prompt.encode() for prompt in COMPACTION_PROMPTS)
+MARKED = PAGES_MARKER.partition("{")[0].encode()
 # The client's API's whole answer, from a chat completion.
 _WHOLE = {"messages": message_of, "responses": response_of}
 
 
 async def answered(
-    services: Services, api: Api, codec: Codec, conversation: Conversation, asked: dict[str, Any], headers: dict[str, str], namespace: str, policy: Policy
+    services: Services,
+    api: Api,
+    codec: Codec,
+    conversation: Conversation,
+    asked: dict[str, Any],
+    headers: dict[str, str],
+    namespace: str,
+    policy: Policy,
+    behind: list[str],
 ) -> Response[Any]:
-    """The compaction ``asked`` for: its history kept as a session's pages, and the text that hands them on, as ``api`` answers."""
-    behind = marked_behind(services, namespace, json.dumps(asked).encode())
+    """The compaction ``asked`` for: its history kept as a session's pages, and the text that hands them on (and the
+    pages ``behind`` it: the compactions it carries the markers of), as ``api`` answers."""
     session_id = await keep_pages(services, codec, conversation, headers, namespace, policy)
     handle = services.namespaces.handle(namespace, [session_id, *[s for s in behind if s != session_id]])
     text = compaction_text(conversation, handle, services.tokenizer.count)
+    written = services.tokenizer.count(text)
     model = str(asked.get("model") or "")
     completion = {
         "id": f"chatcmpl-pcp{short_hash(f'{namespace}{time.time_ns()}')}",
@@ -48,7 +58,7 @@ async def answered(
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 0, "completion_tokens": services.tokenizer.count(text), "total_tokens": services.tokenizer.count(text)},
+        "usage": {"prompt_tokens": 0, "completion_tokens": written, "total_tokens": written},
     }
     whole = _WHOLE[api.name](completion, asked) if api.name in _WHOLE else completion
     content = json.dumps(whole).encode()

@@ -31,7 +31,7 @@ from ..protocol.context import paged_headers
 from ..protocol.drive import serve_protocol
 from ..protocol.refusals import TooLong, refused_window
 from ..services import Services
-from .agent_compaction import answered
+from .agent_compaction import answered, marked_behind
 from .arrival import Arrival, arrive, asked_at, read_api, read_large
 from .context_management import COMPACT_PATH, compacted
 from .error_handlers import not_the_proxys, speaks_anthropic
@@ -150,8 +150,7 @@ async def _untouched(request: Request[Any, Any, Any], arrival: Arrival, decision
     if reading.unreadable is None:
         answer[pcp.PROMPT_TOKENS] = str(arrival.counted.tokens)
     body, rewrite = await _chat_extras(arrival, answer) if api.chat_body else (arrival.forwarded, None)
-    off = request.headers.get(pcp.MODE_REQUEST, "").strip().lower() == "off"
-    learns = reading.messages and reading.model is not None and not arrival.refused and not off
+    learns = reading.messages and reading.model is not None and not arrival.refused and decision.reason != "off"
     response = await forward(
         services.upstream_of(api), request, "POST", api.path, body, arrival.headers, answer, stream=reading.stream,
         failure=api.failure, rewrite=rewrite, as_stream=api.as_stream, too_long=refused_window if learns else None,
@@ -174,7 +173,8 @@ async def _agent_compaction(arrival: Arrival) -> Response[Any] | None:
     if not asks_to_compact(conversation):
         return None
     asked = json.loads(arrival.body)
-    return await answered(services, arrival.api, codec, conversation, asked, arrival.headers, arrival.namespace, control.policy)
+    behind = marked_behind(services, arrival.namespace, arrival.body)
+    return await answered(services, arrival.api, codec, conversation, asked, arrival.headers, arrival.namespace, control.policy, behind)
 
 
 def _too_large(decision: Refuse, tokens: int) -> ClientError:
