@@ -41,8 +41,10 @@ from .request import (
     rounds,
     solidified_session,
     with_appendix,
+    with_cached_frame,
     with_components,
     with_frame,
+    within_conversation,
     within_window,
 )
 from .round_policy import RoundPolicy
@@ -150,6 +152,7 @@ __all__ = [
     "prompt_tokens",
     "question_links",
     "reconciled",
+    "with_cached_frame",
     "with_frame",
     "rounds",
     "select",
@@ -163,5 +166,6 @@ __all__ = [
     "transcript",
     "with_appendix",
     "with_components",
+    "within_conversation",
     "within_window",
 ]

@@ -17,7 +17,7 @@ from typing import Literal
 
 import msgspec
 
-from .request import Policy, engaged, within_window
+from .request import Policy, engaged, within_conversation, within_window
 
 __all__ = ["REASONS", "Asked", "Decision", "Managed", "Passthrough", "Protocol", "Reason", "Refuse", "decide"]
 
@@ -125,6 +125,7 @@ def _mode(asked: Asked) -> Passthrough | Protocol:
     if asked.mode == "off":
         return Passthrough("off")
     policy = within_window(asked.policy, asked.carried) if asked.policy.window else asked.policy
+    policy = within_conversation(policy, asked.tokens - asked.carried)
     if asked.managed:
         if asked.budget is not None and asked.budget < policy.rounds.budget:
             policy = msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, budget=asked.budget))

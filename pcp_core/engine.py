@@ -112,14 +112,21 @@ class _Loop:
         self.faulted = False
         self.previous = ""  # the text of the previous call's prompt
         self.changed: list[str] = []  # what the last round's directives brought in
+        self.laid: list[str] = []  # the previous round's top-level nodes, in order
 
     def _extended(self, frame: Frame | None, closed: Sequence[Page]) -> Frame | None:
         """``frame`` with the closed pages of the turns since it was made or extended."""
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        kept, self.stale_tokens = self._ranked_again(frame.after)
+        kept, self.stale_tokens = self._all_after(frame.after) if self.policy.cached_budget else self._ranked_again(frame.after)
         return extended(frame, new, self.count, self.context.query_link, self.context.query_at, kept)
+
+    def _all_after(self, after: Sequence[Shown]) -> tuple[list[Shown], int]:
+        """All the previous request showed after its frame, kept in its place, with its tokens: where the frame may
+        grow past the budget (``cached_budget``), what the conversation's questions have asked for stays in view
+        at the cached price, and a follow-up's share goes to pages not shown yet."""
+        return list(after), sum(self.count(shown.text) for shown in after)
 
     def _ranked_again(self, after: Sequence[Shown]) -> tuple[list[Shown], int]:
         """What the previous request showed after its frame, kept in its place up to the last page this one would
@@ -127,7 +134,7 @@ class _Loop:
         them again after the new turns would bill them in full. The pages between come along, from the cache
         too, within the same share of the budget (what is kept must leave the request its room); their tokens
         are returned with the run."""
-        share = int(self.policy.followup_share * self.policy.budget)
+        share = self._share()
         wanted, used = set(), 0
         for page_id in self.hot:
             used += self.count(node_lines(self.index.get(page_id), View.DETAIL))
@@ -167,7 +174,11 @@ class _Loop:
             synthesis = self._remade(round_no)
         if self.caching:
             self.frame = self._made(synthesis, self.covered)
-        return self._called(synthesis, round_no)
+        call = self._called(synthesis, round_no)
+        if self.capped and self.policy.cached_budget and self.frame is not None:
+            # The next round replays this one as it is and adds after it: a page shown again higher comes after.
+            self.frame = extended(self.frame, [], self.count, self.frame.line, self.frame.at, self.frame.after)
+        return call
 
     def _remade(self, round_no: int) -> Synthesis:
         """The call's synthesis with the frame made again. The new frame is as new to a provider's cache as the
@@ -180,16 +191,47 @@ class _Loop:
         self.remade = self.count(synthesis.frame_text)
         return self._synthesize(round_no)
 
+    def _budget(self, round_no: int) -> int:
+        """A call's budget: the policy's on top of the carried head, and, in a follow-up that replays a frame, the
+        frame's tokens up to ``cached_budget`` (and what the rounds before added to it): a provider's cache serves
+        them at a fraction of the price."""
+        frame = self.frame if self.capped else None
+        cached = min(frame.tokens, self.policy.cached_budget + round_no * self._share()) if frame is not None else 0
+        return self.policy.budget + self.context.carried + cached
+
+    def _unchanged_laid(self) -> list[str]:
+        """The previous round's top-level nodes that the directives since left as they were (a node that shows a
+        page they raised reads otherwise now, and goes after them with the rest of what is new)."""
+        touched = {page for changed in self.changed for page in (changed, *self.index.ancestors(changed)) if page in self.index}
+        return [page for page in self.laid if page not in touched]
+
+    def _fresh_tokens(self, fresh: int, round_no: int) -> int | None:
+        """Most tokens a call of a follow-up shows after its frame, the pages the worker asked for aside: round 0
+        its ``fresh`` part; a later round a share more (with a frame carried on top of the budget, which replays
+        the rounds before, its share alone). None: the budget's."""
+        if not self.capped:
+            return None
+        if not round_no:
+            return fresh
+        return self._share() if self.policy.cached_budget else fresh + round_no * self._share()
+
+    def _share(self) -> int:
+        """What one call of a follow-up may add that a provider's cache has not seen: its share of the budget."""
+        return int(self.policy.followup_share * self.policy.budget)
+
     def _fresh(self) -> int:
         """What a follow-up may add after its frame: its share of the budget less what is new in any case (the
         pages of the turns since the frame was stored, the pages ranked for it that kept their place, the
         query, a frame made again; not the pages kept beside those, which the cache serves), and never less than
         the last page."""
-        policy, stored, frame = self.policy, self.context.frame, self.frame
+        stored, frame = self.context.frame, self.frame
         grown = frame.tokens - stored.tokens - self.stale_tokens if frame is not None and stored is not None else 0
         new = grown + self.count(self.context.query) + self.remade
-        last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
-        return max(int(policy.followup_share * policy.budget) - new, last)
+        return max(self._share() - new, self._last_tokens())
+
+    def _last_tokens(self) -> int:
+        """The tokens of the history's last page, still open: every call shows it after its frame."""
+        return self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
 
     def _synthesize(self, round_no: int) -> Synthesis:
         """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""
@@ -203,13 +245,13 @@ class _Loop:
             opening=context.opening,
             trace=list(self.trace),
             final=final,
-            budget=policy.budget + context.carried,
+            budget=self._budget(round_no),
             carried=context.carried,
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
             priorities=[
                 *([self.open] if self.frame is not None and self.open is not None else []),  # the turns the frame does not hold yet
-                *self.changed,
-                *self.kept,
+                # A follow-up's later round keeps what the cache has first; in full, what the Consult asked for comes first.
+                *([*self.kept, *self.changed] if self.capped else [*self.changed, *self.kept]),
                 *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
             ],
             indexed=self.indexed,
@@ -223,10 +265,11 @@ class _Loop:
             appendix=context.appendix,
             frame=self.frame,
             frame_pages=self.frame_pages,
-            fresh_tokens=fresh if round_no == 0 and self.capped else None,
+            fresh_tokens=self._fresh_tokens(fresh, round_no),
             frame_room=fresh if round_no == 0 else min(policy.fresh_room, policy.budget // 2),
             frame_budget=int(policy.frame_share * policy.budget),
             last=self.open,
+            laid=self._unchanged_laid(),
         )
         return synthesize(self.index, self.views.raised(), request, self.count)
 
@@ -234,12 +277,18 @@ class _Loop:
         """The worker call of a round's synthesis: the frame it keeps, what it shares with the call before."""
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
-        before, self.kept = self.kept, kept_nodes(synthesis, policy)  # what the next round keeps in its place
+        # What the next round keeps in its place: in a follow-up, all the cache holds of this one.
+        before, self.kept = self.kept, [p for p in synthesis.layout if p != self.open] if self.capped else kept_nodes(synthesis, policy)
         frame_end = synthesis.frame_end if self.frame is not None else None
         kept_end = synthesis.end_of(self.kept)
-        cuts = sorted({cut for cut in (self._stored_end(synthesis), frame_end, synthesis.end_of(before), kept_end) if cut is not None})
-        marks = [cut for cut in (kept_end, frame_end) if cut is not None]
-        self.standalone = set(synthesis.standalone)
+        # Where what this call shows ends, but the last page: the next request's frame, when it keeps all of it.
+        shown_end = synthesis.end_of([p for p in synthesis.layout if p != self.open]) if self.policy.cached_budget else None
+        # Where earlier requests' prompts cut the frame (their cache entries end there), then this call's own ends.
+        start = synthesis.frame_end - len(synthesis.frame_text)
+        replayed = [start + cut for cut in self.frame.cuts] if self.frame is not None else []
+        cuts = sorted({cut for cut in (*replayed, self._stored_end(synthesis), frame_end, synthesis.end_of(before), kept_end, shown_end) if cut is not None})
+        marks = list(dict.fromkeys(cut for cut in (shown_end, kept_end, frame_end) if cut is not None))
+        self.standalone, self.laid = set(synthesis.standalone), synthesis.layout
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))

@@ -59,6 +59,8 @@ __all__ = [
     "with_appendix",
     "with_components",
     "with_frame",
+    "with_cached_frame",
+    "within_conversation",
     "within_window",
 ]
 
@@ -96,15 +98,45 @@ WINDOW_SPARE = 8  # an eighth
 
 def within_window(policy: Policy, carried: int) -> Policy:
     """``policy`` fitted to the model's window where one is known: paging engages before a prompt outgrows
-    what the window holds, and a worker call's pages take no more than the window leaves beside the
-    ``carried`` head. A request that leaves no room is then not ``pageable``."""
+    what the window holds, a worker call's pages take no more than the window leaves beside the
+    ``carried`` head, and a follow-up's frame no more than leaves room for them. A request that leaves no
+    room is then not ``pageable``."""
     if not policy.window:
         return policy
     holds = policy.window - policy.window // WINDOW_SPARE
     threshold, budget = min(policy.threshold, holds), min(policy.rounds.budget, max(holds - carried, 0))
-    if (threshold, budget) == (policy.threshold, policy.rounds.budget):
+    # A follow-up's frame on top of the budget, leaving a budget more for what its later rounds add.
+    cached = min(policy.rounds.cached_budget, max(holds - carried - 2 * budget, 0))
+    if (threshold, budget, cached) == (policy.threshold, policy.rounds.budget, policy.rounds.cached_budget):
         return policy
-    return msgspec.structs.replace(policy, threshold=threshold, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
+    rounds = msgspec.structs.replace(policy.rounds, budget=budget, cached_budget=cached)
+    return msgspec.structs.replace(policy, threshold=threshold, rounds=rounds)
+
+
+# The most budgets of cached tokens a follow-up's frame carries on top of its budget, where they cost nothing
+# (a local server's slot keeps the prefix): the model's window and the conversation's size bound it too.
+FRAME_BUDGETS = 4
+
+
+def with_cached_frame(policy: Policy) -> Policy:
+    """``policy`` with a follow-up's frame carried on top of the budget (``RoundPolicy.cached_budget``): as many
+    cached tokens as cost what the follow-up's share of uncached ones does (``followup_share`` of the budget
+    over ``cached_input_price``: at a tenth, 1.5 budgets). Read from a provider's cache at that price, they show
+    the model more of the conversation for the same bill. None where nothing is cached."""
+    rounds = policy.rounds
+    price, most = rounds.cached_input_price, FRAME_BUDGETS * rounds.budget
+    cached = 0 if price >= 1 else most if price <= 0 else min(int(rounds.followup_share * rounds.budget / price), most)
+    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(rounds, cached_budget=cached))
+
+
+def within_conversation(policy: Policy, tokens: int) -> Policy:
+    """``policy`` with a follow-up's frame on top of the budget (``cached_budget``) no larger than half the
+    conversation's ``tokens`` beside the head: sent untouched, a provider's cache reads all of it at the same
+    price, so a frame past half would bill most of that for a prompt that still shows less."""
+    most = max(tokens // 2, 0)
+    if policy.rounds.cached_budget <= most:
+        return policy
+    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, cached_budget=most))
 
 
 def engaged(prompt_tokens: int, policy: Policy, carried: int = 0) -> bool:
@@ -126,7 +158,8 @@ def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
 
     Untouched, a follow-up's prompt is the one before it and a new turn: the
     cache serves nearly all of it (``prompt_tokens`` at ``cached_input_price``).
-    Paged, its frame is served from the cache and what it adds after it (a
+    Paged, its frame is served from the cache (at most the budget's and the
+    ``cached_budget`` on top of it) and what it adds after it (a
     ``followup_share`` of the budget) is billed in full. The new turn is billed
     both ways, and so is a head both carry whole (not in ``prompt_tokens``).
     Where nothing is cached (``cached_input_price`` 1), paging pays as
@@ -134,7 +167,7 @@ def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
     server's slot keeps the prefix (0), it never pays while the conversation fits.
     """
     price, fresh = rounds.cached_input_price, rounds.followup_share * rounds.budget
-    return price * prompt_tokens > price * (rounds.budget - fresh) + fresh
+    return price * prompt_tokens > price * (rounds.budget - fresh + rounds.cached_budget) + fresh
 
 
 class Resolution(msgspec.Struct, frozen=True):

@@ -54,6 +54,11 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     followup_share: float = 0.15
     # The most of the budget a frame takes when it is made: it grows by the turns since.
     frame_share: float = 0.25
+    # The most tokens of a replayed frame a follow-up's calls carry on top of the budget: the cheap tokens, read
+    # from a provider's cache at ``cached_input_price``. The frame then keeps all a request showed after it,
+    # so what the conversation's questions asked for stays in view, and is made again once it outgrows this.
+    # 0: the budget holds the frame too (where a user sets the budget, it stays the cap).
+    cached_budget: int = 0
 
 
 class RoundContext(msgspec.Struct, frozen=True, kw_only=True):

@@ -103,9 +103,12 @@ class Flow:
             return 0, page.first_turn
         if self.request.frame is None and page_id in self.request.frame_pages and shown.get(page_id) == D:
             return 1, page.first_turn
+        laid = self.request.laid
+        if page_id in laid:
+            return 2, laid.index(page_id)
         latest = self.latest_change(page_id, shown, {p: n for n, p in enumerate(self.wanted)})
         if latest >= 0:
-            return 2, latest
+            return 2, len(laid) + latest
         if page_id in self.request.indexed and page_id not in self.index.roots:
             return 4, list(self.request.indexed).index(page_id)
         return 3, page.first_turn

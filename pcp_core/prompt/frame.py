@@ -66,6 +66,9 @@ class Frame(msgspec.Struct, frozen=True):
     at: int  # where that query is in the conversation
     after: list[Shown] = []  # what that request showed after it (the last page aside), in order
     spans: dict[str, tuple[int, int]] = {}  # the turns (first, last) each page it shows covers
+    # Where in ``text`` earlier requests' prompts put a block's end (Anthropic finds a cache entry only at one, and
+    # a prefix cut otherwise is another prefix): each call that replays the frame cuts its text there too.
+    cuts: list[int] = []
 
 
 def continues(frame: Frame, links: Sequence[str]) -> bool:
@@ -82,7 +85,9 @@ def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, a
     turns = max([frame.turns, *(page.last_turn + 1 for page in new)])
     shown = {**frame.shown, **{s.id: s.view for s in kept}, **{page.id: View.DETAIL for page in new}}
     tokens = frame.tokens + (count(text) if text else 0)
-    return Frame(text=frame.text + text, shown=shown, tokens=tokens, turns=turns, line=line, at=at, spans=frame.spans)
+    stored, previous = len(frame.text), len(frame.text) + sum(len(s.text) for s in kept)  # the ends of the frame, and of the prompt, before
+    cuts = list(dict.fromkeys([*frame.cuts, stored, previous]))
+    return Frame(text=frame.text + text, shown=shown, tokens=tokens, turns=turns, line=line, at=at, spans=frame.spans, cuts=cuts)
 
 
 def spans_of(pages: Sequence[Page]) -> dict[str, tuple[int, int]]:

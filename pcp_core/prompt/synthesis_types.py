@@ -68,6 +68,9 @@ class SynthesisRequest(msgspec.Struct, kw_only=True):
     frame_budget: int | None = None
     # The history's last page while it may still take the next turns: laid out last in the flow.
     last: str | None = None
+    # The previous round's top-level nodes, in order: those shown again keep their places, and what is new comes
+    # after them, so a later round's prompt opens with the one before it (a provider's cache serves it).
+    laid: Sequence[str] = ()
 
 
 class Synthesis(msgspec.Struct):

@@ -36,7 +36,7 @@ from typing import Literal
 
 import msgspec
 
-from pcp_core import Policy
+from pcp_core import Policy, with_cached_frame
 from pcp_core.round_policy import MIN_BUDGET
 
 from .. import headers as pcp
@@ -88,11 +88,11 @@ class Controls:
     """The control of each request: its model's policy, narrowed by the request's headers."""
 
     def __init__(self, settings: Settings, default: Policy):
-        self.default = Control("auto", default)
         # A family's threshold and budget apply where the settings give none of their own (0); never on the embedded
         # model (no upstream), whose slot and budget are its own whatever model a client names.
         embedded = not settings.upstream_base_url
         self.tuned = embedded or bool(settings.sentry_threshold), embedded or bool(settings.context_budget)
+        self.default = Control("auto", _cached_frame(default, self.tuned[1]))
         models = settings.models
         self.exact = {name: spec for name, spec in models.items() if not _is_glob(name)}
         self.globs = [(name, spec) for name, spec in models.items() if _is_glob(name)]
@@ -127,6 +127,7 @@ class Controls:
                 self.tuned[1] or (spec is not None and spec.context_budget is not None),
             ),
         )
+        policy = _cached_frame(policy, self.tuned[1] or (spec is not None and spec.context_budget is not None) or known_defaults(model) is not None)
         control = self.default if policy == self.default.policy else Control("auto", policy)
         if len(self.by_model) >= KNOWN_MODELS:
             self.by_model.clear()
@@ -161,6 +162,14 @@ def _family(policy: Policy, model: str, tuned: tuple[bool, bool]) -> Policy:
     return msgspec.structs.replace(policy, threshold=threshold, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
 
 
+def _cached_frame(policy: Policy, budget_given: bool) -> Policy:
+    """``policy`` with a follow-up's frame carried on top of the chat budget (``pcp_core.with_cached_frame``); none on
+    a budget given by a user or a model family's defaults (a coding agent's, sized for long tool output): it stays the cap."""
+    if not budget_given:
+        return with_cached_frame(policy)
+    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, cached_budget=0)) if policy.rounds.cached_budget else policy
+
+
 def _is_glob(name: str) -> bool:
     """Whether a ``[models."…"]`` name is a glob."""
     return any(c in name for c in "*?[")
@@ -190,8 +199,8 @@ def _requested(base: Control, mode: str | None, threshold: str | None, budget: s
     if threshold is not None:
         # At most the model's threshold: a client may page sooner, not later (that is what "off" says).
         policy = msgspec.structs.replace(policy, threshold=min(_tokens(THRESHOLD, threshold, 1), policy.threshold))
-    if budget is not None:
-        rounds = msgspec.structs.replace(policy.rounds, budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget))
+    if budget is not None:  # the client's budget is the cap: no frame on top of it
+        rounds = msgspec.structs.replace(policy.rounds, budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget), cached_budget=0)
         policy = msgspec.structs.replace(policy, rounds=rounds)
     return Control(mode or base.mode, policy, requested=True)
 

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import os
 
+import msgspec
+
+from pcp_core.decision import Asked, decide
 from pcp_core.directives.replies import WorkerReply
 from pcp_core.paging.history import retroactive_paging, turns_from_messages
-from pcp_core.prompt.frame import continues
+from pcp_core.prompt.frame import continues, prompt_text
+from pcp_core.request import Policy, within_conversation, within_window
 from pcp_core.round_policy import RoundPolicy
 from pcp_core.session import chain_links
 
@@ -135,6 +139,8 @@ def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would
     assert not paging_pays(8_000, cached) and paging_pays(9_000, cached)
     assert paging_pays(4_097, RoundPolicy(budget=4096, cached_input_price=1.0))  # nothing cached: tokens are the bill
     assert not paging_pays(4_097 * 100, RoundPolicy(budget=4096, cached_input_price=0.0))  # a local slot: the prefix is free
+    framed = RoundPolicy(budget=4096, cached_input_price=0.1, followup_share=0.125, cached_budget=4096)  # its frame read too: 12,800
+    assert not paging_pays(12_000, framed) and paging_pays(13_000, framed)
 
 
 def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
@@ -172,3 +178,81 @@ def test_pages_ranked_again_keep_their_place_after_the_frame():
     assert os.path.commonprefix([before, after]).startswith(before[: before.index(kept.text) + len(kept.text)])
     unrelated, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What about the roses in the hedge?")
     assert not unrelated.frame.text.startswith(first.frame.text + kept.text)  # what no longer ranks is not kept
+
+
+# -- a frame carried on top of the budget (``cached_budget``): what the conversation asked for stays in view --
+
+
+def _carried_follow_up(first_call, messages, query: str, replies=(), budget: int = 2048, cached_budget: int = 2048):
+    """The request after ``first_call``'s with the frame carried on top of the budget: its calls."""
+    ctx = context(budget=budget, cached_budget=cached_budget, query=query, frame=first_call.frame, query_link="next", query_at=len(messages))
+    calls, _, _ = drive([*replies, WorkerReply(text="done")], ctx, messages)
+    return calls
+
+
+def _consult_a_summary(call):
+    target = next(n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary")
+    return WorkerReply(text=f'Consult("more", "{target}")')
+
+
+def test_a_follow_up_keeps_all_the_request_before_showed_after_its_frame():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
+    assert len(first.frame.after) >= 4
+    (second,) = _carried_follow_up(first, [*history(), *_turns(240, 2)], "What about the roses in the hedge?")
+    kept = first.frame.text + "".join(shown.text for shown in first.frame.after)
+    assert second.frame.text.startswith(kept)  # what no longer ranks stays too: a provider's cache reads it
+    assert _document(second).startswith(_document(first)[: _document(first).index(kept) + len(kept)])
+    # On top of the budget by the frame alone: what it adds stays within a follow-up's share.
+    assert 2048 < second.synthesis.tokens <= 2048 + min(second.frame.tokens, 2048)
+    fresh = _document(second)[second.synthesis.frame_end : _document(second).index("</Linear_Flow>")]
+    assert COUNT(fresh) <= RoundPolicy().followup_share * 2048 + 200  # the share, and the last page that stays whatever it is
+
+
+def test_where_the_budget_holds_the_frame_only_pages_ranked_again_stay():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048))[0][0]
+    second, _ = _follow_up(first, [*history(), *_turns(240, 2)], "What about the roses in the hedge?", budget=2048)
+    kept = first.frame.text + "".join(shown.text for shown in first.frame.after)
+    assert not second.frame.text.startswith(kept) and second.synthesis.tokens <= 2048
+
+
+def test_a_later_round_of_a_follow_up_adds_after_the_round_before():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
+    messages = [*history(), *_turns(240, 2)]
+    calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=[_consult_a_summary, _consult_a_summary])
+    assert len(calls) == 3
+    share = RoundPolicy().followup_share * 2048
+    for before, after in zip(calls, calls[1:]):
+        shown = _document(before)[: _document(before).rindex("<Node id=")]  # all but the last page, still open
+        assert _document(after).startswith(shown)  # in place: a Consult costs what it brings, the rest is cached
+        assert COUNT(_document(after)) - COUNT(_document(before)) <= share + 100  # its share, and the trace's step
+
+
+def test_a_frame_carried_on_top_of_the_budget_is_made_again_once_it_outgrows_that():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=1024))[0][0]
+    (second,) = _carried_follow_up(first, [*history(), *_turns(240, 120)], "What about the roses?", cached_budget=1024)
+    assert not second.frame.text.startswith(first.frame.text)
+    assert second.synthesis.tokens <= 2048 + 1024
+
+
+def test_the_blocks_a_follow_up_cuts_its_prompt_into_end_where_the_requests_before_put_their_entries():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
+    messages = [*history(), *_turns(240, 2)]
+    (second,) = _carried_follow_up(first, messages, "What about the roses in the hedge?")
+    ctx = context(budget=2048, cached_budget=2048, query="And the greyhound?", frame=second.frame, query_link="then", query_at=len(messages) + 2)
+    (third,), _, _ = drive([WorkerReply(text="done")], ctx, [*messages, *_turns(242, 2)])
+    text, before = prompt_text(third.messages), prompt_text(second.messages)
+    ends = {cut for cut in third.cuts}
+    # The entry the request before wrote at the end of what it showed is a block's end here too, and so is its own.
+    assert any(text[:cut] == before[:cut] and cut in second.marks for cut in ends if cut <= len(before))
+    assert set(cut for cut in second.cuts if text[:cut] == before[:cut]) <= ends
+
+
+def test_a_frame_on_top_of_the_budget_takes_no_more_than_half_the_conversation_and_what_the_window_leaves():
+    policy = Policy(rounds=RoundPolicy(budget=4096, cached_budget=6144))
+    assert within_conversation(policy, 40_000).rounds.cached_budget == 6144
+    assert within_conversation(policy, 9_000).rounds.cached_budget == 4500  # untouched, the cache would read it all
+    windowed = within_window(msgspec.structs.replace(policy, window=16_000), carried=1_000)
+    assert windowed.rounds.cached_budget == 16_000 - 2_000 - 1_000 - 2 * 4096  # a budget left for what later rounds add
+    assert within_window(msgspec.structs.replace(policy, window=8_000), carried=1_000).rounds.cached_budget == 0
+    asked = Asked(policy=policy, tokens=9_000 + 500, carried=500, mode="force")
+    assert decide(asked, lambda _: True).policy.rounds.cached_budget == 4500
