@@ -41,7 +41,7 @@ from .pages.blocks import solidify
 from .pages.index import Activation, PageIndex
 from .pages.logical import ConsolidatedPage, Origin, Page, View
 from .pages.views import ViewState
-from .prompt.frame import Frame, Shown, extended, prompt_text, shared_tokens, spans_of, stand_in, stored_end
+from .prompt.frame import Frame, extended, prompt_text, ranked_again, shared_tokens, spans_of, stand_in, stored_end
 from .prompt.markup import node_lines
 from .prompt.synthesis import synthesize
 from .prompt.synthesis_types import Step, Synthesis, SynthesisRequest
@@ -115,43 +115,19 @@ class _Loop:
         self.laid: list[str] = []  # the previous round's top-level nodes, in order
 
     def _extended(self, frame: Frame | None, closed: Sequence[Page]) -> Frame | None:
-        """``frame`` with the closed pages of the turns since it was made or extended."""
+        """``frame`` with what the previous request showed after it and the closed pages of the turns since. Where the
+        frame may grow past the budget (``cached_budget``), all it showed stays, in its place: what the conversation's
+        questions asked for stays in view at the cached price, and a follow-up's share goes to pages not shown yet.
+        Else the pages this request ranks again (``ranked_again``)."""
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        kept, self.stale_tokens = self._all_after(frame.after) if self.policy.cached_budget else self._ranked_again(frame.after)
+        if self.policy.cached_budget:
+            kept, self.stale_tokens = list(frame.after), sum(self.count(shown.text) for shown in frame.after)
+        else:
+            best = [self.index.get(page_id) for page_id in self.hot]
+            kept, self.stale_tokens = ranked_again(frame.after, best, self._share(), self.count)
         return extended(frame, new, self.count, self.context.query_link, self.context.query_at, kept)
-
-    def _all_after(self, after: Sequence[Shown]) -> tuple[list[Shown], int]:
-        """All the previous request showed after its frame, kept in its place, with its tokens: where the frame may
-        grow past the budget (``cached_budget``), what the conversation's questions have asked for stays in view
-        at the cached price, and a follow-up's share goes to pages not shown yet."""
-        return list(after), sum(self.count(shown.text) for shown in after)
-
-    def _ranked_again(self, after: Sequence[Shown]) -> tuple[list[Shown], int]:
-        """What the previous request showed after its frame, kept in its place up to the last page this one would
-        show too (of the best-ranked pages a follow-up's share holds): billed once, from the cache, where showing
-        them again after the new turns would bill them in full. The pages between come along, from the cache
-        too, within the same share of the budget (what is kept must leave the request its room); their tokens
-        are returned with the run."""
-        share = self._share()
-        wanted, used = set(), 0
-        for page_id in self.hot:
-            used += self.count(node_lines(self.index.get(page_id), View.DETAIL))
-            if used > share:
-                break
-            wanted.add(page_id)
-        run = used = stale = stale_in_run = 0
-        for i, shown in enumerate(after):
-            tokens = self.count(shown.text)
-            used += tokens
-            if used > share:
-                break
-            if shown.id in wanted:
-                run, stale_in_run = i + 1, stale
-            else:
-                stale += tokens
-        return list(after[:run]), stale_in_run
 
     def _made(self, synthesis: Synthesis, said_turns: int) -> Frame:
         """The frame the next request may replay: the head of ``synthesis``'s document (a new frame, or the one it
@@ -206,9 +182,9 @@ class _Loop:
         return [page for page in self.laid if page not in touched]
 
     def _fresh_tokens(self, fresh: int, round_no: int) -> int | None:
-        """Most tokens a call of a follow-up shows after its frame, the pages the worker asked for aside: round 0
-        its ``fresh`` part; a later round a share more (with a frame carried on top of the budget, which replays
-        the rounds before, its share alone). None: the budget's."""
+        """Most tokens a call of a follow-up shows after its frame: round 0 its ``fresh`` part; a later round a share
+        more (with a frame carried on top of the budget, which replays the rounds before, its share alone). None:
+        the budget's."""
         if not self.capped:
             return None
         if not round_no:
@@ -227,11 +203,8 @@ class _Loop:
         stored, frame = self.context.frame, self.frame
         grown = frame.tokens - stored.tokens - self.stale_tokens if frame is not None and stored is not None else 0
         new = grown + self.count(self.context.query) + self.remade
-        return max(self._share() - new, self._last_tokens())
-
-    def _last_tokens(self) -> int:
-        """The tokens of the history's last page, still open: every call shows it after its frame."""
-        return self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
+        last = self.count(node_lines(self.index.get(self.open), View.DETAIL)) if self.open is not None else 0
+        return max(self._share() - new, last)
 
     def _synthesize(self, round_no: int) -> Synthesis:
         """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""

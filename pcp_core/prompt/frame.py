@@ -44,7 +44,7 @@ from ..pages.logical import Origin, Page, View
 from ..text.tokens import CountText
 from .markup import node_lines
 
-__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "shared_tokens", "spans_of", "stand_in", "stored_end"]
+__all__ = ["Frame", "Shown", "continues", "extended", "prompt_text", "ranked_again", "shared_tokens", "spans_of", "stand_in", "stored_end"]
 
 
 class Shown(msgspec.Struct, frozen=True):
@@ -88,6 +88,31 @@ def extended(frame: Frame, pages: Sequence[Page], count: CountText, line: str, a
     stored, previous = len(frame.text), len(frame.text) + sum(len(s.text) for s in kept)  # the ends of the frame, and of the prompt, before
     cuts = list(dict.fromkeys([*frame.cuts, stored, previous]))
     return Frame(text=frame.text + text, shown=shown, tokens=tokens, turns=turns, line=line, at=at, spans=frame.spans, cuts=cuts)
+
+
+def ranked_again(after: Sequence[Shown], best: Sequence[Page], share: int, count: CountText) -> tuple[list[Shown], int]:
+    """What the previous request showed after its frame (``after``), kept in its place up to the last page this one
+    would show too (of its ``best``-ranked pages, those a follow-up's ``share`` holds): billed once, from the cache,
+    where showing them again after the new turns would bill them in full. The pages between come along, from the
+    cache too, within the same share (what is kept must leave the request its room); their tokens are returned
+    with the run."""
+    wanted, used = set(), 0
+    for page in best:
+        used += count(node_lines(page, View.DETAIL))
+        if used > share:
+            break
+        wanted.add(page.id)
+    run = used = stale = stale_in_run = 0
+    for i, shown in enumerate(after):
+        tokens = count(shown.text)
+        used += tokens
+        if used > share:
+            break
+        if shown.id in wanted:
+            run, stale_in_run = i + 1, stale
+        else:
+            stale += tokens
+    return list(after[:run]), stale_in_run
 
 
 def spans_of(pages: Sequence[Page]) -> dict[str, tuple[int, int]]:
