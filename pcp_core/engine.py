@@ -182,14 +182,12 @@ class _Loop:
         return [page for page in self.laid if page not in touched]
 
     def _fresh_tokens(self, fresh: int, round_no: int) -> int | None:
-        """Most tokens a call of a follow-up shows after its frame: round 0 its ``fresh`` part; a later round a share
-        more (with a frame carried on top of the budget, which replays the rounds before, its share alone). None:
-        the budget's."""
-        if not self.capped:
+        """Most tokens a call of a follow-up shows after its frame: round 0 its ``fresh`` part; a later round, where a
+        frame carried on top of the budget replays the rounds before, a share more. None: the budget's (a later
+        round where the budget holds the frame too fills it, as the first request's do)."""
+        if not self.capped or (round_no and not self.policy.cached_budget):
             return None
-        if not round_no:
-            return fresh
-        return self._share() if self.policy.cached_budget else fresh + round_no * self._share()
+        return self._share() if round_no else fresh
 
     def _share(self) -> int:
         """What one call of a follow-up may add that a provider's cache has not seen: its share of the budget."""
@@ -223,8 +221,8 @@ class _Loop:
             # Round 0: the focus, the overview (§7.2 Level 1), the rest; after a Consult, see _priorities.
             priorities=[
                 *([self.open] if self.frame is not None and self.open is not None else []),  # the turns the frame does not hold yet
-                # A follow-up's later round keeps what the cache has first; in full, what the Consult asked for comes first.
-                *([*self.kept, *self.changed] if self.capped else [*self.changed, *self.kept]),
+                # A frame on top of the budget keeps what the cache has first; else what the Consult asked for comes first.
+                *([*self.kept, *self.changed] if self.capped and self.policy.cached_budget else [*self.changed, *self.kept]),
                 *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
             ],
             indexed=self.indexed,
@@ -250,8 +248,9 @@ class _Loop:
         """The worker call of a round's synthesis: the frame it keeps, what it shares with the call before."""
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
-        # What the next round keeps in its place: in a follow-up, all the cache holds of this one.
-        before, self.kept = self.kept, [p for p in synthesis.layout if p != self.open] if self.capped else kept_nodes(synthesis, policy)
+        # What the next round keeps in its place: with a frame on top of the budget, all the cache holds of this one.
+        carried = self.capped and policy.cached_budget
+        before, self.kept = self.kept, [p for p in synthesis.layout if p != self.open] if carried else kept_nodes(synthesis, policy)
         frame_end = synthesis.frame_end if self.frame is not None else None
         kept_end = synthesis.end_of(self.kept)
         # Where what this call shows ends, but the last page: the next request's frame, when it keeps all of it.
