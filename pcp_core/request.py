@@ -158,16 +158,18 @@ def paging_pays(prompt_tokens: int, rounds: RoundPolicy) -> bool:
 
     Untouched, a follow-up's prompt is the one before it and a new turn: the
     cache serves nearly all of it (``prompt_tokens`` at ``cached_input_price``).
-    Paged, its frame is served from the cache (at most the budget's and the
-    ``cached_budget`` on top of it) and what it adds after it (a
+    Paged, its frame is served from the cache and what it adds after it (a
     ``followup_share`` of the budget) is billed in full. The new turn is billed
     both ways, and so is a head both carry whole (not in ``prompt_tokens``).
+    A frame carried on top of the budget (``cached_budget``) is left out: it
+    starts small and grows to it, and the replays measure paging as paying
+    from the threshold with it (bench/results-2026-12-02.md).
     Where nothing is cached (``cached_input_price`` 1), paging pays as
     soon as the budget is smaller than the conversation; where a local
     server's slot keeps the prefix (0), it never pays while the conversation fits.
     """
     price, fresh = rounds.cached_input_price, rounds.followup_share * rounds.budget
-    return price * prompt_tokens > price * (rounds.budget - fresh + rounds.cached_budget) + fresh
+    return price * prompt_tokens > price * (rounds.budget - fresh) + fresh
 
 
 class Resolution(msgspec.Struct, frozen=True):

@@ -139,8 +139,6 @@ def test_paging_pays_once_the_conversation_outgrows_what_its_cached_prefix_would
     assert not paging_pays(8_000, cached) and paging_pays(9_000, cached)
     assert paging_pays(4_097, RoundPolicy(budget=4096, cached_input_price=1.0))  # nothing cached: tokens are the bill
     assert not paging_pays(4_097 * 100, RoundPolicy(budget=4096, cached_input_price=0.0))  # a local slot: the prefix is free
-    framed = RoundPolicy(budget=4096, cached_input_price=0.1, followup_share=0.125, cached_budget=4096)  # its frame read too: 12,800
-    assert not paging_pays(12_000, framed) and paging_pays(13_000, framed)
 
 
 def test_the_sentry_forwards_what_fits_the_window_while_paging_costs_more():
