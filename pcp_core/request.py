@@ -130,10 +130,11 @@ def with_cached_frame(policy: Policy) -> Policy:
 
 
 def within_conversation(policy: Policy, tokens: int) -> Policy:
-    """``policy`` with a follow-up's frame on top of the budget (``cached_budget``) no larger than half the
+    """``policy`` with a follow-up's frame on top of the budget (``cached_budget``) no larger than a third of the
     conversation's ``tokens`` beside the head: sent untouched, a provider's cache reads all of it at the same
-    price, so a frame past half would bill most of that for a prompt that still shows less."""
-    most = max(tokens // 2, 0)
+    price, and a frame that read more would leave little of the saving for what the follow-up adds (a half
+    against a third: bench/results-2026-12-02.md)."""
+    most = max(tokens // 3, 0)
     if policy.rounds.cached_budget <= most:
         return policy
     return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, cached_budget=most))

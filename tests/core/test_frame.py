@@ -245,12 +245,12 @@ def test_the_blocks_a_follow_up_cuts_its_prompt_into_end_where_the_requests_befo
     assert set(cut for cut in second.cuts if text[:cut] == before[:cut]) <= ends
 
 
-def test_a_frame_on_top_of_the_budget_takes_no_more_than_half_the_conversation_and_what_the_window_leaves():
+def test_a_frame_on_top_of_the_budget_takes_no_more_than_a_third_of_the_conversation_and_what_the_window_leaves():
     policy = Policy(rounds=RoundPolicy(budget=4096, cached_budget=6144))
     assert within_conversation(policy, 40_000).rounds.cached_budget == 6144
-    assert within_conversation(policy, 9_000).rounds.cached_budget == 4500  # untouched, the cache would read it all
+    assert within_conversation(policy, 9_000).rounds.cached_budget == 3000  # untouched, the cache would read it all
     windowed = within_window(msgspec.structs.replace(policy, window=16_000), carried=1_000)
     assert windowed.rounds.cached_budget == 16_000 - 2_000 - 1_000 - 2 * 4096  # a budget left for what later rounds add
     assert within_window(msgspec.structs.replace(policy, window=8_000), carried=1_000).rounds.cached_budget == 0
     asked = Asked(policy=policy, tokens=9_000 + 500, carried=500, mode="force")
-    assert decide(asked, lambda _: True).policy.rounds.cached_budget == 4500
+    assert decide(asked, lambda _: True).policy.rounds.cached_budget == 3000
