@@ -171,7 +171,7 @@ class _Loop:
         """A call's budget: the policy's on top of the carried head, and, in a follow-up that replays a frame, the
         frame's tokens up to ``cached_budget`` (and what the rounds before added to it): a provider's cache serves
         them at a fraction of the price."""
-        frame = self.frame if self.capped else None
+        frame = self.frame if self.capped and self.policy.cached_budget else None
         cached = min(frame.tokens, self.policy.cached_budget + round_no * self._share()) if frame is not None else 0
         return self.policy.budget + self.context.carried + cached
 

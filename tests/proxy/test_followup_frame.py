@@ -4,32 +4,44 @@ keeps what the requests before showed, and a set budget stays the cap."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from pcp_core import Policy, RoundPolicy, with_cached_frame
+from pcp_core import Policy, RoundPolicy, head_tokens, with_cached_frame
 from pcp_core.text.tokens import prompt_tokens
 from proxy.settings import CHAT_BUDGET, ModelSettings
 from proxy.testing.apis import message, worker_document
 from proxy.testing.prompt_cache import PromptCache
 from proxy.testing.replies import Recorded
+from proxy.testing.upstream import completion
 from tests.proxy.telemetry_helpers import dated_chat
 
 QUESTIONS = ("What did we say about the espresso grinder?", "And the bike lock?", "Which day was the hike?", "What is my gym locker code?")
 ALLOWANCE = with_cached_frame(Policy(rounds=RoundPolicy(budget=CHAT_BUDGET))).rounds.cached_budget
 
 
-def _chat(proxy, upstream, turns: int = 400, **headers: str) -> list[Recorded]:
-    """A long chat, then its questions one after the other: the round-0 worker call of each request."""
-    history, firsts = dated_chat(turns)[:-1], []
+def _chat(proxy, upstream, turns: int = 400, rounds: bool = False, **headers: str) -> list[Recorded]:
+    """A long chat, then its questions one after the other: the round-0 worker call of each request (``rounds``:
+    each request's worker calls, the worker Consulting the first summary it reads once)."""
+    history, calls = dated_chat(turns)[:-1], []
     for question in QUESTIONS:
         history = [*history, {"role": "user", "content": question}]
         since = len(upstream.requests)
+        if rounds:
+            upstream.enqueue(_consulting, completion("done"))
         response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": history}, headers=headers)
         assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text
-        firsts.append(next(r for r in upstream.requests[since:] if r.headers.get("x-pcp-role") == "worker"))
+        made = [r for r in upstream.requests[since:] if r.headers.get("x-pcp-role") == "worker"]
+        calls += made if rounds else made[:1]
         history = [*history, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}]
-    return firsts
+    return calls
+
+
+def _consulting(recorded: Recorded):
+    """A worker that Consults the first page its prompt shows by its summary."""
+    target = re.search(r'<Node id="([^"]+)"[^>]*view="Summary"', worker_document(recorded))
+    return completion(f'Consult("more", "{target.group(1)}")' if target else "done")
 
 
 def _tokens(proxy, call: Recorded) -> int:
@@ -61,8 +73,9 @@ def test_a_follow_up_at_the_default_budget_keeps_what_the_request_before_showed(
 def test_a_budget_a_user_sets_stays_the_cap(start_proxy, upstream, capped):
     settings = {"settings": {"context_budget": CHAT_BUDGET}, "model": {"models": {"m": ModelSettings(context_budget=CHAT_BUDGET)}}}.get(capped, {})
     proxy = start_proxy(sentry_threshold=500, **settings)
-    firsts = _chat(proxy, upstream, **({"x-pcp-budget": str(CHAT_BUDGET)} if capped == "header" else {}))
-    assert all(_tokens(proxy, call) <= CHAT_BUDGET for call in firsts)
+    calls = _chat(proxy, upstream, rounds=True, **({"x-pcp-budget": str(CHAT_BUDGET)} if capped == "header" else {}))
+    head = head_tokens(dated_chat()[0]["content"], [], proxy.services.tokenizer.count)  # on top of the budget, whole
+    assert len(calls) >= 2 * len(QUESTIONS) and all(_tokens(proxy, call) <= CHAT_BUDGET + head for call in calls)  # later rounds too
 
 
 def test_a_coding_agents_family_keeps_its_own_budget_as_the_cap(start_proxy, upstream):
