@@ -330,7 +330,10 @@ class _Loop:
     def _carry_out(self, directive: Directive, round_no: int) -> None:
         """Carry out one directive of the worker's, and record it in the trace."""
         named, directive = directive, self._standing_in(directive)
-        step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, self.standalone, self.policy.explore_hits)
+        # With the frame on top of the budget, a page it shows is in its place there: a Consult shows it again on its own.
+        frame = self.frame if self.capped and self.policy.cached_budget else None
+        alone = self.standalone | set(frame.shown) if frame is not None else self.standalone
+        step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, alone, self.policy.explore_hits)
         if directive is not named:  # the worker reads in the trace where the page it named went
             step = msgspec.structs.replace(step, result=f"{_named_page(named)} now stands as {step.target}; {step.result}")
         self.trace.append(step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import msgspec
 
@@ -254,3 +255,19 @@ def test_a_frame_on_top_of_the_budget_takes_no_more_than_a_third_of_the_conversa
     assert within_window(msgspec.structs.replace(policy, window=8_000), carried=1_000).rounds.cached_budget == 0
     asked = Asked(policy=policy, tokens=9_000 + 500, carried=500, mode="force")
     assert decide(asked, lambda _: True).policy.rounds.cached_budget == 3000
+
+
+def test_a_consult_in_a_follow_up_with_its_frame_on_top_brings_the_page_it_asks_for():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
+    messages = [*history(), *_turns(240, 2)]
+    asked: list[str] = []
+
+    def consult_the_last_summary(call):  # a page round 0 shows by its summary only, after its frame
+        asked.append([n.get("id") for n in doc(call).iter("Node") if n.get("view") == "Summary"][-1])
+        return WorkerReply(text=f'Consult("more", "{asked[-1]}")')
+
+    calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=[consult_the_last_summary])
+    before, after = _document(calls[0]), _document(calls[1])
+    added = after[len(before[: before.rindex("<Node id=")]) :]  # what the Consult's round shows after the round before
+    shown = re.search(rf'<Node id="{asked[0]}"[^>]*>\n(<Content>|<Node)', added)  # its words, or its pages: not left at its summary
+    assert shown and 'view="Summary"' not in shown.group(0)
