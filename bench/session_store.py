@@ -30,6 +30,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.protocol_cost import history  # noqa: E402
+from proxy.storage.base import Commit  # noqa: E402
 from proxy.storage.sealing import Sealer  # noqa: E402
 from proxy.storage.sessions import SessionStore  # noqa: E402
 from proxy.testing.upstream import paged_session  # noqa: E402
@@ -49,30 +50,32 @@ def measure(tokens: int, follow_ups: int, count: Count, sealer: Sealer) -> tuple
     with tempfile.TemporaryDirectory() as directory:
         store = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
-        store._write("ns", session, len(session.chain), None)
+        store.save("ns", session, len(session.chain)).kept.result()  # the write, on the writer's thread, waited for
         first = ms(started)
         written: dict[str, int] = {}
-        cache_set = store.cache.set
+        commit = store.store.commit
 
-        def counting_set(key: tuple, value: object, *args: object, **kwargs: object) -> bool:
-            written[key[0]] = written.get(key[0], 0) + (len(value) if isinstance(value, bytes) else 0)
-            return cache_set(key, value, *args, **kwargs)
+        def counting_commit(writes: Commit) -> bool:  # the bytes a save writes, by the kind of key
+            for key, value in writes.writes.items():
+                written[str(key[0])] = written.get(str(key[0]), 0) + len(value)
+            return commit(writes)
 
-        store.cache.set = counting_set  # type: ignore[method-assign]
+        store.store.commit = counting_commit  # type: ignore[method-assign]
         times = []
         for i in range(follow_ups):
             messages = [*messages, {"role": "user", "content": f"And what about point {i}?"}, {"role": "assistant", "content": "Noted."}]
             session = paged_session(messages, count, session)
             written.clear()
             started = time.perf_counter()
-            store._write("ns", session, 2, None)
+            store.save("ns", session, 2).kept.result()
             times.append(ms(started))
         store.close()
         reopened = SessionStore(Path(directory), sealer=sealer)
         started = time.perf_counter()
-        loaded = reopened._load("ns", session.id)
+        kept = reopened._load("ns", session.id)
         load = ms(started)
         reopened.close()
+    loaded = kept.session if kept is not None else None
     if loaded is None or loaded.chain != session.chain or loaded.pages != session.pages:
         raise SystemExit("the session did not read back as written")
     return len(messages), first, times, dict(written), load
