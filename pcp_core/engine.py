@@ -94,6 +94,7 @@ class _Loop:
         self.kept: list[str] = []
         self.caching = policy.cached_input_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
+        self.on_top = self.capped and bool(policy.cached_budget)  # and that frame is carried on top of the budget
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.remade = 0  # of the frame the request made again: as new to a provider's cache as what comes after it
         self.frame = self._extended(context.frame, closed) if self.caching else None
@@ -122,7 +123,7 @@ class _Loop:
         if frame is None:
             return None
         new = [page for page in closed if page.first_turn >= frame.turns]
-        if self.policy.cached_budget:
+        if self.on_top:
             kept, self.stale_tokens = list(frame.after), sum(self.count(shown.text) for shown in frame.after)
         else:
             best = [self.index.get(page_id) for page_id in self.hot]
@@ -151,7 +152,7 @@ class _Loop:
         if self.caching:
             self.frame = self._made(synthesis, self.covered)
         call = self._called(synthesis, round_no)
-        if self.capped and self.policy.cached_budget and self.frame is not None:
+        if self.on_top and self.frame is not None:
             # The next round replays this one as it is and adds after it: a page shown again higher comes after.
             self.frame = extended(self.frame, [], self.count, self.frame.line, self.frame.at, self.frame.after)
         return call
@@ -171,7 +172,7 @@ class _Loop:
         """A call's budget: the policy's on top of the carried head, and, in a follow-up that replays a frame, the
         frame's tokens up to ``cached_budget`` (and what the rounds before added to it): a provider's cache serves
         them at a fraction of the price."""
-        frame = self.frame if self.capped and self.policy.cached_budget else None
+        frame = self.frame if self.on_top else None
         cached = min(frame.tokens, self.policy.cached_budget + round_no * self._share()) if frame is not None else 0
         return self.policy.budget + self.context.carried + cached
 
@@ -185,7 +186,7 @@ class _Loop:
         """Most tokens a call of a follow-up shows after its frame: round 0 its ``fresh`` part; a later round, where a
         frame carried on top of the budget replays the rounds before, a share more. None: the budget's (a later
         round where the budget holds the frame too fills it, as the first request's do)."""
-        if not self.capped or (round_no and not self.policy.cached_budget):
+        if not self.capped or (round_no and not self.on_top):
             return None
         return self._share() if round_no else fresh
 
@@ -222,7 +223,7 @@ class _Loop:
             priorities=[
                 *([self.open] if self.frame is not None and self.open is not None else []),  # the turns the frame does not hold yet
                 # A frame on top of the budget keeps what the cache has first; else what the Consult asked for comes first.
-                *([*self.kept, *self.changed] if self.capped and self.policy.cached_budget else [*self.changed, *self.kept]),
+                *([*self.kept, *self.changed] if self.on_top else [*self.changed, *self.kept]),
                 *_priorities(self.consulted, self.diffused, self.hot, self.read, self.overview, self.indexed, self.recent, final, policy.focus),
             ],
             indexed=self.indexed,
@@ -248,13 +249,12 @@ class _Loop:
         """The worker call of a round's synthesis: the frame it keeps, what it shares with the call before."""
         context, policy = self.context, self.policy
         final = self.faulted or round_no == policy.max_rounds - 1
+        shown = [p for p in synthesis.layout if p != self.open]  # what the call shows, but the last page
         # What the next round keeps in its place: with a frame on top of the budget, all the cache holds of this one.
-        carried = self.capped and policy.cached_budget
-        before, self.kept = self.kept, [p for p in synthesis.layout if p != self.open] if carried else kept_nodes(synthesis, policy)
+        before, self.kept = self.kept, shown if self.on_top else kept_nodes(synthesis, policy)
         frame_end = synthesis.frame_end if self.frame is not None else None
         kept_end = synthesis.end_of(self.kept)
-        # Where what this call shows ends, but the last page: the next request's frame, when it keeps all of it.
-        shown_end = synthesis.end_of([p for p in synthesis.layout if p != self.open]) if self.policy.cached_budget else None
+        shown_end = synthesis.end_of(shown) if policy.cached_budget else None  # the next request's frame ends there
         # Where earlier requests' prompts cut the frame (their cache entries end there), then this call's own ends.
         start = synthesis.frame_end - len(synthesis.frame_text)
         replayed = [start + cut for cut in self.frame.cuts] if self.frame is not None else []
@@ -331,7 +331,7 @@ class _Loop:
         """Carry out one directive of the worker's, and record it in the trace."""
         named, directive = directive, self._standing_in(directive)
         # With the frame on top of the budget, a page it shows is in its place there: a Consult shows it again on its own.
-        frame = self.frame if self.capped and self.policy.cached_budget else None
+        frame = self.frame if self.on_top else None
         alone = self.standalone | set(frame.shown) if frame is not None else self.standalone
         step, asked = carry_out(directive, self.views, self.index, self._explore, round_no, alone, self.policy.explore_hits)
         if directive is not named:  # the worker reads in the trace where the page it named went
