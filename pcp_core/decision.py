@@ -128,7 +128,7 @@ def _mode(asked: Asked) -> Passthrough | Protocol:
     policy = within_conversation(policy, asked.tokens - asked.carried)
     if asked.managed:
         if asked.budget is not None and asked.budget < policy.rounds.budget:
-            policy = msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, budget=asked.budget))
+            policy = policy.with_rounds(budget=asked.budget)
         return Protocol(asked.managed, policy)
     if asked.refused:
         return Protocol("refused-untouched", policy)
@@ -150,7 +150,7 @@ def _widened(asked: Asked, policy: Policy, fits: Callable[[Policy], bool]) -> Po
     budget = policy.rounds.budget
     while budget < most:
         budget = min(budget * 2, most)
-        widened = msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
+        widened = policy.with_rounds(budget=budget)
         if fits(widened):
             return widened
     return None

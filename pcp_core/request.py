@@ -75,6 +75,10 @@ class Policy(msgspec.Struct, frozen=True):
     rounds: RoundPolicy = RoundPolicy()
     window: int = 0  # the model's context window (0: unknown): what fits it may go untouched while that is cheaper
 
+    def with_rounds(self, **changes: Any) -> Policy:
+        """This policy with ``changes`` to how its rounds run (``RoundPolicy``'s fields)."""
+        return msgspec.structs.replace(self, rounds=msgspec.structs.replace(self.rounds, **changes))
+
 
 # What a worker call must leave beyond what it carries whatever is paged: the flow's tags, a page's line.
 LEAST_ROOM = 64
@@ -109,8 +113,7 @@ def within_window(policy: Policy, carried: int) -> Policy:
     cached = min(policy.rounds.cached_budget, max(holds - carried - 2 * budget, 0))
     if (threshold, budget, cached) == (policy.threshold, policy.rounds.budget, policy.rounds.cached_budget):
         return policy
-    rounds = msgspec.structs.replace(policy.rounds, budget=budget, cached_budget=cached)
-    return msgspec.structs.replace(policy, threshold=threshold, rounds=rounds)
+    return msgspec.structs.replace(policy.with_rounds(budget=budget, cached_budget=cached), threshold=threshold)
 
 
 # The most budgets of cached tokens a follow-up's frame carries on top of its budget, where they cost nothing
@@ -126,7 +129,7 @@ def with_cached_frame(policy: Policy) -> Policy:
     rounds = policy.rounds
     price, most = rounds.cached_input_price, FRAME_BUDGETS * rounds.budget
     cached = 0 if price >= 1 else most if price <= 0 else min(int(rounds.followup_share * rounds.budget / price), most)
-    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(rounds, cached_budget=cached))
+    return policy.with_rounds(cached_budget=cached)
 
 
 def within_conversation(policy: Policy, tokens: int) -> Policy:
@@ -137,7 +140,7 @@ def within_conversation(policy: Policy, tokens: int) -> Policy:
     most = max(tokens // 3, 0)
     if policy.rounds.cached_budget <= most:
         return policy
-    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, cached_budget=most))
+    return policy.with_rounds(cached_budget=most)
 
 
 def engaged(prompt_tokens: int, policy: Policy, carried: int = 0) -> bool:

@@ -159,7 +159,7 @@ def _family(policy: Policy, model: str, tuned: tuple[bool, bool]) -> Policy:
         return policy
     threshold = policy.threshold if tuned[0] else known[0]
     budget = policy.rounds.budget if tuned[1] else known[1]
-    return msgspec.structs.replace(policy, threshold=threshold, rounds=msgspec.structs.replace(policy.rounds, budget=budget))
+    return msgspec.structs.replace(policy.with_rounds(budget=budget), threshold=threshold)
 
 
 def _cached_frame(policy: Policy, budget_given: bool) -> Policy:
@@ -167,7 +167,7 @@ def _cached_frame(policy: Policy, budget_given: bool) -> Policy:
     a budget given by a user or a model family's defaults (a coding agent's, sized for long tool output): it stays the cap."""
     if not budget_given:
         return with_cached_frame(policy)
-    return msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, cached_budget=0)) if policy.rounds.cached_budget else policy
+    return policy.with_rounds(cached_budget=0) if policy.rounds.cached_budget else policy
 
 
 def _is_glob(name: str) -> bool:
@@ -186,7 +186,7 @@ def tuned(policy: Policy, values: ModelSettings) -> Policy:
     given = {name: value for name in ModelSettings.__struct_fields__ if (value := getattr(values, name)) is not None}
     rounds = {RENAMED.get(name, name): value for name, value in given.items() if name in ROUNDS_TUNED or name in RENAMED}
     sentry = {SENTRY_TUNED[name]: value for name, value in given.items() if name in SENTRY_TUNED}
-    return msgspec.structs.replace(policy, **sentry, rounds=msgspec.structs.replace(policy.rounds, **rounds))
+    return msgspec.structs.replace(policy.with_rounds(**rounds), **sentry)
 
 
 def _requested(base: Control, mode: str | None, threshold: str | None, budget: str | None) -> Control:
@@ -200,8 +200,7 @@ def _requested(base: Control, mode: str | None, threshold: str | None, budget: s
         # At most the model's threshold: a client may page sooner, not later (that is what "off" says).
         policy = msgspec.structs.replace(policy, threshold=min(_tokens(THRESHOLD, threshold, 1), policy.threshold))
     if budget is not None:  # the client's budget is the cap: no frame on top of it
-        rounds = msgspec.structs.replace(policy.rounds, budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget), cached_budget=0)
-        policy = msgspec.structs.replace(policy, rounds=rounds)
+        policy = policy.with_rounds(budget=min(_tokens(BUDGET, budget, MIN_BUDGET), policy.rounds.budget), cached_budget=0)
     return Control(mode or base.mode, policy, requested=True)
 
 

@@ -77,7 +77,7 @@ class Plan:
         """``control`` in protocol mode, its budget no larger than what the edited request takes."""
         policy = control.policy
         if self.budget is not None and self.budget < policy.rounds.budget:
-            policy = msgspec.structs.replace(policy, rounds=msgspec.structs.replace(policy.rounds, budget=self.budget))
+            policy = policy.with_rounds(budget=self.budget)
         return msgspec.structs.replace(control, mode="force", policy=policy)
 
 
