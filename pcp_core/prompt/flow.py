@@ -31,6 +31,7 @@ class Flow:
     def __init__(self, index: PageIndex, wanted: dict[str, View], request: SynthesisRequest, count: CountText, overview: set[str]):
         # ``overview`` is the synthesis's own set: the roots it shows for the overview, as it admits them.
         self.index, self.wanted, self.request, self.count, self.overview = index, wanted, request, count, overview
+        self.laid = {page_id: n for n, page_id in enumerate(request.laid)}  # the round before's places
 
     def detached(self, page_id: str, shown: dict[str, View]) -> bool:
         """Whether ``page_id`` stands alone in the flow: its container is not shown Unpacked."""
@@ -103,12 +104,11 @@ class Flow:
             return 0, page.first_turn
         if self.request.frame is None and page_id in self.request.frame_pages and shown.get(page_id) == D:
             return 1, page.first_turn
-        laid = self.request.laid
-        if page_id in laid:
-            return 2, laid.index(page_id)
+        if page_id in self.laid:
+            return 2, self.laid[page_id]
         latest = self.latest_change(page_id, shown, {p: n for n, p in enumerate(self.wanted)})
         if latest >= 0:
-            return 2, len(laid) + latest
+            return 2, len(self.laid) + latest
         if page_id in self.request.indexed and page_id not in self.index.roots:
             return 4, list(self.request.indexed).index(page_id)
         return 3, page.first_turn
