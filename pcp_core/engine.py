@@ -17,7 +17,7 @@ One request: anchor the intent (head + tail), address pages (scored by BM25,
 plus dense recall when the host embeds; a router model, when the host has one, picks
 among the best; those become Hot, the latest turns stay in Detail), synthesize, call the
 worker, parse its directives, apply them to the view state, and loop — at most
-``max_rounds`` calls, the last of which forbids directives and must answer.
+``max_rounds`` calls (a follow-up with its frame on top, ``followup_rounds``), the last of which must answer.
 
 The Draft pages of the history's PBlocks (large messages, ``pcp_core.pages.blocks``)
 are addressed with the history's pages; the drafts a round shows above Summary
@@ -59,7 +59,7 @@ def run_rounds(context: RoundContext, index: PageIndex, count: CountText, cache:
     """The request's rounds: addressed, then worker calls until one answers or the rounds run out."""
     addressed = yield from address(context, index, count, cache)
     loop = _Loop(context, index, addressed, count, cache)
-    for round_no in range(context.policy.max_rounds):
+    for round_no in range(loop.rounds):
         reply = yield loop.call(round_no)
         faulted = loop.unloaded(reply)
         if faulted:
@@ -95,6 +95,7 @@ class _Loop:
         self.caching = policy.cached_input_price < 1
         self.capped = self.caching and context.frame is not None  # the request goes on from a frame: its fresh part is bounded
         self.on_top = self.capped and bool(policy.cached_budget)  # and that frame is carried on top of the budget
+        self.rounds = min(policy.max_rounds, policy.followup_rounds) if self.on_top else policy.max_rounds
         self.stale_tokens = 0  # of the frame: pages the previous request showed after it, kept beside those ranked again
         self.remade = 0  # of the frame the request made again: as new to a provider's cache as what comes after it
         self.frame = self._extended(context.frame, closed) if self.caching else None
@@ -208,8 +209,7 @@ class _Loop:
     def _synthesize(self, round_no: int) -> Synthesis:
         """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""
         context, policy = self.context, self.policy
-        final = self.faulted or round_no == policy.max_rounds - 1
-        fresh = self._fresh()
+        final, fresh = self._final(round_no), self._fresh()
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,
@@ -248,7 +248,6 @@ class _Loop:
     def _called(self, synthesis: Synthesis, round_no: int) -> CallWorker:
         """The worker call of a round's synthesis: the frame it keeps, what it shares with the call before."""
         context, policy = self.context, self.policy
-        final = self.faulted or round_no == policy.max_rounds - 1
         shown = [p for p in synthesis.layout if p != self.open]  # what the call shows, but the last page
         # What the next round keeps in its place: with a frame on top of the budget, all the cache holds of this one.
         before, self.kept = self.kept, shown if self.on_top else kept_nodes(synthesis, policy)
@@ -264,10 +263,8 @@ class _Loop:
         self.read.update(p for p, view in synthesis.shown.items() if view == View.DETAIL)
         # What the round shows is what its end finds read: those drafts become formal pages.
         self.solid.update((page.id, page) for page in solidify(synthesis.shown, self.index))
-        messages, tools, trace = synthesis.messages, context.tools, list(self.trace)
-        shared = self._shared(synthesis)
-        self.previous = prompt_text(messages)
-        frame = self.frame
+        messages, tools, trace, frame = synthesis.messages, context.tools, list(self.trace), self.frame
+        shared, final, self.previous = self._shared(synthesis), self._final(round_no), prompt_text(messages)
         return CallWorker(
             messages=messages, round=round_no, final=final, tools=tools, synthesis=synthesis, trace=trace, cuts=cuts, marks=marks, frame=frame, shared=shared
         )
@@ -302,8 +299,7 @@ class _Loop:
         if calls_client_tool(reply.tool_calls, self.context.client_tools):
             return self._ended("client_tool_calls", reply.text, done)
         text, directives, faults = read_reply(reply)
-        final = self.faulted or round_no == self.policy.max_rounds - 1
-        if reply.delivered or final or not (directives or faults):
+        if reply.delivered or self._final(round_no) or not (directives or faults):
             return self._ended("answer", text.strip() or NO_ANSWER, done)
         self.index.tick()  # the round is over: what the directives touch is touched in the next
         self.trace += [Step("BusFault", fault.raw[:120], fault.reason) for fault in faults]
@@ -314,6 +310,10 @@ class _Loop:
         self.faulted |= bool(faults)
         self.views.settle(round_no)
         return None
+
+    def _final(self, round_no: int) -> bool:
+        """Whether round ``round_no`` must answer: the last, or one after a Bus Fault (§2.4)."""
+        return self.faulted or round_no == self.rounds - 1
 
     def _ended(self, kind: Literal["answer", "client_tool_calls"], text: str, rounds: int) -> Outcome:
         """The outcome the rounds end with."""

@@ -22,6 +22,9 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     # Most prompt tokens of one worker call's paged context, on top of the head it carries whole (``RoundContext.carried``).
     budget: int = 4096
     max_rounds: int = 4
+    # A follow-up whose frame is carried on top of the budget (``cached_budget``) calls the worker at most this many
+    # times: each of its Consults reads the frame again, and what they cost goes to its round 0 instead (``followup_share``).
+    followup_rounds: int = 2
     channel: Literal["text", "tools"] = "text"  # how the worker's directives come: in its text, or as tool calls
     router: bool = False  # the host's router model picks among the best-ranked pages (§VI.2)
     hot_pages: int = 40  # pages the Router may make Hot; the budget decides how many show

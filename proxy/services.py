@@ -120,6 +120,7 @@ def policy_of(settings: Settings) -> Policy:
         context_window=settings.context_window or (settings.local_n_ctx if not upstream else 0),
         cached_input_price=settings.cached_input_price,
         followup_share=settings.followup_share,
+        followup_rounds=settings.followup_rounds,
     )
     return tuned(Policy(paging=PagingPolicy(blocks=blocks), rounds=rounds), values)
 

@@ -58,6 +58,7 @@ class ModelSettings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_
     context_window: Window | None = None
     cached_input_price: Fraction | None = None
     followup_share: Share | None = None
+    followup_rounds: AtLeastOne | None = None
 
 
 class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -139,6 +140,9 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # in full: the turns since, the query, the pages ranked for it. Lower: cheaper follow-ups (a coding
     # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
     followup_share: Share = 0.15
+    # Worker calls a follow-up makes at most, where its frame rides on top of the chat budget (left unset): each
+    # Consult reads the frame again, and round 0, what a model answers from, gets what more would cost.
+    followup_rounds: AtLeastOne = 2
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.
     context_window: Window = 0

@@ -176,7 +176,7 @@ def _is_glob(name: str) -> bool:
 
 
 # Where each setting that tunes the policy goes in it: the round policy's field of the same name, or the Sentry's.
-ROUNDS_TUNED = ("max_rounds", "cached_input_price", "followup_share")
+ROUNDS_TUNED = ("max_rounds", "cached_input_price", "followup_share", "followup_rounds")
 RENAMED = {"context_budget": "budget"}  # in the round policy
 SENTRY_TUNED = {"sentry_threshold": "threshold", "context_window": "window"}  # in the policy
 

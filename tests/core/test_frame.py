@@ -182,9 +182,9 @@ def test_pages_ranked_again_keep_their_place_after_the_frame():
 # -- a frame carried on top of the budget (``cached_budget``): what the conversation asked for stays in view --
 
 
-def _carried_follow_up(first_call, messages, query: str, replies=(), budget: int = 2048, cached_budget: int = 2048):
+def _carried_follow_up(first_call, messages, query: str, replies=(), budget: int = 2048, cached_budget: int = 2048, **policy):
     """The request after ``first_call``'s with the frame carried on top of the budget: its calls."""
-    ctx = context(budget=budget, cached_budget=cached_budget, query=query, frame=first_call.frame, query_link="next", query_at=len(messages))
+    ctx = context(budget=budget, cached_budget=cached_budget, query=query, frame=first_call.frame, query_link="next", query_at=len(messages), **policy)
     calls, _, _ = drive([*replies, WorkerReply(text="done")], ctx, messages)
     return calls
 
@@ -217,7 +217,7 @@ def test_where_the_budget_holds_the_frame_only_pages_ranked_again_stay():
 def test_a_later_round_of_a_follow_up_adds_after_the_round_before():
     first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
     messages = [*history(), *_turns(240, 2)]
-    calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=[_consult_a_summary, _consult_a_summary])
+    calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=[_consult_a_summary, _consult_a_summary], followup_rounds=3)
     assert len(calls) == 3
     share = RoundPolicy().followup_share * 2048
     for before, after in zip(calls, calls[1:]):
@@ -271,3 +271,15 @@ def test_a_consult_in_a_follow_up_with_its_frame_on_top_brings_the_page_it_asks_
     added = after[len(before[: before.rindex("<Node id=")]) :]  # what the Consult's round shows after the round before
     shown = re.search(rf'<Node id="{asked[0]}"[^>]*>\n(<Content>|<Node)', added)  # its words, or its pages: not left at its summary
     assert shown and 'view="Summary"' not in shown.group(0)
+
+
+def test_a_follow_up_with_its_frame_on_top_calls_the_worker_at_most_followup_rounds_times():
+    first, consulting = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0], [_consult_a_summary] * 4
+    messages = [*history(), *_turns(240, 2)]
+    calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=consulting)
+    assert len(calls) == RoundPolicy().followup_rounds == 2  # one Consult, then the worker answers
+    assert doc(calls[-1]).find("ST-Node[@id='FINAL_ROUND']") is not None
+    # A request ranked afresh keeps max_rounds, and so does a follow-up where the budget holds the frame (a set one).
+    assert len(drive([*consulting, WorkerReply(text="done")], context(budget=2048, cached_budget=2048))[0]) == 4
+    ctx = context(budget=2048, query="What about the roses in the hedge?", frame=first.frame, query_link="next", query_at=len(messages))
+    assert len(drive([*consulting, WorkerReply(text="done")], ctx, messages)[0]) == 4

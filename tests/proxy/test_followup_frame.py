@@ -104,3 +104,19 @@ def test_anthropics_cache_reads_what_the_request_before_showed(start_proxy, upst
         assert read >= sum(before.values()) - 400  # all the request before showed, but its last page and its query
         assert after["input_tokens"] + after["cache_creation_input_tokens"] <= RoundPolicy().followup_share * CHAT_BUDGET + 400
         assert read > 0.7 * total
+
+
+@pytest.mark.parametrize("rounds", [None, 3])
+def test_a_follow_up_at_the_default_budget_calls_the_worker_at_most_followup_rounds_times(start_proxy, upstream, rounds):
+    proxy = start_proxy(sentry_threshold=500, **({"followup_rounds": rounds} if rounds else {}))
+    upstream.default = _consulting  # a worker that Consults for as long as it may
+    history, made = dated_chat(400)[:-1], []
+    for question in QUESTIONS:
+        history = [*history, {"role": "user", "content": question}]
+        since = len(upstream.requests)
+        response = proxy.http.post("/v1/chat/completions", json={"model": "m", "messages": history})
+        assert response.status_code == 200 and response.headers["x-pcp-mode"] == "protocol", response.text
+        made.append(sum(r.headers.get("x-pcp-role") == "worker" for r in upstream.requests[since:]))
+        history = [*history, {"role": "assistant", "content": response.json()["choices"][0]["message"]["content"]}]
+    assert made[0] == RoundPolicy().max_rounds  # the first request, ranked afresh with the whole budget
+    assert made[1:] == [rounds or RoundPolicy().followup_rounds] * (len(QUESTIONS) - 1)
