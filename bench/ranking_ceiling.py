@@ -19,7 +19,7 @@ with the turn before; and the two turn rankings fused by reciprocal rank
 (k=30), where a turn gains 0.3 of its better neighbour's score, and a page
 ranked by its best such turn.
 
-    .venv/bin/python bench/ranking_ceiling.py [--tokens 1500 1800 3500 7000]
+    .venv/bin/python bench/ranking_ceiling.py [--tokens 1500 1800 3500 7000] [--questions 30]
 """
 
 from __future__ import annotations
@@ -151,10 +151,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1500, 1800, 3500, 7000])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--encoder", choices=["minilm", "mpnet"], default="minilm", help="the dense model (fp32) of every ranking that uses one")
+    parser.add_argument("--questions", type=int, default=None, help="the first N questions of each conversation (followups.py asks 30)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     count = Tokenizer(ENCODING).count
-    conversations, questions = load_data(args.data, [1, 2, 3, 4], None)
+    conversations, questions = load_data(args.data, [1, 2, 3, 4], args.questions)
     dense = DenseRanker(args.encoder)
     convs = {cid: Conversation(messages, dense, count) for cid, messages in conversations.items()}
     vectors = dense.embed([q.text for q in questions])
