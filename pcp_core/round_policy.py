@@ -23,7 +23,7 @@ class RoundPolicy(msgspec.Struct, frozen=True):
     budget: int = 4096
     max_rounds: int = 4
     # A follow-up whose frame is carried on top of the budget (``cached_budget``) calls the worker at most this many
-    # times: each of its Consults reads the frame again, and what they cost goes to its round 0 instead (``followup_share``).
+    # times: each of its Consults reads the frame again, and past the first they found little (bench/results-2026-12-02.md).
     followup_rounds: int = 2
     channel: Literal["text", "tools"] = "text"  # how the worker's directives come: in its text, or as tool calls
     router: bool = False  # the host's router model picks among the best-ranked pages (§VI.2)

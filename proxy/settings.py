@@ -141,7 +141,7 @@ class Settings(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=
     # agent's steps), fewer pages ranked for each new question (docs/protocol-mode.md).
     followup_share: Share = 0.15
     # Worker calls a follow-up makes at most, where its frame rides on top of the chat budget (left unset): each
-    # Consult reads the frame again, and round 0, what a model answers from, gets what more would cost.
+    # Consult reads the frame again, and past the first they found little for their cost (docs/protocol-mode.md).
     followup_rounds: AtLeastOne = 2
     # The model's context window, in tokens: above the threshold, a conversation that still fits it is
     # forwarded untouched while paging it would cost more (docs/protocol-mode.md). 0: unknown, never forwarded.

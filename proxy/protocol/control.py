@@ -119,15 +119,9 @@ class Controls:
         learned = self.learned.get(model)
         if learned and (not policy.window or learned < policy.window):
             policy = msgspec.structs.replace(policy, window=learned)
-        policy = _family(
-            policy,
-            model,
-            (
-                self.tuned[0] or (spec is not None and spec.sentry_threshold is not None),
-                self.tuned[1] or (spec is not None and spec.context_budget is not None),
-            ),
-        )
-        policy = _cached_frame(policy, self.tuned[1] or (spec is not None and spec.context_budget is not None) or known_defaults(model) is not None)
+        budget_set = self.tuned[1] or (spec is not None and spec.context_budget is not None)
+        policy = _family(policy, model, (self.tuned[0] or (spec is not None and spec.sentry_threshold is not None), budget_set))
+        policy = _cached_frame(policy, budget_set or known_defaults(model) is not None)
         control = self.default if policy == self.default.policy else Control("auto", policy)
         if len(self.by_model) >= KNOWN_MODELS:
             self.by_model.clear()
