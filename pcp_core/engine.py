@@ -191,6 +191,13 @@ class _Loop:
             return None
         return self._share() if round_no else fresh
 
+    def _frame_room(self, fresh: int, round_no: int) -> int:
+        """The room a call leaves after the frame it replays, or the frame is made again: round 0 its ``fresh`` part;
+        a later round with the frame on top of the budget the share it may add (its budget grows by as much)."""
+        if round_no == 0:
+            return fresh
+        return self._share() if self.on_top else min(self.policy.fresh_room, self.policy.budget // 2)
+
     def _share(self) -> int:
         """What one call of a follow-up may add that a provider's cache has not seen: its share of the budget."""
         return int(self.policy.followup_share * self.policy.budget)
@@ -238,7 +245,7 @@ class _Loop:
             frame=self.frame,
             frame_pages=self.frame_pages,
             fresh_tokens=self._fresh_tokens(fresh, round_no),
-            frame_room=fresh if round_no == 0 else min(policy.fresh_room, policy.budget // 2),
+            frame_room=self._frame_room(fresh, round_no),
             frame_budget=int(policy.frame_share * policy.budget),
             last=self.open,
             laid=self._unchanged_laid(),

@@ -283,3 +283,13 @@ def test_a_follow_up_with_its_frame_on_top_calls_the_worker_at_most_followup_rou
     assert len(drive([*consulting, WorkerReply(text="done")], context(budget=2048, cached_budget=2048))[0]) == 4
     ctx = context(budget=2048, query="What about the roses in the hedge?", frame=first.frame, query_link="next", query_at=len(messages))
     assert len(drive([*consulting, WorkerReply(text="done")], ctx, messages)[0]) == 4
+
+
+def test_a_later_round_of_a_follow_up_replays_the_round_before_however_near_its_frame_is_to_its_allowance():
+    first = drive([WorkerReply(text="Biscuit.")], context(budget=2048, cached_budget=2048))[0][0]
+    messages = [*history(), *_turns(240, 2)]
+    for allowance in range(256, 2048, 128):  # up to a frame past its allowance by what a budget leaves beside the fixed parts
+        calls = _carried_follow_up(first, messages, "What about the roses in the hedge?", replies=[_consult_a_summary], cached_budget=allowance)
+        shown = _document(calls[0])[: _document(calls[0]).rindex("<Node id=")]
+        # The Consult's round adds its share after round 0: it does not make the frame again, small, and lose what round 0 showed.
+        assert len(calls) == 2 and _document(calls[1]).startswith(shown), allowance
