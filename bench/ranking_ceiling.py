@@ -165,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             spent.setdefault(name, []).append((question, tokens_until_all_in(units, set(question.evidence))))
 
     print(f"LoCoMo {args.data.name}: {len(questions)} questions; share recalled within T tokens of the ranking\n")
-    header = ["ranking", *(f"T={t:,}" for t in args.tokens), *(f"{CATEGORY_NAMES[c]} @{args.tokens[0]:,}" for c in (1, 2, 3, 4))]
+    asked = {c: sum(q.category == c for q in questions) for c in (1, 2, 3, 4)}  # a category of few questions reads 0 or 1 by chance
+    header = ["ranking", *(f"T={t:,}" for t in args.tokens), *(f"{CATEGORY_NAMES[c]} @{args.tokens[0]:,} (n={asked[c]})" for c in (1, 2, 3, 4))]
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
     label = {"minilm": "MiniLM", "mpnet": "mpnet"}[args.encoder]
     for name, rows in spent.items():
@@ -173,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cells = [f"{sum(s <= t for _, s in rows) / len(rows):.2f}" for t in args.tokens]
         for category in (1, 2, 3, 4):
             mine = [s for q, s in rows if q.category == category]
-            cells.append(f"{sum(s <= args.tokens[0] for s in mine) / len(mine):.2f}")
+            cells.append(f"{sum(s <= args.tokens[0] for s in mine) / len(mine):.2f}" if mine else "–")
         print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
