@@ -191,13 +191,6 @@ class _Loop:
             return None
         return self._share() if round_no else fresh
 
-    def _frame_room(self, fresh: int, round_no: int) -> int:
-        """The room a call leaves after the frame it replays, or the frame is made again: round 0 its ``fresh`` part;
-        a later round with the frame on top of the budget the share it may add (its budget grows by as much)."""
-        if round_no == 0:
-            return fresh
-        return self._share() if self.on_top else min(self.policy.fresh_room, self.policy.budget // 2)
-
     def _share(self) -> int:
         """What one call of a follow-up may add that a provider's cache has not seen: its share of the budget."""
         return int(self.policy.followup_share * self.policy.budget)
@@ -216,7 +209,7 @@ class _Loop:
     def _synthesize(self, round_no: int) -> Synthesis:
         """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""
         context, policy = self.context, self.policy
-        final, fresh = self._final(round_no), self._fresh()
+        final, fresh = self._final(round_no), self._fresh_tokens(self._fresh(), round_no)
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,
@@ -244,8 +237,9 @@ class _Loop:
             appendix=context.appendix,
             frame=self.frame,
             frame_pages=self.frame_pages,
-            fresh_tokens=self._fresh_tokens(fresh, round_no),
-            frame_room=self._frame_room(fresh, round_no),
+            fresh_tokens=fresh,
+            # A call that replays a frame leaves room for what it may add, or the frame is made again.
+            frame_room=fresh if fresh is not None else min(policy.fresh_room, policy.budget // 2),
             frame_budget=int(policy.frame_share * policy.budget),
             last=self.open,
             laid=self._unchanged_laid(),
