@@ -19,6 +19,11 @@ with the turn before; and the two turn rankings fused by reciprocal rank
 (k=30), where a turn gains 0.3 of its better neighbour's score, and a page
 ranked by its best such turn.
 
+A second table asks whether the Router's scores tell how deep to read: each
+question takes the pages that stand out (score at least z standard deviations
+above the conversation's mean), against every question given the same mean
+tokens.
+
     .venv/bin/python bench/ranking_ceiling.py [--tokens 1500 1800 3500 7000] [--questions 30]
 """
 
@@ -40,11 +45,12 @@ from pcp_core.pages.logical import Origin, OriginalPage, View  # noqa: E402
 from pcp_core.paging.history import page_history, turns_from_messages  # noqa: E402
 from pcp_core.prompt.markup import node_lines  # noqa: E402
 from pcp_core.ranking.bm25 import Bm25  # noqa: E402
-from pcp_core.ranking.router import anchor_intent, broad_match, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
+from pcp_core.ranking.router import anchor_intent, broad_match, dated_in, dense_scores, dense_texts, lexical_scores, page_scores, unit_texts  # noqa: E402
 from pcp_core.text.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
 RRF_K = 30
+STAND_OUT = (2.0, 2.5, 3.0, 3.5)  # z-scores a page must reach to be taken, in the depth table
 NOW = datetime(2026, 1, 1)  # when the questions are asked: after every conversation
 NEIGHBOUR_SHARE = 0.3
 Scores = dict[int, float]
@@ -146,6 +152,32 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     }
 
 
+def depth_walk(conv: Conversation, question_vector, text: str) -> tuple[list[float], list[tuple[set[int], int]]]:
+    """The Router's (BM25 + MiniLM) pages best first as ``(turns held, cost)``, with each one's score in standard
+    deviations of the conversation's pages (``pcp_core.ranking.router.page_scores``)."""
+    intent = anchor_intent("", text, now=NOW)
+    timely = dated_in([p.timestamp for p in conv.pages], intent.periods)
+    dense = dense_scores(conv.unit_vectors @ question_vector, len(conv.units))
+    score, _ = page_scores(lexical_scores(intent, conv.units), dense, timely)
+    order = sorted(range(len(conv.pages)), key=lambda i: -score[i])
+    held = [set(range(p.first_turn, p.last_turn + 1)) for p in conv.pages]
+    return [float(score[i]) for i in order], [(held[i], conv.page_cost[i]) for i in order]
+
+
+def depth_table(walks: Sequence[tuple[Question, list[float], list[tuple[set[int], int]]]]) -> None:
+    """Pages taken while they stand out (score >= z, at least one) against the same mean tokens spent on every question."""
+    print("\n| pages taken while their score stands out | recall | mean tokens | every question given those tokens |\n|---|---|---|---|")
+    for z in STAND_OUT:
+        recalled, spent = [], []
+        for question, scores, units in walks:
+            taken = units[: max(1, sum(s >= z for s in scores))]
+            spent.append(sum(cost for _, cost in taken))
+            recalled.append(tokens_until_all_in(taken, set(question.evidence)) < float("inf"))
+        mean = sum(spent) / len(spent)
+        fixed = sum(tokens_until_all_in(units, set(q.evidence)) <= mean for q, _, units in walks) / len(walks)
+        print(f"| z >= {z} | {sum(recalled) / len(recalled):.2f} | {mean:,.0f} | {fixed:.2f} |")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[1500, 1800, 3500, 7000])
@@ -160,9 +192,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     convs = {cid: Conversation(messages, dense, count) for cid, messages in conversations.items()}
     vectors = dense.embed([q.text for q in questions])
     spent: dict[str, list[tuple[Question, float]]] = {}
+    walks = []
     for question, vector in zip(questions, vectors):
         for name, units in rankings(convs[question.conv_id], vector, question.text).items():
             spent.setdefault(name, []).append((question, tokens_until_all_in(units, set(question.evidence))))
+        walks.append((question, *depth_walk(convs[question.conv_id], vector, question.text)))
 
     print(f"LoCoMo {args.data.name}: {len(questions)} questions; share recalled within T tokens of the ranking\n")
     asked = {c: sum(q.category == c for q in questions) for c in (1, 2, 3, 4)}  # a category of few questions reads 0 or 1 by chance
@@ -176,6 +210,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             mine = [s for q, s in rows if q.category == category]
             cells.append(f"{sum(s <= args.tokens[0] for s in mine) / len(mine):.2f}" if mine else "–")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    depth_table(walks)
     print(f"\ntotal {time.perf_counter() - started:.0f} s", file=sys.stderr)
 
 

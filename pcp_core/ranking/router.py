@@ -31,6 +31,7 @@ __all__ = [
     "dense_texts",
     "lexical_scores",
     "page_ranking",
+    "page_scores",
     "precision_selection",
     "router_prompt",
     "dated_in",
@@ -184,6 +185,20 @@ def page_ranking(
     """
     if not ids:
         return []
+    score, signal = page_scores(lexical, dense, timely, lexical_weight, neighbour_share)
+    order = np.argsort(-score, kind="stable")
+    return list(map(ids.__getitem__, order[signal[order]].tolist()))  # in C: a million tokens' history is some 12,000 pages
+
+
+def page_scores(
+    lexical: Sequence[float],
+    dense: Any = None,
+    timely: Any = None,
+    lexical_weight: float = LEXICAL_WEIGHT,
+    neighbour_share: float = NEIGHBOUR_SHARE,
+) -> tuple[Any, Any]:
+    """Each page's score, in standard deviations of the conversation's (``page_ranking`` orders by it), and whether
+    anything in the query speaks for it at all."""
     lexical_array = np.asarray(lexical, dtype=np.float64)
     score = _z(lexical_array)
     if dense is not None:
@@ -195,8 +210,7 @@ def page_ranking(
     if neighbour_share and len(score) > 1:
         score = score + neighbour_share * _beside(score, score.min())
         signal = signal | _beside(signal, False)
-    order = np.argsort(-score, kind="stable")
-    return list(map(ids.__getitem__, order[signal[order]].tolist()))  # in C: a million tokens' history is some 12,000 pages
+    return score, signal
 
 
 def _beside(values: Any, edge: Any) -> Any:
