@@ -183,13 +183,13 @@ class _Loop:
         touched = {page for changed in self.changed for page in (changed, *self.index.ancestors(changed)) if page in self.index}
         return [page for page in self.laid if page not in touched]
 
-    def _fresh_tokens(self, fresh: int, round_no: int) -> int | None:
-        """Most tokens a call of a follow-up shows after its frame: round 0 its ``fresh`` part; a later round, where a
+    def _fresh_tokens(self, round_no: int) -> int | None:
+        """Most tokens a call of a follow-up shows after its frame: round 0 its ``_fresh`` part; a later round, where a
         frame carried on top of the budget replays the rounds before, a share more. None: the budget's (a later
         round where the budget holds the frame too fills it, as the first request's do)."""
         if not self.capped or (round_no and not self.on_top):
             return None
-        return self._share() if round_no else fresh
+        return self._share() if round_no else self._fresh()
 
     def _share(self) -> int:
         """What one call of a follow-up may add that a provider's cache has not seen: its share of the budget."""
@@ -209,7 +209,7 @@ class _Loop:
     def _synthesize(self, round_no: int) -> Synthesis:
         """This round's prompt, within the budget: what it keeps of the round before, what it brings in."""
         context, policy = self.context, self.policy
-        final, fresh = self._final(round_no), self._fresh_tokens(self._fresh(), round_no)
+        final, fresh = self._final(round_no), self._fresh_tokens(round_no)
         request = SynthesisRequest(
             current_time=context.current_time,
             query=context.query,
