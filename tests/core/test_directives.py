@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from pcp_core.directives.answers import AnswerGate
 from pcp_core.directives.parser import DirectiveParser, parse_directives
 from pcp_core.directives.vocabulary import MAX_DIRECTIVE_CHARS, BusFault, Consult, Directive, Event, Explore, Markup, Shelve, Text
+from pcp_core.prompt.markup import unescaped
 
 REPLIES = [
     'I need the date. Consult("the date is missing", "a1b2c3d4")',
@@ -333,7 +334,9 @@ def _quoted(value: str, quote: str) -> str:
 
 
 _ids = st.from_regex(r"[0-9a-f]{1,8}", fullmatch=True) | st.sampled_from(["history", "file:report.pdf", "cp-7"])
-_reasons = st.text(max_size=20)
+# A reply's entities are undone before it is parsed (the document's escaping, tests/core/test_scaffolding.py), so a
+# reason written with one ("&amp;") reads as its character: the round trip below holds for the others.
+_reasons = st.text(max_size=20).filter(lambda reason: unescaped(reason) == reason)
 _keywords = st.lists(st.text(alphabet="abcXYZ019 _-", min_size=1, max_size=8).map(str.strip).filter(bool), min_size=1, max_size=4)
 _directives = st.one_of(
     st.builds(Consult, reason=_reasons, id=_ids),
