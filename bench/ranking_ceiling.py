@@ -45,7 +45,7 @@ from pcp_core.pages.logical import Origin, OriginalPage, View  # noqa: E402
 from pcp_core.paging.history import page_history, turns_from_messages  # noqa: E402
 from pcp_core.prompt.markup import node_lines  # noqa: E402
 from pcp_core.ranking.bm25 import Bm25  # noqa: E402
-from pcp_core.ranking.router import anchor_intent, broad_match, dated_in, dense_scores, dense_texts, lexical_scores, page_scores, unit_texts  # noqa: E402
+from pcp_core.ranking.router import anchor_intent, broad_match, broad_scores, dense_scores, dense_texts, lexical_scores, unit_texts  # noqa: E402
 from pcp_core.text.tokens import message_tokens  # noqa: E402
 from proxy.tokenizer import Tokenizer  # noqa: E402
 
@@ -100,6 +100,7 @@ class Conversation:
         turns = turns_from_messages(messages, "2023-01-01T00:00:00")
         self.pages = page_history(turns, count).leaves
         self.page_cost = [count(detail_node(p)) for p in self.pages]
+        self.held = [set(range(p.first_turn, p.last_turn + 1)) for p in self.pages]  # the turns each page holds
         self.page_bm25 = Bm25(self.pages)
         as_pages = [
             OriginalPage(id=str(i), origin=Origin.HISTORY, depth=0, timestamp="", keywords=(), summary="", content=m["content"]) for i, m in enumerate(messages)
@@ -121,14 +122,11 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
     def as_turns(order: Sequence[int]) -> list[tuple[set[int], int]]:
         return [({t}, conv.turn_cost[t]) for t in order]
 
-    def held(i: int) -> set[int]:
-        return set(range(conv.pages[i].first_turn, conv.pages[i].last_turn + 1))
-
     def as_pages(order: Sequence[int]) -> list[tuple[set[int], int]]:
-        return [(held(i), conv.page_cost[i]) for i in order]
+        return [(conv.held[i], conv.page_cost[i]) for i in order]
 
     def by_best_turn(scores: Scores) -> list[int]:
-        return sorted(range(len(conv.pages)), key=lambda i: -max(scores.get(t, 0.0) for t in held(i)))
+        return sorted(range(len(conv.pages)), key=lambda i: -max(scores.get(t, 0.0) for t in conv.held[i]))
 
     page_order = ordered({position[p]: score for p, score in conv.page_bm25.rank_with_feedback(weights)}, len(conv.pages))
     bm25_turns = ordered({int(t): s for t, s in conv.turn_bm25.rank_with_feedback(weights)}, conv.n)
@@ -154,14 +152,12 @@ def rankings(conv: Conversation, question_vector, text: str) -> dict[str, list[t
 
 def depth_walk(conv: Conversation, question_vector, text: str) -> tuple[list[float], list[tuple[set[int], int]]]:
     """The Router's (BM25 + MiniLM) pages best first as ``(turns held, cost)``, with each one's score in standard
-    deviations of the conversation's pages (``pcp_core.ranking.router.page_scores``)."""
+    deviations of the conversation's pages (``pcp_core.ranking.router.broad_scores``)."""
     intent = anchor_intent("", text, now=NOW)
-    timely = dated_in([p.timestamp for p in conv.pages], intent.periods)
     dense = dense_scores(conv.unit_vectors @ question_vector, len(conv.units))
-    score, _ = page_scores(lexical_scores(intent, conv.units), dense, timely)
+    score, _ = broad_scores(intent, conv.pages, lexical_scores(intent, conv.units), dense)
     order = sorted(range(len(conv.pages)), key=lambda i: -score[i])
-    held = [set(range(p.first_turn, p.last_turn + 1)) for p in conv.pages]
-    return [float(score[i]) for i in order], [(held[i], conv.page_cost[i]) for i in order]
+    return [float(score[i]) for i in order], [(conv.held[i], conv.page_cost[i]) for i in order]
 
 
 def depth_table(walks: Sequence[tuple[Question, list[float], list[tuple[set[int], int]]]]) -> None:

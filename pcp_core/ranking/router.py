@@ -27,6 +27,7 @@ __all__ = [
     "Intent",
     "anchor_intent",
     "broad_match",
+    "broad_scores",
     "dense_scores",
     "dense_texts",
     "lexical_scores",
@@ -147,8 +148,13 @@ def broad_match(intent: Intent, pages: Sequence[Page], lexical: Any, dense: Any 
     Each page scores by BM25 with feedback, plus ``dense`` scores when the
     host embeds, plus the lift of being dated when the intent asks about.
     """
+    return _ordered([page.id for page in pages], *broad_scores(intent, pages, lexical, dense))
+
+
+def broad_scores(intent: Intent, pages: Sequence[Page], lexical: Any, dense: Any = None) -> tuple[Any, Any]:
+    """What ``broad_match`` ranks ``pages`` by: their ``page_scores``, timely where the intent names a period."""
     timely = dated_in([page.timestamp for page in pages], intent.periods) if intent.periods else None
-    return page_ranking([page.id for page in pages], lexical, dense, timely)
+    return page_scores(lexical, dense, timely)
 
 
 def dated_in(timestamps: Sequence[str], periods: Sequence[Period], grace: timedelta = REPORT_GRACE) -> Any:
@@ -183,9 +189,13 @@ def page_ranking(
     share a term with the query, or are timely, or stand beside one, are
     ranked: the others carry no signal at all. Ties keep conversation order.
     """
+    return _ordered(ids, *page_scores(lexical, dense, timely, lexical_weight, neighbour_share))
+
+
+def _ordered(ids: Sequence[str], score: Any, signal: Any) -> list[str]:
+    """``ids`` by ``score``, best first, those without a ``signal`` left out; ties keep conversation order."""
     if not ids:
         return []
-    score, signal = page_scores(lexical, dense, timely, lexical_weight, neighbour_share)
     order = np.argsort(-score, kind="stable")
     return list(map(ids.__getitem__, order[signal[order]].tolist()))  # in C: a million tokens' history is some 12,000 pages
 
